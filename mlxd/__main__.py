@@ -1,0 +1,5 @@
+from __future__ import annotations
+
+from mlxd.cli.main import main
+
+main()

@@ -1,0 +1,95 @@
+"""Frozen configuration values. Each constructor takes the narrowest piece it needs.
+
+Validation raises ``ConfigError`` (the CLI prints it and exits 2); never ``assert``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlxd.errors import ConfigError
+
+DEFAULT_MODEL = "mlxd-default"
+
+
+def data_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Where mlxd keeps made models, pidfiles and logs: $MLXD_HOME or ~/.local/share/mlxd."""
+    env = os.environ if environ is None else environ
+    if env.get("MLXD_HOME"):
+        return Path(env["MLXD_HOME"]).expanduser()
+    base = env.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "mlxd"
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Admission, batching and priority knobs of one worker."""
+
+    max_num_seqs: int = 64
+    max_queued: int = 256
+    prefill_chunk: int = 512
+    stream_interval: int = 1
+    aging_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ConfigError("--max-num-seqs must be >= 1")
+        if self.max_queued < 0:
+            raise ConfigError("--max-queued must be >= 0")
+        if self.prefill_chunk < 16:
+            raise ConfigError("--prefill-chunk must be >= 16")
+        if self.stream_interval < 1:
+            raise ConfigError("--stream-interval must be >= 1")
+        if self.aging_s <= 0:
+            raise ConfigError("--priority-aging must be > 0 seconds")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """One worker process: which model, where it listens, how it schedules."""
+
+    model: str
+    name: str
+    endpoint: str
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parent_pid: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ConfigError("a worker needs a model")
+        if not self.endpoint.startswith(("ipc://", "tcp://", "inproc://")):
+            raise ConfigError(f"bad worker endpoint {self.endpoint!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """A model the daemon serves: the name clients use and what mlx-lm loads."""
+
+    name: str
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class ServeConfig:
+    """`mlxd start`: the gateway's address and the models it serves."""
+
+    models: tuple[ModelSpec, ...]
+    host: str = "127.0.0.1"
+    port: int = 8000
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    chat_timeout_s: float = 900.0
+    completion_timeout_s: float = 600.0
+    worker_start_timeout_s: float = 300.0
+    max_body_bytes: int = 8 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            raise ConfigError("at least one model is needed")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError("--port must be in 0..65535")
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            raise ConfigError("model names must be unique")
