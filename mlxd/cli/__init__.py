@@ -1,0 +1,1 @@
+"""The `mlxd` command line: options become config values; nothing below here sees click."""

@@ -1,0 +1,22 @@
+"""`mlxd`: the click group and its commands."""
+
+from __future__ import annotations
+
+import click
+
+from mlxd import __version__
+
+
+@click.group(context_settings={"auto_envvar_prefix": "MLXD", "help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="mlxd")
+def main() -> None:
+    """mlxd: serve MLX models to many clients at once over the OpenAI API."""
+
+
+def _register() -> None:
+    from mlxd.cli.make_model import make_model_command
+
+    main.add_command(make_model_command)
+
+
+_register()
