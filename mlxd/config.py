@@ -55,6 +55,7 @@ class WorkerConfig:
     name: str
     endpoint: str
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    max_context: int | None = None
     parent_pid: int | None = None
 
     def __post_init__(self) -> None:
@@ -62,6 +63,8 @@ class WorkerConfig:
             raise ConfigError("a worker needs a model")
         if not self.endpoint.startswith(("ipc://", "tcp://", "inproc://")):
             raise ConfigError(f"bad worker endpoint {self.endpoint!r}")
+        if self.max_context is not None and self.max_context < 2:
+            raise ConfigError("--max-context must be >= 2")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +86,7 @@ class ServeConfig:
     chat_timeout_s: float = 900.0
     completion_timeout_s: float = 600.0
     worker_start_timeout_s: float = 300.0
+    max_context: int | None = None
     max_body_bytes: int = 8 * 1024 * 1024
 
     def __post_init__(self) -> None:

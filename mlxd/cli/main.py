@@ -15,8 +15,12 @@ def main() -> None:
 
 def _register() -> None:
     from mlxd.cli.make_model import make_model_command
+    from mlxd.cli.start import start_command
+    from mlxd.cli.worker import worker_group
 
+    main.add_command(start_command)
     main.add_command(make_model_command)
+    main.add_command(worker_group)
 
 
 _register()

@@ -1,0 +1,116 @@
+"""`mlxd start`: the gateway and one worker per model, in the foreground."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+
+from mlxd.config import DEFAULT_MODEL, ModelSpec, SchedulerConfig, ServeConfig, data_dir
+from mlxd.errors import ConfigError, MlxdError
+
+STARTUP_FAILURE = 3
+
+scheduler_options = [
+    click.option("--max-num-seqs", default=64, show_default=True, help="Most sequences decoded together."),
+    click.option("--max-queued", default=256, show_default=True, help="Most requests waiting; beyond it clients get 429."),
+    click.option("--prefill-chunk", default=512, show_default=True, help="Prompt tokens per step, so long prompts never stall running streams."),
+    click.option("--stream-interval", default=1, show_default=True, help="Send output every N tokens."),
+    click.option("--priority-aging", "aging_s", default=10.0, show_default=True, help="Seconds of waiting that raise a request by one priority level."),
+    click.option("--max-context", type=int, default=None, help="Cap on prompt + output tokens (default: the model's)."),
+]  # fmt: skip
+
+
+def with_scheduler_options(fn):  # type: ignore[no-untyped-def]
+    for option in reversed(scheduler_options):
+        fn = option(fn)
+    return fn
+
+
+def scheduler_config(opts: dict[str, object]) -> SchedulerConfig:
+    keys = ("max_num_seqs", "max_queued", "prefill_chunk", "stream_interval", "aging_s")
+    return SchedulerConfig(**{k: opts[k] for k in keys})  # type: ignore[arg-type]
+
+
+@click.command("start")
+@click.option("--model", "models", multiple=True, metavar="[NAME=]PATH_OR_REPO",
+              help="A model to serve (repeatable): a local mlx-lm directory or a Hugging Face "
+                   "repo id, optionally named. Default: the built-in model, made on first start.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8000, show_default=True, help="Port to listen on.")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+@with_scheduler_options
+def start_command(models: tuple[str, ...], host: str, port: int, log_level: str,
+                  **opts: object) -> None:  # fmt: skip
+    """Serve the OpenAI API on HOST:PORT until Ctrl-C or SIGTERM."""
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")  # fmt: skip
+    try:
+        config = ServeConfig(
+            models=_model_specs(models),
+            host=host,
+            port=port,
+            scheduler=scheduler_config(opts),
+            max_context=opts["max_context"],  # type: ignore[arg-type]
+        )
+        _check_port_free(host, port)
+    except MlxdError as exc:
+        raise click.ClickException(exc.message) from None
+    sys.exit(_serve(config, log_level))
+
+
+def _model_specs(models: tuple[str, ...]) -> tuple[ModelSpec, ...]:
+    if not models:
+        from mlxd.models.maker import ensure_default_model
+
+        path = ensure_default_model(data_dir(), progress=_progress)
+        return (ModelSpec(name=DEFAULT_MODEL, path=str(path)),)
+    return tuple(_parse_model(m) for m in models)
+
+
+def _parse_model(text: str) -> ModelSpec:
+    name, sep, path = text.partition("=")
+    if not sep:
+        path = text
+        p = Path(text).expanduser()
+        name = p.name if p.exists() else text
+    if not name or not path:
+        raise ConfigError(f"bad --model {text!r}: use PATH, REPO_ID or NAME=PATH")
+    local = Path(path).expanduser()
+    return ModelSpec(name=name, path=str(local.resolve()) if local.exists() else path)
+
+
+def _check_port_free(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
+def _progress(line: str) -> None:
+    click.echo(f"mlxd: {line}", err=True)
+
+
+def _serve(config: ServeConfig, log_level: str) -> int:
+    import uvicorn
+
+    from mlxd.cli.supervisor import Supervisor
+    from mlxd.gateway.app import build_app
+
+    if config.host not in ("127.0.0.1", "localhost", "::1"):
+        logging.getLogger("mlxd").warning("listening on %s with no API key", config.host)
+    runtime_dir = Path(tempfile.mkdtemp(prefix="mlxd-"))  # mode 0700: only we can connect
+    supervisor = Supervisor(config, runtime_dir, log_level=log_level.upper())
+    app = build_app(config, supervisor)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
+                       lifespan="on", timeout_graceful_shutdown=10)  # fmt: skip
+    )
+    server.run()
+    return 0 if server.started else STARTUP_FAILURE

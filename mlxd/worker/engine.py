@@ -1,0 +1,249 @@
+"""The worker's loop: receive, schedule, run the model, send. Owns nothing but wiring."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+from mlxd.errors import InternalError, InvalidRequest, MlxdError, ProtocolError, RequestTimeout
+from mlxd.protocol.channel import WorkerChannel
+from mlxd.protocol.messages import (
+    Cancel,
+    Error,
+    Event,
+    Events,
+    Finished,
+    Generate,
+    Message,
+    Ping,
+    Pong,
+    TokenDelta,
+    Usage,
+)
+from mlxd.protocol.validate import check_priority, check_sampling
+from mlxd.worker.detokenizer import OutputText
+from mlxd.worker.model_runner import ModelRunner, TokenEvent
+from mlxd.worker.scheduler import PrefillChunk, Scheduler
+from mlxd.worker.sequence import PRIORITY_LEVELS, Sequence
+from mlxd.worker.tokenizer import PromptEncoder
+
+log = logging.getLogger(__name__)
+
+
+class Engine:
+    """Continuous batching: requests join and leave between decode steps."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        runner: ModelRunner,
+        scheduler: Scheduler,
+        encoder: PromptEncoder,
+        channel: WorkerChannel,
+        max_context: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.name = name
+        self.runner = runner
+        self.scheduler = scheduler
+        self.encoder = encoder
+        self.channel = channel
+        self.max_context = max_context
+        self.clock = clock
+        self.should_exit = False
+        self._outbox: dict[bytes, list[Event]] = {}
+        self._handlers: dict[type, Callable[[bytes, Any], None]] = {
+            Generate: self._on_generate,
+            Cancel: self._on_cancel,
+            Ping: self._on_ping,
+        }
+
+    def run(self) -> None:
+        while not self.should_exit:
+            busy = self.scheduler.has_work()
+            for client, msg in self.channel.recv_ready(timeout_ms=0 if busy else 50):
+                self.dispatch(client, msg)
+            if self.scheduler.has_work():
+                self.step()
+
+    def dispatch(self, client: bytes, msg: Message | ProtocolError) -> None:
+        handler = self._handlers.get(type(msg))
+        if handler is not None:
+            handler(client, msg)
+            return
+        err = msg if isinstance(msg, ProtocolError) else ProtocolError(
+            f"a worker does not accept {type(msg).__name__} messages"
+        )
+        request_id = getattr(msg, "request_id", "")
+        self.channel.send(client, Error(request_id=request_id, code=err.code, message=err.message))
+
+    def step(self) -> None:
+        """One scheduling iteration: expire, retire, prefill a chunk budget, decode once."""
+        self._expire()
+        self._retire()
+        for chunk in self.scheduler.schedule_prefill():
+            self._run_chunk(chunk)
+        if self.runner.rows:
+            if self.runner.needs_sync():
+                self._accept(self.runner.sync())
+                self._retire()
+            if self.runner.rows:
+                self._decode()
+        self._flush()
+
+    # Message handlers
+
+    def _on_generate(self, client: bytes, msg: Generate) -> None:
+        try:
+            if self.scheduler.find(msg.request_id, client) is not None:
+                raise InvalidRequest(f"request id {msg.request_id!r} is already in flight")
+            seq = self._new_sequence(client, msg)
+            self.scheduler.add(seq)
+        except MlxdError as exc:
+            self._send_error(client, msg.request_id, exc)
+
+    def _on_cancel(self, client: bytes, msg: Cancel) -> None:
+        seq = self.scheduler.find(msg.request_id, client)
+        if seq is not None:
+            self.scheduler.finish(seq, "cancelled")  # nothing more is ever sent for it
+
+    def _on_ping(self, client: bytes, msg: Ping) -> None:
+        pong = Pong(request_id=msg.request_id, model=self.name, max_context=self.max_context)
+        self.channel.send(client, pong)
+
+    # Internal helpers
+
+    def _new_sequence(self, client: bytes, msg: Generate) -> Sequence:
+        check_sampling(msg.sampling)
+        check_priority(msg.priority)
+        prompt_ids = self.encoder.encode(msg.prompt)
+        room = self.max_context - len(prompt_ids)
+        if room < 1:
+            raise InvalidRequest(
+                f"the prompt has {len(prompt_ids)} tokens; this model's context is "
+                f"{self.max_context} tokens",
+                param="messages" if msg.prompt.TAG == "chat" else "prompt",
+            )
+        max_tokens = msg.sampling.max_tokens or room
+        if max_tokens > room:
+            raise InvalidRequest(
+                f"max_tokens is {max_tokens} but only {room} tokens fit after the "
+                f"{len(prompt_ids)}-token prompt in the {self.max_context}-token context",
+                param="max_tokens",
+            )
+        now = self.clock()
+        seed = msg.sampling.seed if msg.sampling.seed is not None else random.getrandbits(63)
+        seq = Sequence(
+            request_id=msg.request_id,
+            client=client,
+            prompt_ids=prompt_ids,
+            sampling=msg.sampling,
+            max_tokens=max_tokens,
+            priority=PRIORITY_LEVELS[msg.priority],
+            arrival=now,
+            deadline=now + msg.timeout_s if msg.timeout_s else None,
+            seed=seed,
+        )
+        seq.detok = OutputText(self.encoder.new_detokenizer(), msg.sampling.stop)
+        return seq
+
+    def _run_chunk(self, chunk: PrefillChunk) -> None:
+        seq = chunk.seq
+        try:
+            token = self.runner.prefill(chunk)
+        except (RuntimeError, ValueError) as exc:  # MLX reports failures as these
+            log.exception("prefill failed for %s", seq.request_id)
+            self._fail(seq, InternalError(f"prefill failed: {exc}"))
+            self.runner.remove({seq})
+            return
+        self.scheduler.complete_chunk(chunk)
+        if token is None:
+            return
+        seq.first_token_time = self.clock()
+        self._accept([(seq, token)])
+        if not seq.is_finished:
+            self.runner.join(seq, token)
+        else:
+            self.runner.remove({seq})
+
+    def _decode(self) -> None:
+        try:
+            events = self.runner.decode_step()
+        except (RuntimeError, ValueError) as exc:
+            log.exception("decode step failed; failing the batch")
+            for seq in self.runner.reset():
+                self._fail(seq, InternalError(f"decode failed: {exc}"))
+            return
+        self._accept(events)
+
+    def _accept(self, events: list[TokenEvent]) -> None:
+        for seq, token in events:
+            if not seq.is_finished:
+                self._add_token(seq, token)
+
+    def _add_token(self, seq: Sequence, token: int) -> None:
+        p = seq.sampling
+        seq.output_ids.append(token)
+        n = seq.num_output_tokens
+        may_stop = n > p.min_tokens
+        if may_stop and token in p.stop_token_ids:
+            return self._finish(seq, "stop")
+        if may_stop and not p.ignore_eos and token in self.encoder.eos_token_ids:
+            return self._finish(seq, "stop")  # eos counts as a token but adds no text
+        seq.text += seq.detok.add(token)
+        if seq.detok.stopped and may_stop:
+            return self._finish(seq, "stop")
+        if n >= seq.max_tokens:
+            return self._finish(seq, "length")
+        if n - seq.num_sent_tokens >= self.scheduler.config.stream_interval:
+            self._emit_delta(seq)
+
+    def _emit_delta(self, seq: Sequence) -> None:
+        ids = seq.output_ids[seq.num_sent_tokens :]
+        if not ids and not seq.text:
+            return
+        self._outbox.setdefault(seq.client, []).append(
+            TokenDelta(request_id=seq.request_id, text=seq.text, token_ids=ids)
+        )
+        seq.text = ""
+        seq.num_sent_tokens = seq.num_output_tokens
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        seq.text += seq.detok.finish()
+        self._emit_delta(seq)
+        usage = Usage(
+            prompt_tokens=seq.num_prompt_tokens,
+            completion_tokens=seq.num_output_tokens,
+            cached_tokens=seq.num_cached,
+        )
+        self._outbox.setdefault(seq.client, []).append(
+            Finished(request_id=seq.request_id, finish_reason=reason, usage=usage)
+        )
+        self.scheduler.finish(seq, reason)
+
+    def _fail(self, seq: Sequence, exc: MlxdError) -> None:
+        self._outbox.setdefault(seq.client, []).append(
+            Error(request_id=seq.request_id, code=exc.code, message=exc.message, param=exc.param)
+        )
+        self.scheduler.finish(seq, "error")
+
+    def _send_error(self, client: bytes, request_id: str, exc: MlxdError) -> None:
+        err = Error(request_id=request_id, code=exc.code, message=exc.message, param=exc.param)
+        self.channel.send(client, err)
+
+    def _expire(self) -> None:
+        for seq in self.scheduler.expired():
+            self._fail(seq, RequestTimeout("the request timed out"))
+
+    def _retire(self) -> None:
+        self.runner.remove({s for s in self.runner.sequences() if s.is_finished})
+
+    def _flush(self) -> None:
+        for client, events in self._outbox.items():
+            msg: Message = events[0] if len(events) == 1 else Events(events=events)
+            self.channel.send(client, msg)
+        self._outbox.clear()

@@ -1,0 +1,153 @@
+"""The only hot MLX code: prefill chunks, batched decode steps, sampling.
+
+Decode is pipelined as in mlx-lm: step N+1 is built from step N's lazy tokens and handed to
+``mx.async_eval`` before step N's tokens are read back, so host work overlaps device work.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import mlx.core as mx
+
+from mlxd.errors import ConfigError
+from mlxd.worker.kv_cache import BatchKVCache, SequenceKVCache
+from mlxd.worker.sampling import SampleRow, needs_history, sample
+from mlxd.worker.scheduler import PrefillChunk
+from mlxd.worker.sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+TokenEvent = tuple[Sequence, int]
+
+
+def check_model_supported(model: Any) -> None:
+    """Refuse models whose layers need a cache other than a plain KV cache (sliding windows,
+    SSM state): the batching engine does not serve those yet."""
+    if not hasattr(model, "make_cache"):
+        return
+    from mlx_lm.models.cache import KVCache
+
+    kinds = {type(c).__name__ for c in model.make_cache() if type(c) is not KVCache}
+    if kinds:
+        raise ConfigError(
+            f"this model needs {', '.join(sorted(kinds))} caches, which mlxd's batching engine "
+            "does not support yet"
+        )
+
+
+class ModelRunner:
+    """Owns the decode batch: its rows, their KV caches and their not-yet-read tokens."""
+
+    def __init__(self, model: Any, eos_token_ids: set[int]) -> None:
+        self.model = model
+        self.eos_token_ids = sorted(eos_token_ids)
+        self.num_layers = len(model.layers)
+        self.rows: list[Sequence] = []
+        self._batch = [BatchKVCache() for _ in range(self.num_layers)]
+        self._pending: mx.array | None = None  # last sampled token of each row
+        self._emitted: list[bool] = []  # whether that token was already handed out
+        self._prefill: dict[Sequence, list[SequenceKVCache]] = {}
+
+    # Public API
+
+    def prefill(self, chunk: PrefillChunk) -> int | None:
+        """Run one prompt chunk; after the last one, sample and return the first new token."""
+        seq = chunk.seq
+        caches = self._prefill.setdefault(
+            seq, [SequenceKVCache() for _ in range(self.num_layers)]
+        )
+        tokens = mx.array(seq.prompt_ids[chunk.start : chunk.end])[None]
+        logits = self.model(tokens, cache=caches)
+        if not chunk.is_last:
+            mx.eval([c.keys for c in caches])  # keep the lazy graph one chunk deep
+            return None
+        first = sample(logits[:, -1, :], [self._sample_row(seq, emitted=True)])
+        return int(first.item())
+
+    def join(self, seq: Sequence, token: int) -> None:
+        """Move a prefilled sequence into the decode batch; ``token`` was already emitted."""
+        for layer, single in zip(self._batch, self._prefill.pop(seq), strict=True):
+            layer.append(single)
+        tok = mx.array([token], dtype=mx.uint32)
+        self._pending = tok if self._pending is None else mx.concatenate([self._pending, tok])
+        self.rows.append(seq)
+        self._emitted.append(True)
+
+    def remove(self, seqs: set[Sequence]) -> None:
+        """Drop ``seqs`` from the batch and from prefill; frees their KV."""
+        for seq in seqs:
+            self._prefill.pop(seq, None)
+        keep = [i for i, s in enumerate(self.rows) if s not in seqs]
+        if len(keep) == len(self.rows):
+            return  # only prefill caches (or nothing) went
+        for layer in self._batch:
+            layer.filter(keep)
+        self.rows = [self.rows[i] for i in keep]
+        self._emitted = [self._emitted[i] for i in keep]
+        self._pending = self._pending[mx.array(keep)] if keep else None  # type: ignore[index]
+
+    def sequences(self) -> list[Sequence]:
+        """Every sequence holding KV here: decoding rows and prompts mid-prefill."""
+        return self.rows + list(self._prefill)
+
+    def needs_sync(self) -> bool:
+        """Penalties need each row's exact history, so unread tokens must be read first."""
+        return not all(self._emitted) and any(needs_history(s.sampling) for s in self.rows)
+
+    def sync(self) -> list[TokenEvent]:
+        """Read the unread tokens now, without launching a step."""
+        out = self._collect(self._pending, self.rows, self._emitted)
+        self._emitted = [True] * len(self.rows)
+        return out
+
+    def decode_step(self) -> list[TokenEvent]:
+        """Launch the next decode step for every row, then return the previous step's tokens."""
+        prev, rows, emitted = self._pending, list(self.rows), self._emitted
+        assert prev is not None, "decode_step needs at least one row"
+        sample_rows = [self._sample_row(s, e) for s, e in zip(rows, emitted, strict=True)]
+        logits = self.model(prev[:, None], cache=self._batch)[:, -1, :]
+        self._pending = sample(logits, sample_rows)
+        mx.async_eval(self._pending)
+        self._emitted = [False] * len(rows)
+        return self._collect(prev, rows, emitted)
+
+    def reset(self) -> list[Sequence]:
+        """Forget the whole batch (after a failed step); returns the sequences that were in it."""
+        lost = self.rows + list(self._prefill)
+        self.rows, self._emitted, self._pending, self._prefill = [], [], None, {}
+        self._batch = [BatchKVCache() for _ in range(self.num_layers)]
+        return lost
+
+    @property
+    def kv_bytes(self) -> int:
+        single = sum(c.nbytes for cs in self._prefill.values() for c in cs)
+        return single + sum(c.nbytes for c in self._batch)
+
+    # Internal helpers
+
+    def _sample_row(self, seq: Sequence, emitted: bool) -> SampleRow:
+        p = seq.sampling
+        index = seq.num_output_tokens + (0 if emitted else 1)
+        blocked = self.eos_token_ids if p.ignore_eos or index < p.min_tokens else ()
+        history: list[int] = []
+        if needs_history(p):
+            history = seq.prompt_ids + seq.output_ids
+        return SampleRow(
+            params=p,
+            seed=seq.seed,
+            index=index,
+            history=history,
+            output=seq.output_ids if history else (),
+            block_ids=blocked,
+        )
+
+    @staticmethod
+    def _collect(
+        tokens: mx.array | None, rows: list[Sequence], emitted: list[bool]
+    ) -> list[TokenEvent]:
+        if tokens is None or all(emitted):
+            return []
+        values = tokens.tolist()
+        return [(s, t) for s, t, e in zip(rows, values, emitted, strict=True) if not e]  # type: ignore[misc]

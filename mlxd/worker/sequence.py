@@ -1,0 +1,62 @@
+"""Per-request state in the worker. State only: policy lives in the scheduler."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlxd.protocol.messages import SamplingParams
+
+PRIORITY_LEVELS = {"high": 0, "normal": 1, "low": 2}
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request being served: its prompt, its output so far and where it stands.
+
+    ``client`` is the ZMQ identity of the gateway connection that asked for it; every event for
+    this request goes back there.
+    """
+
+    request_id: str
+    client: bytes
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    max_tokens: int
+    priority: int = PRIORITY_LEVELS["normal"]
+    arrival: float = 0.0
+    deadline: float | None = None
+    seed: int = 0
+    status: SequenceStatus = SequenceStatus.WAITING
+    output_ids: list[int] = field(default_factory=list)
+    num_prefilled: int = 0
+    num_cached: int = 0
+    finish_reason: str | None = None
+    detok: Any = None
+    text: str = ""
+    num_sent_chars: int = 0
+    num_sent_tokens: int = 0
+    first_token_time: float | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_ids)
+
+    @property
+    def is_prefilled(self) -> bool:
+        return self.num_prefilled >= len(self.prompt_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED

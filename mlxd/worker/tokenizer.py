@@ -1,0 +1,59 @@
+"""Prompts to token ids with the model's own tokenizer and chat template."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlxd.errors import InvalidRequest
+from mlxd.protocol.messages import ChatPrompt, Prompt, TextPrompt, TokenPrompt
+
+
+class PromptEncoder:
+    """Wraps mlx-lm's ``TokenizerWrapper``: renders chats, encodes text, checks token ids."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        return set(self.tokenizer.eos_token_ids)
+
+    def new_detokenizer(self) -> Any:
+        return self.tokenizer.detokenizer
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        """Token ids for ``prompt``; ``InvalidRequest`` when it cannot be rendered or is empty."""
+        if isinstance(prompt, ChatPrompt):
+            ids = self._encode_chat(prompt)
+            param = "messages"
+        elif isinstance(prompt, TextPrompt):
+            ids = self.tokenizer.encode(prompt.text)
+            param = "prompt"
+        else:
+            ids = self._check_ids(prompt)
+            param = "prompt"
+        if not ids:
+            raise InvalidRequest("the prompt is empty", param=param)
+        return list(ids)
+
+    def _encode_chat(self, prompt: ChatPrompt) -> list[int]:
+        try:
+            text = self.tokenizer.apply_chat_template(
+                prompt.messages,
+                tools=prompt.tools,
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+        except Exception as exc:  # noqa: BLE001 - Jinja raises anything; the request is bad
+            raise InvalidRequest(f"cannot apply the chat template: {exc}", param="messages") from None
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _check_ids(self, prompt: TokenPrompt) -> list[int]:
+        bad = [t for t in prompt.token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequest(
+                f"token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})",
+                param="prompt",
+            )
+        return prompt.token_ids

@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from mlxd.errors import ProtocolError
+from mlxd.protocol import codec
+from mlxd.protocol.messages import (
+    PROTOCOL_VERSION,
+    Cancel,
+    ChatPrompt,
+    Error,
+    Events,
+    Finished,
+    Generate,
+    Ping,
+    Pong,
+    SamplingParams,
+    TextPrompt,
+    TokenDelta,
+    TokenPrompt,
+    Usage,
+)
+
+USAGE = Usage(prompt_tokens=3, completion_tokens=2, cached_tokens=1)
+SAMPLING = SamplingParams(max_tokens=4, temperature=0.5, logit_bias={7: -2.5}, stop=["\n"], seed=3)
+
+MESSAGES = [
+    Generate(request_id="r1", prompt=ChatPrompt(messages=[{"role": "user", "content": "hi"}]),
+             sampling=SAMPLING, priority="high", timeout_s=2.0),
+    Generate(request_id="r2", prompt=TextPrompt(text="héllo 世界"), sampling=SamplingParams()),
+    Generate(request_id="r3", prompt=TokenPrompt(token_ids=[1, 2, 3]), sampling=SAMPLING),
+    Cancel(request_id="r1"),
+    Ping(request_id="p"),
+    Pong(request_id="p", model="m", max_context=4096),
+    TokenDelta(request_id="r1", text="é", token_ids=[5, 6]),
+    Finished(request_id="r1", finish_reason="stop", usage=USAGE),
+    Error(request_id="r1", code="invalid_request", message="bad", param="top_p"),
+    Events(events=[TokenDelta(request_id="a", text="x", token_ids=[1]),
+                   Finished(request_id="a", finish_reason="length", usage=USAGE)]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("msg", MESSAGES, ids=lambda m: type(m).__name__)
+def test_round_trip(msg: object) -> None:
+    assert codec.decode(codec.encode(msg)) == msg  # type: ignore[arg-type]
+
+
+def _body(obj: object) -> list[bytes]:
+    return [PROTOCOL_VERSION, msgpack.packb(obj)]
+
+
+@pytest.mark.parametrize(
+    "frames, needle",
+    [
+        ([PROTOCOL_VERSION], "expected 2 frames"),
+        ([b"mlxd/0", msgpack.packb({"type": "ping", "request_id": "x"})], "version"),
+        ([PROTOCOL_VERSION, b"\xc1\xc1"], "malformed"),
+        (_body([1, 2]), "must be a map"),
+        (_body({"type": "nope"}), "unknown message type"),
+        (_body({"type": "ping"}), "missing field"),
+        (_body({"type": "ping", "request_id": 5}), "expected str"),
+        (_body({"type": "ping", "request_id": "x", "extra": 1}), "unknown field"),
+        (_body({"type": "cancel", "request_id": True}), "expected str"),
+        (_body({"type": "pong", "request_id": "x", "model": "m", "max_context": True}),
+         "expected int"),
+        (_body({"type": "generate", "request_id": "x", "prompt": {"type": "video"},
+                "sampling": {}}), "expected one of"),
+        (_body({"type": "generate", "request_id": "x", "prompt": {"type": "tokens",
+                "token_ids": "abc"}, "sampling": {}}), "expected a list"),
+        (_body({"type": "generate", "request_id": "x", "prompt": None, "sampling": {}}),
+         "must not be null"),
+        (_body({"type": "generate", "request_id": "x", "prompt": {"type": "text", "text": "a"},
+                "sampling": {"logit_bias": [1]}}), "expected a map"),
+        (_body({"type": "events", "events": [{"type": "ping", "request_id": "x"}]}),
+         "expected one of"),
+    ],
+)  # fmt: skip
+def test_rejects_malformed_frames(frames: list[bytes], needle: str) -> None:
+    with pytest.raises(ProtocolError, match=needle):
+        codec.decode(frames)
+
+
+def test_float_fields_accept_ints() -> None:
+    frames = _body({"type": "generate", "request_id": "x", "prompt": {"type": "text", "text": "a"},
+                    "sampling": {"temperature": 1}})  # fmt: skip
+    msg = codec.decode(frames)
+    assert isinstance(msg, Generate) and msg.sampling.temperature == 1.0
