@@ -1,0 +1,86 @@
+"""A real `mlxd start` subprocess on a tiny made model, shared by the e2e tests of a module."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+
+@dataclass
+class Daemon:
+    proc: subprocess.Popen[bytes]
+    base_url: str
+    model: str
+    model_path: Path
+
+    def children(self) -> list[int]:
+        return child_pids(self.proc.pid)
+
+    def worker_endpoint(self) -> str:
+        for pid in self.children():
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if b"--bind" in args:
+                return args[args.index(b"--bind") + 1].decode()
+        raise AssertionError("no worker process found")
+
+
+def child_pids(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_daemon(model_path: Path, *extra: str, name: str = "tiny") -> Daemon:
+    port = free_port()
+    cmd = [sys.executable, "-m", "mlxd", "start", "--model", f"{name}={model_path}",
+           "--port", str(port), "--log-level", "warning", *extra]  # fmt: skip
+    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    daemon = Daemon(proc, f"http://127.0.0.1:{port}", name, model_path)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"mlxd start exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{daemon.base_url}/health", timeout=1).status_code == 200:
+                return daemon
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("mlxd start did not become healthy")
+
+
+def stop_daemon(daemon: Daemon, timeout: float = 30) -> int:
+    daemon.proc.send_signal(signal.SIGTERM)
+    return daemon.proc.wait(timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def daemon(tiny_model: Path) -> Iterator[Daemon]:
+    d = start_daemon(tiny_model, "--max-context", "512")
+    yield d
+    if d.proc.poll() is None:
+        stop_daemon(d)
