@@ -93,6 +93,7 @@ class Engine:
                 self._retire()
             if self.runner.rows:
                 self._decode()
+        self._retire()  # free what finished now, not one step later
         self._flush()
 
     # Message handlers

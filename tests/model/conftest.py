@@ -1,0 +1,136 @@
+"""An in-process worker engine on the tiny model, driven over a real ZMQ socket.
+
+The test thread steps the engine itself (instead of ``Engine.run``), so the order in which
+requests meet the scheduler is exact and tests are deterministic.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from mlxd.config import SchedulerConfig
+from mlxd.protocol import codec
+from mlxd.protocol.channel import WorkerChannel
+from mlxd.protocol.messages import (
+    Error,
+    Events,
+    Finished,
+    Generate,
+    Message,
+    SamplingParams,
+    TextPrompt,
+    TokenDelta,
+)
+
+
+@cache
+def load_model(path: Path) -> tuple[Any, Any]:
+    import mlx_lm
+
+    return mlx_lm.load(str(path))[:2]  # type: ignore[return-value]
+
+
+@dataclass
+class Result:
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finished: Finished | None = None
+    error: Error | None = None
+    steps_to_first_token: int | None = None
+
+
+class Harness:
+    """A real Engine on a real ROUTER, a DEALER for the test, and the results per request."""
+
+    def __init__(self, model_path: Path, **sched: Any) -> None:
+        from mlxd.worker.engine import Engine
+        from mlxd.worker.model_runner import ModelRunner
+        from mlxd.worker.scheduler import Scheduler
+        from mlxd.worker.tokenizer import PromptEncoder
+
+        model, tokenizer = load_model(model_path)
+        self.ctx = zmq.Context()
+        endpoint = f"inproc://{uuid.uuid4().hex}"
+        self.channel = WorkerChannel(endpoint, context=self.ctx)
+        self.dealer = self.ctx.socket(zmq.DEALER)
+        self.dealer.connect(endpoint)
+        encoder = PromptEncoder(tokenizer, vocab_size=model.args.vocab_size)
+        self.engine = Engine(
+            name="tiny", runner=ModelRunner(model, encoder.eos_token_ids),
+            scheduler=Scheduler(SchedulerConfig(**sched)), encoder=encoder,
+            channel=self.channel, max_context=512,
+        )  # fmt: skip
+        self.results: dict[str, Result] = {}
+        self.steps = 0
+
+    def send(self, msg: Message) -> None:
+        self.dealer.send_multipart(codec.encode(msg))
+        for client, incoming in self.channel.recv_ready(timeout_ms=1000):
+            self.engine.dispatch(client, incoming)
+        self._drain()
+
+    def generate(self, rid: str, prompt: str, **sampling: Any) -> None:
+        sampling.setdefault("temperature", 0.0)
+        self.results[rid] = Result()
+        self.send(Generate(request_id=rid, prompt=TextPrompt(text=prompt),
+                           sampling=SamplingParams(**sampling)))  # fmt: skip
+
+    def step(self, n: int = 1) -> None:
+        for _ in range(n):
+            self.engine.step()
+            self.steps += 1
+            self._drain()
+
+    def run(self, max_steps: int = 2000) -> dict[str, Result]:
+        while self.engine.scheduler.has_work() and max_steps:
+            self.step()
+            max_steps -= 1
+        assert not self.engine.scheduler.has_work(), "engine did not finish"
+        return self.results
+
+    def close(self) -> None:
+        self.dealer.close(linger=0)
+        self.channel.close()
+        self.ctx.term()
+
+    def _drain(self) -> None:
+        while self.dealer.poll(0):
+            self._record(codec.decode(self.dealer.recv_multipart()))
+
+    def _record(self, msg: Message) -> None:
+        if isinstance(msg, Events):
+            for event in msg.events:
+                self._record(event)
+            return
+        res = self.results.setdefault(getattr(msg, "request_id", ""), Result())
+        if isinstance(msg, TokenDelta):
+            if res.steps_to_first_token is None:
+                res.steps_to_first_token = self.steps
+            res.text += msg.text
+            res.token_ids += msg.token_ids
+        elif isinstance(msg, Finished):
+            res.finished = msg
+        elif isinstance(msg, Error):
+            res.error = msg
+
+
+@pytest.fixture
+def harness_factory(tiny_model: Path) -> Iterator[Any]:
+    made: list[Harness] = []
+
+    def make(**sched: Any) -> Harness:
+        h = Harness(tiny_model, **sched)
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
+        h.close()

@@ -1,0 +1,133 @@
+"""The batching engine on a real tiny model: batched output equals one-at-a-time output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mlxd.protocol.messages import Cancel
+from tests.model.conftest import load_model
+
+pytestmark = pytest.mark.model
+
+PROMPTS = [
+    "hello world",
+    "The quick brown fox jumps over the lazy dog, again and again and again",
+    "a",
+    "Python is a programming language that lets you work quickly",
+    "import os\nimport sys\n",
+]
+
+
+def reference(model_path: Path, prompt: str, max_tokens: int) -> list[int]:
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    model, tok = load_model(model_path)
+    ids = tok.encode(prompt)
+    out = []
+    for token, _ in generate_step(mx.array(ids), model, max_tokens=max_tokens):
+        out.append(int(token))
+    return out
+
+
+def test_batched_greedy_equals_single_mlx_lm(harness_factory: Any, tiny_model: Path) -> None:
+    h = harness_factory(prefill_chunk=16)
+    for i, p in enumerate(PROMPTS):
+        h.generate(str(i), p, max_tokens=12, ignore_eos=True)
+    results = h.run()
+    for i, p in enumerate(PROMPTS):
+        assert results[str(i)].token_ids == reference(tiny_model, p, 12), p
+
+
+def test_join_mid_generation_gets_tokens_before_others_finish(harness_factory: Any) -> None:
+    h = harness_factory()
+    h.generate("long", PROMPTS[1], max_tokens=40, ignore_eos=True)
+    h.step(5)
+    h.generate("late", PROMPTS[0], max_tokens=3, ignore_eos=True)
+    h.step(2)
+    assert h.results["late"].token_ids, "the late request should already be streaming"
+    assert h.results["long"].finished is None
+    results = h.run()
+    assert results["late"].finished is not None and len(results["late"].token_ids) == 3
+    assert len(results["long"].token_ids) == 40
+
+
+def test_seeded_sampling_is_reproducible_in_any_batch(harness_factory: Any) -> None:
+    sampling = {"temperature": 1.0, "top_p": 0.9, "seed": 1234, "max_tokens": 16, "ignore_eos": True}
+    alone = harness_factory()
+    alone.generate("s", PROMPTS[3], **sampling)
+    busy = harness_factory()
+    busy.generate("x", PROMPTS[1], temperature=1.0, max_tokens=20, ignore_eos=True)
+    busy.step(3)
+    busy.generate("s", PROMPTS[3], **sampling)
+    busy.generate("y", PROMPTS[0], temperature=0.7, max_tokens=5, ignore_eos=True)
+    assert alone.run()["s"].token_ids == busy.run()["s"].token_ids
+
+
+def test_cancel_stops_one_stream_and_frees_its_slot(harness_factory: Any) -> None:
+    h = harness_factory(max_num_seqs=2)
+    h.generate("a", PROMPTS[0], max_tokens=30, ignore_eos=True)
+    h.generate("b", PROMPTS[1], max_tokens=30, ignore_eos=True)
+    h.step(4)
+    h.generate("c", PROMPTS[2], max_tokens=5, ignore_eos=True)
+    h.step(2)
+    assert not h.results["c"].token_ids, "no slot for c while a and b run"
+    sent_before = len(h.results["a"].token_ids)
+    h.send(Cancel(request_id="a"))
+    results = h.run()
+    assert results["a"].finished is None and results["a"].error is None
+    assert len(results["a"].token_ids) <= sent_before + 1
+    assert len(results["b"].token_ids) == 30 and len(results["c"].token_ids) == 5
+    assert h.engine.runner.rows == [] and h.engine.runner.kv_bytes == 0
+
+
+def test_queue_flood_is_refused_with_overloaded(harness_factory: Any) -> None:
+    h = harness_factory(max_num_seqs=1, max_queued=2)
+    h.generate("0", PROMPTS[0], max_tokens=2)
+    h.step()  # "0" is admitted; the queue is empty again
+    for i in range(1, 6):
+        h.generate(str(i), PROMPTS[0], max_tokens=2)
+    results = h.run()
+    refused = [rid for rid, r in results.items() if r.error is not None]
+    done = [rid for rid, r in results.items() if r.finished is not None]
+    assert refused == ["3", "4", "5"]
+    assert all(results[rid].error.code == "overloaded" for rid in refused)  # type: ignore[union-attr]
+    assert done == ["0", "1", "2"]
+
+
+def test_stop_string_and_length_finish_reasons(harness_factory: Any) -> None:
+    h = harness_factory()
+    h.generate("free", PROMPTS[3], max_tokens=12, ignore_eos=True)
+    free = h.run()["free"]
+    stop = free.text[len(free.text) // 2 :][:3]
+    h.generate("stopped", PROMPTS[3], max_tokens=12, ignore_eos=True, stop=[stop])
+    stopped = h.run()["stopped"]
+    assert free.finished is not None and free.finished.finish_reason == "length"
+    assert stopped.finished is not None and stopped.finished.finish_reason == "stop"
+    assert stop not in stopped.text and free.text.startswith(stopped.text)
+
+
+def test_bad_sampling_errors_only_that_request(harness_factory: Any) -> None:
+    h = harness_factory()
+    h.generate("ok", PROMPTS[0], max_tokens=4)
+    h.generate("bad", PROMPTS[0], max_tokens=4, top_p=1.5)
+    h.generate("long", PROMPTS[0], max_tokens=10_000)
+    results = h.run()
+    assert results["bad"].error is not None and results["bad"].error.param == "top_p"
+    assert results["long"].error is not None and results["long"].error.param == "max_tokens"
+    assert results["ok"].finished is not None
+
+
+def test_penalties_and_logit_bias_shape_the_output(harness_factory: Any) -> None:
+    h = harness_factory()
+    h.generate("plain", PROMPTS[2], max_tokens=8, ignore_eos=True)
+    h.generate("rep", PROMPTS[2], max_tokens=8, ignore_eos=True, repetition_penalty=5.0,
+               frequency_penalty=2.0)  # fmt: skip
+    h.generate("bias", PROMPTS[2], max_tokens=4, ignore_eos=True, logit_bias={7: 100.0})
+    results = h.run()
+    plain, rep = results["plain"].token_ids, results["rep"].token_ids
+    assert len(set(rep)) > len(set(plain)) or plain != rep
+    assert results["bias"].token_ids == [7, 7, 7, 7]
