@@ -1,0 +1,22 @@
+"""Fixtures shared by every test tier.
+
+Import mlx inside fixtures, never at module level: the unit tier must not load it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny qwen3 float32 model directory (seed 0), made once per test session.
+
+    Loadable with ``mlx_lm.load``; ids: ``<|endoftext|>`` (pad) = 0, ``<|im_end|>`` (eos) = 2.
+    """
+    from mlxd.models.maker import make_model
+
+    out_dir = tmp_path_factory.mktemp("models") / "tiny-qwen3"
+    return make_model(out_dir, arch="qwen3", size="tiny", progress=lambda line: None)
