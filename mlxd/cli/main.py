@@ -14,6 +14,7 @@ def main() -> None:
 
 
 def _register() -> None:
+    from mlxd.cli.bench import bench_group
     from mlxd.cli.make_model import make_model_command
     from mlxd.cli.start import start_command
     from mlxd.cli.worker import worker_group
@@ -21,6 +22,7 @@ def _register() -> None:
     main.add_command(start_command)
     main.add_command(make_model_command)
     main.add_command(worker_group)
+    main.add_command(bench_group)
 
 
 _register()

@@ -1,0 +1,87 @@
+"""`mlxd bench engine`: the same workload in-process (no HTTP, no ZMQ), and mlx-lm's own
+``BatchGenerator`` / ``generate_step`` on the same prompts as the yardstick."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from mlxd.bench.stats import RequestTiming, summarize
+from mlxd.config import SchedulerConfig
+from mlxd.protocol.messages import Events, Generate, Message, SamplingParams, TokenDelta, TokenPrompt
+
+
+class _Recorder:
+    """The engine's channel, in memory: records when each request's tokens arrive."""
+
+    def __init__(self, t0: float, timings: dict[str, RequestTiming]) -> None:
+        self.t0, self.timings = t0, timings
+
+    def send(self, client: bytes, msg: Message) -> None:
+        events = msg.events if isinstance(msg, Events) else [msg]
+        now = time.perf_counter() - self.t0
+        for e in events:
+            t = self.timings[e.request_id]
+            if isinstance(e, TokenDelta):
+                t.first_token = t.first_token if t.first_token is not None else now
+                t.token_times.append(now)
+                t.output_tokens += len(e.token_ids)
+            else:
+                t.end = now
+
+    def recv_ready(self, timeout_ms: int) -> list[Any]:
+        return []
+
+
+def engine_level(model: Any, tokenizer: Any, prompts: list[list[int]], max_tokens: int,
+                 sched: SchedulerConfig) -> dict[str, float | int]:  # fmt: skip
+    """All ``prompts`` submitted at once to a fresh engine; returns the summary."""
+    from mlxd.worker.engine import Engine
+    from mlxd.worker.model_runner import ModelRunner
+    from mlxd.worker.scheduler import Scheduler
+    from mlxd.worker.tokenizer import PromptEncoder
+
+    encoder = PromptEncoder(tokenizer, vocab_size=model.args.vocab_size)
+    timings: dict[str, RequestTiming] = {}
+    t0 = time.perf_counter()
+    channel = _Recorder(t0, timings)
+    engine = Engine(name="bench", runner=ModelRunner(model, encoder.eos_token_ids),
+                    scheduler=Scheduler(sched), encoder=encoder, channel=channel,  # type: ignore[arg-type]
+                    max_context=len(prompts[0]) + max_tokens + 8)  # fmt: skip
+    sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        timings[str(i)] = RequestTiming(start=time.perf_counter() - t0)
+        engine.dispatch(b"b", Generate(request_id=str(i), prompt=TokenPrompt(token_ids=p),
+                                       sampling=sampling))  # fmt: skip
+    while engine.scheduler.has_work():
+        engine.step()
+    return summarize(len(prompts), list(timings.values()))
+
+
+def mlx_lm_batch_level(model: Any, prompts: list[list[int]], max_tokens: int) -> dict[str, float]:
+    """mlx-lm's BatchGenerator on the same prompts (no stop tokens: every row runs max_tokens)."""
+    from mlx_lm.generate import BatchGenerator
+
+    n = len(prompts)
+    gen = BatchGenerator(model, stop_tokens=[], completion_batch_size=n,
+                         prefill_batch_size=min(n, 8))  # fmt: skip
+    t0 = time.perf_counter()
+    gen.insert(prompts, [max_tokens] * n)
+    tokens = 0
+    while responses := gen.next_generated():
+        tokens += len(responses)
+    wall = time.perf_counter() - t0
+    gen.close()
+    return {"concurrency": n, "output_tokens": tokens, "wall_s": wall,
+            "output_tok_s": tokens / wall}  # fmt: skip
+
+
+def mlx_lm_single(model: Any, prompt: list[int], max_tokens: int) -> dict[str, float]:
+    """mlx-lm's generate_step, one stream: the single-user yardstick."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    t0 = time.perf_counter()
+    n = sum(1 for _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens))
+    wall = time.perf_counter() - t0
+    return {"concurrency": 1, "output_tokens": n, "wall_s": wall, "output_tok_s": n / wall}
