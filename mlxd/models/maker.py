@@ -35,7 +35,9 @@ DTYPES: dict[str, mx.Dtype] = {
 }
 QUANTIZE_BITS = (4, 8)
 QUANTIZE_GROUP_SIZE = 64
-INIT_STD = 0.02
+# Weights are N(0, std) with std = 1/sqrt(hidden) (at least 0.02): narrow models then produce
+# varied greedy text instead of echoing their input, which makes tests of batching meaningful.
+MIN_INIT_STD = 0.02
 DEFAULT_MODEL_NAME = "mlxd-default"
 DEFAULT_MODEL_ARCH = "qwen3"
 DEFAULT_MODEL_SIZE = "small"
@@ -149,7 +151,7 @@ def _build(
     model = _build_model(config)
     num_params = sum(p.size for _, p in tree_flatten(model.parameters()))
     report(f"initialising {num_params / 1e6:.1f}M random {dtype} weights (seed {seed})")
-    _init_weights(model, seed, DTYPES[dtype])
+    _init_weights(model, seed, DTYPES[dtype], _init_std(config))
     if quantize_bits is not None:
         report(f"quantizing to {quantize_bits} bits")
         config = _quantize(model, config, quantize_bits)
@@ -165,7 +167,11 @@ def _build_model(config: dict[str, Any]) -> nn.Module:
     return model
 
 
-def _init_weights(model: nn.Module, seed: int, dtype: mx.Dtype) -> None:
+def _init_std(config: dict[str, Any]) -> float:
+    return max(MIN_INIT_STD, float(config["hidden_size"]) ** -0.5)
+
+
+def _init_weights(model: nn.Module, seed: int, dtype: mx.Dtype, std: float) -> None:
     # One key per parameter, in name order: the weights depend on the seed alone.
     norm_weights = {
         f"{path}.weight"
@@ -181,7 +187,7 @@ def _init_weights(model: nn.Module, seed: int, dtype: mx.Dtype) -> None:
         elif name.endswith(".bias"):
             value = mx.zeros(param.shape, dtype=dtype)
         else:
-            value = (INIT_STD * mx.random.normal(param.shape, key=keys[i])).astype(dtype)
+            value = (std * mx.random.normal(param.shape, key=keys[i])).astype(dtype)
         mx.eval(value)  # one tensor at a time keeps peak memory near the model's size
         weights.append((name, value))
     model.update(tree_unflatten(weights))
