@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import socket
 import sys
 import tempfile
@@ -112,5 +113,9 @@ def _serve(config: ServeConfig, log_level: str) -> int:
         uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
                        lifespan="on", timeout_graceful_shutdown=10)  # fmt: skip
     )
+    # uvicorn re-raises the signal that stopped it once it has shut down; with these in place
+    # that re-raise is a no-op, so a graceful stop exits 0.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
     server.run()
     return 0 if server.started else STARTUP_FAILURE

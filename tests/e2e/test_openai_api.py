@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -33,8 +34,23 @@ def reference_chat(model_path: Path, messages: list[dict[str, str]], max_tokens:
     return str(mlx_lm.generate(model, tok, ids, max_tokens=max_tokens))
 
 
+_CLIENTS: dict[str, openai.OpenAI] = {}
+
+
 def client(daemon: Daemon) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{daemon.base_url}/v1", api_key="unused", max_retries=0)
+    if daemon.base_url not in _CLIENTS:
+        _CLIENTS[daemon.base_url] = openai.OpenAI(
+            base_url=f"{daemon.base_url}/v1", api_key="unused", max_retries=0
+        )
+    return _CLIENTS[daemon.base_url]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    for c in _CLIENTS.values():
+        c.close()
+    _CLIENTS.clear()
 
 
 def test_chat_completion_matches_mlx_lm_generate(daemon: Daemon) -> None:
