@@ -1,0 +1,85 @@
+"""The gateway's Starlette app: routes in one list, a lifespan for the pool, OpenAI-shaped errors.
+
+Run it with uvicorn: ``uvicorn.run(build_app(config, pool), host=config.host, port=config.port)``.
+This package never imports mlx: the gateway only speaks the protocol.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from mlxd.config import ServeConfig
+from mlxd.errors import InternalError, MlxdError, Overloaded
+from mlxd.gateway.openai import REQUEST_ID_HEADER, OpenAIEndpoints
+from mlxd.gateway.workers import WorkerPool
+
+log = logging.getLogger(__name__)
+
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+
+
+def build_app(config: ServeConfig, pool: WorkerPool) -> Starlette:
+    """The gateway ASGI app; its lifespan starts and stops ``pool``.
+
+    Args:
+        config: timeouts and limits (``chat_timeout_s``, ``max_body_bytes``...).
+        pool: model name -> ``WorkerClient``; ``StaticPool`` or the supervisor's pool.
+    """
+    api = OpenAIEndpoints(config, pool)
+    routes = [
+        Route("/health", api.health, methods=["GET"]),
+        Route("/v1/models", api.list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", api.retrieve_model, methods=["GET"]),
+        Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
+        Route("/v1/completions", api.completions, methods=["POST"]),
+    ]
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await pool.start()
+        try:
+            yield
+        finally:
+            await pool.stop()
+
+    handlers = {MlxdError: render_error, HTTPException: _render_http, Exception: _render_crash}
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
+
+
+async def render_error(request: Request, exc: Exception) -> Response:
+    """Render any ``MlxdError`` as ``{"error": {message, type, param, code}}``."""
+    assert isinstance(exc, MlxdError)
+    headers = {}
+    if isinstance(exc, Overloaded):
+        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
+    request_id = getattr(request.state, "request_id", None)
+    if request_id is not None:
+        headers[REQUEST_ID_HEADER] = request_id
+    return JSONResponse({"error": exc.to_dict()}, exc.status_code, headers)
+
+
+async def _render_http(request: Request, exc: Exception) -> Response:
+    # Routing (404/405) and the body limit (413) raise Starlette's HTTPException.
+    assert isinstance(exc, HTTPException)
+    error = {
+        "message": f"{exc.detail} ({request.method} {request.url.path})",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": _HTTP_CODES.get(exc.status_code, "http_error"),
+    }
+    return JSONResponse({"error": error}, exc.status_code, exc.headers)
+
+
+async def _render_crash(request: Request, exc: Exception) -> Response:
+    # Starlette logs nothing itself here, and uvicorn logs the re-raised exception.
+    log.error("unhandled %s on %s %s", type(exc).__name__, request.method, request.url.path)
+    return await render_error(request, InternalError("The server had an internal error"))

@@ -1,0 +1,179 @@
+"""The OpenAI-compatible endpoints: chat completions, completions, models, health.
+
+Each endpoint parses with ``schemas``, sends one ``Generate`` to the model's worker, then
+streams (``streaming``) or collects the events. Errors are raised as ``MlxdError`` and rendered
+by the app's one exception handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+
+from mlxd.config import ServeConfig
+from mlxd.errors import ModelNotFound
+from mlxd.gateway import schemas
+from mlxd.gateway.schemas import ChatChunks, ParsedRequest, TextChunks
+from mlxd.gateway.streaming import ChunkFormat, EventStreamResponse, next_event
+from mlxd.gateway.workers import RequestStream, WorkerPool
+from mlxd.protocol.messages import Finished
+
+REQUEST_ID_HEADER = "X-Request-Id"
+MAX_REQUEST_ID_CHARS = 128
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first"
+
+_Builder = Callable[[str, str, int, str, Finished], dict[str, Any]]
+_Parser = Callable[[Any, str | None], ParsedRequest]
+_ChunksFactory = Callable[[str, str, int, bool], ChunkFormat]
+
+
+class OpenAIEndpoints:
+    """The endpoint functions, bound to the config and the worker pool they serve.
+
+    Args:
+        config: timeouts and the request body limit.
+        pool: model name -> worker client.
+    """
+
+    def __init__(self, config: ServeConfig, pool: WorkerPool) -> None:
+        self.config = config
+        self.pool = pool
+        self.created = int(time.time())
+        self._id_prefix = secrets.token_hex(3)
+        self._id_counter = itertools.count()
+
+    async def health(self, request: Request) -> Response:
+        """``GET /health``: the gateway is up (no worker round-trip)."""
+        return JSONResponse({"status": "ok"})
+
+    async def list_models(self, request: Request) -> Response:
+        """``GET /v1/models``."""
+        data = [self._model(name) for name in self.pool.names()]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def retrieve_model(self, request: Request) -> Response:
+        """``GET /v1/models/{model}``."""
+        name = request.path_params["model"]
+        if name not in self.pool.names():
+            raise ModelNotFound(f"The model {name!r} does not exist", param="model")
+        return JSONResponse(self._model(name))
+
+    async def chat_completions(self, request: Request) -> Response:
+        """``POST /v1/chat/completions``."""
+        return await self._complete(
+            request, schemas.parse_chat, self.config.chat_timeout_s,
+            "chatcmpl", ChatChunks, schemas.chat_completion,
+        )  # fmt: skip
+
+    async def completions(self, request: Request) -> Response:
+        """``POST /v1/completions``."""
+        return await self._complete(
+            request, schemas.parse_completion, self.config.completion_timeout_s,
+            "cmpl", TextChunks, schemas.text_completion,
+        )  # fmt: skip
+
+    # Internal helpers
+
+    async def _complete(
+        self,
+        request: Request,
+        parse: _Parser,
+        timeout_s: float,
+        id_prefix: str,
+        chunks: _ChunksFactory,
+        build: _Builder,
+    ) -> Response:
+        client_id, request_id = self._request_ids(request)
+        headers = {REQUEST_ID_HEADER: client_id}
+        body = schemas.parse_json(await _read_body(request, self.config.max_body_bytes))
+        parsed = parse(body, request.headers.get("x-priority"))
+        worker = await self.pool.client(parsed.model)
+        deadline = time.monotonic() + timeout_s
+        stream = await worker.open_stream(parsed.to_generate(request_id, timeout_s))
+        completion_id, created = schemas.new_id(id_prefix), int(time.time())
+        try:
+            if parsed.stream:
+                first = await next_event(stream, deadline)
+                assert first is not None  # no keepalive was asked for
+                fmt = chunks(completion_id, parsed.model, created, parsed.include_usage)
+                return EventStreamResponse(stream, first, fmt, deadline, headers)
+            collected = await _collect_while_connected(request, stream, deadline)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await stream.cancel()
+            raise
+        if collected is None:
+            await stream.cancel()
+            return Response(status_code=CLIENT_CLOSED_REQUEST, headers=headers)
+        text, finished = collected
+        return JSONResponse(
+            build(completion_id, parsed.model, created, text, finished), 200, headers
+        )
+
+    def _request_ids(self, request: Request) -> tuple[str, str]:
+        """The client's ``X-Request-Id`` (or a new one) and the unique id used on the wire."""
+        client_id = request.headers.get(REQUEST_ID_HEADER) or secrets.token_hex(16)
+        request.state.request_id = client_id
+        unique = f"{self._id_prefix}{next(self._id_counter):x}"
+        return client_id, f"{client_id[:MAX_REQUEST_ID_CHARS]}.{unique}"
+
+    def _model(self, name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": self.created, "owned_by": "mlxd"}
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The request body, or a 413 as soon as it is known to exceed ``limit`` bytes."""
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise HTTPException(413, f"The request body exceeds {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise HTTPException(413, f"The request body exceeds {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        # Nobody will read the answer; an HTTP error keeps uvicorn from logging a traceback.
+        raise HTTPException(CLIENT_CLOSED_REQUEST, "The client closed the request") from None
+    return b"".join(chunks)
+
+
+async def _collect(stream: RequestStream, deadline: float) -> tuple[str, Finished]:
+    parts: list[str] = []
+    while True:
+        event = await next_event(stream, deadline)
+        assert event is not None  # no keepalive was asked for
+        parts.append(event.text)
+        if isinstance(event, Finished):
+            return "".join(parts), event
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _collect_while_connected(
+    request: Request, stream: RequestStream, deadline: float
+) -> tuple[str, Finished] | None:
+    """Collect the whole completion; ``None`` if the client disconnected first."""
+    collector = asyncio.ensure_future(_collect(stream, deadline))
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait((collector, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        collector.cancel()
+        watcher.cancel()
+        await asyncio.gather(collector, watcher, return_exceptions=True)
+    return None if collector.cancelled() else collector.result()

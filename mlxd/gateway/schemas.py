@@ -1,0 +1,469 @@
+"""OpenAI JSON <-> protocol messages: request validation and response bodies.
+
+Every field is either validated or rejected: unknown fields and fields we do not support yet are
+a 400 naming the field, never silently ignored. JSON ``null`` means "use the default".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from mlxd.errors import InvalidRequest
+from mlxd.protocol.messages import (
+    PRIORITIES,
+    ChatPrompt,
+    Finished,
+    Generate,
+    Prompt,
+    SamplingParams,
+    TextPrompt,
+    TokenPrompt,
+    Usage,
+)
+
+MAX_STOP = 16
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # as OpenAI's /v1/completions
+_MAX_INT = 2**31 - 1
+_MAX_SEED = 2**63 - 1
+
+_SAMPLING_FIELDS = frozenset(
+    {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop",
+     "seed", "presence_penalty", "frequency_penalty", "logit_bias", "user", "top_k", "min_p",
+     "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids", "priority"}
+)  # fmt: skip
+_CHAT_FIELDS = _SAMPLING_FIELDS | {
+    "messages", "max_completion_tokens", "tools", "tool_choice", "response_format"
+}  # fmt: skip
+_COMPLETION_FIELDS = _SAMPLING_FIELDS | {"prompt", "echo", "suffix"}
+# OpenAI fields we do not serve yet: accepted only when null or false.
+_UNSUPPORTED = frozenset(
+    {"logprobs", "top_logprobs", "parallel_tool_calls", "functions", "function_call", "audio",
+     "modalities", "prediction", "service_tier", "store", "metadata", "reasoning_effort",
+     "web_search_options", "best_of", "verbosity", "prompt_cache_key", "safety_identifier"}
+)  # fmt: skip
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+_MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id"})
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    """A validated ``/v1/chat/completions`` or ``/v1/completions`` body."""
+
+    model: str
+    prompt: Prompt
+    sampling: SamplingParams
+    stream: bool = False
+    include_usage: bool = False
+    priority: str = "normal"
+
+    def to_generate(self, request_id: str, timeout_s: float | None) -> Generate:
+        """The ``Generate`` message that starts this request on a worker."""
+        return Generate(
+            request_id=request_id,
+            prompt=self.prompt,
+            sampling=self.sampling,
+            priority=self.priority,
+            timeout_s=timeout_s,
+        )
+
+
+# Public API: requests
+
+
+def parse_json(raw: bytes) -> Any:
+    """Decode a request body; malformed JSON is an ``InvalidRequest``."""
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidRequest(f"The request body is not valid JSON: {exc}") from None
+
+
+def parse_chat(body: Any, header_priority: str | None = None) -> ParsedRequest:
+    """Validate a chat completions body; ``header_priority`` is the ``X-Priority`` header."""
+    body = _check_fields(body, _CHAT_FIELDS)
+    _check_response_format(body.get("response_format"))
+    max_tokens = _positive_int(body, "max_tokens")  # deprecated by OpenAI; the newer name wins
+    max_tokens = _positive_int(body, "max_completion_tokens") or max_tokens
+    return _parsed(body, _chat_prompt(body), max_tokens, header_priority)
+
+
+def parse_completion(body: Any, header_priority: str | None = None) -> ParsedRequest:
+    """Validate a (legacy) completions body; ``header_priority`` is the ``X-Priority`` header."""
+    body = _check_fields(body, _COMPLETION_FIELDS)
+    if _bool(body, "echo", False):
+        raise InvalidRequest("'echo' is not supported yet", param="echo")
+    if _typed(body, "suffix", str, "a string"):
+        raise InvalidRequest("'suffix' is not supported yet", param="suffix")
+    prompt = _completion_prompt(body.get("prompt"))
+    max_tokens = _positive_int(body, "max_tokens") or COMPLETION_DEFAULT_MAX_TOKENS
+    return _parsed(body, prompt, max_tokens, header_priority)
+
+
+# Public API: responses
+
+
+def new_id(prefix: str) -> str:
+    """A fresh OpenAI-style object id, e.g. ``chatcmpl-<hex>``."""
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+def usage_dict(usage: Usage) -> dict[str, Any]:
+    """The OpenAI ``usage`` object."""
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+def chat_completion(
+    completion_id: str, model: str, created: int, text: str, finished: Finished
+) -> dict[str, Any]:
+    """A non-streamed ``chat.completion`` object."""
+    message = {"role": "assistant", "content": text, "refusal": None}
+    choice = {"index": 0, "message": message, "logprobs": None,
+              "finish_reason": finished.finish_reason}  # fmt: skip
+    return {"id": completion_id, "object": "chat.completion", "created": created, "model": model,
+            "choices": [choice], "usage": usage_dict(finished.usage)}  # fmt: skip
+
+
+def text_completion(
+    completion_id: str, model: str, created: int, text: str, finished: Finished
+) -> dict[str, Any]:
+    """A non-streamed ``text_completion`` object."""
+    choice = {"index": 0, "text": text, "logprobs": None,
+              "finish_reason": finished.finish_reason}  # fmt: skip
+    return {"id": completion_id, "object": "text_completion", "created": created, "model": model,
+            "choices": [choice], "usage": usage_dict(finished.usage)}  # fmt: skip
+
+
+class _Chunks:
+    object_name = ""
+
+    def __init__(self, completion_id: str, model: str, created: int, include_usage: bool) -> None:
+        self.completion_id = completion_id
+        self.model = model
+        self.created = created
+        self.include_usage = include_usage
+
+    def head(self) -> list[dict[str, Any]]:
+        return []
+
+    def delta(self, text: str) -> dict[str, Any]:
+        return self._chunk(self._choice(text, None))
+
+    def tail(self, finished: Finished) -> list[dict[str, Any]]:
+        out = [self.delta(finished.text)] if finished.text else []
+        out.append(self._chunk(self._choice(None, finished.finish_reason)))
+        if self.include_usage:
+            out.append(self._chunk(None, usage=usage_dict(finished.usage)))
+        return out
+
+    def _choice(self, text: str | None, finish_reason: str | None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _chunk(
+        self, choice: dict[str, Any] | None, usage: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        chunk = {"id": self.completion_id, "object": self.object_name, "created": self.created,
+                 "model": self.model, "choices": [] if choice is None else [choice]}  # fmt: skip
+        if self.include_usage:
+            chunk["usage"] = usage
+        return chunk
+
+
+class ChatChunks(_Chunks):
+    """Builds ``chat.completion.chunk`` objects; the first carries ``delta.role``."""
+
+    object_name = "chat.completion.chunk"
+
+    def head(self) -> list[dict[str, Any]]:
+        choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                  "finish_reason": None}  # fmt: skip
+        return [self._chunk(choice)]
+
+    def _choice(self, text: str | None, finish_reason: str | None) -> dict[str, Any]:
+        delta = {} if text is None else {"content": text}
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+
+
+class TextChunks(_Chunks):
+    """Builds streamed ``text_completion`` objects."""
+
+    object_name = "text_completion"
+
+    def _choice(self, text: str | None, finish_reason: str | None) -> dict[str, Any]:
+        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+
+
+# Internal helpers: the request as a whole
+
+
+def _check_fields(body: Any, allowed: frozenset[str]) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object")
+    for key, value in body.items():
+        if key in _UNSUPPORTED:
+            if value is not None and value is not False:
+                raise InvalidRequest(f"'{key}' is not supported by this server yet", param=key)
+        elif key not in allowed:
+            raise InvalidRequest(f"Unrecognized request argument supplied: {key}", param=key)
+    return body
+
+
+def _parsed(
+    body: dict[str, Any], prompt: Prompt, max_tokens: int | None, header_priority: str | None
+) -> ParsedRequest:
+    model = _typed(body, "model", str, "a string")
+    if not model:
+        raise InvalidRequest("'model' is required", param="model")
+    n = _int(body, "n", 1, 1)
+    if n != 1:
+        raise InvalidRequest("Only n=1 is supported for now", param="n")
+    _typed(body, "user", str, "a string")
+    stream = _bool(body, "stream", False)
+    return ParsedRequest(
+        model=model,
+        prompt=prompt,
+        sampling=_sampling(body, max_tokens),
+        stream=stream,
+        include_usage=_include_usage(body.get("stream_options"), stream),
+        priority=_priority(body, header_priority),
+    )
+
+
+def _sampling(body: dict[str, Any], max_tokens: int | None) -> SamplingParams:
+    min_tokens = _int(body, "min_tokens", 0, 0)
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise InvalidRequest("'min_tokens' must not exceed 'max_tokens'", param="min_tokens")
+    top_k = _int(body, "top_k", 0, -1)  # -1 is vLLM's "off"
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=_float(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=_float(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
+        top_k=max(top_k, 0),
+        min_p=_float(body, "min_p", 0.0, 0.0, 1.0),
+        repetition_penalty=_float(body, "repetition_penalty", 1.0, 0.0, math.inf, low_open=True),
+        presence_penalty=_float(body, "presence_penalty", 0.0, -2.0, 2.0),
+        frequency_penalty=_float(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        logit_bias=_logit_bias(body.get("logit_bias")),
+        seed=_seed(body),
+        stop=_stop(body.get("stop")),
+        stop_token_ids=_token_ids(body.get("stop_token_ids"), "stop_token_ids", allow_empty=True),
+        ignore_eos=_bool(body, "ignore_eos", False),
+        min_tokens=min_tokens,
+    )
+
+
+def _check_response_format(value: Any) -> None:
+    if value is None or value == {"type": "text"}:
+        return
+    raise InvalidRequest(
+        "Only response_format {'type': 'text'} is supported", param="response_format"
+    )
+
+
+def _include_usage(options: Any, stream: bool) -> bool:
+    if options is None:
+        return False
+    if not stream:
+        raise InvalidRequest("'stream_options' is only allowed when 'stream' is true",
+                             param="stream_options")  # fmt: skip
+    if not isinstance(options, dict):
+        raise InvalidRequest("'stream_options' must be an object", param="stream_options")
+    for key in options:
+        if key != "include_usage":
+            name = f"stream_options.{key}"
+            raise InvalidRequest(f"Unrecognized request argument supplied: {name}", param=name)
+    return _bool(options, "include_usage", False, "stream_options.include_usage")
+
+
+def _priority(body: dict[str, Any], header: str | None) -> str:
+    value = _typed(body, "priority", str, "a string")
+    param = "priority"
+    if value is None and header is not None:
+        value, param = header.strip().lower(), "X-Priority"
+    if value is None:
+        return "normal"
+    if value not in PRIORITIES:
+        raise InvalidRequest(f"'{param}' must be one of {', '.join(PRIORITIES)}", param=param)
+    return str(value)
+
+
+# Internal helpers: prompts
+
+
+def _chat_prompt(body: dict[str, Any]) -> ChatPrompt:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("'messages' must be a non-empty list", param="messages")
+    parsed = [_message(m, f"messages[{i}]") for i, m in enumerate(messages)]
+    tools = _tools(body.get("tools"))
+    choice = body.get("tool_choice")
+    if choice not in (None, "auto", "none"):
+        raise InvalidRequest("Only tool_choice 'auto' or 'none' is supported", param="tool_choice")
+    return ChatPrompt(messages=parsed, tools=None if choice == "none" else tools)
+
+
+def _message(msg: Any, path: str) -> dict[str, Any]:
+    if not isinstance(msg, dict):
+        raise InvalidRequest(f"'{path}' must be an object", param=path)
+    for key in msg:
+        if key not in _MESSAGE_KEYS:
+            raise InvalidRequest(f"Unrecognized field '{path}.{key}'", param=f"{path}.{key}")
+    role = msg.get("role")
+    if role not in _ROLES:
+        raise InvalidRequest(
+            f"'{path}.role' must be one of {', '.join(_ROLES)}", param=f"{path}.role"
+        )
+    out: dict[str, Any] = {"role": role, "content": _content(msg.get("content"), path)}
+    for key, kind, name in (("name", str, "a string"), ("tool_call_id", str, "a string"),
+                            ("tool_calls", list, "a list")):  # fmt: skip
+        value = _typed(msg, key, kind, name, f"{path}.{key}")
+        if value is not None:
+            out[key] = value
+    if out["content"] is None and "tool_calls" not in out:
+        raise InvalidRequest(f"'{path}.content' is required", param=f"{path}.content")
+    return out
+
+
+def _content(value: Any, path: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    path = f"{path}.content"
+    if not isinstance(value, list):
+        raise InvalidRequest(f"'{path}' must be a string or a list of text parts", param=path)
+    texts = []
+    for j, part in enumerate(value):
+        where = f"{path}[{j}]"
+        if not isinstance(part, dict) or part.get("type") != "text":
+            raise InvalidRequest(f"'{where}': only text parts are supported", param=f"{where}.type")
+        texts.append(_typed(part, "text", str, "a string", f"{where}.text") or "")
+    return "".join(texts)
+
+
+def _tools(value: Any) -> list[dict[str, Any]] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise InvalidRequest("'tools' must be a list", param="tools")
+    for i, tool in enumerate(value):
+        is_function = isinstance(tool, dict) and tool.get("type") == "function"
+        fn = tool.get("function") if is_function else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise InvalidRequest(
+                f"'tools[{i}]' must be a function with a name", param=f"tools[{i}]"
+            )
+    return value or None
+
+
+def _completion_prompt(value: Any) -> TextPrompt | TokenPrompt:
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
+        value = value[0]
+    if isinstance(value, str):
+        if not value:
+            raise InvalidRequest("'prompt' must not be empty", param="prompt")
+        return TextPrompt(text=value)
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        raise InvalidRequest("A list of prompts is not supported yet", param="prompt")
+    if isinstance(value, list) and value and all(isinstance(v, list) for v in value):
+        raise InvalidRequest("A batch of token lists is not supported yet", param="prompt")
+    return TokenPrompt(token_ids=_token_ids(value, "prompt"))
+
+
+# Internal helpers: typed fields
+
+
+def _typed(
+    obj: dict[str, Any], key: str, kind: type, kind_name: str, param: str | None = None
+) -> Any:
+    value = obj.get(key)
+    is_bool = isinstance(value, bool)
+    if value is None or (isinstance(value, kind) and (kind is bool or not is_bool)):
+        return value
+    name = param or key
+    raise InvalidRequest(f"'{name}' must be {kind_name}", param=name)
+
+
+def _bool(obj: dict[str, Any], key: str, default: bool, param: str | None = None) -> bool:
+    value = _typed(obj, key, bool, "a boolean", param)
+    return default if value is None else bool(value)
+
+
+def _int(obj: dict[str, Any], key: str, default: int, minimum: int) -> int:
+    value = _typed(obj, key, int, "an integer", key)
+    if value is None:
+        return default
+    if not minimum <= value <= _MAX_INT:
+        raise InvalidRequest(f"'{key}' must be an integer >= {minimum}", param=key)
+    return int(value)
+
+
+def _positive_int(obj: dict[str, Any], key: str) -> int | None:
+    return _int(obj, key, 0, 1) if obj.get(key) is not None else None
+
+
+def _float(
+    obj: dict[str, Any],
+    key: str,
+    default: float,
+    low: float,
+    high: float,
+    low_open: bool = False,
+    param: str | None = None,
+) -> float:
+    value = obj.get(key)
+    if value is None:
+        return default
+    is_number = isinstance(value, int | float) and not isinstance(value, bool)
+    above = is_number and (value > low if low_open else value >= low)
+    if not (above and math.isfinite(value) and value <= high):
+        opening = "(" if low_open else "["
+        bounds = f"> {low:g}" if high == math.inf else f"in {opening}{low:g}, {high:g}]"
+        name = param or key
+        raise InvalidRequest(f"'{name}' must be a number {bounds}", param=name)
+    return float(value)
+
+
+def _seed(obj: dict[str, Any]) -> int | None:
+    value = _typed(obj, "seed", int, "an integer")
+    if value is not None and not -_MAX_SEED - 1 <= value <= _MAX_SEED:
+        raise InvalidRequest("'seed' must fit in 64 bits", param="seed")
+    return value  # type: ignore[no-any-return]
+
+
+def _stop(value: Any) -> list[str]:
+    stops = [value] if isinstance(value, str) else [] if value is None else value
+    ok = isinstance(stops, list) and all(isinstance(s, str) and s for s in stops)
+    if not ok or len(stops) > MAX_STOP:
+        msg = f"'stop' must be a non-empty string or a list of at most {MAX_STOP} of them"
+        raise InvalidRequest(msg, param="stop")
+    return list(stops)
+
+
+def _token_ids(value: Any, param: str, allow_empty: bool = False) -> list[int]:
+    if value is None and allow_empty:
+        return []
+    ok = isinstance(value, list) and (allow_empty or value)
+    if not ok or not all(type(v) is int and 0 <= v <= _MAX_INT for v in value):
+        what = "a list of token ids" if allow_empty else "a string or a non-empty list of token ids"
+        raise InvalidRequest(f"'{param}' must be {what}", param=param)
+    return list(value)
+
+
+def _logit_bias(value: Any) -> dict[int, float]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidRequest("'logit_bias' must be an object", param="logit_bias")
+    out: dict[int, float] = {}
+    for key in value:
+        if not (key.isascii() and key.isdigit() and int(key) <= _MAX_INT):
+            raise InvalidRequest(f"'logit_bias' key {key!r} is not a token id", param="logit_bias")
+        out[int(key)] = _float(value, key, 0.0, -100.0, 100.0, param="logit_bias")
+    return out

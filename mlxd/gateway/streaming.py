@@ -1,0 +1,137 @@
+"""Server-sent events: ``data: {json}\\n\\n`` frames from a ``RequestStream``, then ``[DONE]``.
+
+The endpoint waits for the first event before it builds an ``EventStreamResponse``, so errors
+that come early (prompt too long, queue full) still get a real HTTP status. Whatever ends the
+response (done, error, timeout, client gone), the request is cancelled on the worker.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncGenerator, Mapping
+from typing import Any, Protocol
+
+import anyio
+from starlette.requests import ClientDisconnect
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from mlxd.errors import MlxdError, RequestTimeout
+from mlxd.gateway.workers import RequestStream
+from mlxd.protocol.messages import Finished, TokenDelta
+
+log = logging.getLogger(__name__)
+
+DONE = b"data: [DONE]\n\n"
+KEEPALIVE = b": keepalive\n\n"
+KEEPALIVE_S = 15.0
+
+
+class ChunkFormat(Protocol):
+    """Turns events into the JSON chunks of one endpoint (see ``schemas.ChatChunks``)."""
+
+    def head(self) -> list[dict[str, Any]]:
+        """Chunks sent before any text (the chat ``role`` chunk)."""
+        ...
+
+    def delta(self, text: str) -> dict[str, Any]:
+        """The chunk for new text."""
+        ...
+
+    def tail(self, finished: Finished) -> list[dict[str, Any]]:
+        """The last chunks: remaining text, ``finish_reason``, and usage if asked for."""
+        ...
+
+
+def sse(data: Mapping[str, Any]) -> bytes:
+    """One SSE ``data:`` event holding ``data`` as compact JSON."""
+    body = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return b"data: " + body.encode("utf-8") + b"\n\n"
+
+
+async def next_event(
+    stream: RequestStream, deadline: float, keepalive_s: float = float("inf")
+) -> TokenDelta | Finished | None:
+    """The stream's next event, or ``None`` after ``keepalive_s`` of silence.
+
+    Raises:
+        RequestTimeout: ``deadline`` (a ``time.monotonic()`` value) passed first.
+        MlxdError: the worker answered with an ``Error`` or died.
+    """
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise RequestTimeout("The request did not finish in time")
+    try:
+        with anyio.fail_after(min(remaining, keepalive_s)):
+            return await anext(stream)
+    except TimeoutError:
+        if remaining <= keepalive_s:
+            raise RequestTimeout("The request did not finish in time") from None
+        return None
+
+
+async def sse_events(
+    stream: RequestStream,
+    first: TokenDelta | Finished,
+    fmt: ChunkFormat,
+    deadline: float,
+    keepalive_s: float = KEEPALIVE_S,
+) -> AsyncGenerator[bytes, None]:
+    """SSE frames for ``stream``, starting from its already received ``first`` event.
+
+    An error after the headers went out becomes a ``data: {"error": ...}`` event before
+    ``[DONE]``. On any exit (including cancellation when the client disconnects) the request is
+    cancelled on the worker.
+    """
+    try:
+        for chunk in fmt.head():
+            yield sse(chunk)
+        event: TokenDelta | Finished | None = first
+        while not isinstance(event, Finished):
+            if event is None:
+                yield KEEPALIVE
+            elif event.text:
+                yield sse(fmt.delta(event.text))
+            event = await next_event(stream, deadline, keepalive_s)
+        for chunk in fmt.tail(event):
+            yield sse(chunk)
+    except MlxdError as exc:
+        log.warning("request %s failed mid-stream: %s", stream.request_id, exc.message)
+        yield sse({"error": exc.to_dict()})
+    finally:
+        with anyio.CancelScope(shield=True):
+            await stream.cancel()
+    yield DONE
+
+
+class EventStreamResponse(StreamingResponse):
+    """A ``text/event-stream`` response over ``sse_events`` that always releases its request."""
+
+    media_type = "text/event-stream"
+
+    def __init__(
+        self,
+        stream: RequestStream,
+        first: TokenDelta | Finished,
+        fmt: ChunkFormat,
+        deadline: float,
+        headers: Mapping[str, str] | None = None,
+        keepalive_s: float = KEEPALIVE_S,
+    ) -> None:
+        self._events = sse_events(stream, first, fmt, deadline, keepalive_s)
+        self._stream = stream
+        sse_headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})}
+        super().__init__(self._events, headers=sse_headers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except ClientDisconnect:  # ASGI >= 2.4 servers report a gone client this way
+            log.info("client of request %s disconnected", self._stream.request_id)
+        finally:
+            # The generator may never have started (client gone before the first chunk).
+            with anyio.CancelScope(shield=True):
+                await self._events.aclose()
+                await self._stream.cancel()

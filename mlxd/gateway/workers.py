@@ -1,0 +1,302 @@
+"""The gateway's side of the data plane: one DEALER per worker, one queue per request.
+
+A ``WorkerClient`` owns a DEALER socket connected to a worker's ROUTER and a reader task that
+routes every incoming event to the ``RequestStream`` with its ``request_id``. A ``WorkerPool``
+maps model names to clients; ``StaticPool`` serves workers that are already running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from typing import Protocol
+
+import zmq
+import zmq.asyncio
+
+from mlxd.errors import (
+    InternalError,
+    MlxdError,
+    ModelNotFound,
+    ProtocolError,
+    WorkerUnavailable,
+    error_from_code,
+)
+from mlxd.protocol import codec
+from mlxd.protocol.messages import (
+    Cancel,
+    Error,
+    Event,
+    Events,
+    Finished,
+    Generate,
+    Message,
+    Ping,
+    Pong,
+    TokenDelta,
+)
+
+log = logging.getLogger(__name__)
+
+# What a request's queue holds: worker events, or the error that ``fail_all`` delivers.
+_Item = TokenDelta | Finished | Error | MlxdError
+
+
+class RequestStream:
+    """The events of one request, as an async iterator.
+
+    Yields ``TokenDelta`` values and finally one ``Finished``; an ``Error`` from the worker (or
+    ``WorkerClient.fail_all``) is raised as the matching ``MlxdError``. Waiting on it can be
+    cancelled (e.g. by ``asyncio.timeout``) without losing events.
+    """
+
+    def __init__(self, client: WorkerClient, request_id: str) -> None:
+        self.request_id = request_id
+        self._client = client
+        self._queue: asyncio.Queue[_Item] = asyncio.Queue()
+        self._is_done = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> TokenDelta | Finished:
+        if self._is_done:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, TokenDelta):
+            return item
+        self._is_done = True
+        self._client._unregister(self.request_id)
+        if isinstance(item, Finished):
+            return item
+        if isinstance(item, Error):
+            raise error_from_code(item.code, item.message, item.param)
+        raise item
+
+    @property
+    def is_done(self) -> bool:
+        """True once the request finished, failed or was cancelled."""
+        return self._is_done
+
+    async def cancel(self) -> None:
+        """Tell the worker to stop this request. Idempotent; a no-op once the request is done."""
+        if self._is_done:
+            return
+        self._is_done = True
+        self._client._unregister(self.request_id)
+        await self._client._send(Cancel(request_id=self.request_id))
+
+    def _put(self, item: _Item) -> None:
+        self._queue.put_nowait(item)
+
+
+class WorkerClient:
+    """A connection to one worker process (a DEALER socket) and its in-flight requests.
+
+    Args:
+        name: the model name this worker serves (for logs and errors).
+        endpoint: the worker's ROUTER endpoint, e.g. ``ipc:///tmp/mlxd/model.sock``.
+        context: a shared asyncio ZMQ context; when omitted the client owns (and terms) one.
+    """
+
+    def __init__(
+        self, name: str, endpoint: str, context: zmq.asyncio.Context | None = None
+    ) -> None:
+        self.name = name
+        self.endpoint = endpoint
+        self._owns_context = context is None
+        self._context = context
+        self._socket: zmq.asyncio.Socket | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._streams: dict[str, RequestStream] = {}
+        self._pings: dict[str, asyncio.Future[Pong]] = {}
+        self._ping_ids = itertools.count()
+
+    @property
+    def in_flight(self) -> int:
+        """How many requests are waiting on this worker."""
+        return len(self._streams)
+
+    async def start(self) -> None:
+        """Connect the DEALER socket and start routing incoming events."""
+        if self._context is None:
+            self._context = zmq.asyncio.Context()
+        sock = self._context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        # Never drop frames silently: backpressure is the worker scheduler's queue limit.
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.connect(self.endpoint)
+        self._socket = sock
+        self._reader = asyncio.create_task(self._read_loop(), name=f"mlxd-reader-{self.name}")
+
+    async def close(self) -> None:
+        """Fail what is in flight, stop the reader and close the socket (and owned context)."""
+        self.fail_all(WorkerUnavailable(f"the gateway closed its connection to {self.name!r}"))
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+            self._reader = None
+        if self._socket is not None:
+            self._socket.close(linger=0)
+            self._socket = None
+        if self._owns_context and self._context is not None:
+            self._context.term()
+            self._context = None
+
+    async def ping(self, timeout_s: float) -> Pong:
+        """Round-trip a Ping; raise ``WorkerUnavailable`` if no Pong comes within ``timeout_s``."""
+        request_id = f"ping-{next(self._ping_ids)}"
+        future: asyncio.Future[Pong] = asyncio.get_running_loop().create_future()
+        self._pings[request_id] = future
+        try:
+            await self._send(Ping(request_id=request_id))
+            async with asyncio.timeout(timeout_s):
+                return await future
+        except TimeoutError:
+            raise WorkerUnavailable(
+                f"worker {self.name!r} did not answer a ping within {timeout_s:g}s"
+            ) from None
+        finally:
+            self._pings.pop(request_id, None)
+
+    async def open_stream(self, gen: Generate) -> RequestStream:
+        """Register a queue for ``gen.request_id``, then send the Generate.
+
+        Raises:
+            WorkerUnavailable: the client is not started or the send failed.
+            InternalError: the request id is already in flight (the gateway makes ids unique).
+        """
+        if gen.request_id in self._streams:
+            raise InternalError(f"request id {gen.request_id!r} is already in flight")
+        stream = RequestStream(self, gen.request_id)
+        self._streams[gen.request_id] = stream
+        try:
+            await self._send(gen)
+        except MlxdError:
+            self._unregister(gen.request_id)
+            raise
+        return stream
+
+    def fail_all(self, error: MlxdError) -> None:
+        """End every in-flight stream with ``error`` (the worker died or is going away).
+
+        Call it from the event loop thread; pending pings fail the same way.
+        """
+        streams, self._streams = self._streams, {}
+        for stream in streams.values():
+            stream._put(error)
+        for future in self._pings.values():
+            if not future.done():
+                future.set_exception(error)
+        if streams:
+            log.warning("failed %d request(s) on %r: %s", len(streams), self.name, error.message)
+
+    # Internal helpers
+
+    def _unregister(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+
+    async def _send(self, msg: Message) -> None:
+        if self._socket is None:
+            raise WorkerUnavailable(f"worker {self.name!r} is not connected")
+        try:
+            await self._socket.send_multipart(codec.encode(msg))
+        except zmq.ZMQError as exc:
+            raise WorkerUnavailable(f"cannot send to worker {self.name!r}: {exc}") from None
+
+    async def _read_loop(self) -> None:
+        assert self._socket is not None
+        while True:
+            try:
+                frames = await self._socket.recv_multipart()
+            except zmq.ZMQError as exc:
+                log.error("reader for worker %r stopped: %s", self.name, exc)
+                self.fail_all(WorkerUnavailable(f"lost the connection to worker {self.name!r}"))
+                return
+            try:
+                msg = codec.decode(frames)
+            except ProtocolError as exc:
+                log.warning("dropped a bad frame set from worker %r: %s", self.name, exc.message)
+                continue
+            self._dispatch(msg)
+
+    def _dispatch(self, msg: Message) -> None:
+        if isinstance(msg, Events):
+            for event in msg.events:
+                self._route(event)
+        elif isinstance(msg, TokenDelta | Finished | Error):
+            self._route(msg)
+        elif isinstance(msg, Pong):
+            future = self._pings.get(msg.request_id)
+            if future is not None and not future.done():
+                future.set_result(msg)
+        else:
+            log.warning("dropped an unexpected %s from worker %r", type(msg).__name__, self.name)
+
+    def _route(self, event: Event) -> None:
+        stream = self._streams.get(event.request_id)
+        if stream is None:
+            log.debug("dropped %s for unknown request %r", type(event).__name__, event.request_id)
+            return
+        stream._put(event)
+
+
+class WorkerPool(Protocol):
+    """Model name -> ``WorkerClient``. The supervisor implements it for spawned workers."""
+
+    def names(self) -> list[str]:
+        """The model names served, in display order."""
+        ...
+
+    async def client(self, name: str) -> WorkerClient:
+        """The client for ``name``; raise ``ModelNotFound`` (param ``model``) if unknown."""
+        ...
+
+    async def start(self) -> None:
+        """Connect to (or spawn) the workers; called from the app's lifespan."""
+        ...
+
+    async def stop(self) -> None:
+        """Disconnect from (or stop) the workers; called from the app's lifespan."""
+        ...
+
+
+class StaticPool:
+    """A ``WorkerPool`` over workers that are already running (``--worker`` attach, tests).
+
+    Args:
+        endpoints: model name -> the worker's ROUTER endpoint.
+    """
+
+    def __init__(self, endpoints: dict[str, str]) -> None:
+        self.endpoints = dict(endpoints)
+        self._context: zmq.asyncio.Context | None = None
+        self._clients: dict[str, WorkerClient] = {}
+
+    def names(self) -> list[str]:
+        return list(self.endpoints)
+
+    async def client(self, name: str) -> WorkerClient:
+        if name not in self.endpoints:
+            raise ModelNotFound(f"The model {name!r} does not exist", param="model")
+        client = self._clients.get(name)
+        if client is None:
+            raise WorkerUnavailable(f"the worker for {name!r} is not connected")
+        return client
+
+    async def start(self) -> None:
+        self._context = zmq.asyncio.Context()
+        for name, endpoint in self.endpoints.items():
+            client = WorkerClient(name, endpoint, self._context)
+            await client.start()
+            self._clients[name] = client
+
+    async def stop(self) -> None:
+        clients, self._clients = self._clients, {}
+        for client in clients.values():
+            await client.close()
+        if self._context is not None:
+            self._context.term()
+            self._context = None
