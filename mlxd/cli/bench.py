@@ -69,18 +69,24 @@ def with_common(fn):  # type: ignore[no-untyped-def]
 @bench_group.command("run")
 @click.option("--url", default="http://127.0.0.1:8000", show_default=True)
 @click.option("--model", required=True, help="Model name on the server.")
-@click.option("--requests-per-level", default=0, help="Requests per level (default: 2 × level).")
+@click.option("--requests-per-level", default=0, help="Requests per level (default: the level).")
+@click.option("--warmup-tokens", default=16, show_default=True,
+              help="Each level first runs once with this many output tokens (0: no warm-up), so "
+                   "one-time kernel compilation for its batch shapes is not measured.")
 @with_common
-def run_command(url: str, model: str, requests_per_level: int, concurrency: str,
-                prompt_tokens: int, max_tokens: int, json_path: Path | None) -> None:  # fmt: skip
+def run_command(url: str, model: str, requests_per_level: int, warmup_tokens: int,
+                concurrency: str, prompt_tokens: int, max_tokens: int,
+                json_path: Path | None) -> None:  # fmt: skip
     """Streaming load on URL's /v1/completions at each concurrency level."""
     from mlxd.bench.http import make_prompts, run_level
 
     rows = []
     for level in _levels(concurrency):
-        n = requests_per_level or 2 * level
+        n = requests_per_level or level
         click.echo(f"level {level}: {n} requests ...", err=True)
         prompts = make_prompts(n, prompt_tokens, seed=level)
+        if warmup_tokens:
+            asyncio.run(run_level(url, model, level, prompts, warmup_tokens))
         rows.append(asyncio.run(run_level(url, model, level, prompts, max_tokens)))
     click.echo(_table(rows))
     _write(json_path, _meta(kind="http", url=url, model=model, prompt_tokens=prompt_tokens,
@@ -108,11 +114,15 @@ def engine_command(model_path: str, prefill_chunk: int, compare_mlx_lm: bool, co
         click.echo(f"level {level} ...", err=True)
         prompts = make_prompts(level, prompt_tokens, seed=level)
         sched = SchedulerConfig(max_num_seqs=max(level, 1), max_queued=level, prefill_chunk=prefill_chunk)
-        engine_level(model, tokenizer, prompts[:1], 8, sched)  # warm-up
+        # Each run is preceded by a short one of the same shape: kernel compilation for new
+        # batch sizes happens once and is not what we measure.
+        engine_level(model, tokenizer, prompts, 16, sched)
         rows.append(engine_level(model, tokenizer, prompts, max_tokens, sched))
         if compare_mlx_lm:
-            yard.append(mlx_lm_single(model, prompts[0], max_tokens) if level == 1
-                        else mlx_lm_batch_level(model, prompts, max_tokens))  # fmt: skip
+            ref = mlx_lm_single if level == 1 else mlx_lm_batch_level
+            arg = prompts[0] if level == 1 else prompts
+            ref(model, arg, 16)  # type: ignore[arg-type]
+            yard.append(ref(model, arg, max_tokens))  # type: ignore[arg-type]
     click.echo(_table(rows))
     for y in yard:
         click.echo(f"mlx-lm at {y['concurrency']}: {y['output_tok_s']:.1f} tok/s")
