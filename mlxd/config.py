@@ -13,6 +13,7 @@ from pathlib import Path
 from mlxd.errors import ConfigError
 
 DEFAULT_MODEL = "mlxd-default"
+API_KEY_TIERS = ("high", "normal", "low")  # the protocol's priorities, highest first
 
 
 def data_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -30,7 +31,7 @@ class SchedulerConfig:
 
     max_num_seqs: int = 64
     max_queued: int = 256
-    prefill_chunk: int = 512
+    prefill_chunk: int = 1024
     stream_interval: int = 1
     aging_s: float = 10.0
 
@@ -76,6 +77,31 @@ class ModelSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class ApiKey:
+    """A client key: its name (for logs and limits), its tier (priority) and optional limits.
+
+    ``repr`` leaves the secret out, so logging a config never leaks it.
+    """
+
+    name: str
+    key: str = field(repr=False)
+    tier: str = "normal"
+    rpm: int | None = None
+    tpm: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError("every API key needs a name")
+        if not self.key or not self.key.isascii() or not self.key.isprintable() or " " in self.key:
+            raise ConfigError(f"API key {self.name!r} must be non-empty printable ASCII, no spaces")
+        if self.tier not in API_KEY_TIERS:
+            raise ConfigError(f"API key {self.name!r}: tier must be one of high, normal, low")
+        for limit, what in ((self.rpm, "requests_per_minute"), (self.tpm, "tokens_per_minute")):
+            if limit is not None and limit < 1:
+                raise ConfigError(f"API key {self.name!r}: {what} must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
 class ServeConfig:
     """`mlxd start`: the gateway's address and the models it serves."""
 
@@ -88,8 +114,14 @@ class ServeConfig:
     worker_start_timeout_s: float = 300.0
     max_context: int | None = None
     max_body_bytes: int = 8 * 1024 * 1024
+    api_keys: tuple[ApiKey, ...] = ()
+    log_prompts: bool = False
 
     def __post_init__(self) -> None:
+        if len({k.name for k in self.api_keys}) != len(self.api_keys):
+            raise ConfigError("API key names must be unique")
+        if len({k.key for k in self.api_keys}) != len(self.api_keys):
+            raise ConfigError("the same API key is configured twice")
         if not self.models:
             raise ConfigError("at least one model is needed")
         if not 0 <= self.port <= 65535:

@@ -95,7 +95,7 @@ def run_command(url: str, model: str, requests_per_level: int, warmup_tokens: in
 
 @bench_group.command("engine")
 @click.option("--model", "model_path", required=True, help="Local mlx-lm directory or repo id.")
-@click.option("--prefill-chunk", default=512, show_default=True)
+@click.option("--prefill-chunk", default=1024, show_default=True)
 @click.option("--compare-mlx-lm/--no-compare-mlx-lm", default=True, show_default=True,
               help="Also run mlx-lm's BatchGenerator and generate_step on the same prompts.")
 @with_common

@@ -19,7 +19,7 @@ STARTUP_FAILURE = 3
 scheduler_options = [
     click.option("--max-num-seqs", default=64, show_default=True, help="Most sequences decoded together."),
     click.option("--max-queued", default=256, show_default=True, help="Most requests waiting; beyond it clients get 429."),
-    click.option("--prefill-chunk", default=512, show_default=True, help="Prompt tokens per step, so long prompts never stall running streams."),
+    click.option("--prefill-chunk", default=1024, show_default=True, help="Prompt tokens per step, so long prompts never stall running streams."),
     click.option("--stream-interval", default=1, show_default=True, help="Send output every N tokens."),
     click.option("--priority-aging", "aging_s", default=10.0, show_default=True, help="Seconds of waiting that raise a request by one priority level."),
     click.option("--max-context", type=int, default=None, help="Cap on prompt + output tokens (default: the model's)."),

@@ -85,8 +85,9 @@ class Engine:
         """One scheduling iteration: expire, retire, prefill a chunk budget, decode once."""
         self._expire()
         self._retire()
-        for chunk in self.scheduler.schedule_prefill():
-            self._run_chunk(chunk)
+        chunks = self.scheduler.schedule_prefill()
+        if chunks:
+            self._prefill(chunks)
         if self.runner.rows:
             if self.runner.needs_sync():
                 self._accept(self.runner.sync())
@@ -152,24 +153,21 @@ class Engine:
         seq.detok = OutputText(self.encoder.new_detokenizer(), msg.sampling.stop)
         return seq
 
-    def _run_chunk(self, chunk: PrefillChunk) -> None:
-        seq = chunk.seq
+    def _prefill(self, chunks: list[PrefillChunk]) -> None:
         try:
-            token = self.runner.prefill(chunk)
+            firsts = self.runner.prefill(chunks)
         except (RuntimeError, ValueError) as exc:  # MLX reports failures as these
-            log.exception("prefill failed for %s", seq.request_id)
-            self._fail(seq, InternalError(f"prefill failed: {exc}"))
-            self.runner.remove({seq})
+            log.exception("prefill failed for %s", [c.seq.request_id for c in chunks])
+            for chunk in chunks:
+                self._fail(chunk.seq, InternalError(f"prefill failed: {exc}"))
+            self.runner.remove({c.seq for c in chunks})
             return
-        self.scheduler.complete_chunk(chunk)
-        if token is None:
-            return
-        seq.first_token_time = self.clock()
-        self._accept([(seq, token)])
-        if not seq.is_finished:
-            self.runner.join(seq, token)
-        else:
-            self.runner.remove({seq})
+        for chunk in chunks:
+            self.scheduler.complete_chunk(chunk)
+        now = self.clock()
+        for seq, _ in firsts:
+            seq.first_token_time = now
+        self._accept(firsts)  # a sequence done at its first token is retired at step end
 
     def _decode(self) -> None:
         try:

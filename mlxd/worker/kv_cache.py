@@ -91,29 +91,45 @@ class BatchKVCache:
     def make_mask(
         self, N: int, return_array: bool = False, window_size: int | None = None
     ) -> mx.array | str | None:
-        if N == 1 and not any(self._pads) and window_size is None and not return_array:
-            return None  # nothing to hide: every row's keys are all real
+        if not any(self._pads) and window_size is None and not return_array:
+            return None if N == 1 else "causal"  # every row's keys are all real
         return create_causal_mask(
             N, offset=self._idx, left_padding=self.left_padding, window_size=window_size
         )
 
-    def append(self, single: SequenceKVCache) -> None:
-        """Add ``single``'s sequence as the last row, padding whichever side is shorter."""
-        k, v = single.state
-        length = k.shape[2]
-        if self.keys is None or self.batch_size == 0:
-            self.keys, self.values, self._idx, self._pads = k, v, length, [0]
-        else:
-            assert self.values is not None
-            width = max(self._idx, length)
-            self.keys = mx.concatenate(
-                [self._left_pad(self.keys[..., : self._idx, :], width - self._idx),
-                 self._left_pad(k, width - length)], axis=0)  # fmt: skip
-            self.values = mx.concatenate(
-                [self._left_pad(self.values[..., : self._idx, :], width - self._idx),
-                 self._left_pad(v, width - length)], axis=0)  # fmt: skip
-            self._pads = [p + width - self._idx for p in self._pads] + [width - length]
-            self._idx = width
+    @classmethod
+    def for_prefill(cls, left_padding: list[int]) -> BatchKVCache:
+        """An empty cache for a left-padded prefill batch (row i starts after its padding)."""
+        cache = cls()
+        cache._pads = list(left_padding)
+        cache._sync_arrays()
+        return cache
+
+    @classmethod
+    def from_single(cls, single: SequenceKVCache) -> BatchKVCache:
+        cache = cls()
+        cache.keys, cache.values = single.state
+        cache._idx, cache._pads = single.offset, [0]
+        cache._sync_arrays()
+        return cache
+
+    def extend(self, other: BatchKVCache) -> None:
+        """Append ``other``'s rows after ours: one copy, whichever side needs padding."""
+        if other.batch_size == 0:
+            return
+        if self.batch_size == 0:
+            self.keys, self.values, self._idx, self._pads = (
+                other.keys, other.values, other._idx, list(other._pads))
+            self._sync_arrays()
+            return
+        width = max(self._idx, other._idx)
+        parts = [(self, width - self._idx), (other, width - other._idx)]
+        self.keys = mx.concatenate([self._left_pad(c.keys[..., : c._idx, :], n) for c, n in parts])  # type: ignore[index]
+        self.values = mx.concatenate(
+            [self._left_pad(c.values[..., : c._idx, :], n) for c, n in parts]  # type: ignore[index]
+        )
+        self._pads = [p + n for c, n in parts for p in c._pads]
+        self._idx = width
         self._sync_arrays()
 
     def filter(self, keep: list[int]) -> None:

@@ -20,6 +20,7 @@ from mlxd.worker.sequence import Sequence
 log = logging.getLogger(__name__)
 
 TokenEvent = tuple[Sequence, int]
+_Group = tuple[list[Sequence], mx.array, list[BatchKVCache]]  # rows, first tokens, their KV
 
 
 def check_model_supported(model: Any) -> None:
@@ -52,28 +53,30 @@ class ModelRunner:
 
     # Public API
 
-    def prefill(self, chunk: PrefillChunk) -> int | None:
-        """Run one prompt chunk; after the last one, sample and return the first new token."""
-        seq = chunk.seq
-        caches = self._prefill.setdefault(
-            seq, [SequenceKVCache() for _ in range(self.num_layers)]
-        )
-        tokens = mx.array(seq.prompt_ids[chunk.start : chunk.end])[None]
-        logits = self.model(tokens, cache=caches)
-        if not chunk.is_last:
-            mx.eval([c.keys for c in caches])  # keep the lazy graph one chunk deep
-            return None
-        first = sample(logits[:, -1, :], [self._sample_row(seq, emitted=True)])
-        return int(first.item())
+    def prefill(self, chunks: list[PrefillChunk]) -> list[TokenEvent]:
+        """Run this step's prompt chunks; sequences whose prompt is done join the decode batch.
 
-    def join(self, seq: Sequence, token: int) -> None:
-        """Move a prefilled sequence into the decode batch; ``token`` was already emitted."""
-        for layer, single in zip(self._batch, self._prefill.pop(seq), strict=True):
-            layer.append(single)
-        tok = mx.array([token], dtype=mx.uint32)
-        self._pending = tok if self._pending is None else mx.concatenate([self._pending, tok])
-        self.rows.append(seq)
-        self._emitted.append(True)
+        Whole prompts go through one left-padded forward (one launch, one join); a prompt split
+        across steps runs alone until its last chunk. Returns each joined sequence's first token.
+        """
+        whole = [c for c in chunks if c.start == 0 and c.is_last]
+        groups = [self._prefill_whole(whole)] if whole else []
+        for chunk in chunks:
+            if not (chunk.start == 0 and chunk.is_last):
+                group = self._prefill_part(chunk)
+                if group is not None:
+                    groups.append(group)
+        if not groups:
+            return []
+        for seqs, _, caches in groups:
+            for layer, part in zip(self._batch, caches, strict=True):
+                layer.extend(part)
+            self.rows += seqs
+            self._emitted += [True] * len(seqs)
+        firsts = mx.concatenate([first.astype(mx.uint32) for _, first, _ in groups])
+        self._pending = firsts if self._pending is None else mx.concatenate([self._pending, firsts])
+        seqs = [s for group_seqs, _, _ in groups for s in group_seqs]
+        return list(zip(seqs, firsts.tolist(), strict=True))  # type: ignore[arg-type]
 
     def remove(self, seqs: set[Sequence]) -> None:
         """Drop ``seqs`` from the batch and from prefill; frees their KV."""
@@ -126,6 +129,29 @@ class ModelRunner:
         return single + sum(c.nbytes for c in self._batch)
 
     # Internal helpers
+
+    def _prefill_whole(self, chunks: list[PrefillChunk]) -> _Group:
+        seqs = [c.seq for c in chunks]
+        width = max(s.num_prompt_tokens for s in seqs)
+        pads = [width - s.num_prompt_tokens for s in seqs]
+        tokens = mx.array([[0] * p + s.prompt_ids for s, p in zip(seqs, pads, strict=True)])
+        caches = [BatchKVCache.for_prefill(pads) for _ in range(self.num_layers)]
+        logits = self.model(tokens, cache=caches)[:, -1, :]
+        first = sample(logits, [self._sample_row(s, emitted=True) for s in seqs])
+        return seqs, first, caches
+
+    def _prefill_part(self, chunk: PrefillChunk) -> _Group | None:
+        seq = chunk.seq
+        caches = self._prefill.setdefault(
+            seq, [SequenceKVCache() for _ in range(self.num_layers)]
+        )
+        tokens = mx.array(seq.prompt_ids[chunk.start : chunk.end])[None]
+        logits = self.model(tokens, cache=caches)
+        if not chunk.is_last:
+            mx.eval([c.keys for c in caches])  # keep the lazy graph one chunk deep
+            return None
+        first = sample(logits[:, -1, :], [self._sample_row(seq, emitted=True)])
+        return [seq], first, [BatchKVCache.from_single(c) for c in self._prefill.pop(seq)]
 
     def _sample_row(self, seq: Sequence, emitted: bool) -> SampleRow:
         p = seq.sampling

@@ -33,8 +33,11 @@ def reference(model_path: Path, prompt: str, max_tokens: int) -> list[int]:
     return out
 
 
-def test_batched_greedy_equals_single_mlx_lm(harness_factory: Any, tiny_model: Path) -> None:
-    h = harness_factory(prefill_chunk=16)
+@pytest.mark.parametrize("prefill_chunk", [16, 512], ids=["chunked", "one-padded-batch"])
+def test_batched_greedy_equals_single_mlx_lm(
+    harness_factory: Any, tiny_model: Path, prefill_chunk: int
+) -> None:
+    h = harness_factory(prefill_chunk=prefill_chunk)
     for i, p in enumerate(PROMPTS):
         h.generate(str(i), p, max_tokens=12, ignore_eos=True)
     results = h.run()

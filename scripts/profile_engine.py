@@ -1,0 +1,39 @@
+"""Profile the in-process engine at one concurrency level (host time vs device wait).
+
+    python scripts/profile_engine.py MODEL_DIR [CONCURRENCY] [MAX_TOKENS]
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import pstats
+import sys
+
+import mlx_lm
+
+from mlxd.bench.engine import engine_level
+from mlxd.bench.http import make_prompts
+from mlxd.config import SchedulerConfig
+
+
+def main() -> None:
+    path = sys.argv[1]
+    level = int(sys.argv[2]) if len(sys.argv) > 2 else 64
+    max_tokens = int(sys.argv[3]) if len(sys.argv) > 3 else 256
+    model, tok = mlx_lm.load(path)[:2]
+    prompts = make_prompts(level, 128, seed=level)
+    sched = SchedulerConfig(max_num_seqs=level, max_queued=level)
+    engine_level(model, tok, prompts, 16, sched)
+    prof = cProfile.Profile()
+    prof.enable()
+    row = engine_level(model, tok, prompts, max_tokens, sched)
+    prof.disable()
+    print({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()})
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(30)
+    print(out.getvalue())
+
+
+if __name__ == "__main__":
+    main()
