@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import types
 import typing
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -50,19 +51,23 @@ def decode(frames: list[bytes]) -> Message:
 
 def to_wire(value: Any) -> Any:
     """Turn a message (or any nested value) into msgpack-ready builtins."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        out: dict[str, Any] = {}
-        tag = getattr(type(value), "TAG", None)
-        if tag is not None:
-            out["type"] = tag
-        for f in dataclasses.fields(value):
-            out[f.name] = to_wire(getattr(value, f.name))
-        return out
-    if isinstance(value, list | tuple):
+    cls = type(value)
+    if cls in _PLAIN:
+        return value
+    if cls is list or cls is tuple:
         return [to_wire(v) for v in value]
-    if isinstance(value, dict):
+    if cls is dict:
         return {k: to_wire(v) for k, v in value.items()}
+    if dataclasses.is_dataclass(value):
+        tag, names = _layout(cls)
+        out: dict[str, Any] = {"type": tag} if tag is not None else {}
+        for name in names:
+            out[name] = to_wire(getattr(value, name))
+        return out
     return value
+
+
+_PLAIN = frozenset({str, int, float, bool, bytes, type(None)})
 
 
 def from_wire(obj: Any) -> Any:
@@ -72,89 +77,116 @@ def from_wire(obj: Any) -> Any:
     cls = _TOP_LEVEL.get(obj.get("type"))  # type: ignore[arg-type]
     if cls is None:
         raise ProtocolError(f"unknown message type {str(obj.get('type'))[:64]!r}")
-    return _build(cls, obj, "")
+    return _converter(cls)(obj, "")
 
 
 # Internal helpers
+#
+# Each type gets one converter, built once: decoding a message walks prebuilt closures instead of
+# inspecting type hints for every value.
+
+Converter = Callable[[Any, str], Any]
 
 
 @functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls, vars(messages))
+def _layout(cls: type) -> tuple[str | None, tuple[str, ...]]:
+    return getattr(cls, "TAG", None), tuple(f.name for f in dataclasses.fields(cls))
 
 
-def _build(cls: type, obj: Any, path: str) -> Any:
-    if not isinstance(obj, dict):
-        raise ProtocolError(f"{path or cls.__name__}: expected a map")
-    hints = _hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    extra = set(obj) - names - {"type"}
-    if extra:
-        raise ProtocolError(f"{path or cls.__name__}: unknown field {sorted(map(str, extra))[0]!r}")
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        where = f"{path}.{f.name}" if path else f.name
-        if f.name in obj:
-            kwargs[f.name] = _convert(hints[f.name], obj[f.name], where)
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ProtocolError(f"{where}: missing field")
-    return cls(**kwargs)
-
-
-def _convert(tp: Any, value: Any, path: str) -> Any:  # noqa: C901 - one branch per type form
+@functools.cache
+def _converter(tp: Any) -> Converter:
     origin = typing.get_origin(tp)
     if tp is Any:
-        return value
+        return lambda value, path: value
     if origin in (typing.Union, types.UnionType):
-        return _convert_union(typing.get_args(tp), value, path)
+        return _union_converter(typing.get_args(tp))
     if origin is list:
+        return _list_converter(_converter(typing.get_args(tp)[0]))
+    if origin is dict:
+        kt, vt = typing.get_args(tp)
+        return _dict_converter(_converter(kt), _converter(vt))
+    if dataclasses.is_dataclass(tp):
+        return _dataclass_converter(tp)  # type: ignore[arg-type]
+    return _scalar_converter(tp)
+
+
+def _dataclass_converter(cls: type) -> Converter:
+    hints = typing.get_type_hints(cls, vars(messages))
+    fields = [
+        (f.name, f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+        for f in dataclasses.fields(cls)
+    ]
+    allowed = {name for name, _ in fields} | {"type"}
+
+    def convert(value: Any, path: str) -> Any:
+        if not isinstance(value, dict):
+            raise ProtocolError(f"{path or cls.__name__}: expected a map")
+        if not allowed.issuperset(value):
+            extra = sorted(map(str, set(value) - allowed))[0]
+            raise ProtocolError(f"{path or cls.__name__}: unknown field {extra!r}")
+        kwargs = {}
+        for name, required in fields:
+            if name in value:
+                kwargs[name] = _converter(hints[name])(value[name], f"{path}.{name}" if path else name)
+            elif required:
+                raise ProtocolError(f"{f'{path}.{name}' if path else name}: missing field")
+        return cls(**kwargs)
+
+    return convert
+
+
+def _list_converter(item: Converter) -> Converter:
+    def convert(value: Any, path: str) -> Any:
         if not isinstance(value, list):
             raise ProtocolError(f"{path}: expected a list")
-        (item,) = typing.get_args(tp)
-        return [_convert(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
+        return [item(v, path) for v in value]
+
+    return convert
+
+
+def _dict_converter(key: Converter, val: Converter) -> Converter:
+    def convert(value: Any, path: str) -> Any:
         if not isinstance(value, dict):
             raise ProtocolError(f"{path}: expected a map")
-        kt, vt = typing.get_args(tp)
-        return {_convert(kt, k, path): _convert(vt, v, f"{path}[{k!r}]") for k, v in value.items()}
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, path)  # type: ignore[arg-type]
-    return _convert_scalar(tp, value, path)
+        return {key(k, path): val(v, f"{path}[{k!r}]") for k, v in value.items()}
+
+    return convert
 
 
-def _convert_union(args: tuple[Any, ...], value: Any, path: str) -> Any:
-    if value is None:
-        if type(None) in args:
-            return None
-        raise ProtocolError(f"{path}: must not be null")
-    tagged = {getattr(a, "TAG", None): a for a in args if dataclasses.is_dataclass(a)}
-    tagged.pop(None, None)
-    if tagged:
-        if not isinstance(value, dict) or value.get("type") not in tagged:
-            raise ProtocolError(f"{path}: expected one of {sorted(tagged)}")
-        return _build(tagged[value["type"]], value, path)
-    for arg in args:
-        if arg is not type(None):
-            return _convert(arg, value, path)
-    raise ProtocolError(f"{path}: no matching type")  # pragma: no cover - unions always have one
+def _union_converter(args: tuple[Any, ...]) -> Converter:
+    nullable = type(None) in args
+    tagged = {a.TAG: a for a in args if dataclasses.is_dataclass(a) and hasattr(a, "TAG")}
+    others = [a for a in args if a is not type(None) and a not in tagged.values()]
+
+    def convert(value: Any, path: str) -> Any:
+        if value is None:
+            if nullable:
+                return None
+            raise ProtocolError(f"{path}: must not be null")
+        if tagged:
+            if not isinstance(value, dict) or value.get("type") not in tagged:
+                raise ProtocolError(f"{path}: expected one of {sorted(tagged)}")
+            return _converter(tagged[value["type"]])(value, path)
+        return _converter(others[0])(value, path)
+
+    return convert
 
 
-def _convert_scalar(tp: Any, value: Any, path: str) -> Any:
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif tp is float:
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-    elif tp is str:
-        if isinstance(value, str):
-            return value
-    elif tp is bytes:
-        if isinstance(value, bytes):
-            return value
-    else:  # pragma: no cover - messages.py uses only the types above
-        raise ProtocolError(f"{path}: unsupported type {tp!r}")
-    raise ProtocolError(f"{path}: expected {tp.__name__}, got {type(value).__name__}")
+def _scalar_converter(tp: Any) -> Converter:
+    accepts: dict[Any, Callable[[Any], bool]] = {
+        bool: lambda v: isinstance(v, bool),
+        int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+        float: lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+        str: lambda v: isinstance(v, str),
+        bytes: lambda v: isinstance(v, bytes),
+    }
+    if tp not in accepts:  # pragma: no cover - messages.py uses only the types above
+        raise ProtocolError(f"unsupported type {tp!r}")
+    ok, cast = accepts[tp], float if tp is float else None
+
+    def convert(value: Any, path: str) -> Any:
+        if not ok(value):
+            raise ProtocolError(f"{path}: expected {tp.__name__}, got {type(value).__name__}")
+        return cast(value) if cast is not None else value
+
+    return convert
