@@ -12,7 +12,7 @@ import sys
 
 import mlx_lm
 
-from mlxd.bench.engine import engine_level
+from mlxd.bench.engine import engine_level, new_engine
 from mlxd.bench.http import make_prompts
 from mlxd.config import SchedulerConfig
 
@@ -24,10 +24,11 @@ def main() -> None:
     model, tok = mlx_lm.load(path)[:2]
     prompts = make_prompts(level, 128, seed=level)
     sched = SchedulerConfig(max_num_seqs=level, max_queued=level)
-    engine_level(model, tok, prompts, 16, sched)
+    engine = new_engine(model, tok, sched, 128 + max_tokens + 8)
+    engine_level(engine, prompts, 16)
     prof = cProfile.Profile()
     prof.enable()
-    row = engine_level(model, tok, prompts, max_tokens, sched)
+    row = engine_level(engine, prompts, max_tokens)
     prof.disable()
     print({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()})
     out = io.StringIO()

@@ -33,21 +33,24 @@ class _Recorder:
         return []
 
 
-def engine_level(model: Any, tokenizer: Any, prompts: list[list[int]], max_tokens: int,
-                 sched: SchedulerConfig) -> dict[str, float | int]:  # fmt: skip
-    """All ``prompts`` submitted at once to a fresh engine; returns the summary."""
+def new_engine(model: Any, tokenizer: Any, sched: SchedulerConfig, max_context: int) -> Any:
+    """An engine whose channel records token timings (see ``engine_level``)."""
     from mlxd.worker.engine import Engine
     from mlxd.worker.model_runner import ModelRunner
     from mlxd.worker.scheduler import Scheduler
     from mlxd.worker.tokenizer import PromptEncoder
 
     encoder = PromptEncoder(tokenizer, vocab_size=model.args.vocab_size)
+    return Engine(name="bench", runner=ModelRunner(model, encoder.eos_token_ids),
+                  scheduler=Scheduler(sched), encoder=encoder, channel=_Recorder(0.0, {}),  # type: ignore[arg-type]
+                  max_context=max_context)  # fmt: skip
+
+
+def engine_level(engine: Any, prompts: list[list[int]], max_tokens: int) -> dict[str, float | int]:
+    """All ``prompts`` submitted at once to ``engine``; returns the summary."""
     timings: dict[str, RequestTiming] = {}
     t0 = time.perf_counter()
-    channel = _Recorder(t0, timings)
-    engine = Engine(name="bench", runner=ModelRunner(model, encoder.eos_token_ids),
-                    scheduler=Scheduler(sched), encoder=encoder, channel=channel,  # type: ignore[arg-type]
-                    max_context=len(prompts[0]) + max_tokens + 8)  # fmt: skip
+    engine.channel = _Recorder(t0, timings)
     sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     for i, p in enumerate(prompts):
         timings[str(i)] = RequestTiming(start=time.perf_counter() - t0)

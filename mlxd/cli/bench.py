@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import platform
 import time
@@ -104,7 +105,7 @@ def engine_command(model_path: str, prefill_chunk: int, compare_mlx_lm: bool, co
     """The same workload in-process on the engine (no HTTP, no ZMQ)."""
     import mlx_lm
 
-    from mlxd.bench.engine import engine_level, mlx_lm_batch_level, mlx_lm_single
+    from mlxd.bench.engine import engine_level, mlx_lm_batch_level, mlx_lm_single, new_engine
     from mlxd.bench.http import make_prompts
     from mlxd.config import SchedulerConfig
 
@@ -113,11 +114,14 @@ def engine_command(model_path: str, prefill_chunk: int, compare_mlx_lm: bool, co
     for level in _levels(concurrency):
         click.echo(f"level {level} ...", err=True)
         prompts = make_prompts(level, prompt_tokens, seed=level)
-        sched = SchedulerConfig(max_num_seqs=max(level, 1), max_queued=level, prefill_chunk=prefill_chunk)
+        sched = SchedulerConfig(max_num_seqs=level, max_queued=level, prefill_chunk=prefill_chunk)
+        engine = new_engine(model, tokenizer, sched, prompt_tokens + max_tokens + 8)
         # Each run is preceded by a short one of the same shape: kernel compilation for new
         # batch sizes happens once and is not what we measure.
-        engine_level(model, tokenizer, prompts, 16, sched)
-        rows.append(engine_level(model, tokenizer, prompts, max_tokens, sched))
+        engine_level(engine, prompts, 16)
+        rows.append(engine_level(engine, prompts, max_tokens))
+        del engine
+        gc.collect()  # the previous level's KV buffers go back to MLX's cache
         if compare_mlx_lm:
             ref = mlx_lm_single if level == 1 else mlx_lm_batch_level
             arg = prompts[0] if level == 1 else prompts
