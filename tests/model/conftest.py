@@ -50,7 +50,7 @@ class Result:
 class Harness:
     """A real Engine on a real ROUTER, a DEALER for the test, and the results per request."""
 
-    def __init__(self, model_path: Path, **sched: Any) -> None:
+    def __init__(self, model_path: Path, clock: Any = None, **sched: Any) -> None:
         from mlxd.worker.engine import Engine
         from mlxd.worker.model_runner import ModelRunner
         from mlxd.worker.scheduler import Scheduler
@@ -65,7 +65,8 @@ class Harness:
         encoder = PromptEncoder(tokenizer, vocab_size=model.args.vocab_size)
         self.engine = Engine(
             name="tiny", runner=ModelRunner(model, encoder.eos_token_ids),
-            scheduler=Scheduler(SchedulerConfig(**sched)), encoder=encoder,
+            scheduler=Scheduler(SchedulerConfig(**sched), **({"clock": clock} if clock else {})),
+            encoder=encoder,
             channel=self.channel, max_context=512,
         )  # fmt: skip
         self.results: dict[str, Result] = {}
@@ -126,8 +127,8 @@ class Harness:
 def harness_factory(tiny_model: Path) -> Iterator[Any]:
     made: list[Harness] = []
 
-    def make(**sched: Any) -> Harness:
-        h = Harness(tiny_model, **sched)
+    def make(clock: Any = None, **sched: Any) -> Harness:
+        h = Harness(tiny_model, clock=clock, **sched)
         made.append(h)
         return h
 

@@ -136,3 +136,29 @@ def test_penalised_request_is_the_same_alone_and_in_a_batch(harness_factory: Any
     busy.generate("b", PROMPTS[2], max_tokens=4, ignore_eos=True, logit_bias={7: 100.0})
     assert alone.run()["p"].token_ids == busy.run()["p"].token_ids
     assert busy.results["b"].token_ids == [7, 7, 7, 7]
+
+
+def test_low_priority_is_served_behind_a_stream_of_high_priority(harness_factory: Any) -> None:
+    now = [0.0]
+    h = harness_factory(clock=lambda: now[0], max_num_seqs=1, aging_s=1.0)
+    h.send(_generate("low", priority="low", at=now))
+    h.send(_generate("high0", priority="high", at=now))
+    order: list[str] = []
+    for _ in range(500):  # each time one finishes, time passes and a new high one arrives
+        h.step()
+        for rid, r in h.results.items():
+            if r.finished is not None and rid not in order:
+                order.append(rid)
+                now[0] += 0.5
+                h.send(_generate(f"high{len(order)}", priority="high", at=now))
+        if "low" in order:
+            break
+    assert "low" in order, "aging must let the low-priority request in"
+    assert order.index("low") >= 3, order  # high ones went first while it was young
+
+
+def _generate(rid: str, priority: str, at: list[float]) -> Any:
+    from mlxd.protocol.messages import Generate, SamplingParams, TextPrompt
+
+    return Generate(request_id=rid, prompt=TextPrompt(text="hi"), priority=priority,
+                    sampling=SamplingParams(max_tokens=2, temperature=0.0))  # fmt: skip
