@@ -15,7 +15,15 @@ import zmq
 from mlxd.bench.http import make_prompts
 from mlxd.bench.stats import RequestTiming, summarize
 from mlxd.protocol import codec
-from mlxd.protocol.messages import Events, Finished, Generate, Ping, SamplingParams, TokenDelta, TokenPrompt
+from mlxd.protocol.messages import (
+    Events,
+    Finished,
+    Generate,
+    Ping,
+    SamplingParams,
+    TokenDelta,
+    TokenPrompt,
+)
 
 
 def run(sock: zmq.Socket, level: int, max_tokens: int, prompt_tokens: int) -> dict:  # type: ignore[type-arg]
@@ -26,7 +34,11 @@ def run(sock: zmq.Socket, level: int, max_tokens: int, prompt_tokens: int) -> di
     for i, p in enumerate(prompts):
         rid = f"{t0}-{i}"
         timings[rid] = RequestTiming(start=time.perf_counter() - t0)
-        sock.send_multipart(codec.encode(Generate(request_id=rid, prompt=TokenPrompt(token_ids=p), sampling=sampling)))
+        sock.send_multipart(
+            codec.encode(
+                Generate(request_id=rid, prompt=TokenPrompt(token_ids=p), sampling=sampling)
+            )
+        )
     done = 0
     while done < level:
         msg = codec.decode(sock.recv_multipart())

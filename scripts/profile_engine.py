@@ -1,6 +1,6 @@
 """Profile the in-process engine at one concurrency level (host time vs device wait).
 
-    python scripts/profile_engine.py MODEL_DIR [CONCURRENCY] [MAX_TOKENS]
+python scripts/profile_engine.py MODEL_DIR [CONCURRENCY] [MAX_TOKENS]
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ def to_wire(value: Any) -> Any:
     if cls is dict:
         return {k: to_wire(v) for k, v in value.items()}
     if dataclasses.is_dataclass(value):
-        tag, names = _layout(cls)
+        tag, names = _layout(cls)  # type: ignore[arg-type]
         out: dict[str, Any] = {"type": tag} if tag is not None else {}
         for name in names:
             out[name] = to_wire(getattr(value, name))
@@ -127,7 +127,9 @@ def _dataclass_converter(cls: type) -> Converter:
         kwargs = {}
         for name, required in fields:
             if name in value:
-                kwargs[name] = _converter(hints[name])(value[name], f"{path}.{name}" if path else name)
+                kwargs[name] = _converter(hints[name])(
+                    value[name], f"{path}.{name}" if path else name
+                )
             elif required:
                 raise ProtocolError(f"{f'{path}.{name}' if path else name}: missing field")
         return cls(**kwargs)
@@ -166,7 +168,7 @@ def _union_converter(args: tuple[Any, ...]) -> Converter:
         if tagged:
             if not isinstance(value, dict) or value.get("type") not in tagged:
                 raise ProtocolError(f"{path}: expected one of {sorted(tagged)}")
-            return _converter(tagged[value["type"]])(value, path)
+            return _converter(tagged[value["type"]])(value, path)  # type: ignore[arg-type]
         return _converter(others[0])(value, path)
 
     return convert

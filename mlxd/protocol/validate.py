@@ -20,8 +20,11 @@ def check_sampling(p: SamplingParams) -> None:
         (p.repetition_penalty > 0.0, "repetition_penalty", "must be > 0"),
         (-2.0 <= p.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]"),
         (-2.0 <= p.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]"),
-        (all(-100.0 <= b <= 100.0 for b in p.logit_bias.values()), "logit_bias",
-         "values must be in [-100, 100]"),  # fmt: skip
+        (
+            all(-100.0 <= b <= 100.0 for b in p.logit_bias.values()),
+            "logit_bias",
+            "values must be in [-100, 100]",
+        ),  # fmt: skip
         (p.min_tokens >= 0, "min_tokens", "must be >= 0"),
         (all(t >= 0 for t in p.stop_token_ids), "stop_token_ids", "must be >= 0"),
     ]

@@ -119,7 +119,11 @@ class BatchKVCache:
             return
         if self.batch_size == 0:
             self.keys, self.values, self._idx, self._pads = (
-                other.keys, other.values, other._idx, list(other._pads))
+                other.keys,
+                other.values,
+                other._idx,
+                list(other._pads),
+            )
             self._sync_arrays()
             return
         width = max(self._idx, other._idx)

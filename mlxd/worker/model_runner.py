@@ -142,9 +142,7 @@ class ModelRunner:
 
     def _prefill_part(self, chunk: PrefillChunk) -> _Group | None:
         seq = chunk.seq
-        caches = self._prefill.setdefault(
-            seq, [SequenceKVCache() for _ in range(self.num_layers)]
-        )
+        caches = self._prefill.setdefault(seq, [SequenceKVCache() for _ in range(self.num_layers)])
         tokens = mx.array(seq.prompt_ids[chunk.start : chunk.end])[None]
         logits = self.model(tokens, cache=caches)
         if not chunk.is_last:

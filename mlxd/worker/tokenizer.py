@@ -46,7 +46,9 @@ class PromptEncoder:
                 tokenize=False,
             )
         except Exception as exc:  # noqa: BLE001 - Jinja raises anything; the request is bad
-            raise InvalidRequest(f"cannot apply the chat template: {exc}", param="messages") from None
+            raise InvalidRequest(
+                f"cannot apply the chat template: {exc}", param="messages"
+            ) from None
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _check_ids(self, prompt: TokenPrompt) -> list[int]:

@@ -42,8 +42,8 @@ def test_second_start_on_a_busy_port_fails_with_one_line(tiny_model: Path) -> No
     daemon = start_daemon(tiny_model)
     try:
         port = daemon.base_url.rsplit(":", 1)[1]
-        r = subprocess.run([sys.executable, "-m", "mlxd", "start", "--model", str(tiny_model),
-                            "--port", port], capture_output=True, text=True, timeout=60)  # fmt: skip
+        cmd = [sys.executable, "-m", "mlxd", "start", "--model", str(tiny_model), "--port", port]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         assert r.returncode != 0
         assert "cannot listen" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     finally:

@@ -55,7 +55,10 @@ def _close_clients() -> Iterator[None]:
 
 def test_chat_completion_matches_mlx_lm_generate(daemon: Daemon) -> None:
     resp = client(daemon).chat.completions.create(
-        model=daemon.model, messages=MESSAGES, max_tokens=24, temperature=0  # type: ignore[arg-type]
+        model=daemon.model,
+        messages=MESSAGES,
+        max_tokens=24,
+        temperature=0,  # type: ignore[arg-type]
     )
     choice = resp.choices[0]
     assert choice.message.role == "assistant"
@@ -74,7 +77,9 @@ def test_streaming_chat_sends_chunks_then_usage(daemon: Daemon) -> None:
     assert len(chunks) >= 3
     assert text == reference_chat(daemon.model_path, MESSAGES, 16)
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 16
-    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    finish = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
     assert finish == ["length"]
 
 

@@ -59,7 +59,13 @@ def test_join_mid_generation_gets_tokens_before_others_finish(harness_factory: A
 
 
 def test_seeded_sampling_is_reproducible_in_any_batch(harness_factory: Any) -> None:
-    sampling = {"temperature": 1.0, "top_p": 0.9, "seed": 1234, "max_tokens": 16, "ignore_eos": True}
+    sampling = {
+        "temperature": 1.0,
+        "top_p": 0.9,
+        "seed": 1234,
+        "max_tokens": 16,
+        "ignore_eos": True,
+    }
     alone = harness_factory()
     alone.generate("s", PROMPTS[3], **sampling)
     busy = harness_factory()
@@ -125,8 +131,13 @@ def test_bad_sampling_errors_only_that_request(harness_factory: Any) -> None:
 
 
 def test_penalised_request_is_the_same_alone_and_in_a_batch(harness_factory: Any) -> None:
-    sampling = {"max_tokens": 10, "ignore_eos": True, "repetition_penalty": 1.3,
-                "presence_penalty": 0.5, "frequency_penalty": 0.5}
+    sampling = {
+        "max_tokens": 10,
+        "ignore_eos": True,
+        "repetition_penalty": 1.3,
+        "presence_penalty": 0.5,
+        "frequency_penalty": 0.5,
+    }
     alone = harness_factory()
     alone.generate("p", PROMPTS[4], **sampling)
     busy = harness_factory()
