@@ -60,6 +60,12 @@ class Overloaded(MlxdError):
         self.retry_after = retry_after
 
 
+class RateLimited(Overloaded):
+    """This API key used up its requests or tokens per minute; retry after ``retry_after`` s."""
+
+    code = "rate_limit_exceeded"
+
+
 class WorkerUnavailable(MlxdError):
     status_code = 503
     type = "server_error"
@@ -94,6 +100,7 @@ _BY_CODE: dict[str, type[MlxdError]] = {
         ModelNotFound,
         RequestTimeout,
         Overloaded,
+        RateLimited,
         WorkerUnavailable,
         ProtocolError,
         InternalError,

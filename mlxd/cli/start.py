@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from mlxd.cli.api_keys import api_keys
 from mlxd.config import DEFAULT_MODEL, ModelSpec, SchedulerConfig, ServeConfig, data_dir
 from mlxd.errors import ConfigError, MlxdError
 
@@ -45,6 +46,14 @@ def scheduler_config(opts: dict[str, object]) -> SchedulerConfig:
 @click.option("--port", default=8000, show_default=True, help="Port to listen on.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--api-key", "api_key_values", multiple=True, metavar="KEY", envvar="MLXD_API_KEY",
+              help="Require this key on /v1/* (repeatable; tier normal). MLXD_API_KEY or "
+                   "--api-keys-file keep it out of `ps`.")
+@click.option("--api-keys-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="TOML [[keys]] tables: name, key, tier (high|normal|low), "
+                   "requests_per_minute, tokens_per_minute.")
+@click.option("--log-prompts", is_flag=True,
+              help="Put prompts in the access log (mlxd.access); off by default.")
 @with_scheduler_options
 def start_command(models: tuple[str, ...], host: str, port: int, log_level: str,
                   **opts: object) -> None:  # fmt: skip
@@ -58,6 +67,8 @@ def start_command(models: tuple[str, ...], host: str, port: int, log_level: str,
             port=port,
             scheduler=scheduler_config(opts),
             max_context=opts["max_context"],  # type: ignore[arg-type]
+            api_keys=api_keys(opts["api_key_values"], opts["api_keys_file"]),  # type: ignore
+            log_prompts=bool(opts["log_prompts"]),
         )
         _check_port_free(host, port)
     except MlxdError as exc:
@@ -104,14 +115,19 @@ def _serve(config: ServeConfig, log_level: str) -> int:
     from mlxd.cli.supervisor import Supervisor
     from mlxd.gateway.app import build_app
 
-    if config.host not in ("127.0.0.1", "localhost", "::1"):
-        logging.getLogger("mlxd").warning("listening on %s with no API key", config.host)
+    if config.host not in ("127.0.0.1", "localhost", "::1") and not config.api_keys:
+        logging.getLogger("mlxd").warning(
+            "listening on %s with no API key: anyone who can reach it can use it; require one "
+            "with --api-key KEY (or MLXD_API_KEY=KEY) or --api-keys-file FILE",
+            config.host,
+        )
     runtime_dir = Path(tempfile.mkdtemp(prefix="mlxd-"))  # mode 0700: only we can connect
     supervisor = Supervisor(config, runtime_dir, log_level=log_level.upper())
     app = build_app(config, supervisor)
+    # No uvicorn access log: mlxd.access writes one richer line per request.
     server = uvicorn.Server(
         uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
-                       lifespan="on", timeout_graceful_shutdown=10)  # fmt: skip
+                       lifespan="on", timeout_graceful_shutdown=10, access_log=False)  # fmt: skip
     )
     # uvicorn re-raises the signal that stopped it once it has shut down; with these in place
     # that re-raise is a no-op, so a graceful stop exits 0.

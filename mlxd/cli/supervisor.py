@@ -66,6 +66,10 @@ class Supervisor:
     def names(self) -> list[str]:
         return list(self.workers)
 
+    def restarts(self, name: str) -> int:
+        worker = self.workers.get(name)
+        return 0 if worker is None else worker.restarts
+
     async def client(self, name: str) -> WorkerClient:
         worker = self.workers.get(name)
         if worker is None:

@@ -13,13 +13,18 @@ from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from mlxd.config import ServeConfig
 from mlxd.errors import InternalError, MlxdError, Overloaded
-from mlxd.gateway.openai import REQUEST_ID_HEADER, OpenAIEndpoints
+from mlxd.gateway.accesslog import REQUEST_ID_HEADER, AccessLog
+from mlxd.gateway.auth import ApiKeyAuth
+from mlxd.gateway.metrics import Metrics
+from mlxd.gateway.openai import OpenAIEndpoints
+from mlxd.gateway.ratelimit import RateLimiter
 from mlxd.gateway.workers import WorkerPool
 
 log = logging.getLogger(__name__)
@@ -27,16 +32,19 @@ log = logging.getLogger(__name__)
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
 
 
-def build_app(config: ServeConfig, pool: WorkerPool) -> Starlette:
+def build_app(config: ServeConfig, pool: WorkerPool, metrics: Metrics | None = None) -> Starlette:
     """The gateway ASGI app; its lifespan starts and stops ``pool``.
 
     Args:
-        config: timeouts and limits (``chat_timeout_s``, ``max_body_bytes``...).
+        config: timeouts, limits (``chat_timeout_s``, ``max_body_bytes``...) and API keys.
         pool: model name -> ``WorkerClient``; ``StaticPool`` or the supervisor's pool.
+        metrics: served at ``/metrics``; pass one to add sources (``Metrics.add_source``).
     """
-    api = OpenAIEndpoints(config, pool)
+    metrics = Metrics(pool) if metrics is None else metrics
+    api = OpenAIEndpoints(config, pool, metrics)
     routes = [
         Route("/health", api.health, methods=["GET"]),
+        Route("/metrics", metrics.endpoint, methods=["GET"]),
         Route("/v1/models", api.list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", api.retrieve_model, methods=["GET"]),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
@@ -51,8 +59,15 @@ def build_app(config: ServeConfig, pool: WorkerPool) -> Starlette:
         finally:
             await pool.stop()
 
+    admin_key = getattr(config, "admin_key", None)  # ServeConfig grows it with the admin API
+    middleware = [  # outermost first: every response, even a 401, gets a record and a request id
+        Middleware(AccessLog, routes=routes, on_finish=metrics.finish),
+        Middleware(ApiKeyAuth, keys=config.api_keys, limiter=RateLimiter(), admin_key=admin_key),
+    ]
     handlers = {MlxdError: render_error, HTTPException: _render_http, Exception: _render_crash}
-    return Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
+    return Starlette(
+        routes=routes, middleware=middleware, lifespan=lifespan, exception_handlers=handlers
+    )
 
 
 async def render_error(request: Request, exc: Exception) -> Response:

@@ -22,17 +22,18 @@ from starlette.responses import JSONResponse, Response
 from mlxd.config import ServeConfig
 from mlxd.errors import ModelNotFound
 from mlxd.gateway import schemas
+from mlxd.gateway.accesslog import REQUEST_ID_HEADER, RequestRecord, loggable_prompt, record_of
+from mlxd.gateway.metrics import Metrics
 from mlxd.gateway.schemas import ChatChunks, ParsedRequest, TextChunks
 from mlxd.gateway.streaming import ChunkFormat, EventStreamResponse, next_event
-from mlxd.gateway.workers import RequestStream, WorkerPool
+from mlxd.gateway.workers import RequestStream, StreamObserver, WorkerPool
 from mlxd.protocol.messages import Finished
 
-REQUEST_ID_HEADER = "X-Request-Id"
 MAX_REQUEST_ID_CHARS = 128
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first"
 
 _Builder = Callable[[str, str, int, str, Finished], dict[str, Any]]
-_Parser = Callable[[Any, str | None], ParsedRequest]
+_Parser = Callable[[Any, str | None, str | None], ParsedRequest]  # body, X-Priority, key tier
 _ChunksFactory = Callable[[str, str, int, bool], ChunkFormat]
 
 
@@ -42,11 +43,13 @@ class OpenAIEndpoints:
     Args:
         config: timeouts and the request body limit.
         pool: model name -> worker client.
+        metrics: where requests are counted and timed.
     """
 
-    def __init__(self, config: ServeConfig, pool: WorkerPool) -> None:
+    def __init__(self, config: ServeConfig, pool: WorkerPool, metrics: Metrics) -> None:
         self.config = config
         self.pool = pool
+        self.metrics = metrics
         self.created = int(time.time())
         self._id_prefix = secrets.token_hex(3)
         self._id_counter = itertools.count()
@@ -92,13 +95,16 @@ class OpenAIEndpoints:
         chunks: _ChunksFactory,
         build: _Builder,
     ) -> Response:
-        client_id, request_id = self._request_ids(request)
+        record = record_of(request)
+        client_id, request_id = self._request_ids(record)
         headers = {REQUEST_ID_HEADER: client_id}
         body = schemas.parse_json(await _read_body(request, self.config.max_body_bytes))
-        parsed = parse(body, request.headers.get("x-priority"))
+        tier = None if record.key is None else record.key.tier
+        parsed = parse(body, request.headers.get("x-priority"), tier)
         worker = await self.pool.client(parsed.model)
         deadline = time.monotonic() + timeout_s
-        stream = await worker.open_stream(parsed.to_generate(request_id, timeout_s))
+        observer = self._track(record, parsed)
+        stream = await worker.open_stream(parsed.to_generate(request_id, timeout_s), observer)
         completion_id, created = schemas.new_id(id_prefix), int(time.time())
         try:
             if parsed.stream:
@@ -119,12 +125,17 @@ class OpenAIEndpoints:
             build(completion_id, parsed.model, created, text, finished), 200, headers
         )
 
-    def _request_ids(self, request: Request) -> tuple[str, str]:
-        """The client's ``X-Request-Id`` (or a new one) and the unique id used on the wire."""
-        client_id = request.headers.get(REQUEST_ID_HEADER) or secrets.token_hex(16)
-        request.state.request_id = client_id
+    def _request_ids(self, record: RequestRecord) -> tuple[str, str]:
+        """The client's ``X-Request-Id`` (or the one made for it) and the unique id on the wire."""
+        client_id = record.request_id
         unique = f"{self._id_prefix}{next(self._id_counter):x}"
         return client_id, f"{client_id[:MAX_REQUEST_ID_CHARS]}.{unique}"
+
+    def _track(self, record: RequestRecord, parsed: ParsedRequest) -> StreamObserver:
+        record.model, record.stream = parsed.model, parsed.stream
+        if self.config.log_prompts:
+            record.prompt = loggable_prompt(parsed.prompt)
+        return self.metrics.track(record)
 
     def _model(self, name: str) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": self.created, "owned_by": "mlxd"}

@@ -82,17 +82,24 @@ def parse_json(raw: bytes) -> Any:
         raise InvalidRequest(f"The request body is not valid JSON: {exc}") from None
 
 
-def parse_chat(body: Any, header_priority: str | None = None) -> ParsedRequest:
-    """Validate a chat completions body; ``header_priority`` is the ``X-Priority`` header."""
+def parse_chat(
+    body: Any, header_priority: str | None = None, tier: str | None = None
+) -> ParsedRequest:
+    """Validate a chat completions body; ``header_priority`` is the ``X-Priority`` header.
+
+    ``tier`` is the API key's tier: the default priority and the highest one allowed.
+    """
     body = _check_fields(body, _CHAT_FIELDS)
     _check_response_format(body.get("response_format"))
     max_tokens = _positive_int(body, "max_tokens")  # deprecated by OpenAI; the newer name wins
     max_tokens = _positive_int(body, "max_completion_tokens") or max_tokens
-    return _parsed(body, _chat_prompt(body), max_tokens, header_priority)
+    return _parsed(body, _chat_prompt(body), max_tokens, header_priority, tier)
 
 
-def parse_completion(body: Any, header_priority: str | None = None) -> ParsedRequest:
-    """Validate a (legacy) completions body; ``header_priority`` is the ``X-Priority`` header."""
+def parse_completion(
+    body: Any, header_priority: str | None = None, tier: str | None = None
+) -> ParsedRequest:
+    """Validate a (legacy) completions body; ``header_priority`` and ``tier`` as for chat."""
     body = _check_fields(body, _COMPLETION_FIELDS)
     if _bool(body, "echo", False):
         raise InvalidRequest("'echo' is not supported yet", param="echo")
@@ -100,7 +107,7 @@ def parse_completion(body: Any, header_priority: str | None = None) -> ParsedReq
         raise InvalidRequest("'suffix' is not supported yet", param="suffix")
     prompt = _completion_prompt(body.get("prompt"))
     max_tokens = _positive_int(body, "max_tokens") or COMPLETION_DEFAULT_MAX_TOKENS
-    return _parsed(body, prompt, max_tokens, header_priority)
+    return _parsed(body, prompt, max_tokens, header_priority, tier)
 
 
 # Public API: responses
@@ -217,7 +224,11 @@ def _check_fields(body: Any, allowed: frozenset[str]) -> dict[str, Any]:
 
 
 def _parsed(
-    body: dict[str, Any], prompt: Prompt, max_tokens: int | None, header_priority: str | None
+    body: dict[str, Any],
+    prompt: Prompt,
+    max_tokens: int | None,
+    header_priority: str | None,
+    tier: str | None,
 ) -> ParsedRequest:
     model = _typed(body, "model", str, "a string")
     if not model:
@@ -233,7 +244,7 @@ def _parsed(
         sampling=_sampling(body, max_tokens),
         stream=stream,
         include_usage=_include_usage(body.get("stream_options"), stream),
-        priority=_priority(body, header_priority),
+        priority=_priority(body, header_priority, tier),
     )
 
 
@@ -283,15 +294,17 @@ def _include_usage(options: Any, stream: bool) -> bool:
     return _bool(options, "include_usage", False, "stream_options.include_usage")
 
 
-def _priority(body: dict[str, Any], header: str | None) -> str:
+def _priority(body: dict[str, Any], header: str | None, tier: str | None) -> str:
     value = _typed(body, "priority", str, "a string")
     param = "priority"
     if value is None and header is not None:
         value, param = header.strip().lower(), "X-Priority"
     if value is None:
-        return "normal"
+        return tier or "normal"
     if value not in PRIORITIES:
         raise InvalidRequest(f"'{param}' must be one of {', '.join(PRIORITIES)}", param=param)
+    if tier is not None and PRIORITIES.index(value) < PRIORITIES.index(tier):
+        return tier  # a key may lower its priority, never raise it above its tier
     return str(value)
 
 

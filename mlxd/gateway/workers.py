@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections.abc import Callable
 from typing import Protocol
 
 import zmq
@@ -41,6 +42,8 @@ log = logging.getLogger(__name__)
 
 # What a request's queue holds: worker events, or the error that ``fail_all`` delivers.
 _Item = TokenDelta | Finished | Error | MlxdError
+# Called with each event as it is taken from the queue (timing metrics); must be cheap.
+StreamObserver = Callable[[TokenDelta | Finished], None]
 
 
 class RequestStream:
@@ -51,9 +54,12 @@ class RequestStream:
     cancelled (e.g. by ``asyncio.timeout``) without losing events.
     """
 
-    def __init__(self, client: WorkerClient, request_id: str) -> None:
+    def __init__(
+        self, client: WorkerClient, request_id: str, observer: StreamObserver | None = None
+    ) -> None:
         self.request_id = request_id
         self._client = client
+        self._observer = observer
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._is_done = False
 
@@ -64,6 +70,8 @@ class RequestStream:
         if self._is_done:
             raise StopAsyncIteration
         item = await self._queue.get()
+        if self._observer is not None and isinstance(item, TokenDelta | Finished):
+            self._observer(item)
         if isinstance(item, TokenDelta):
             return item
         self._is_done = True
@@ -161,8 +169,12 @@ class WorkerClient:
         finally:
             self._pings.pop(request_id, None)
 
-    async def open_stream(self, gen: Generate) -> RequestStream:
+    async def open_stream(
+        self, gen: Generate, observer: StreamObserver | None = None
+    ) -> RequestStream:
         """Register a queue for ``gen.request_id``, then send the Generate.
+
+        ``observer`` sees each event of the stream as it is read (the gateway's metrics).
 
         Raises:
             WorkerUnavailable: the client is not started or the send failed.
@@ -170,7 +182,7 @@ class WorkerClient:
         """
         if gen.request_id in self._streams:
             raise InternalError(f"request id {gen.request_id!r} is already in flight")
-        stream = RequestStream(self, gen.request_id)
+        stream = RequestStream(self, gen.request_id, observer)
         self._streams[gen.request_id] = stream
         try:
             await self._send(gen)
@@ -262,6 +274,10 @@ class WorkerPool(Protocol):
         """Disconnect from (or stop) the workers; called from the app's lifespan."""
         ...
 
+    def restarts(self, name: str) -> int:
+        """How many times the worker for ``name`` was restarted (0 if never or not supervised)."""
+        ...
+
 
 class StaticPool:
     """A ``WorkerPool`` over workers that are already running (``--worker`` attach, tests).
@@ -277,6 +293,9 @@ class StaticPool:
 
     def names(self) -> list[str]:
         return list(self.endpoints)
+
+    def restarts(self, name: str) -> int:
+        return 0  # not our processes: nothing restarts them
 
     async def client(self, name: str) -> WorkerClient:
         if name not in self.endpoints:

@@ -7,8 +7,9 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import openai
@@ -58,11 +59,11 @@ def start_gateway(config: ServeConfig, endpoints: dict[str, str]) -> Gateway:
     return Gateway(url=f"http://127.0.0.1:{port}", config=config, server=server, thread=thread)
 
 
-def serve_config(**overrides: float) -> ServeConfig:
+def serve_config(**overrides: Any) -> ServeConfig:
     return ServeConfig(
         models=(ModelSpec(name=MODEL, path="scripted"),),
         max_body_bytes=MAX_BODY_BYTES,
-        **overrides,  # type: ignore[arg-type]
+        **overrides,
     )
 
 
@@ -108,3 +109,18 @@ def short_gateway(worker: ScriptedWorker) -> Iterator[Gateway]:
 def short_http(short_gateway: Gateway) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=short_gateway.url, timeout=10) as session:
         yield session
+
+
+@pytest.fixture(scope="module")
+def make_gateway(worker: ScriptedWorker) -> Iterator[Callable[..., Gateway]]:
+    """Start gateways on the session's worker with ``serve_config(**overrides)``; stopped after
+    the module (``import conftest`` is ambiguous across tiers, so this is a fixture)."""
+    started: list[Gateway] = []
+
+    def make(**overrides: Any) -> Gateway:
+        started.append(start_gateway(serve_config(**overrides), {MODEL: worker.endpoint}))
+        return started[-1]
+
+    yield make
+    for running in started:
+        running.stop()

@@ -1,0 +1,127 @@
+"""Paged KV storage behind the mlx-lm cache contract, so ``mlx_lm.models.*`` run unchanged.
+
+Every layer keeps K and V for all sequences in one pool of fixed-size blocks, token-major:
+``(num_blocks * block_size, n_kv_heads, head_dim)``. A sequence is a block table (logical ->
+physical block ids). For each forward the runner builds one ``PagedStep`` (where the new tokens
+are written, which slots each row reads, RoPE offsets and the mask) from the block tables, with
+vectorized MLX ops. The portable attention path gathers each row's slots and calls
+``mx.fast.scaled_dot_product_attention`` (through the model); a fused paged kernel may replace
+the gather later without changing this contract.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+
+
+class KVPool:
+    """K/V blocks for every layer, plus one scratch block that padding writes go to."""
+
+    def __init__(
+        self, num_layers: int, num_blocks: int, block_size: int, n_kv_heads: int,
+        k_head_dim: int, v_head_dim: int, dtype: mx.Dtype,
+    ) -> None:  # fmt: skip
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.scratch_block = num_blocks  # never handed out by the allocator
+        slots = (num_blocks + 1) * block_size
+        self.keys = [mx.zeros((slots, n_kv_heads, k_head_dim), dtype) for _ in range(num_layers)]
+        self.values = [mx.zeros((slots, n_kv_heads, v_head_dim), dtype) for _ in range(num_layers)]
+        mx.eval(self.keys, self.values)
+
+    @classmethod
+    def for_model(cls, model: Any, num_blocks: int, block_size: int) -> KVPool:
+        """Size a pool for ``model`` by running one token through a plain KV cache."""
+        from mlx_lm.models.cache import make_prompt_cache
+
+        cache = make_prompt_cache(model)
+        model(mx.array([[0]]), cache=cache)
+        k, v = cache[0].state[0], cache[0].state[1]
+        return cls(len(cache), num_blocks, block_size, k.shape[1], k.shape[3], v.shape[3],
+                   k.dtype)  # fmt: skip
+
+    @property
+    def bytes_per_block(self) -> int:
+        per_slot = sum(a.nbytes for a in self.keys + self.values) // self.keys[0].shape[0]
+        return per_slot * self.block_size
+
+    def copy_block(self, src: int, dst: int) -> None:
+        """Copy one block's K/V in every layer (copy-on-write of a shared partial block)."""
+        s, d, n = src * self.block_size, dst * self.block_size, self.block_size
+        for arrays in (self.keys, self.values):
+            for i, a in enumerate(arrays):
+                a[d : d + n] = a[s : s + n]
+                arrays[i] = a
+
+
+@dataclass(frozen=True)
+class PagedStep:
+    """Where one forward writes and reads KV, for every row of its batch.
+
+    ``write_slots`` (B*L,) are the pool slots of the new tokens (row-major; left padding goes to
+    the scratch block); ``read_slots`` (B, Lk) are each row's slots after the write, padded to a
+    whole number of blocks; ``offset`` (B,) is the RoPE position of each row's first query.
+    """
+
+    write_slots: mx.array
+    read_slots: mx.array
+    offset: mx.array
+    mask: mx.array | None
+
+    @classmethod
+    def build(
+        cls, block_tables: list[list[int]], context_lens: list[int], new_lens: list[int],
+        pool: KVPool,
+    ) -> PagedStep:  # fmt: skip
+        """Rows have ``context_lens[b]`` tokens cached and ``new_lens[b]`` new ones, right-aligned
+        in a query window of ``max(new_lens)`` (shorter rows are left-padded)."""
+        bs, q_len = pool.block_size, max(new_lens)
+        width = max(len(t) for t in block_tables)
+        table = mx.array([t + [pool.scratch_block] * (width - len(t)) for t in block_tables])
+        ctx = mx.array(context_lens)
+        pad = q_len - mx.array(new_lens)
+        total = ctx + q_len - pad  # tokens per row after this step
+        # query i of row b is position ctx + i - pad (negative: padding)
+        qpos = ctx[:, None] + mx.arange(q_len)[None, :] - pad[:, None]
+        real = qpos >= ctx[:, None]
+        block = mx.take_along_axis(table, mx.maximum(qpos, 0) // bs, axis=1)
+        write = mx.where(real, block * bs + mx.maximum(qpos, 0) % bs, pool.scratch_block * bs)
+        read = (table[:, :, None] * bs + mx.arange(bs)[None, None, :]).reshape(len(new_lens), -1)
+        kpos = mx.arange(read.shape[1])[None, None, :]
+        mask = (kpos <= qpos[:, :, None]) & (kpos < total[:, None, None])
+        # a padding query must still see one key, or its softmax row is all -inf (NaN)
+        mask = mask | ((kpos == 0) & ~real[:, :, None])
+        return cls(write.reshape(-1).astype(mx.int32), read.astype(mx.int32),
+                   (ctx - pad).astype(mx.int32), mask[:, None, :, :])  # fmt: skip
+
+
+class PagedKVCache:
+    """One layer's cache for one step: writes into the pool, reads each row's slots back."""
+
+    def __init__(self, pool: KVPool, layer: int, step: PagedStep) -> None:
+        self.pool = pool
+        self.layer = layer
+        self.step = step
+        self.offset = step.offset
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        b, h, q, _ = keys.shape
+        out = []
+        for arrays, new in ((self.pool.keys, keys), (self.pool.values, values)):
+            buf = arrays[self.layer]
+            buf[self.step.write_slots] = new.transpose(0, 2, 1, 3).reshape(b * q, h, -1)
+            arrays[self.layer] = buf
+            out.append(buf[self.step.read_slots].transpose(0, 2, 1, 3))
+        return out[0], out[1]
+
+    def make_mask(
+        self, N: int, return_array: bool = False, window_size: int | None = None
+    ) -> mx.array | None:
+        return self.step.mask
+
+    @staticmethod
+    def for_step(pool: KVPool, step: PagedStep) -> list[PagedKVCache]:
+        return [PagedKVCache(pool, i, step) for i in range(len(pool.keys))]

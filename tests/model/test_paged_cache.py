@@ -1,0 +1,76 @@
+"""The paged KV cache gives the same logits as mlx-lm's KVCache, for several architectures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.model
+
+PROMPTS = [[5, 17, 300, 41, 7, 99, 12], [8, 8, 2000, 3], [1000 + i for i in range(40)]]
+
+
+@pytest.fixture(scope="module", params=["qwen3", "llama", "qwen2"])
+def arch_model(request: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    import mlx_lm
+
+    from mlxd.models.maker import make_model
+
+    out = tmp_path_factory.mktemp("paged") / request.param
+    path: Path = make_model(out, arch=request.param, size="tiny", progress=lambda _: None)
+    return mlx_lm.load(str(path))[0]
+
+
+def reference_logits(model: Any, prompt: list[int], steps: list[int]) -> list[Any]:
+    """Logits of the last prompt token, then of each forced decode token, via KVCache."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    out = [model(mx.array([prompt]), cache=cache)[0, -1]]
+    for tok in steps:
+        out.append(model(mx.array([[tok]]), cache=cache)[0, -1])
+    return out
+
+
+def test_paged_prefill_and_decode_match_kv_cache(arch_model: Any) -> None:
+    import mlx.core as mx
+
+    from mlxd.worker.paged_cache import KVPool, PagedKVCache, PagedStep
+
+    pool = KVPool.for_model(arch_model, num_blocks=32, block_size=4)
+    # deliberately scattered, non-contiguous blocks
+    tables = [[9, 2, 30, 14], [1, 27], [3, 5, 7, 11, 13, 15, 17, 19, 21, 23, 25, 29]]
+    forced = [11, 12, 13]
+    lens = [len(p) for p in PROMPTS]
+    step = PagedStep.build(tables, [0, 0, 0], lens, pool)
+    width = max(lens)
+    tokens = mx.array([[0] * (width - n) + p for p, n in zip(PROMPTS, lens, strict=True)])
+    got = [arch_model(tokens, cache=PagedKVCache.for_step(pool, step))[:, -1]]
+    ctx = lens
+    for tok in forced:
+        step = PagedStep.build(tables, ctx, [1, 1, 1], pool)
+        got.append(
+            arch_model(mx.array([[tok]] * 3), cache=PagedKVCache.for_step(pool, step))[:, -1]
+        )
+        ctx = [c + 1 for c in ctx]
+    for row, prompt in enumerate(PROMPTS):
+        ref = reference_logits(arch_model, prompt, forced)
+        for i, r in enumerate(ref):
+            assert mx.allclose(got[i][row], r, atol=1e-4, rtol=1e-4), (row, i)
+            assert int(mx.argmax(got[i][row])) == int(mx.argmax(r))
+
+
+def test_copy_block_duplicates_every_layer(arch_model: Any) -> None:
+    import mlx.core as mx
+
+    from mlxd.worker.paged_cache import KVPool, PagedKVCache, PagedStep
+
+    pool = KVPool.for_model(arch_model, num_blocks=8, block_size=4)
+    step = PagedStep.build([[3, 4]], [0], [6], pool)
+    arch_model(mx.array([[1, 2, 3, 4, 5, 6]]), cache=PagedKVCache.for_step(pool, step))
+    pool.copy_block(4, 6)
+    for keys in pool.keys:
+        assert mx.array_equal(keys[16:20], keys[24:28])
