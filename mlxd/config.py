@@ -58,12 +58,14 @@ class WorkerConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     max_context: int | None = None
     parent_pid: int | None = None
+    control_endpoint: str | None = None  # None: derived from ``endpoint`` (w0.ctl.sock)
 
     def __post_init__(self) -> None:
         if not self.model:
             raise ConfigError("a worker needs a model")
-        if not self.endpoint.startswith(("ipc://", "tcp://", "inproc://")):
-            raise ConfigError(f"bad worker endpoint {self.endpoint!r}")
+        for endpoint in (self.endpoint, self.control_endpoint or self.endpoint):
+            if not endpoint.startswith(("ipc://", "tcp://", "inproc://")):
+                raise ConfigError(f"bad worker endpoint {endpoint!r}")
         if self.max_context is not None and self.max_context < 2:
             raise ConfigError("--max-context must be >= 2")
 
@@ -116,6 +118,7 @@ class ServeConfig:
     max_body_bytes: int = 8 * 1024 * 1024
     api_keys: tuple[ApiKey, ...] = ()
     log_prompts: bool = False
+    admin_key: str | None = field(default=None, repr=False)  # guards /admin/* (and /metrics)
 
     def __post_init__(self) -> None:
         if len({k.name for k in self.api_keys}) != len(self.api_keys):

@@ -1,7 +1,8 @@
 """The worker's side of the data plane: a ZMQ ROUTER that speaks the codec.
 
 Every gateway connection is a DEALER; the ROUTER sees its identity first on each frame set, and
-replies go back to that identity.
+replies go back to that identity. A second ROUTER, the control socket, takes admin commands; one
+poller watches both so the engine thread owns every socket.
 """
 
 from __future__ import annotations
@@ -18,6 +19,19 @@ log = logging.getLogger(__name__)
 
 Incoming = tuple[bytes, Message | ProtocolError]
 
+CONTROL_LINGER_MS = 500
+
+
+def control_endpoint(endpoint: str) -> str:
+    """The control socket that goes with a data endpoint: ``w0.sock`` -> ``w0.ctl.sock``;
+    ``tcp://host:PORT`` -> ``tcp://host:PORT+1``; anything else gets ``.ctl`` appended."""
+    if endpoint.endswith(".sock"):
+        return endpoint.removesuffix(".sock") + ".ctl.sock"
+    host, _, port = endpoint.rpartition(":")
+    if endpoint.startswith("tcp://") and port.isdigit():
+        return f"{host}:{int(port) + 1}"
+    return endpoint + ".ctl"
+
 
 class WorkerChannel:
     """A bound ROUTER socket. Synchronous: the worker's engine thread owns it."""
@@ -33,25 +47,48 @@ class WorkerChannel:
         self.endpoint = endpoint
         self.poller = zmq.Poller()
         self.poller.register(self.socket, zmq.POLLIN)
+        self.control: zmq.Socket | None = None  # type: ignore[type-arg]
+
+    def bind_control(self, endpoint: str) -> None:
+        """Bind the control ROUTER; ``recv_ready`` then also wakes up for its messages."""
+        sock = self.context.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.bind(endpoint)
+        self.control = sock
+        self.poller.register(sock, zmq.POLLIN)
 
     def recv_ready(self, timeout_ms: int, limit: int = 1024) -> list[Incoming]:
         """Everything that arrives within ``timeout_ms`` (at most ``limit`` frame sets)."""
-        out: list[Incoming] = []
         if not self.poller.poll(timeout_ms):
-            return out
-        while len(out) < limit:
-            try:
-                frames = self.socket.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            out.append(self._decode(frames))
-        return out
+            return []
+        return self._recv_all(self.socket, limit)
+
+    def recv_control(self, limit: int = 64) -> list[Incoming]:
+        """Control messages already waiting (no blocking); [] without a control socket."""
+        return [] if self.control is None else self._recv_all(self.control, limit)
 
     def send(self, client: bytes, msg: Message) -> None:
         self.socket.send_multipart([client, *codec.encode(msg)])
 
+    def send_control(self, client: bytes, msg: Message) -> None:
+        assert self.control is not None, "bind_control() first"
+        self.control.send_multipart([client, *codec.encode(msg)])
+
     def close(self) -> None:
         self.socket.close(linger=0)
+        if self.control is not None:
+            # A shutdown's Ack may still be in flight when the worker exits.
+            self.control.close(linger=CONTROL_LINGER_MS)
+
+    def _recv_all(self, sock: zmq.Socket, limit: int) -> list[Incoming]:  # type: ignore[type-arg]
+        out: list[Incoming] = []
+        while len(out) < limit:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            out.append(self._decode(frames))
+        return out
 
     @staticmethod
     def _decode(frames: list[bytes]) -> Incoming:

@@ -164,6 +164,179 @@ class Events:
     events: list[Event]
 
 
-Message = Generate | Cancel | Ping | Pong | TokenDelta | Finished | Error | Events
+# Admin -> worker (control plane: a second ROUTER per worker; see docs/protocol.md)
 
-MESSAGE_TYPES: tuple[type, ...] = (Generate, Cancel, Ping, Pong, TokenDelta, Finished, Error, Events)
+
+@dataclass(frozen=True, kw_only=True)
+class GetStatus:
+    """What the worker serves and how it is doing now; answered with a StatusReply."""
+
+    TAG: ClassVar[str] = "get_status"
+    request_id: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class GetStats:
+    """Request counters, throughput and latency percentiles; answered with a StatsReply."""
+
+    TAG: ClassVar[str] = "get_stats"
+    request_id: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Drain:
+    """Finish running and waiting requests, refuse new ones (``worker_unavailable``). Ack."""
+
+    TAG: ClassVar[str] = "drain"
+    request_id: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pause:
+    """Stop running steps; requests stay queued and new ones are still accepted. Ack."""
+
+    TAG: ClassVar[str] = "pause"
+    request_id: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resume:
+    """Undo Pause and Drain: schedule steps and accept requests again. Ack."""
+
+    TAG: ClassVar[str] = "resume"
+    request_id: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class FlushCache:
+    """Free MLX's buffer cache (and later the prefix cache). Ack."""
+
+    TAG: ClassVar[str] = "flush_cache"
+    request_id: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class SetConfig:
+    """Change scheduler knobs live; unset (null) fields keep their value. Ack, or an Error
+    (``invalid_request``, ``param`` = the field) when a value is out of range."""
+
+    TAG: ClassVar[str] = "set_config"
+    request_id: str
+    max_num_seqs: int | None = None
+    max_queued: int | None = None
+    prefill_chunk: int | None = None
+    stream_interval: int | None = None
+    aging_s: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shutdown:
+    """Drain, then exit with code 0. Ack (sent before the drain completes)."""
+
+    TAG: ClassVar[str] = "shutdown"
+    request_id: str
+
+
+# Worker -> admin
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulerSettings:
+    """The scheduler knobs in force (``SchedulerConfig``)."""
+
+    max_num_seqs: int
+    max_queued: int
+    prefill_chunk: int
+    stream_interval: int
+    aging_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryUsage:
+    """Bytes: model weights, KV caches, MLX active/peak/cached buffers."""
+
+    weights_bytes: int
+    kv_bytes: int
+    active_bytes: int
+    peak_bytes: int
+    cache_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class StatusReply:
+    """Answer to GetStatus. ``state`` is "running", "paused" or "draining"."""
+
+    TAG: ClassVar[str] = "status_reply"
+    request_id: str
+    model: str
+    model_path: str
+    state: str
+    pid: int
+    uptime_s: float
+    max_context: int
+    num_running: int
+    num_waiting: int
+    num_prefilling: int
+    memory: MemoryUsage
+    scheduler: SchedulerSettings
+
+
+@dataclass(frozen=True, kw_only=True)
+class LatencySummary:
+    """Percentiles in milliseconds over the most recent ``num_samples`` samples (0 if none)."""
+
+    num_samples: int
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class StatsReply:
+    """Answer to GetStats: counters since the worker started, recent throughput and latency."""
+
+    TAG: ClassVar[str] = "stats_reply"
+    request_id: str
+    uptime_s: float
+    requests_admitted: int
+    requests_finished: int
+    requests_cancelled: int
+    requests_errored: int
+    requests_rejected: int
+    prompt_tokens: int
+    output_tokens: int
+    output_tps_recent: float
+    output_tps_total: float
+    ttft: LatencySummary
+    itl: LatencySummary
+    preemptions: int = 0
+    prefix_cache_hits: int = 0
+    prefix_cache_hit_tokens: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ack:
+    """A control command was applied. ``state`` is the worker's state after it."""
+
+    TAG: ClassVar[str] = "ack"
+    request_id: str
+    state: str
+    message: str = ""
+
+
+ControlRequest = (
+    Ping | GetStatus | GetStats | Drain | Pause | Resume | FlushCache | SetConfig | Shutdown
+)
+ControlReply = Pong | StatusReply | StatsReply | Ack | Error
+
+Message = (
+    Generate | Cancel | Ping | Pong | TokenDelta | Finished | Error | Events
+    | GetStatus | GetStats | Drain | Pause | Resume | FlushCache | SetConfig | Shutdown
+    | StatusReply | StatsReply | Ack
+)  # fmt: skip
+
+MESSAGE_TYPES: tuple[type, ...] = (
+    Generate, Cancel, Ping, Pong, TokenDelta, Finished, Error, Events,
+    GetStatus, GetStats, Drain, Pause, Resume, FlushCache, SetConfig, Shutdown,
+    StatusReply, StatsReply, Ack,
+)  # fmt: skip

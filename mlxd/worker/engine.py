@@ -6,9 +6,16 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mlxd.errors import InternalError, InvalidRequest, MlxdError, ProtocolError, RequestTimeout
+from mlxd.errors import (
+    InternalError,
+    InvalidRequest,
+    MlxdError,
+    ProtocolError,
+    RequestTimeout,
+    WorkerUnavailable,
+)
 from mlxd.protocol.channel import WorkerChannel
 from mlxd.protocol.messages import (
     Cancel,
@@ -28,7 +35,11 @@ from mlxd.worker.detokenizer import OutputText
 from mlxd.worker.model_runner import ModelRunner, TokenEvent
 from mlxd.worker.scheduler import PrefillChunk, Scheduler
 from mlxd.worker.sequence import PRIORITY_LEVELS, Sequence
+from mlxd.worker.stats import Stats
 from mlxd.worker.tokenizer import PromptEncoder
+
+if TYPE_CHECKING:
+    from mlxd.worker.control import Control
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +66,12 @@ class Engine:
         self.max_context = max_context
         self.clock = clock
         self.should_exit = False
+        self.stats = Stats(self.clock)
+        # Control plane state (worker/control.py sets these between steps).
+        self.control: Control | None = None
+        self.paused = False
+        self.draining = False  # refuse new requests, finish the rest
+        self.exit_when_drained = False
         self._outbox: dict[bytes, list[Event]] = {}
         self._handlers: dict[type, Callable[[bytes, Any], None]] = {
             Generate: self._on_generate,
@@ -64,11 +81,15 @@ class Engine:
 
     def run(self) -> None:
         while not self.should_exit:
-            busy = self.scheduler.has_work()
+            busy = self.scheduler.has_work() and not self.paused
             for client, msg in self.channel.recv_ready(timeout_ms=0 if busy else 50):
                 self.dispatch(client, msg)
-            if self.scheduler.has_work():
+            if self.control is not None:
+                self.control.poll()
+            if self.scheduler.has_work() and not self.paused:
                 self.step()
+            elif self.exit_when_drained and not self.scheduler.has_work():
+                self.should_exit = True
 
     def dispatch(self, client: bytes, msg: Message | ProtocolError) -> None:
         handler = self._handlers.get(type(msg))
@@ -101,17 +122,22 @@ class Engine:
 
     def _on_generate(self, client: bytes, msg: Generate) -> None:
         try:
+            if self.draining:
+                raise WorkerUnavailable(f"the worker for {self.name!r} is draining")
             if self.scheduler.find(msg.request_id, client) is not None:
                 raise InvalidRequest(f"request id {msg.request_id!r} is already in flight")
             seq = self._new_sequence(client, msg)
             self.scheduler.add(seq)
+            self.stats.on_admit(seq)
         except MlxdError as exc:
+            self.stats.on_refuse(exc)
             self._send_error(client, msg.request_id, exc)
 
     def _on_cancel(self, client: bytes, msg: Cancel) -> None:
         seq = self.scheduler.find(msg.request_id, client)
         if seq is not None:
             self.scheduler.finish(seq, "cancelled")  # nothing more is ever sent for it
+            self.stats.on_finish(seq, "cancelled")
 
     def _on_ping(self, client: bytes, msg: Ping) -> None:
         pong = Pong(request_id=msg.request_id, model=self.name, max_context=self.max_context)
@@ -180,6 +206,7 @@ class Engine:
         self._accept(events)
 
     def _accept(self, events: list[TokenEvent]) -> None:
+        self.stats.on_tokens(events)
         for seq, token in events:
             if not seq.is_finished:
                 self._add_token(seq, token)
@@ -223,12 +250,14 @@ class Engine:
             Finished(request_id=seq.request_id, finish_reason=reason, usage=usage)
         )
         self.scheduler.finish(seq, reason)
+        self.stats.on_finish(seq, reason)
 
     def _fail(self, seq: Sequence, exc: MlxdError) -> None:
         self._outbox.setdefault(seq.client, []).append(
             Error(request_id=seq.request_id, code=exc.code, message=exc.message, param=exc.param)
         )
         self.scheduler.finish(seq, "error")
+        self.stats.on_finish(seq, "error")
 
     def _send_error(self, client: bytes, request_id: str, exc: MlxdError) -> None:
         err = Error(request_id=request_id, code=exc.code, message=exc.message, param=exc.param)

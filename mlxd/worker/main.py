@@ -13,7 +13,8 @@ from typing import Any
 
 from mlxd.config import WorkerConfig
 from mlxd.errors import ConfigError
-from mlxd.protocol.channel import WorkerChannel
+from mlxd.protocol.channel import WorkerChannel, control_endpoint
+from mlxd.worker.control import Control
 from mlxd.worker.engine import Engine
 from mlxd.worker.model_runner import ModelRunner, check_model_supported
 from mlxd.worker.scheduler import Scheduler
@@ -32,6 +33,7 @@ def serve(config: WorkerConfig) -> int:
     try:
         model, tokenizer, max_context = _load(config)
         channel = WorkerChannel(config.endpoint)
+        channel.bind_control(config.control_endpoint or control_endpoint(config.endpoint))
     except Exception as exc:  # noqa: BLE001 - any load failure is a startup failure
         log.error("worker %s failed to start: %s", config.name, exc)
         return STARTUP_FAILURE
@@ -44,6 +46,7 @@ def serve(config: WorkerConfig) -> int:
         channel=channel,
         max_context=max_context,
     )
+    engine.control = Control(engine, model_path=config.model)
     _install_signal_handlers(engine)
     if config.parent_pid is not None:
         _watch_parent(engine, config.parent_pid)
@@ -53,6 +56,7 @@ def serve(config: WorkerConfig) -> int:
         engine.run()
     finally:
         channel.close()
+        channel.context.term()  # waits (briefly) until a shutdown's Ack is out
     log.info("worker %s stopped", config.name)
     return EXIT_OK
 

@@ -1,0 +1,196 @@
+"""The worker's control plane: admin commands on the control socket, answered between steps.
+
+``Control.poll`` runs on the engine thread (``Engine.run`` calls it every iteration), so the
+handlers may read and change the engine, the scheduler and MLX state without locks. Every
+request gets exactly one reply: the answer, an ``Ack``, or a typed ``Error``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from mlxd.config import SchedulerConfig
+from mlxd.errors import ConfigError, InvalidRequest, MlxdError, ProtocolError
+from mlxd.protocol.messages import (
+    Ack,
+    ControlReply,
+    Drain,
+    Error,
+    FlushCache,
+    GetStats,
+    GetStatus,
+    MemoryUsage,
+    Message,
+    Pause,
+    Ping,
+    Pong,
+    Resume,
+    SchedulerSettings,
+    SetConfig,
+    Shutdown,
+    StatusReply,
+)
+
+if TYPE_CHECKING:
+    from mlxd.worker.engine import Engine
+
+log = logging.getLogger(__name__)
+
+SETTABLE = ("max_num_seqs", "max_queued", "prefill_chunk", "stream_interval", "aging_s")
+
+
+class Control:
+    """Handlers for the control messages of one engine.
+
+    Args:
+        engine: the engine to report on and steer (its channel has a control socket bound).
+        model_path: what the worker loaded, for ``status``.
+    """
+
+    def __init__(self, engine: Engine, *, model_path: str) -> None:
+        self.engine = engine
+        self.model_path = model_path
+        self.weights_bytes = _weights_bytes(engine.runner.model)
+        self._handlers: dict[type, Callable[[Any], ControlReply]] = {
+            Ping: self._ping,
+            GetStatus: self._status,
+            GetStats: self._stats,
+            Drain: self._drain,
+            Pause: self._pause,
+            Resume: self._resume,
+            FlushCache: self._flush_cache,
+            SetConfig: self._set,
+            Shutdown: self._shutdown,
+        }
+
+    # Public API
+
+    def poll(self) -> None:
+        """Answer every control message already waiting (never blocks)."""
+        for client, msg in self.engine.channel.recv_control():
+            self.dispatch(client, msg)
+
+    def dispatch(self, client: bytes, msg: Message | ProtocolError) -> None:
+        request_id = getattr(msg, "request_id", "")
+        try:
+            reply = self._handle(msg)
+        except MlxdError as exc:
+            log.warning("control %s %r failed: %s", type(msg).__name__, request_id, exc.message)
+            reply = Error(request_id=request_id, code=exc.code, message=exc.message,
+                          param=exc.param)  # fmt: skip
+        self.engine.channel.send_control(client, reply)
+
+    @property
+    def state(self) -> str:
+        """The worker's state: draining (also while shutting down), paused or running."""
+        if self.engine.draining:
+            return "draining"
+        return "paused" if self.engine.paused else "running"
+
+    # Handlers
+
+    def _handle(self, msg: Message | ProtocolError) -> ControlReply:
+        if isinstance(msg, ProtocolError):
+            raise msg
+        handler = self._handlers.get(type(msg))
+        if handler is None:
+            raise ProtocolError(f"the control socket does not accept {type(msg).__name__} messages")
+        return handler(msg)
+
+    def _ping(self, msg: Ping) -> Pong:
+        return Pong(request_id=msg.request_id, model=self.engine.name,
+                    max_context=self.engine.max_context)  # fmt: skip
+
+    def _status(self, msg: GetStatus) -> StatusReply:
+        engine, sched = self.engine, self.engine.scheduler
+        memory = MemoryUsage(
+            weights_bytes=self.weights_bytes,
+            kv_bytes=engine.runner.kv_bytes,
+            active_bytes=mx.get_active_memory(),
+            peak_bytes=mx.get_peak_memory(),
+            cache_bytes=mx.get_cache_memory(),
+        )
+        return StatusReply(
+            request_id=msg.request_id,
+            model=engine.name,
+            model_path=self.model_path,
+            state=self.state,
+            pid=os.getpid(),
+            uptime_s=engine.stats.uptime_s(),
+            max_context=engine.max_context,
+            num_running=len(sched.running),
+            num_waiting=len(sched.waiting),
+            num_prefilling=len(sched.prefilling),
+            memory=memory,
+            scheduler=SchedulerSettings(**dataclasses.asdict(sched.config)),
+        )
+
+    def _stats(self, msg: GetStats) -> ControlReply:
+        return self.engine.stats.reply(msg.request_id)
+
+    def _drain(self, msg: Drain) -> Ack:
+        self.engine.draining, self.engine.paused = True, False  # draining needs steps
+        log.info("draining: %d request(s) left", self._num_in_flight())
+        return self._ack(msg.request_id, f"{self._num_in_flight()} request(s) left")
+
+    def _pause(self, msg: Pause) -> Ack:
+        if self.engine.draining:
+            raise InvalidRequest("the worker is draining; it cannot be paused")
+        self.engine.paused = True
+        return self._ack(msg.request_id)
+
+    def _resume(self, msg: Resume) -> Ack:
+        if self.engine.exit_when_drained:
+            raise InvalidRequest("the worker is shutting down; it cannot be resumed")
+        self.engine.paused = self.engine.draining = False
+        return self._ack(msg.request_id)
+
+    def _flush_cache(self, msg: FlushCache) -> Ack:
+        freed = mx.get_cache_memory()
+        mx.clear_cache()
+        return self._ack(msg.request_id, f"freed {freed} bytes of MLX buffer cache")
+
+    def _set(self, msg: SetConfig) -> Ack:
+        changes = {k: getattr(msg, k) for k in SETTABLE if getattr(msg, k) is not None}
+        if not changes:
+            raise InvalidRequest(f"set needs at least one of {', '.join(SETTABLE)}")
+        config = self.engine.scheduler.config
+        for key, value in changes.items():  # one at a time, so the error names the field
+            config = _replace(config, key, value)
+        self.engine.scheduler.update_config(**changes)
+        log.info("scheduler settings changed: %s", changes)
+        return self._ack(msg.request_id, " ".join(f"{k}={v}" for k, v in changes.items()))
+
+    def _shutdown(self, msg: Shutdown) -> Ack:
+        self.engine.draining, self.engine.paused = True, False
+        self.engine.exit_when_drained = True
+        log.info("shutting down after %d request(s)", self._num_in_flight())
+        return self._ack(msg.request_id, f"exiting after {self._num_in_flight()} request(s)")
+
+    # Internal helpers
+
+    def _ack(self, request_id: str, message: str = "") -> Ack:
+        return Ack(request_id=request_id, state=self.state, message=message)
+
+    def _num_in_flight(self) -> int:
+        s = self.engine.scheduler
+        return len(s.waiting) + len(s.prefilling) + len(s.running)
+
+
+def _weights_bytes(model: Any) -> int:
+    leaves: list[tuple[str, Any]] = tree_flatten(model.parameters())  # type: ignore[assignment]
+    return sum(int(v.nbytes) for _, v in leaves)
+
+
+def _replace(config: SchedulerConfig, key: str, value: float) -> SchedulerConfig:
+    try:
+        return dataclasses.replace(config, **{key: value})  # type: ignore[arg-type]
+    except ConfigError as exc:
+        raise InvalidRequest(f"bad value {key}={value}: {exc.message}", param=key) from None

@@ -1,0 +1,159 @@
+"""What a worker has done: request counters, token throughput, recent latencies.
+
+The decode loop is hot, so recording is cheap and bounded: counters, per-second token buckets
+for the recent window, and fixed-size deques of recent latency samples. Percentiles are computed
+only when someone asks (``reply``). Pure Python: no MLX here.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from mlxd.errors import MlxdError, Overloaded, WorkerUnavailable
+from mlxd.protocol.messages import LatencySummary, StatsReply
+
+if TYPE_CHECKING:
+    from mlxd.worker.sequence import Sequence
+
+WINDOW_S = 10
+MAX_SAMPLES = 2048
+
+
+class Stats:
+    """Counters since start plus bounded recent samples, fed by the engine's hooks.
+
+    Args:
+        clock: the engine's clock (seconds, monotonic).
+        window_s: the window of ``output_tps_recent``, in whole seconds.
+        max_samples: how many recent TTFT and inter-token samples the percentiles cover.
+    """
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        window_s: int = WINDOW_S,
+        max_samples: int = MAX_SAMPLES,
+    ) -> None:
+        self.clock = clock
+        self.window_s = window_s
+        self.started = clock()
+        self.requests_admitted = 0
+        self.requests_finished = 0
+        self.requests_cancelled = 0
+        self.requests_errored = 0
+        self.requests_rejected = 0
+        self.prompt_tokens = 0
+        self.output_tokens = 0
+        self.preemptions = 0
+        self.prefix_cache_hits = 0
+        self.prefix_cache_hit_tokens = 0
+        self._ttft_ms: deque[float] = deque(maxlen=max_samples)
+        self._itl_ms: deque[float] = deque(maxlen=max_samples)
+        self._last_token: dict[Sequence, float] = {}  # only sequences that are in flight
+        self._buckets: deque[list[int]] = deque()  # [second, tokens], at most window_s + 1
+
+    # Hooks (called by the engine)
+
+    def on_admit(self, seq: Sequence) -> None:
+        self.requests_admitted += 1
+        self.prompt_tokens += seq.num_prompt_tokens
+
+    def on_refuse(self, exc: MlxdError) -> None:
+        """A Generate was not admitted: full queue or draining (rejected), or invalid."""
+        if isinstance(exc, Overloaded | WorkerUnavailable):
+            self.requests_rejected += 1
+        else:
+            self.requests_errored += 1
+
+    def on_tokens(self, events: Iterable[tuple[Sequence, int]]) -> None:
+        """One step's new tokens: the first of a sequence is a TTFT sample, the rest are
+        inter-token samples. O(rows)."""
+        now = self.clock()
+        num = 0
+        for seq, _ in events:
+            if seq.is_finished:
+                continue
+            num += 1
+            last = self._last_token.get(seq)
+            if last is None:
+                self._ttft_ms.append((now - seq.arrival) * 1000.0)
+            else:
+                self._itl_ms.append((now - last) * 1000.0)
+            self._last_token[seq] = now
+        if num:
+            self._count(num, now)
+
+    def on_finish(self, seq: Sequence, reason: str) -> None:
+        """``reason``: "stop"/"length" (finished), "cancelled" or "error"."""
+        self._last_token.pop(seq, None)
+        if reason == "cancelled":
+            self.requests_cancelled += 1
+        elif reason == "error":
+            self.requests_errored += 1
+        else:
+            self.requests_finished += 1
+
+    # Public API
+
+    def uptime_s(self) -> float:
+        return self.clock() - self.started
+
+    def output_tps_recent(self) -> float:
+        """Output tokens per second over the last ``window_s`` seconds (or since start)."""
+        now = self.clock()
+        first = math.floor(now) - self.window_s + 1
+        tokens = sum(n for second, n in self._buckets if second >= first)
+        span = now - max(float(first), self.started)
+        return tokens / span if span > 0 else 0.0
+
+    def reply(self, request_id: str) -> StatsReply:
+        """Everything as a ``StatsReply``; sorts the recent samples, so call it rarely."""
+        uptime = self.uptime_s()
+        return StatsReply(
+            request_id=request_id,
+            uptime_s=uptime,
+            requests_admitted=self.requests_admitted,
+            requests_finished=self.requests_finished,
+            requests_cancelled=self.requests_cancelled,
+            requests_errored=self.requests_errored,
+            requests_rejected=self.requests_rejected,
+            prompt_tokens=self.prompt_tokens,
+            output_tokens=self.output_tokens,
+            output_tps_recent=self.output_tps_recent(),
+            output_tps_total=self.output_tokens / uptime if uptime > 0 else 0.0,
+            ttft=summarize(self._ttft_ms),
+            itl=summarize(self._itl_ms),
+            preemptions=self.preemptions,
+            prefix_cache_hits=self.prefix_cache_hits,
+            prefix_cache_hit_tokens=self.prefix_cache_hit_tokens,
+        )
+
+    # Internal helpers
+
+    def _count(self, num: int, now: float) -> None:
+        self.output_tokens += num
+        second = math.floor(now)
+        if self._buckets and self._buckets[-1][0] == second:
+            self._buckets[-1][1] += num
+            return
+        self._buckets.append([second, num])
+        while self._buckets[0][0] <= second - self.window_s:
+            self._buckets.popleft()
+
+
+def summarize(samples: Iterable[float]) -> LatencySummary:
+    """Nearest-rank p50/p95/p99 of ``samples`` (all 0 when there are none)."""
+    ordered = sorted(samples)
+    if not ordered:
+        return LatencySummary(num_samples=0, p50_ms=0.0, p95_ms=0.0, p99_ms=0.0)
+
+    def rank(q: float) -> float:
+        return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+    return LatencySummary(
+        num_samples=len(ordered), p50_ms=rank(0.50), p95_ms=rank(0.95), p99_ms=rank(0.99)
+    )
