@@ -36,6 +36,14 @@ class Unauthorized(MlxdError):
     code = "invalid_api_key"
 
 
+class Forbidden(MlxdError):
+    """The caller may not use this endpoint (admin endpoints from a non-loopback address)."""
+
+    status_code = 403
+    type = "permission_error"
+    code = "forbidden"
+
+
 class ModelNotFound(MlxdError):
     status_code = 404
     type = "invalid_request_error"
@@ -97,6 +105,7 @@ _BY_CODE: dict[str, type[MlxdError]] = {
     for cls in (
         InvalidRequest,
         Unauthorized,
+        Forbidden,
         ModelNotFound,
         RequestTimeout,
         Overloaded,

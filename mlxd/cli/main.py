@@ -16,6 +16,7 @@ def main() -> None:
 def _register() -> None:
     from mlxd.cli.bench import bench_group
     from mlxd.cli.make_model import make_model_command
+    from mlxd.cli.ps import ps_command
     from mlxd.cli.start import start_command
     from mlxd.cli.worker import worker_group
 
@@ -23,6 +24,7 @@ def _register() -> None:
     main.add_command(make_model_command)
     main.add_command(worker_group)
     main.add_command(bench_group)
+    main.add_command(ps_command)
 
 
 _register()

@@ -54,6 +54,9 @@ def scheduler_config(opts: dict[str, object]) -> SchedulerConfig:
                    "requests_per_minute, tokens_per_minute.")
 @click.option("--log-prompts", is_flag=True,
               help="Put prompts in the access log (mlxd.access); off by default.")
+@click.option("--admin-key", default=None, metavar="KEY", envvar="MLXD_ADMIN_KEY",
+              help="Require this key (Authorization: Bearer) on /admin/*; without one, only "
+                   "loopback clients may use them.")
 @with_scheduler_options
 def start_command(models: tuple[str, ...], host: str, port: int, log_level: str,
                   **opts: object) -> None:  # fmt: skip
@@ -69,6 +72,7 @@ def start_command(models: tuple[str, ...], host: str, port: int, log_level: str,
             max_context=opts["max_context"],  # type: ignore[arg-type]
             api_keys=api_keys(opts["api_key_values"], opts["api_keys_file"]),  # type: ignore
             log_prompts=bool(opts["log_prompts"]),
+            admin_key=opts["admin_key"],  # type: ignore[arg-type]
         )
         _check_port_free(host, port)
     except MlxdError as exc:

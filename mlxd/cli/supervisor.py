@@ -22,7 +22,9 @@ from pathlib import Path
 
 from mlxd.config import ModelSpec, SchedulerConfig, ServeConfig
 from mlxd.errors import ModelNotFound, WorkerUnavailable
+from mlxd.gateway.control import ControlClient, WorkerInfo
 from mlxd.gateway.workers import WorkerClient
+from mlxd.protocol.channel import control_endpoint
 
 log = logging.getLogger("mlxd.supervisor")
 
@@ -39,6 +41,7 @@ class WorkerProcess:
     spec: ModelSpec
     endpoint: str
     client: WorkerClient
+    control: ControlClient
     proc: subprocess.Popen[bytes] | None = None
     state: str = "stopped"  # starting | ready | failed | stopped
     restarts: int = 0
@@ -70,12 +73,20 @@ class Supervisor:
         worker = self.workers.get(name)
         return 0 if worker is None else worker.restarts
 
+    def control(self, name: str) -> ControlClient:
+        return self._worker(name).control
+
+    def info(self, name: str) -> WorkerInfo:
+        w = self._worker(name)
+        pid = w.proc.pid if w.proc is not None else None
+        return WorkerInfo(state=w.state, pid=pid, restarts=w.restarts, last_error=w.last_error)
+
     async def client(self, name: str) -> WorkerClient:
         worker = self.workers.get(name)
         if worker is None:
             raise ModelNotFound(f"the model {name!r} does not exist", param="model")
-        if worker.state == "failed":
-            raise WorkerUnavailable(f"the worker for {name!r} failed: {worker.last_error}")
+        if worker.state in ("failed", "stopped"):
+            raise WorkerUnavailable(f"the worker for {name!r} {worker.state}: {worker.last_error}")
         if worker.state != "ready":
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(worker.ready.wait(), self.config.worker_start_timeout_s)
@@ -102,13 +113,22 @@ class Supervisor:
         for worker in self.workers.values():
             worker.client.fail_all(WorkerUnavailable("the server is shutting down"))
             await worker.client.close()
+            await worker.control.close()
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
 
     # Internal helpers
 
+    def _worker(self, name: str) -> WorkerProcess:
+        worker = self.workers.get(name)
+        if worker is None:
+            raise ModelNotFound(f"the model {name!r} does not exist", param="model")
+        return worker
+
     def _make_worker(self, spec: ModelSpec, index: int) -> WorkerProcess:
         endpoint = f"ipc://{self.runtime_dir / f'w{index}.sock'}"
-        return WorkerProcess(spec=spec, endpoint=endpoint, client=WorkerClient(spec.name, endpoint))
+        client = WorkerClient(spec.name, endpoint)
+        control = ControlClient(spec.name, control_endpoint(endpoint))
+        return WorkerProcess(spec=spec, endpoint=endpoint, client=client, control=control)
 
     def _spawn(self, worker: WorkerProcess) -> None:
         cmd = [sys.executable, "-m", "mlxd", "worker", "serve", *self._worker_args(worker)]
@@ -120,6 +140,7 @@ class Supervisor:
     def _worker_args(self, worker: WorkerProcess) -> list[str]:
         s: SchedulerConfig = self.config.scheduler
         args = ["--model", worker.spec.path, "--name", worker.spec.name, "--bind", worker.endpoint,
+                "--control", worker.control.endpoint,
                 "--parent-pid", str(os.getpid()), "--log-level", self.log_level,
                 "--max-num-seqs", str(s.max_num_seqs), "--max-queued", str(s.max_queued),
                 "--prefill-chunk", str(s.prefill_chunk), "--stream-interval", str(s.stream_interval),
@@ -182,6 +203,10 @@ class Supervisor:
         worker.proc = None
         worker.start_failures = 0 if was_ready else worker.start_failures + 1
         if self._stopping:
+            return
+        if code == 0 and was_ready:  # it was told to stop (admin shutdown, SIGTERM): stay down
+            worker.state, worker.last_error = "stopped", "shut down on request"
+            worker.ready.set()  # wake waiters so they fail fast
             return
         if worker.start_failures >= MAX_START_FAILURES:
             worker.state = "failed"

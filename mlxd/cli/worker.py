@@ -1,11 +1,14 @@
-"""`mlxd worker ...`: run a worker process (spawned by `mlxd start`, or by hand)."""
+"""`mlxd worker ...`: run a worker process (spawned by `mlxd start`, or by hand), and steer a
+running daemon's workers through its admin endpoints (status, stats, drain, set...)."""
 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
+from mlxd.cli.admin import AdminClient, format_bytes, print_json, with_admin_options
 from mlxd.cli.start import scheduler_config, with_scheduler_options
 from mlxd.config import WorkerConfig
 from mlxd.errors import MlxdError
@@ -20,11 +23,12 @@ def worker_group() -> None:
 @click.option("--model", required=True, help="Local mlx-lm directory or Hugging Face repo id.")
 @click.option("--name", default=None, help="The model name clients use (default: --model).")
 @click.option("--bind", "endpoint", required=True, help="ZMQ endpoint, e.g. ipc:///tmp/w.sock.")
+@click.option("--control", default=None, help="Control endpoint (default: w.sock -> w.ctl.sock).")
 @click.option("--parent-pid", type=int, default=None, help="Exit when this process is gone.")
 @click.option("--log-level", default="INFO", show_default=True)
 @with_scheduler_options
-def serve_command(model: str, name: str | None, endpoint: str, parent_pid: int | None,
-                  log_level: str, **opts: object) -> None:  # fmt: skip
+def serve_command(model: str, name: str | None, endpoint: str, control: str | None,
+                  parent_pid: int | None, log_level: str, **opts: object) -> None:  # fmt: skip
     """Load MODEL and serve it on ENDPOINT until SIGTERM."""
     from mlxd.worker.main import configure_logging, serve
 
@@ -36,8 +40,123 @@ def serve_command(model: str, name: str | None, endpoint: str, parent_pid: int |
             scheduler=scheduler_config(opts),
             max_context=opts["max_context"],  # type: ignore[arg-type]
             parent_pid=parent_pid,
+            control_endpoint=control,
         )
     except MlxdError as exc:
         raise click.ClickException(exc.message) from None
     configure_logging(config.name, log_level.upper())
     sys.exit(serve(config))
+
+
+# Admin commands: talk to `mlxd start` over HTTP (/admin/models/MODEL/...).
+
+ACTIONS = {
+    "drain": "Finish MODEL's requests and refuse new ones (503) until `resume`.",
+    "pause": "Stop MODEL's steps; requests stay queued, new ones are accepted.",
+    "resume": "Undo `pause` and `drain`.",
+    "flush-cache": "Free MODEL's MLX buffer cache.",
+    "shutdown": "Drain MODEL, then stop its worker (it is not restarted).",
+}
+
+
+@worker_group.command("status")
+@click.argument("model")
+@with_admin_options
+def status_command(model: str, url: str, admin_key: str | None, as_json: bool) -> None:
+    """Show MODEL's worker: state, queue, memory, scheduler settings."""
+    reply = AdminClient(url, admin_key).get(AdminClient.model_path(model, "status"))
+    print_json(reply) if as_json else _show_status(reply)
+
+
+@worker_group.command("stats")
+@click.argument("model")
+@with_admin_options
+def stats_command(model: str, url: str, admin_key: str | None, as_json: bool) -> None:
+    """Show MODEL's request counters, throughput and latency percentiles."""
+    reply = AdminClient(url, admin_key).get(AdminClient.model_path(model, "stats"))
+    print_json(reply) if as_json else _show_stats(reply)
+
+
+@worker_group.command("set")
+@click.argument("model")
+@click.argument("settings", nargs=-1, required=True, metavar="KEY=VALUE...")
+@with_admin_options
+def set_command(model: str, settings: tuple[str, ...], url: str, admin_key: str | None,
+                as_json: bool) -> None:  # fmt: skip
+    """Change MODEL's scheduler settings live: max_num_seqs, max_queued, prefill_chunk,
+    stream_interval, aging_s."""
+    body = dict(_parse_setting(s) for s in settings)
+    reply = AdminClient(url, admin_key).post(AdminClient.model_path(model, "set"), body)
+    print_json(reply) if as_json else _show_ack(reply)
+
+
+def _action_command(action: str, help_text: str) -> None:
+    @worker_group.command(action, help=help_text)
+    @click.argument("model")
+    @with_admin_options
+    def command(model: str, url: str, admin_key: str | None, as_json: bool) -> None:
+        reply = AdminClient(url, admin_key).post(AdminClient.model_path(model, action))
+        print_json(reply) if as_json else _show_ack(reply)
+
+
+for _action, _help in ACTIONS.items():
+    _action_command(_action, _help)
+
+
+def _parse_setting(text: str) -> tuple[str, int | float]:
+    key, sep, value = text.partition("=")
+    try:
+        if not sep or not key:
+            raise ValueError
+        return key.strip(), int(value) if value.strip().lstrip("-").isdigit() else float(value)
+    except ValueError:
+        raise click.ClickException(f"bad setting {text!r}: use KEY=NUMBER") from None
+
+
+def _show_ack(r: dict[str, Any]) -> None:
+    click.echo(f"{r['name']}: {r['state']}" + (f" ({r['message']})" if r.get("message") else ""))
+
+
+def _show_status(r: dict[str, Any]) -> None:
+    m, knobs = r["memory"], r["scheduler"]
+    rows = [
+        ("model", f"{r['name']} ({r['model_path']})"),
+        ("state", f"{r['state']}, pid {r['pid']}, up {r['uptime_s']:.0f} s"),
+        ("requests", f"{r['num_running']} running, {r['num_prefilling']} prefilling, "
+                     f"{r['num_waiting']} waiting"),
+        ("memory", f"weights {format_bytes(m['weights_bytes'])}, kv {format_bytes(m['kv_bytes'])}"
+                   f", active {format_bytes(m['active_bytes'])}, peak "
+                   f"{format_bytes(m['peak_bytes'])}, cache {format_bytes(m['cache_bytes'])}"),
+        ("scheduler", " ".join(f"{k}={v}" for k, v in knobs.items())),
+        ("max_context", str(r["max_context"])),
+    ]  # fmt: skip
+    _show_rows(rows)
+
+
+def _show_stats(r: dict[str, Any]) -> None:
+    rows = [
+        ("requests", f"{r['requests_admitted']} admitted, {r['requests_finished']} finished, "
+                     f"{r['requests_cancelled']} cancelled, {r['requests_errored']} errored, "
+                     f"{r['requests_rejected']} rejected"),
+        ("tokens", f"{r['prompt_tokens']} prompt, {r['output_tokens']} output"),
+        ("output tok/s", f"{r['output_tps_recent']:.1f} (last 10 s), "
+                         f"{r['output_tps_total']:.1f} (since start)"),
+        ("ttft", _latency(r["ttft"])),
+        ("inter-token", _latency(r["itl"])),
+        ("preemptions", str(r["preemptions"])),
+        ("prefix cache", f"{r['prefix_cache_hits']} hits, {r['prefix_cache_hit_tokens']} tokens"),
+    ]  # fmt: skip
+    _show_rows(rows)
+
+
+def _latency(s: dict[str, Any]) -> str:
+    if not s["num_samples"]:
+        return "no samples yet"
+    return (f"p50 {s['p50_ms']:.1f} ms, p95 {s['p95_ms']:.1f} ms, p99 {s['p99_ms']:.1f} ms "
+            f"({s['num_samples']} samples)")  # fmt: skip
+
+
+def _show_rows(rows: list[tuple[str, str]]) -> None:
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        click.echo(f"{key:<{width}}  {value}")

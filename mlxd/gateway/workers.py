@@ -24,7 +24,9 @@ from mlxd.errors import (
     WorkerUnavailable,
     error_from_code,
 )
+from mlxd.gateway.control import ControlClient, WorkerInfo
 from mlxd.protocol import codec
+from mlxd.protocol.channel import control_endpoint
 from mlxd.protocol.messages import (
     Cancel,
     Error,
@@ -278,6 +280,14 @@ class WorkerPool(Protocol):
         """How many times the worker for ``name`` was restarted (0 if never or not supervised)."""
         ...
 
+    def control(self, name: str) -> ControlClient:
+        """The control-plane client of ``name``'s worker; raise ``ModelNotFound`` if unknown."""
+        ...
+
+    def info(self, name: str) -> WorkerInfo:
+        """How the pool sees ``name``'s worker: state, pid, restarts, last error."""
+        ...
+
 
 class StaticPool:
     """A ``WorkerPool`` over workers that are already running (``--worker`` attach, tests).
@@ -290,12 +300,22 @@ class StaticPool:
         self.endpoints = dict(endpoints)
         self._context: zmq.asyncio.Context | None = None
         self._clients: dict[str, WorkerClient] = {}
+        self._controls = {n: ControlClient(n, control_endpoint(e)) for n, e in endpoints.items()}
 
     def names(self) -> list[str]:
         return list(self.endpoints)
 
     def restarts(self, name: str) -> int:
         return 0  # not our processes: nothing restarts them
+
+    def control(self, name: str) -> ControlClient:
+        if name not in self._controls:
+            raise ModelNotFound(f"The model {name!r} does not exist", param="model")
+        return self._controls[name]
+
+    def info(self, name: str) -> WorkerInfo:
+        self.control(name)  # unknown name -> ModelNotFound
+        return WorkerInfo(state="ready" if name in self._clients else "stopped")
 
     async def client(self, name: str) -> WorkerClient:
         if name not in self.endpoints:
@@ -316,6 +336,8 @@ class StaticPool:
         clients, self._clients = self._clients, {}
         for client in clients.values():
             await client.close()
+        for control in self._controls.values():
+            await control.close()
         if self._context is not None:
             self._context.term()
             self._context = None

@@ -1,0 +1,67 @@
+"""`mlxd ps`: one line per model of the running daemon (state, pid, memory, queue, tok/s)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from mlxd.cli.admin import AdminClient, format_bytes, print_json, with_admin_options
+
+COLUMNS = ("MODEL", "STATE", "PID", "MEMORY", "RUNNING", "WAITING", "TOK/S", "RESTARTS")
+
+
+@click.command("ps")
+@with_admin_options
+def ps_command(url: str, admin_key: str | None, as_json: bool) -> None:
+    """List the daemon's models and how their workers are doing."""
+    client = AdminClient(url, admin_key)
+    rows = [_row(client, m) for m in client.get("/admin/status")["models"]]
+    if as_json:
+        print_json({"models": rows})
+        return
+    table = [COLUMNS, *(_cells(r) for r in rows)]
+    widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
+    for line in table:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
+
+
+def _row(client: AdminClient, model: dict[str, Any]) -> dict[str, Any]:
+    """The supervisor's view of ``model``, plus the worker's own numbers when it answers."""
+    row = {"name": model["name"], "state": model["state"], "pid": model["pid"],
+           "restarts": model["restarts"], "memory_bytes": None, "num_running": None,
+           "num_waiting": None, "output_tps": None}  # fmt: skip
+    if model["state"] != "ready":
+        return row
+    try:
+        status = client.get(AdminClient.model_path(model["name"], "status"))
+        stats = client.get(AdminClient.model_path(model["name"], "stats"))
+    except click.ClickException as exc:
+        row.update(state="unresponsive", error=exc.message)  # ready, yet its control did not answer
+        return row
+    row.update(
+        state=status["state"],
+        pid=status["pid"],
+        memory_bytes=status["memory"]["active_bytes"],
+        num_running=status["num_running"] + status["num_prefilling"],
+        num_waiting=status["num_waiting"],
+        output_tps=stats["output_tps_recent"],
+    )
+    return row
+
+
+def _cells(row: dict[str, Any]) -> tuple[str, ...]:
+    def text(value: Any, fmt: str = "{}") -> str:
+        return "-" if value is None else fmt.format(value)
+
+    memory = row["memory_bytes"]
+    return (
+        row["name"],
+        row["state"],
+        text(row["pid"]),
+        "-" if memory is None else format_bytes(memory),
+        text(row["num_running"]),
+        text(row["num_waiting"]),
+        text(row["output_tps"], "{:.1f}"),
+        text(row["restarts"]),
+    )

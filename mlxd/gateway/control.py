@@ -1,0 +1,123 @@
+"""The gateway's side of the control plane: request/reply with one worker's control socket.
+
+Admin traffic is rare, so a ``ControlClient`` keeps one request in flight at a time (a lock) and
+matches replies by ``request_id``. After a timeout it drops its socket, and with it any command
+still queued for a worker that is down, so a restarted worker never sees a stale command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from dataclasses import dataclass
+
+import zmq
+import zmq.asyncio
+
+from mlxd.errors import ProtocolError, WorkerUnavailable, error_from_code
+from mlxd.protocol import codec
+from mlxd.protocol.messages import ControlReply, ControlRequest, Error
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """How a ``WorkerPool`` sees one worker process (``GET /admin/status``).
+
+    ``state`` is the supervisor's: "starting", "ready", "failed" or "stopped".
+    """
+
+    state: str
+    pid: int | None = None
+    restarts: int = 0
+    last_error: str = ""
+
+
+class ControlClient:
+    """A DEALER connected to one worker's control ROUTER.
+
+    Args:
+        name: the model name (for errors).
+        endpoint: the worker's control endpoint, e.g. ``ipc:///tmp/mlxd-x/w0.ctl.sock``.
+        context: a shared asyncio ZMQ context; when omitted the client owns (and terms) one.
+    """
+
+    def __init__(
+        self, name: str, endpoint: str, context: zmq.asyncio.Context | None = None
+    ) -> None:
+        self.name = name
+        self.endpoint = endpoint
+        self._context = context
+        self._owns_context = context is None
+        self._socket: zmq.asyncio.Socket | None = None
+        self._lock = asyncio.Lock()
+        self._ids = itertools.count()
+
+    def next_id(self) -> str:
+        """A fresh request id for the next control message."""
+        return f"ctl-{next(self._ids)}"
+
+    async def request(
+        self, msg: ControlRequest, timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> ControlReply:
+        """Send ``msg`` and return the worker's reply.
+
+        Raises:
+            WorkerUnavailable: no reply within ``timeout_s`` (worker down, busy or restarting).
+            MlxdError: the worker answered with an ``Error`` (rebuilt from its code).
+        """
+        async with self._lock:
+            sock = self._connect()
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await sock.send_multipart(codec.encode(msg))
+                    reply = await self._recv_reply(sock, msg.request_id)
+            except TimeoutError:
+                self._disconnect()
+                raise WorkerUnavailable(
+                    f"the worker for {self.name!r} did not answer {msg.TAG!r} within {timeout_s:g}s"
+                ) from None
+        if isinstance(reply, Error):
+            raise error_from_code(reply.code, reply.message, reply.param)
+        return reply
+
+    async def close(self) -> None:
+        self._disconnect()
+        if self._owns_context and self._context is not None:
+            self._context.term()
+            self._context = None
+
+    # Internal helpers
+
+    def _connect(self) -> zmq.asyncio.Socket:
+        if self._socket is None:
+            if self._context is None:
+                self._context = zmq.asyncio.Context()
+            sock = self._context.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            # No zmq.IMMEDIATE: with it, a reply from a worker that exits right after sending
+            # (shutdown) can be lost. Stale commands are dropped by _disconnect instead.
+            sock.connect(self.endpoint)
+            self._socket = sock
+        return self._socket
+
+    def _disconnect(self) -> None:
+        if self._socket is not None:
+            self._socket.close(linger=0)
+            self._socket = None
+
+    async def _recv_reply(self, sock: zmq.asyncio.Socket, request_id: str) -> ControlReply:
+        while True:
+            frames = await sock.recv_multipart()
+            try:
+                reply = codec.decode(frames)
+            except ProtocolError as exc:
+                log.warning("dropped a bad control reply from %r: %s", self.name, exc.message)
+                continue
+            if getattr(reply, "request_id", None) == request_id:
+                return reply  # type: ignore[return-value]
+            log.debug("dropped a late control reply from %r", self.name)

@@ -1,0 +1,97 @@
+"""Admin endpoint guards (loopback / admin key) and ControlClient over a real ZMQ ROUTER."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+
+import pytest
+import zmq
+import zmq.asyncio
+from starlette.testclient import TestClient
+
+from mlxd.config import ModelSpec, ServeConfig
+from mlxd.errors import InvalidRequest, WorkerUnavailable
+from mlxd.gateway.app import build_app
+from mlxd.gateway.control import ControlClient
+from mlxd.gateway.workers import StaticPool
+from mlxd.protocol import codec
+from mlxd.protocol.messages import Ack, Error, Pause, SetConfig
+
+
+def _client(admin_key: str | None = None) -> TestClient:
+    """The app without its lifespan: no worker is connected. TestClient's peer is not loopback."""
+    config = ServeConfig(models=(ModelSpec(name="m", path="/m"),), admin_key=admin_key)
+    pool = StaticPool({"m": f"ipc:///tmp/mlxd-test-{uuid.uuid4().hex}.sock"})
+    return TestClient(build_app(config, pool))
+
+
+def test_non_loopback_clients_are_refused_without_an_admin_key() -> None:
+    r = _client().get("/admin/status")
+    assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
+
+
+@pytest.mark.parametrize("header", [None, "Bearer wrong", "Basic c2VjcmV0", "Bearer "])
+def test_admin_key_is_required_when_configured(header: str | None) -> None:
+    headers = {} if header is None else {"Authorization": header}
+    r = _client("secret").post("/admin/models/m/drain", headers=headers)
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+
+
+def test_the_admin_key_opens_the_admin_endpoints() -> None:
+    client = _client("secret")
+    r = client.get("/admin/status", headers={"Authorization": "Bearer secret"})
+    assert r.status_code == 200
+    assert r.json()["models"] == [
+        {"name": "m", "state": "stopped", "pid": None, "restarts": 0, "last_error": ""}
+    ]
+    r = client.get("/admin/models/m/status", headers={"Authorization": "Bearer secret"})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "worker_unavailable"
+    r = client.get("/admin/models/nope/stats", headers={"Authorization": "Bearer secret"})
+    assert r.status_code == 404
+
+
+def _with_router(body: Callable[[zmq.asyncio.Socket, ControlClient], Awaitable[None]]) -> None:
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        endpoint = f"inproc://ctl-{uuid.uuid4().hex}"
+        router = ctx.socket(zmq.ROUTER)
+        router.bind(endpoint)
+        client = ControlClient("m", endpoint, ctx)
+        try:
+            await body(router, client)
+        finally:
+            await client.close()
+            router.close(linger=0)
+            ctx.term()
+
+    asyncio.run(main())
+
+
+def test_control_client_times_out_as_worker_unavailable() -> None:
+    async def body(router: zmq.asyncio.Socket, client: ControlClient) -> None:
+        with pytest.raises(WorkerUnavailable, match="did not answer 'pause'"):
+            await client.request(Pause(request_id=client.next_id()), timeout_s=0.1)
+
+    _with_router(body)
+
+
+def test_control_client_drops_stale_replies_and_raises_typed_errors() -> None:
+    async def body(router: zmq.asyncio.Socket, client: ControlClient) -> None:
+        async def answer() -> None:
+            ident, *frames = await router.recv_multipart()
+            msg = codec.decode(frames)
+            stale = Ack(request_id="old", state="running")
+            error = Error(request_id=msg.request_id, code="invalid_request", message="bad",  # type: ignore[union-attr]
+                          param="max_num_seqs")  # fmt: skip
+            for reply in (stale, error):
+                await router.send_multipart([ident, *codec.encode(reply)])
+
+        task = asyncio.create_task(answer())
+        with pytest.raises(InvalidRequest) as info:
+            await client.request(SetConfig(request_id=client.next_id(), max_num_seqs=0))
+        assert info.value.param == "max_num_seqs"
+        await task
+
+    _with_router(body)
