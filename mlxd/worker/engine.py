@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -56,7 +55,7 @@ class Engine:
         encoder: PromptEncoder,
         channel: WorkerChannel,
         max_context: int,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.name = name
         self.runner = runner
@@ -64,7 +63,8 @@ class Engine:
         self.encoder = encoder
         self.channel = channel
         self.max_context = max_context
-        self.clock = clock
+        # One clock for arrival times and for aging: by default, the scheduler's.
+        self.clock = clock or scheduler.clock
         self.should_exit = False
         self.stats = Stats(self.clock)
         # Control plane state (worker/control.py sets these between steps).
