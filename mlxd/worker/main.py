@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -48,6 +49,10 @@ def serve(config: WorkerConfig) -> int:
     )
     engine.control = Control(engine, model_path=config.model)
     _install_signal_handlers(engine)
+    # Everything alive now lives as long as the worker: keep the cyclic GC from rescanning it
+    # (the model's modules, the tokenizer) in the middle of decode steps.
+    gc.collect()
+    gc.freeze()
     if config.parent_pid is not None:
         _watch_parent(engine, config.parent_pid)
     log.info("worker %s serving %s on %s (context %d)", config.name, config.model,
