@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mlxd.config import ApiKey
 from mlxd.errors import MlxdError, RateLimited, Unauthorized
@@ -127,12 +127,29 @@ class ApiKeyAuth:
             message = f"API key {key.name!r} is over its rate limit; retry in {seconds}s"
             await _reject(RateLimited(message, retry_after=seconds), scope, receive, send)
             return
-        try:
+        if key.tpm is None:
             await self.app(scope, receive, send)
-        finally:
-            if key.tpm is not None:
+            return
+        charged = False
+
+        def charge() -> None:
+            nonlocal charged
+            if not charged:
+                charged = True
                 prompt_tokens, completion_tokens, _ = scope_record(scope).tokens()
                 self.limiter.charge(key.name, prompt_tokens + completion_tokens, key.tpm)
+
+        async def send_charged(message: Message) -> None:
+            # Charge before the last body message: once a client sees its response end, its next
+            # request must already find the tokens counted.
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                charge()
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_charged)
+        finally:
+            charge()
 
 
 def _digest(key: str) -> bytes:
