@@ -35,7 +35,7 @@ kill -TERM $D; wait $D 2>/dev/null
 log "mlx_lm.server over HTTP (same model, same workload)"
 python3 -m mlx_lm.server --model "$M" --port 8124 > "$OUT/mlx_lm_server.log" 2>&1 &
 S=$!; wait_up http://127.0.0.1:8124/v1/models
-python3 -m mlxd bench run --url http://127.0.0.1:8124 --model "$M" --concurrency "$LEVELS" --json "$OUT/mlx_lm_server.json" 2>/dev/null | tee -a "$OUT/suite.txt"
+python3 -m mlxd bench run --url http://127.0.0.1:8124 --model "$M" --text-prompts-from "$M" --concurrency "$LEVELS" --json "$OUT/mlx_lm_server.json" 2>/dev/null | tee -a "$OUT/suite.txt"
 kill $S; wait $S 2>/dev/null
 
 log "decode step: contiguous vs paged cache"

@@ -8,7 +8,14 @@ from typing import Any
 
 from mlxd.bench.stats import RequestTiming, summarize
 from mlxd.config import SchedulerConfig
-from mlxd.protocol.messages import Events, Generate, Message, SamplingParams, TokenDelta, TokenPrompt
+from mlxd.protocol.messages import (
+    Events,
+    Generate,
+    Message,
+    SamplingParams,
+    TokenDelta,
+    TokenPrompt,
+)
 
 
 class _Recorder:

@@ -19,7 +19,26 @@ def make_prompts(n: int, prompt_tokens: int, vocab: int = 1000, seed: int = 0) -
     return [[rng.randrange(10, vocab) for _ in range(prompt_tokens)] for _ in range(n)]
 
 
-async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any], t0: float) -> RequestTiming:
+def as_text(prompts: list[list[int]], tokenizer_path: str) -> list[str]:
+    """The same prompts as text, for servers that take only string prompts (mlx_lm.server).
+
+    Random ids do not survive decode/encode: the text re-encodes longer, so it is cut back to
+    the wanted length a few times until it re-encodes close to it."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(f"{tokenizer_path.rstrip('/')}/tokenizer.json")
+    texts = []
+    for ids in prompts:
+        text = tok.decode(ids)
+        for _ in range(3):
+            text = tok.decode(tok.encode(text).ids[: len(ids)])
+        texts.append(text)
+    return texts
+
+
+async def _one(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], t0: float
+) -> RequestTiming:
     timing = RequestTiming(start=time.perf_counter() - t0)
     try:
         async with client.stream("POST", url, json=body) as resp:
@@ -49,9 +68,13 @@ def _on_line(line: str, timing: RequestTiming, t0: float) -> None:
 
 
 async def run_level(
-    base_url: str, model: str, concurrency: int, prompts: list[list[int]], max_tokens: int,
+    base_url: str,
+    model: str,
+    concurrency: int,
+    prompts: list[list[int]] | list[str],
+    max_tokens: int,
     timeout_s: float = 600.0,
-) -> dict[str, float | int]:  # fmt: skip
+) -> dict[str, float | int]:
     """Send ``len(prompts)`` streaming requests, ``concurrency`` at a time."""
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency)
     sem = asyncio.Semaphore(concurrency)
@@ -59,7 +82,7 @@ async def run_level(
     async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
         t0 = time.perf_counter()
 
-        async def go(prompt: list[int]) -> RequestTiming:
+        async def go(prompt: list[int] | str) -> RequestTiming:
             body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
                     "temperature": 0.0, "ignore_eos": True,
                     "stream_options": {"include_usage": True}}  # fmt: skip

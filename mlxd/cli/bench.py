@@ -54,11 +54,24 @@ def bench_group() -> None:
 
 
 common = [
-    click.option("--concurrency", default="1,4,16,64", show_default=True, help="Levels, comma-separated."),
+    click.option(
+        "--concurrency", default="1,4,16,64", show_default=True, help="Levels, comma-separated."
+    ),
     click.option("--prompt-tokens", default=128, show_default=True),
-    click.option("--max-tokens", default=256, show_default=True, help="Output tokens per request (eos ignored)."),
-    click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write results here."),
-]  # fmt: skip
+    click.option(
+        "--max-tokens",
+        default=256,
+        show_default=True,
+        help="Output tokens per request (eos ignored).",
+    ),
+    click.option(
+        "--json",
+        "json_path",
+        type=click.Path(path_type=Path),
+        default=None,
+        help="Write results here.",
+    ),
+]
 
 
 def with_common(fn):  # type: ignore[no-untyped-def]
@@ -71,21 +84,35 @@ def with_common(fn):  # type: ignore[no-untyped-def]
 @click.option("--url", default="http://127.0.0.1:8000", show_default=True)
 @click.option("--model", required=True, help="Model name on the server.")
 @click.option("--requests-per-level", default=0, help="Requests per level (default: the level).")
-@click.option("--warmup-tokens", default=16, show_default=True,
-              help="Each level first runs once with this many output tokens (0: no warm-up), so "
-                   "one-time kernel compilation for its batch shapes is not measured.")
+@click.option(
+    "--warmup-tokens",
+    default=16,
+    show_default=True,
+    help="Each level first runs once with this many output tokens (0: no warm-up), so "
+    "one-time kernel compilation for its batch shapes is not measured.",
+)
+@click.option(
+    "--text-prompts-from",
+    "tokenizer_path",
+    default=None,
+    metavar="MODEL_DIR",
+    help="Send the prompts as text decoded with MODEL_DIR's tokenizer (for servers "
+    "that do not take token-id prompts, e.g. mlx_lm.server).",
+)
 @with_common
 def run_command(url: str, model: str, requests_per_level: int, warmup_tokens: int,
-                concurrency: str, prompt_tokens: int, max_tokens: int,
+                tokenizer_path: str | None, concurrency: str, prompt_tokens: int, max_tokens: int,
                 json_path: Path | None) -> None:  # fmt: skip
     """Streaming load on URL's /v1/completions at each concurrency level."""
-    from mlxd.bench.http import make_prompts, run_level
+    from mlxd.bench.http import as_text, make_prompts, run_level
 
     rows = []
     for level in _levels(concurrency):
         n = requests_per_level or level
         click.echo(f"level {level}: {n} requests ...", err=True)
-        prompts = make_prompts(n, prompt_tokens, seed=level)
+        prompts: list[Any] = make_prompts(n, prompt_tokens, seed=level)
+        if tokenizer_path:
+            prompts = as_text(prompts, tokenizer_path)
         if warmup_tokens:
             asyncio.run(run_level(url, model, level, prompts, warmup_tokens))
         rows.append(asyncio.run(run_level(url, model, level, prompts, max_tokens)))
@@ -97,11 +124,22 @@ def run_command(url: str, model: str, requests_per_level: int, warmup_tokens: in
 @bench_group.command("engine")
 @click.option("--model", "model_path", required=True, help="Local mlx-lm directory or repo id.")
 @click.option("--prefill-chunk", default=1024, show_default=True)
-@click.option("--compare-mlx-lm/--no-compare-mlx-lm", default=True, show_default=True,
-              help="Also run mlx-lm's BatchGenerator and generate_step on the same prompts.")
+@click.option(
+    "--compare-mlx-lm/--no-compare-mlx-lm",
+    default=True,
+    show_default=True,
+    help="Also run mlx-lm's BatchGenerator and generate_step on the same prompts.",
+)
 @with_common
-def engine_command(model_path: str, prefill_chunk: int, compare_mlx_lm: bool, concurrency: str,
-                   prompt_tokens: int, max_tokens: int, json_path: Path | None) -> None:  # fmt: skip
+def engine_command(
+    model_path: str,
+    prefill_chunk: int,
+    compare_mlx_lm: bool,
+    concurrency: str,
+    prompt_tokens: int,
+    max_tokens: int,
+    json_path: Path | None,
+) -> None:
     """The same workload in-process on the engine (no HTTP, no ZMQ)."""
     import mlx_lm
 

@@ -18,13 +18,38 @@ from mlxd.errors import ConfigError, MlxdError
 STARTUP_FAILURE = 3
 
 scheduler_options = [
-    click.option("--max-num-seqs", default=64, show_default=True, help="Most sequences decoded together."),
-    click.option("--max-queued", default=256, show_default=True, help="Most requests waiting; beyond it clients get 429."),
-    click.option("--prefill-chunk", default=1024, show_default=True, help="Prompt tokens per step, so long prompts never stall running streams."),
-    click.option("--stream-interval", default=1, show_default=True, help="Send output every N tokens."),
-    click.option("--priority-aging", "aging_s", default=10.0, show_default=True, help="Seconds of waiting that raise a request by one priority level."),
-    click.option("--max-context", type=int, default=None, help="Cap on prompt + output tokens (default: the model's)."),
-]  # fmt: skip
+    click.option(
+        "--max-num-seqs", default=64, show_default=True, help="Most sequences decoded together."
+    ),
+    click.option(
+        "--max-queued",
+        default=256,
+        show_default=True,
+        help="Most requests waiting; beyond it clients get 429.",
+    ),
+    click.option(
+        "--prefill-chunk",
+        default=1024,
+        show_default=True,
+        help="Prompt tokens per step, so long prompts never stall running streams.",
+    ),
+    click.option(
+        "--stream-interval", default=1, show_default=True, help="Send output every N tokens."
+    ),
+    click.option(
+        "--priority-aging",
+        "aging_s",
+        default=10.0,
+        show_default=True,
+        help="Seconds of waiting that raise a request by one priority level.",
+    ),
+    click.option(
+        "--max-context",
+        type=int,
+        default=None,
+        help="Cap on prompt + output tokens (default: the model's).",
+    ),
+]
 
 
 def with_scheduler_options(fn):  # type: ignore[no-untyped-def]
@@ -39,24 +64,51 @@ def scheduler_config(opts: dict[str, object]) -> SchedulerConfig:
 
 
 @click.command("start")
-@click.option("--model", "models", multiple=True, metavar="[NAME=]PATH_OR_REPO",
-              help="A model to serve (repeatable): a local mlx-lm directory or a Hugging Face "
-                   "repo id, optionally named. Default: the built-in model, made on first start.")
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    metavar="[NAME=]PATH_OR_REPO",
+    help="A model to serve (repeatable): a local mlx-lm directory or a Hugging Face "
+    "repo id, optionally named. Default: the built-in model, made on first start.",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8000, show_default=True, help="Port to listen on.")
-@click.option("--log-level", default="info", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"]))
-@click.option("--api-key", "api_key_values", multiple=True, metavar="KEY", envvar="MLXD_API_KEY",
-              help="Require this key on /v1/* (repeatable; tier normal). MLXD_API_KEY or "
-                   "--api-keys-file keep it out of `ps`.")
-@click.option("--api-keys-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="TOML [[keys]] tables: name, key, tier (high|normal|low), "
-                   "requests_per_minute, tokens_per_minute.")
-@click.option("--log-prompts", is_flag=True,
-              help="Put prompts in the access log (mlxd.access); off by default.")
-@click.option("--admin-key", default=None, metavar="KEY", envvar="MLXD_ADMIN_KEY",
-              help="Require this key (Authorization: Bearer) on /admin/*; without one, only "
-                   "loopback clients may use them.")
+@click.option(
+    "--log-level",
+    default="info",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"]),
+)
+@click.option(
+    "--api-key",
+    "api_key_values",
+    multiple=True,
+    metavar="KEY",
+    envvar="MLXD_API_KEY",
+    help="Require this key on /v1/* (repeatable; tier normal). MLXD_API_KEY or "
+    "--api-keys-file keep it out of `ps`.",
+)
+@click.option(
+    "--api-keys-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="TOML [[keys]] tables: name, key, tier (high|normal|low), "
+    "requests_per_minute, tokens_per_minute.",
+)
+@click.option(
+    "--log-prompts",
+    is_flag=True,
+    help="Put prompts in the access log (mlxd.access); off by default.",
+)
+@click.option(
+    "--admin-key",
+    default=None,
+    metavar="KEY",
+    envvar="MLXD_ADMIN_KEY",
+    help="Require this key (Authorization: Bearer) on /admin/*; without one, only "
+    "loopback clients may use them.",
+)
 @with_scheduler_options
 def start_command(models: tuple[str, ...], host: str, port: int, log_level: str,
                   **opts: object) -> None:  # fmt: skip
@@ -130,8 +182,15 @@ def _serve(config: ServeConfig, log_level: str) -> int:
     app = build_app(config, supervisor)
     # No uvicorn access log: mlxd.access writes one richer line per request.
     server = uvicorn.Server(
-        uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
-                       lifespan="on", timeout_graceful_shutdown=10, access_log=False)  # fmt: skip
+        uvicorn.Config(
+            app,
+            host=config.host,
+            port=config.port,
+            log_level=log_level,
+            lifespan="on",
+            timeout_graceful_shutdown=10,
+            access_log=False,
+        )  # fmt: skip
     )
     # uvicorn re-raises the signal that stopped it once it has shut down; with these in place
     # that re-raise is a no-op, so a graceful stop exits 0.

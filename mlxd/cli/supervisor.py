@@ -139,12 +139,30 @@ class Supervisor:
 
     def _worker_args(self, worker: WorkerProcess) -> list[str]:
         s: SchedulerConfig = self.config.scheduler
-        args = ["--model", worker.spec.path, "--name", worker.spec.name, "--bind", worker.endpoint,
-                "--control", worker.control.endpoint,
-                "--parent-pid", str(os.getpid()), "--log-level", self.log_level,
-                "--max-num-seqs", str(s.max_num_seqs), "--max-queued", str(s.max_queued),
-                "--prefill-chunk", str(s.prefill_chunk), "--stream-interval", str(s.stream_interval),
-                "--priority-aging", str(s.aging_s)]  # fmt: skip
+        args = [
+            "--model",
+            worker.spec.path,
+            "--name",
+            worker.spec.name,
+            "--bind",
+            worker.endpoint,
+            "--control",
+            worker.control.endpoint,
+            "--parent-pid",
+            str(os.getpid()),
+            "--log-level",
+            self.log_level,
+            "--max-num-seqs",
+            str(s.max_num_seqs),
+            "--max-queued",
+            str(s.max_queued),
+            "--prefill-chunk",
+            str(s.prefill_chunk),
+            "--stream-interval",
+            str(s.stream_interval),
+            "--priority-aging",
+            str(s.aging_s),
+        ]
         if self.config.max_context:
             args += ["--max-context", str(self.config.max_context)]
         return args

@@ -96,8 +96,10 @@ class Engine:
         if handler is not None:
             handler(client, msg)
             return
-        err = msg if isinstance(msg, ProtocolError) else ProtocolError(
-            f"a worker does not accept {type(msg).__name__} messages"
+        err = (
+            msg
+            if isinstance(msg, ProtocolError)
+            else ProtocolError(f"a worker does not accept {type(msg).__name__} messages")
         )
         request_id = getattr(msg, "request_id", "")
         self.channel.send(client, Error(request_id=request_id, code=err.code, message=err.message))
