@@ -23,16 +23,17 @@ from mlxd.config import ServeConfig
 from mlxd.errors import ModelNotFound
 from mlxd.gateway import schemas
 from mlxd.gateway.accesslog import REQUEST_ID_HEADER, RequestRecord, loggable_prompt, record_of
+from mlxd.gateway.logprobs import merge
 from mlxd.gateway.metrics import Metrics
 from mlxd.gateway.schemas import ChatChunks, ParsedRequest, TextChunks
 from mlxd.gateway.streaming import ChunkFormat, EventStreamResponse, next_event
 from mlxd.gateway.workers import RequestStream, StreamObserver, WorkerPool
-from mlxd.protocol.messages import Finished
+from mlxd.protocol.messages import Finished, TokenLogprob
 
 MAX_REQUEST_ID_CHARS = 128
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first"
 
-_Builder = Callable[[str, str, int, str, Finished], dict[str, Any]]
+_Builder = Callable[[str, str, int, str, Finished, list[TokenLogprob] | None], dict[str, Any]]
 _Parser = Callable[[Any, str | None, str | None], ParsedRequest]  # body, X-Priority, key tier
 _ChunksFactory = Callable[[str, str, int, bool], ChunkFormat]
 
@@ -120,9 +121,9 @@ class OpenAIEndpoints:
         if collected is None:
             await stream.cancel()
             return Response(status_code=CLIENT_CLOSED_REQUEST, headers=headers)
-        text, finished = collected
+        text, finished, logprobs = collected
         return JSONResponse(
-            build(completion_id, parsed.model, created, text, finished), 200, headers
+            build(completion_id, parsed.model, created, text, finished, logprobs), 200, headers
         )
 
     def _request_ids(self, record: RequestRecord) -> tuple[str, str]:
@@ -160,14 +161,19 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _collect(stream: RequestStream, deadline: float) -> tuple[str, Finished]:
+_Collected = tuple[str, Finished, list[TokenLogprob] | None]
+
+
+async def _collect(stream: RequestStream, deadline: float) -> _Collected:
     parts: list[str] = []
+    logprobs: list[list[TokenLogprob] | None] = []
     while True:
         event = await next_event(stream, deadline)
         assert event is not None  # no keepalive was asked for
         parts.append(event.text)
         if isinstance(event, Finished):
-            return "".join(parts), event
+            return "".join(parts), event, merge(logprobs)
+        logprobs.append(event.logprobs)
 
 
 async def _disconnected(request: Request) -> None:
@@ -177,7 +183,7 @@ async def _disconnected(request: Request) -> None:
 
 async def _collect_while_connected(
     request: Request, stream: RequestStream, deadline: float
-) -> tuple[str, Finished] | None:
+) -> _Collected | None:
     """Collect the whole completion; ``None`` if the client disconnected first."""
     collector = asyncio.ensure_future(_collect(stream, deadline))
     watcher = asyncio.ensure_future(_disconnected(request))

@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 import math
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from mlxd.errors import InvalidRequest
+from mlxd.gateway.logprobs import chat_logprobs, completion_logprobs
 from mlxd.protocol.messages import (
     PRIORITIES,
     ChatPrompt,
@@ -21,9 +22,11 @@ from mlxd.protocol.messages import (
     Prompt,
     SamplingParams,
     TextPrompt,
+    TokenLogprob,
     TokenPrompt,
     Usage,
 )
+from mlxd.protocol.validate import MAX_TOP_LOGPROBS
 
 MAX_STOP = 16
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # as OpenAI's /v1/completions
@@ -36,12 +39,13 @@ _SAMPLING_FIELDS = frozenset(
      "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids", "priority"}
 )  # fmt: skip
 _CHAT_FIELDS = _SAMPLING_FIELDS | {
-    "messages", "max_completion_tokens", "tools", "tool_choice", "response_format"
+    "messages", "max_completion_tokens", "tools", "tool_choice", "response_format", "logprobs",
+    "top_logprobs"
 }  # fmt: skip
-_COMPLETION_FIELDS = _SAMPLING_FIELDS | {"prompt", "echo", "suffix"}
+_COMPLETION_FIELDS = _SAMPLING_FIELDS | {"prompt", "echo", "suffix", "logprobs"}
 # OpenAI fields we do not serve yet: accepted only when null or false.
 _UNSUPPORTED = frozenset(
-    {"logprobs", "top_logprobs", "parallel_tool_calls", "functions", "function_call", "audio",
+    {"parallel_tool_calls", "functions", "function_call", "audio",
      "modalities", "prediction", "service_tier", "store", "metadata", "reasoning_effort",
      "web_search_options", "best_of", "verbosity", "prompt_cache_key", "safety_identifier"}
 )  # fmt: skip
@@ -93,7 +97,15 @@ def parse_chat(
     _check_response_format(body.get("response_format"))
     max_tokens = _positive_int(body, "max_tokens")  # deprecated by OpenAI; the newer name wins
     max_tokens = _positive_int(body, "max_completion_tokens") or max_tokens
-    return _parsed(body, _chat_prompt(body), max_tokens, header_priority, tier)
+    parsed = _parsed(body, _chat_prompt(body), max_tokens, header_priority, tier)
+    top = _int(body, "top_logprobs", 0, 0)
+    if top > MAX_TOP_LOGPROBS:
+        raise InvalidRequest(f"'top_logprobs' must be at most {MAX_TOP_LOGPROBS}",
+                             param="top_logprobs")  # fmt: skip
+    wants = _bool(body, "logprobs", False)
+    if body.get("top_logprobs") is not None and not wants:
+        raise InvalidRequest("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    return _with_logprobs(parsed, wants, top)
 
 
 def parse_completion(
@@ -107,7 +119,11 @@ def parse_completion(
         raise InvalidRequest("'suffix' is not supported yet", param="suffix")
     prompt = _completion_prompt(body.get("prompt"))
     max_tokens = _positive_int(body, "max_tokens") or COMPLETION_DEFAULT_MAX_TOKENS
-    return _parsed(body, prompt, max_tokens, header_priority, tier)
+    parsed = _parsed(body, prompt, max_tokens, header_priority, tier)
+    top = _int(body, "logprobs", -1, 0)  # legacy: the number of alternatives, 0 for none
+    if top > MAX_TOP_LOGPROBS:
+        raise InvalidRequest(f"'logprobs' must be at most {MAX_TOP_LOGPROBS}", param="logprobs")
+    return _with_logprobs(parsed, top >= 0, max(top, 0))
 
 
 # Public API: responses
@@ -129,21 +145,31 @@ def usage_dict(usage: Usage) -> dict[str, Any]:
 
 
 def chat_completion(
-    completion_id: str, model: str, created: int, text: str, finished: Finished
+    completion_id: str,
+    model: str,
+    created: int,
+    text: str,
+    finished: Finished,
+    logprobs: list[TokenLogprob] | None = None,
 ) -> dict[str, Any]:
     """A non-streamed ``chat.completion`` object."""
     message = {"role": "assistant", "content": text, "refusal": None}
-    choice = {"index": 0, "message": message, "logprobs": None,
+    choice = {"index": 0, "message": message, "logprobs": chat_logprobs(logprobs),
               "finish_reason": finished.finish_reason}  # fmt: skip
     return {"id": completion_id, "object": "chat.completion", "created": created, "model": model,
             "choices": [choice], "usage": usage_dict(finished.usage)}  # fmt: skip
 
 
 def text_completion(
-    completion_id: str, model: str, created: int, text: str, finished: Finished
+    completion_id: str,
+    model: str,
+    created: int,
+    text: str,
+    finished: Finished,
+    logprobs: list[TokenLogprob] | None = None,
 ) -> dict[str, Any]:
     """A non-streamed ``text_completion`` object."""
-    choice = {"index": 0, "text": text, "logprobs": None,
+    choice = {"index": 0, "text": text, "logprobs": completion_logprobs(logprobs),
               "finish_reason": finished.finish_reason}  # fmt: skip
     return {"id": completion_id, "object": "text_completion", "created": created, "model": model,
             "choices": [choice], "usage": usage_dict(finished.usage)}  # fmt: skip
@@ -161,8 +187,13 @@ class _Chunks:
     def head(self) -> list[dict[str, Any]]:
         return []
 
-    def delta(self, text: str) -> dict[str, Any]:
-        return self._chunk(self._choice(text, None))
+    def delta(self, text: str, logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
+        choice = self._choice(text, None)
+        choice["logprobs"] = self._logprobs(logprobs)
+        return self._chunk(choice)
+
+    def _logprobs(self, entries: list[TokenLogprob] | None) -> dict[str, Any] | None:
+        return chat_logprobs(entries)
 
     def tail(self, finished: Finished) -> list[dict[str, Any]]:
         out = [self.delta(finished.text)] if finished.text else []
@@ -203,6 +234,13 @@ class TextChunks(_Chunks):
     """Builds streamed ``text_completion`` objects."""
 
     object_name = "text_completion"
+    _offset = 0  # characters of output so far: the next token's text_offset
+
+    def _logprobs(self, entries: list[TokenLogprob] | None) -> dict[str, Any] | None:
+        out = completion_logprobs(entries, self._offset)
+        if out is not None:
+            self._offset += sum(len(t) for t in out["tokens"])
+        return out
 
     def _choice(self, text: str | None, finish_reason: str | None) -> dict[str, Any]:
         return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
@@ -269,6 +307,13 @@ def _sampling(body: dict[str, Any], max_tokens: int | None) -> SamplingParams:
         ignore_eos=_bool(body, "ignore_eos", False),
         min_tokens=min_tokens,
     )
+
+
+def _with_logprobs(parsed: ParsedRequest, wants: bool, top: int) -> ParsedRequest:
+    if not wants:
+        return parsed
+    sampling = replace(parsed.sampling, logprobs=True, top_logprobs=top)
+    return replace(parsed, sampling=sampling)
 
 
 def _check_response_format(value: Any) -> None:

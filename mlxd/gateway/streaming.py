@@ -20,7 +20,7 @@ from starlette.types import Receive, Scope, Send
 
 from mlxd.errors import MlxdError, RequestTimeout
 from mlxd.gateway.workers import RequestStream
-from mlxd.protocol.messages import Finished, TokenDelta
+from mlxd.protocol.messages import Finished, TokenDelta, TokenLogprob
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +36,8 @@ class ChunkFormat(Protocol):
         """Chunks sent before any text (the chat ``role`` chunk)."""
         ...
 
-    def delta(self, text: str) -> dict[str, Any]:
-        """The chunk for new text."""
+    def delta(self, text: str, logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
+        """The chunk for new text (and its tokens' logprobs, when the request asked)."""
         ...
 
     def tail(self, finished: Finished) -> list[dict[str, Any]]:
@@ -92,8 +92,8 @@ async def sse_events(
         while not isinstance(event, Finished):
             if event is None:
                 yield KEEPALIVE
-            elif event.text:
-                yield sse(fmt.delta(event.text))
+            elif event.text or event.logprobs:
+                yield sse(fmt.delta(event.text, event.logprobs))
             event = await next_event(stream, deadline, keepalive_s)
         for chunk in fmt.tail(event):
             yield sse(chunk)

@@ -66,6 +66,8 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     min_tokens: int = 0
+    logprobs: bool = False  # report each output token's log probability
+    top_logprobs: int = 0  # and this many most likely alternatives (0..20)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,13 +124,37 @@ class Pong:
 
 
 @dataclass(frozen=True, kw_only=True)
+class TopLogprob:
+    """One of the most likely tokens at a position: its id, exact bytes and log probability."""
+
+    token_id: int
+    token: bytes
+    logprob: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenLogprob:
+    """The log probability of one output token under the model's raw distribution (before
+    temperature, penalties and constraints), with the ``top_logprobs`` most likely tokens."""
+
+    token_id: int
+    token: bytes  # exact bytes: a token may hold part of a UTF-8 character
+    logprob: float
+    top_logprobs: list[TopLogprob] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
 class TokenDelta:
-    """New output of one request: the text that is now final and the token ids behind it."""
+    """New output of one request: the text that is now final and the token ids behind it.
+
+    ``logprobs`` is set when the request asked for them: one entry per id in ``token_ids``.
+    """
 
     TAG: ClassVar[str] = "token_delta"
     request_id: str
     text: str
     token_ids: list[int]
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,6 +8,8 @@ from __future__ import annotations
 from mlxd.errors import InvalidRequest
 from mlxd.protocol.messages import PRIORITIES, SamplingParams
 
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+
 
 def check_sampling(p: SamplingParams) -> None:
     """Raise ``InvalidRequest`` naming the first out-of-range parameter."""
@@ -27,6 +29,12 @@ def check_sampling(p: SamplingParams) -> None:
         ),  # fmt: skip
         (p.min_tokens >= 0, "min_tokens", "must be >= 0"),
         (all(t >= 0 for t in p.stop_token_ids), "stop_token_ids", "must be >= 0"),
+        (
+            0 <= p.top_logprobs <= MAX_TOP_LOGPROBS,
+            "top_logprobs",
+            f"must be in [0, {MAX_TOP_LOGPROBS}]",
+        ),
+        (p.logprobs or not p.top_logprobs, "top_logprobs", "needs logprobs"),
     ]
     for ok, param, rule in checks:
         if not ok:

@@ -27,6 +27,8 @@ from mlxd.protocol.messages import (
     Ping,
     Pong,
     TokenDelta,
+    TokenLogprob,
+    TopLogprob,
     Usage,
 )
 from mlxd.protocol.validate import check_priority, check_sampling
@@ -234,11 +236,28 @@ class Engine:
         ids = seq.output_ids[seq.num_sent_tokens :]
         if not ids and not seq.text:
             return
-        self._outbox.setdefault(seq.client, []).append(
-            TokenDelta(request_id=seq.request_id, text=seq.text, token_ids=ids)
+        delta = TokenDelta(
+            request_id=seq.request_id, text=seq.text, token_ids=ids, logprobs=self._logprobs(seq)
         )
+        self._outbox.setdefault(seq.client, []).append(delta)
         seq.text = ""
         seq.num_sent_tokens = seq.num_output_tokens
+
+    def _logprobs(self, seq: Sequence) -> list[TokenLogprob] | None:
+        if not seq.sampling.logprobs:
+            return None
+        n = seq.num_output_tokens - seq.num_sent_tokens
+        raw, seq.logprobs = seq.logprobs[:n], seq.logprobs[n:]
+        tb = self.encoder.token_bytes
+        return [
+            TokenLogprob(
+                token_id=t,
+                token=tb(t),
+                logprob=v,
+                top_logprobs=[TopLogprob(token_id=a, token=tb(a), logprob=av) for a, av in top],
+            )  # fmt: skip
+            for t, v, top in raw
+        ]
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         seq.text += seq.detok.finish()

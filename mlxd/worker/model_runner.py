@@ -12,7 +12,9 @@ from typing import Any
 import mlx.core as mx
 
 from mlxd.errors import ConfigError
+from mlxd.worker import logprobs
 from mlxd.worker.kv_cache import BatchKVCache, SequenceKVCache
+from mlxd.worker.logprobs import StepLogprobs
 from mlxd.worker.sampling import SampleRow, needs_history, sample
 from mlxd.worker.scheduler import PrefillChunk
 from mlxd.worker.sequence import Sequence
@@ -20,7 +22,8 @@ from mlxd.worker.sequence import Sequence
 log = logging.getLogger(__name__)
 
 TokenEvent = tuple[Sequence, int]
-_Group = tuple[list[Sequence], mx.array, list[BatchKVCache]]  # rows, first tokens, their KV
+# rows, first tokens, their KV, the first tokens' logprobs
+_Group = tuple[list[Sequence], mx.array, list[BatchKVCache], StepLogprobs | None]
 
 
 def check_model_supported(model: Any) -> None:
@@ -48,6 +51,7 @@ class ModelRunner:
         self.rows: list[Sequence] = []
         self._batch = [BatchKVCache() for _ in range(self.num_layers)]
         self._pending: mx.array | None = None  # last sampled token of each row
+        self._pending_lp: StepLogprobs | None = None  # their logprobs, for the rows that ask
         self._emitted: list[bool] = []  # whether that token was already handed out
         self._prefill: dict[Sequence, list[SequenceKVCache]] = {}
 
@@ -68,15 +72,19 @@ class ModelRunner:
                     groups.append(group)
         if not groups:
             return []
-        for seqs, _, caches in groups:
+        for seqs, _, caches, _ in groups:
             for layer, part in zip(self._batch, caches, strict=True):
                 layer.extend(part)
             self.rows += seqs
             self._emitted += [True] * len(seqs)
-        firsts = mx.concatenate([first.astype(mx.uint32) for _, first, _ in groups])
+        firsts = mx.concatenate([first.astype(mx.uint32) for _, first, _, _ in groups])
         self._pending = firsts if self._pending is None else mx.concatenate([self._pending, firsts])
-        seqs = [s for group_seqs, _, _ in groups for s in group_seqs]
-        return list(zip(seqs, firsts.tolist(), strict=True))  # type: ignore[arg-type]
+        seqs = [s for group_seqs, _, _, _ in groups for s in group_seqs]
+        events = list(zip(seqs, firsts.tolist(), strict=True))
+        for *_, lp in groups:
+            if lp is not None:
+                lp.attach(dict(events))  # type: ignore[arg-type]
+        return events  # type: ignore[return-value]
 
     def remove(self, seqs: set[Sequence]) -> None:
         """Drop ``seqs`` from the batch and from prefill; frees their KV."""
@@ -101,25 +109,31 @@ class ModelRunner:
 
     def sync(self) -> list[TokenEvent]:
         """Read the unread tokens now, without launching a step."""
-        out = self._collect(self._pending, self.rows, self._emitted)
+        out = self._collect(self._pending, self.rows, self._emitted, self._pending_lp)
         self._emitted = [True] * len(self.rows)
         return out
 
     def decode_step(self) -> list[TokenEvent]:
         """Launch the next decode step for every row, then return the previous step's tokens."""
-        prev, rows, emitted = self._pending, list(self.rows), self._emitted
+        prev, prev_lp, rows, emitted = (
+            self._pending,
+            self._pending_lp,
+            list(self.rows),
+            self._emitted,
+        )
         assert prev is not None, "decode_step needs at least one row"
         sample_rows = [self._sample_row(s, e) for s, e in zip(rows, emitted, strict=True)]
         logits = self.model(prev[:, None], cache=self._batch)[:, -1, :]
-        self._pending = sample(logits, sample_rows)
-        mx.async_eval(self._pending)
+        self._pending, self._pending_lp = self._sample(logits, rows, sample_rows)
+        mx.async_eval(self._pending, *(self._pending_lp.arrays() if self._pending_lp else ()))
         self._emitted = [False] * len(rows)
-        return self._collect(prev, rows, emitted)
+        return self._collect(prev, rows, emitted, prev_lp)
 
     def reset(self) -> list[Sequence]:
         """Forget the whole batch (after a failed step); returns the sequences that were in it."""
         lost = self.rows + list(self._prefill)
         self.rows, self._emitted, self._pending, self._prefill = [], [], None, {}
+        self._pending_lp = None
         self._batch = [BatchKVCache() for _ in range(self.num_layers)]
         return lost
 
@@ -137,8 +151,8 @@ class ModelRunner:
         tokens = mx.array([[0] * p + s.prompt_ids for s, p in zip(seqs, pads, strict=True)])
         caches = [BatchKVCache.for_prefill(pads) for _ in range(self.num_layers)]
         logits = self.model(tokens, cache=caches)[:, -1, :]
-        first = sample(logits, [self._sample_row(s, emitted=True) for s in seqs])
-        return seqs, first, caches
+        first, lp = self._sample(logits, seqs, [self._sample_row(s, emitted=True) for s in seqs])
+        return seqs, first, caches, lp
 
     def _prefill_part(self, chunk: PrefillChunk) -> _Group | None:
         seq = chunk.seq
@@ -148,8 +162,16 @@ class ModelRunner:
         if not chunk.is_last:
             mx.eval([c.keys for c in caches])  # keep the lazy graph one chunk deep
             return None
-        first = sample(logits[:, -1, :], [self._sample_row(seq, emitted=True)])
-        return [seq], first, [BatchKVCache.from_single(c) for c in self._prefill.pop(seq)]
+        first, lp = self._sample(logits[:, -1, :], [seq], [self._sample_row(seq, emitted=True)])
+        return [seq], first, [BatchKVCache.from_single(c) for c in self._prefill.pop(seq)], lp
+
+    @staticmethod
+    def _sample(
+        logits: mx.array, seqs: list[Sequence], rows: list[SampleRow]
+    ) -> tuple[mx.array, StepLogprobs | None]:
+        """Sample every row; the hook where per-row extras (logprobs) join the step."""
+        tokens = sample(logits, rows)
+        return tokens, logprobs.compute(logits, tokens, seqs)
 
     def _sample_row(self, seq: Sequence, emitted: bool) -> SampleRow:
         p = seq.sampling
@@ -169,9 +191,15 @@ class ModelRunner:
 
     @staticmethod
     def _collect(
-        tokens: mx.array | None, rows: list[Sequence], emitted: list[bool]
+        tokens: mx.array | None,
+        rows: list[Sequence],
+        emitted: list[bool],
+        lp: StepLogprobs | None = None,
     ) -> list[TokenEvent]:
         if tokens is None or all(emitted):
             return []
         values = tokens.tolist()
-        return [(s, t) for s, t, e in zip(rows, values, emitted, strict=True) if not e]  # type: ignore[misc]
+        out = [(s, t) for s, t, e in zip(rows, values, emitted, strict=True) if not e]
+        if lp is not None:
+            lp.attach(dict(out))  # type: ignore[arg-type]
+        return out  # type: ignore[return-value]

@@ -44,6 +44,8 @@ class Sequence:
     num_sent_chars: int = 0
     num_sent_tokens: int = 0
     first_token_time: float | None = None
+    # (token id, logprob, top alternatives) per output token not sent yet, if the request asks
+    logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from mlxd.errors import InvalidRequest
@@ -21,6 +22,22 @@ class PromptEncoder:
 
     def new_detokenizer(self) -> Any:
         return self.tokenizer.detokenizer
+
+    @functools.cached_property
+    def ll_tokenizer(self) -> Any:
+        """The vocabulary as llguidance sees it (exact token bytes, grammar masks); built on
+        first use, as it costs about a second for a large vocabulary."""
+        import llguidance.hf
+
+        return llguidance.hf.from_tokenizer(
+            self.tokenizer._tokenizer,
+            n_vocab=self.vocab_size,
+            eos_token=sorted(self.eos_token_ids)[0],
+        )
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The exact bytes of one token (a token may hold part of a UTF-8 character)."""
+        return bytes(self.ll_tokenizer.decode_bytes([token_id]))
 
     def encode(self, prompt: Prompt) -> list[int]:
         """Token ids for ``prompt``; ``InvalidRequest`` when it cannot be rendered or is empty."""

@@ -59,7 +59,9 @@ BAD_CHAT = [
     (chat(logit_bias={"5": 101}), "logit_bias"),
     (chat(priority="urgent"), "priority"),
     (chat(repetition_penalty=0), "repetition_penalty"),
-    (chat(logprobs=True), "logprobs"),
+    (chat(logprobs="yes"), "logprobs"),
+    (chat(logprobs=True, top_logprobs=21), "top_logprobs"),
+    (chat(top_logprobs=2), "top_logprobs"),
     (chat(response_format={"type": "json_object"}), "response_format"),
     (chat(tool_choice="required"), "tool_choice"),
     (chat(parallel_tool_calls=True), "parallel_tool_calls"),
@@ -76,6 +78,8 @@ BAD_COMPLETION = [
     (completion(suffix="end"), "suffix"),
     (completion(max_tokens=0), "max_tokens"),
     (completion(best_of=2), "best_of"),
+    (completion(logprobs=True), "logprobs"),
+    (completion(logprobs=21), "logprobs"),
 ]
 
 

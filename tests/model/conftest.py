@@ -28,6 +28,7 @@ from mlxd.protocol.messages import (
     SamplingParams,
     TextPrompt,
     TokenDelta,
+    TokenLogprob,
 )
 
 
@@ -45,6 +46,7 @@ class Result:
     finished: Finished | None = None
     error: Error | None = None
     steps_to_first_token: int | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 class Harness:
@@ -117,6 +119,7 @@ class Harness:
                 res.steps_to_first_token = self.steps
             res.text += msg.text
             res.token_ids += msg.token_ids
+            res.logprobs += msg.logprobs or []
         elif isinstance(msg, Finished):
             res.finished = msg
         elif isinstance(msg, Error):

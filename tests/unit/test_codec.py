@@ -18,7 +18,9 @@ from mlxd.protocol.messages import (
     SamplingParams,
     TextPrompt,
     TokenDelta,
+    TokenLogprob,
     TokenPrompt,
+    TopLogprob,
     Usage,
 )
 
@@ -34,6 +36,11 @@ MESSAGES = [
     Ping(request_id="p"),
     Pong(request_id="p", model="m", max_context=4096),
     TokenDelta(request_id="r1", text="é", token_ids=[5, 6]),
+    TokenDelta(request_id="r1", text="é", token_ids=[5], logprobs=[TokenLogprob(
+        token_id=5, token=b"\xc3", logprob=-0.5,
+        top_logprobs=[TopLogprob(token_id=5, token=b"\xc3", logprob=-0.5)])]),
+    Generate(request_id="r4", prompt=TextPrompt(text="x"),
+             sampling=SamplingParams(logprobs=True, top_logprobs=3)),
     Finished(request_id="r1", finish_reason="stop", usage=USAGE),
     Error(request_id="r1", code="invalid_request", message="bad", param="top_p"),
     Events(events=[TokenDelta(request_id="a", text="x", token_ids=[1]),
