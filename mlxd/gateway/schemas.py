@@ -19,6 +19,7 @@ from mlxd.protocol.messages import (
     ChatPrompt,
     Finished,
     Generate,
+    JsonFormat,
     Prompt,
     SamplingParams,
     TextPrompt,
@@ -94,7 +95,7 @@ def parse_chat(
     ``tier`` is the API key's tier: the default priority and the highest one allowed.
     """
     body = _check_fields(body, _CHAT_FIELDS)
-    _check_response_format(body.get("response_format"))
+    response_format = _response_format(body.get("response_format"))
     max_tokens = _positive_int(body, "max_tokens")  # deprecated by OpenAI; the newer name wins
     max_tokens = _positive_int(body, "max_completion_tokens") or max_tokens
     parsed = _parsed(body, _chat_prompt(body), max_tokens, header_priority, tier)
@@ -105,7 +106,10 @@ def parse_chat(
     wants = _bool(body, "logprobs", False)
     if body.get("top_logprobs") is not None and not wants:
         raise InvalidRequest("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
-    return _with_logprobs(parsed, wants, top)
+    parsed = _with_logprobs(parsed, wants, top)
+    if response_format is None:
+        return parsed
+    return replace(parsed, sampling=replace(parsed.sampling, response_format=response_format))
 
 
 def parse_completion(
@@ -316,12 +320,40 @@ def _with_logprobs(parsed: ParsedRequest, wants: bool, top: int) -> ParsedReques
     return replace(parsed, sampling=sampling)
 
 
-def _check_response_format(value: Any) -> None:
-    if value is None or value == {"type": "text"}:
-        return
-    raise InvalidRequest(
-        "Only response_format {'type': 'text'} is supported", param="response_format"
-    )
+def _response_format(value: Any) -> JsonFormat | None:
+    """``response_format``'s shape; the worker compiles (and so fully checks) the schema."""
+    if value is None:
+        return None
+    param = "response_format"
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind not in ("text", "json_object", "json_schema"):
+        raise InvalidRequest(
+            f"'{param}.type' must be 'text', 'json_object' or 'json_schema'", param=f"{param}.type"
+        )
+    _only_keys(value, {"type", "json_schema"} if kind == "json_schema" else {"type"}, param)
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return JsonFormat()
+    spec, param = value.get("json_schema"), f"{param}.json_schema"
+    if not isinstance(spec, dict):
+        raise InvalidRequest(f"'{param}' must be an object", param=param)
+    _only_keys(spec, {"name", "description", "schema", "strict"}, param)
+    name = _typed(spec, "name", str, "a string", f"{param}.name")
+    if not name or len(name) > 64 or not name.replace("_", "").replace("-", "").isalnum():
+        raise InvalidRequest(f"'{param}.name' must be 1-64 letters, digits, _ or -",
+                             param=f"{param}.name")  # fmt: skip
+    _typed(spec, "description", str, "a string", f"{param}.description")
+    _typed(spec, "strict", bool, "a boolean", f"{param}.strict")
+    schema = _typed(spec, "schema", dict, "an object", f"{param}.schema")
+    return JsonFormat(schema=None if schema is None else json.dumps(schema))
+
+
+def _only_keys(obj: dict[str, Any], allowed: set[str], path: str) -> None:
+    for key in obj:
+        if key not in allowed:
+            name = f"{path}.{key}"
+            raise InvalidRequest(f"Unrecognized request argument supplied: {name}", param=name)
 
 
 def _include_usage(options: Any, stream: bool) -> bool:

@@ -49,6 +49,14 @@ Prompt = ChatPrompt | TextPrompt | TokenPrompt
 
 
 @dataclass(frozen=True, kw_only=True)
+class JsonFormat:
+    """Constrain the output to JSON (``response_format``): any JSON object when ``schema`` is
+    null, else a document valid against ``schema``, a JSON Schema given as JSON text."""
+
+    schema: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class SamplingParams:
     """How one request samples; every request in a batch has its own."""
 
@@ -68,6 +76,7 @@ class SamplingParams:
     min_tokens: int = 0
     logprobs: bool = False  # report each output token's log probability
     top_logprobs: int = 0  # and this many most likely alternatives (0..20)
+    response_format: JsonFormat | None = None  # enforced by constrained decoding
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -33,6 +33,7 @@ from mlxd.protocol.messages import (
 )
 from mlxd.protocol.validate import check_priority, check_sampling
 from mlxd.worker.detokenizer import OutputText
+from mlxd.worker.grammar import Grammar
 from mlxd.worker.model_runner import ModelRunner, TokenEvent
 from mlxd.worker.scheduler import PrefillChunk, Scheduler
 from mlxd.worker.sequence import PRIORITY_LEVELS, Sequence
@@ -181,6 +182,8 @@ class Engine:
             seed=seed,
         )
         seq.detok = OutputText(self.encoder.new_detokenizer(), msg.sampling.stop)
+        if msg.sampling.response_format is not None:
+            seq.grammar = Grammar.compile(msg.sampling.response_format, self.encoder.ll_tokenizer)
         return seq
 
     def _prefill(self, chunks: list[PrefillChunk]) -> None:

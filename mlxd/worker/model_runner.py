@@ -12,7 +12,7 @@ from typing import Any
 import mlx.core as mx
 
 from mlxd.errors import ConfigError
-from mlxd.worker import logprobs
+from mlxd.worker import grammar, logprobs
 from mlxd.worker.kv_cache import BatchKVCache, SequenceKVCache
 from mlxd.worker.logprobs import StepLogprobs
 from mlxd.worker.sampling import SampleRow, needs_history, sample
@@ -80,11 +80,12 @@ class ModelRunner:
         firsts = mx.concatenate([first.astype(mx.uint32) for _, first, _, _ in groups])
         self._pending = firsts if self._pending is None else mx.concatenate([self._pending, firsts])
         seqs = [s for group_seqs, _, _, _ in groups for s in group_seqs]
-        events = list(zip(seqs, firsts.tolist(), strict=True))
+        events: list[TokenEvent] = list(zip(seqs, firsts.tolist(), strict=True))  # type: ignore[arg-type]
         for *_, lp in groups:
             if lp is not None:
-                lp.attach(dict(events))  # type: ignore[arg-type]
-        return events  # type: ignore[return-value]
+                lp.attach(dict(events))
+        grammar.advance(events)
+        return events
 
     def remove(self, seqs: set[Sequence]) -> None:
         """Drop ``seqs`` from the batch and from prefill; frees their KV."""
@@ -124,10 +125,15 @@ class ModelRunner:
         assert prev is not None, "decode_step needs at least one row"
         sample_rows = [self._sample_row(s, e) for s, e in zip(rows, emitted, strict=True)]
         logits = self.model(prev[:, None], cache=self._batch)[:, -1, :]
+        events = None
+        if any(s.grammar is not None for s in rows):
+            # A grammar mask needs the previous token: read it while the forward pass runs.
+            mx.async_eval(logits)
+            events = self._collect(prev, rows, emitted, prev_lp)
         self._pending, self._pending_lp = self._sample(logits, rows, sample_rows)
         mx.async_eval(self._pending, *(self._pending_lp.arrays() if self._pending_lp else ()))
         self._emitted = [False] * len(rows)
-        return self._collect(prev, rows, emitted, prev_lp)
+        return events if events is not None else self._collect(prev, rows, emitted, prev_lp)
 
     def reset(self) -> list[Sequence]:
         """Forget the whole batch (after a failed step); returns the sequences that were in it."""
@@ -169,8 +175,9 @@ class ModelRunner:
     def _sample(
         logits: mx.array, seqs: list[Sequence], rows: list[SampleRow]
     ) -> tuple[mx.array, StepLogprobs | None]:
-        """Sample every row; the hook where per-row extras (logprobs) join the step."""
-        tokens = sample(logits, rows)
+        """Sample every row; the hook where per-row extras (grammar masks, logprobs) join the
+        step. Logprobs see the raw logits, sampling the constrained ones."""
+        tokens = sample(grammar.constrain(logits, seqs), rows)
         return tokens, logprobs.compute(logits, tokens, seqs)
 
     def _sample_row(self, seq: Sequence, emitted: bool) -> SampleRow:
@@ -199,7 +206,12 @@ class ModelRunner:
         if tokens is None or all(emitted):
             return []
         values = tokens.tolist()
-        out = [(s, t) for s, t, e in zip(rows, values, emitted, strict=True) if not e]
+        out: list[TokenEvent] = [
+            (s, t)  # type: ignore[misc]
+            for s, t, e in zip(rows, values, emitted, strict=True)
+            if not e
+        ]
         if lp is not None:
-            lp.attach(dict(out))  # type: ignore[arg-type]
-        return out  # type: ignore[return-value]
+            lp.attach(dict(out))
+        grammar.advance(out)
+        return out

@@ -46,6 +46,7 @@ class Sequence:
     first_token_time: float | None = None
     # (token id, logprob, top alternatives) per output token not sent yet, if the request asks
     logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
+    grammar: Any = None  # a grammar.Grammar when the output must match a response_format
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -1,0 +1,94 @@
+"""Constrained decoding for ``response_format``: one llguidance matcher per constrained request.
+
+The matcher follows the request's output token by token; before each sample it fills a bitmask
+of the tokens that keep the output a prefix of a valid document. Masks are filled on the host
+(llguidance's Rust threads, without the GIL) and applied on the device with portable MLX ops,
+only to the constrained rows of the batch. Why llguidance: docs/decisions/0002-*.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import llguidance
+import llguidance.numpy
+import mlx.core as mx
+
+from mlxd.errors import InvalidRequest
+from mlxd.protocol.messages import JsonFormat
+from mlxd.worker.sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+SCHEMA_PARAM = "response_format.json_schema.schema"
+# Compact JSON: flexible whitespace lets a weak model emit blank lines until max_tokens.
+_JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False}
+_ANY_OBJECT = '{"type": "object"}'
+
+
+class Grammar:
+    """One request's constraint: an llguidance ``LLMatcher`` that follows its output."""
+
+    def __init__(self, matcher: Any) -> None:
+        self.matcher = matcher
+        self.failed = False
+
+    @classmethod
+    def compile(cls, fmt: JsonFormat, tokenizer: Any) -> Grammar:
+        """The matcher for ``fmt``; ``InvalidRequest`` naming the schema when it is not usable."""
+        try:
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(
+                fmt.schema or _ANY_OBJECT, defaults=_JSON_OPTIONS
+            )
+        except ValueError as exc:
+            raise InvalidRequest(f"invalid JSON schema: {exc}", param=SCHEMA_PARAM) from None
+        matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise InvalidRequest(f"invalid JSON schema: {matcher.get_error()}", param=SCHEMA_PARAM)
+        return cls(matcher)
+
+    def consume(self, token: int) -> None:
+        """Follow one sampled token. A token the grammar refuses (it cannot happen unless the
+        mask was bypassed) leaves the row unconstrained rather than failing the batch."""
+        if self.failed:
+            return
+        if not self.matcher.consume_token(token):
+            log.warning("grammar refused token %d: %s", token, self.matcher.get_error())
+            self.failed = True
+
+    @property
+    def is_active(self) -> bool:
+        return not self.failed
+
+
+def advance(events: Iterable[tuple[Sequence, int]]) -> None:
+    """Feed tokens just read back to their rows' matchers."""
+    for seq, token in events:
+        if seq.grammar is not None:
+            seq.grammar.consume(token)
+
+
+def constrain(logits: mx.array, seqs: list[Sequence]) -> mx.array:
+    """``logits`` (B, V) with every token a constrained row's grammar forbids set to -inf; the
+    same array when no row is constrained. Each matcher must have seen the row's last token."""
+    rows = [i for i, s in enumerate(seqs) if s.grammar is not None and s.grammar.is_active]
+    if not rows:
+        return logits
+    vocab = logits.shape[-1]
+    bitmask = llguidance.numpy.allocate_token_bitmask(len(rows), vocab)
+    matchers = [(seqs[i].grammar.matcher, j) for j, i in enumerate(rows)]  # type: ignore[union-attr]
+    llguidance.numpy.fill_next_token_bitmask_par(_executor(), matchers, bitmask)
+    words = mx.array(bitmask)
+    bits = (words[:, :, None] >> mx.arange(32, dtype=mx.int32)) & 1
+    allowed = bits.reshape(len(rows), -1)[:, :vocab].astype(mx.bool_)
+    full = mx.ones(logits.shape, dtype=mx.bool_)  # unconstrained rows allow everything
+    full[mx.array(rows)] = allowed
+    return mx.where(full, logits, mx.array(float("-inf"), dtype=logits.dtype))
+
+
+@functools.cache
+def _executor() -> Any:
+    return llguidance.LLExecutor()
