@@ -23,6 +23,7 @@ from mlxd.errors import InternalError, MlxdError, Overloaded
 from mlxd.gateway.accesslog import REQUEST_ID_HEADER, AccessLog
 from mlxd.gateway.admin import admin_routes
 from mlxd.gateway.auth import ApiKeyAuth
+from mlxd.gateway.embeddings import EmbeddingsEndpoint
 from mlxd.gateway.metrics import Metrics
 from mlxd.gateway.openai import OpenAIEndpoints
 from mlxd.gateway.ratelimit import RateLimiter
@@ -50,6 +51,7 @@ def build_app(config: ServeConfig, pool: WorkerPool, metrics: Metrics | None = N
         Route("/v1/models/{model:path}", api.retrieve_model, methods=["GET"]),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/v1/embeddings", EmbeddingsEndpoint(config, pool).create, methods=["POST"]),
         *admin_routes(pool, config.admin_key),
     ]
 

@@ -21,6 +21,7 @@ from mlxd.errors import (
     MlxdError,
     ModelNotFound,
     ProtocolError,
+    RequestTimeout,
     WorkerUnavailable,
     error_from_code,
 )
@@ -29,6 +30,8 @@ from mlxd.protocol import codec
 from mlxd.protocol.channel import control_endpoint
 from mlxd.protocol.messages import (
     Cancel,
+    Embed,
+    Embeddings,
     Error,
     Event,
     Events,
@@ -121,6 +124,7 @@ class WorkerClient:
         self._reader: asyncio.Task[None] | None = None
         self._streams: dict[str, RequestStream] = {}
         self._pings: dict[str, asyncio.Future[Pong]] = {}
+        self._embeds: dict[str, asyncio.Future[Embeddings]] = {}
         self._ping_ids = itertools.count()
 
     @property
@@ -193,6 +197,26 @@ class WorkerClient:
             raise
         return stream
 
+    async def embed(self, msg: Embed, timeout_s: float) -> Embeddings:
+        """Send ``msg`` and wait for its one ``Embeddings`` answer.
+
+        Raises:
+            MlxdError: the worker's ``Error`` (e.g. ``InvalidRequest`` naming an input).
+            RequestTimeout: no answer within ``timeout_s`` (the worker is told to cancel).
+            WorkerUnavailable: the send failed or the worker died (``fail_all``).
+        """
+        future: asyncio.Future[Embeddings] = asyncio.get_running_loop().create_future()
+        self._embeds[msg.request_id] = future
+        try:
+            await self._send(msg)
+            async with asyncio.timeout(timeout_s):
+                return await future
+        except TimeoutError:
+            await self._send(Cancel(request_id=msg.request_id))
+            raise RequestTimeout("The request did not finish in time") from None
+        finally:
+            self._embeds.pop(msg.request_id, None)
+
     def fail_all(self, error: MlxdError) -> None:
         """End every in-flight stream with ``error`` (the worker died or is going away).
 
@@ -201,7 +225,10 @@ class WorkerClient:
         streams, self._streams = self._streams, {}
         for stream in streams.values():
             stream._put(error)
-        for future in self._pings.values():
+        futures: list[asyncio.Future[Pong] | asyncio.Future[Embeddings]] = [
+            *self._pings.values(), *self._embeds.values()
+        ]  # fmt: skip
+        for future in futures:
             if not future.done():
                 future.set_exception(error)
         if streams:
@@ -246,11 +273,20 @@ class WorkerClient:
             future = self._pings.get(msg.request_id)
             if future is not None and not future.done():
                 future.set_result(msg)
+        elif isinstance(msg, Embeddings):
+            waiter = self._embeds.get(msg.request_id)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(msg)
         else:
             log.warning("dropped an unexpected %s from worker %r", type(msg).__name__, self.name)
 
     def _route(self, event: Event) -> None:
         stream = self._streams.get(event.request_id)
+        waiter = self._embeds.get(event.request_id)
+        if stream is None and isinstance(event, Error) and waiter is not None:
+            if not waiter.done():
+                waiter.set_exception(error_from_code(event.code, event.message, event.param))
+            return
         if stream is None:
             log.debug("dropped %s for unknown request %r", type(event).__name__, event.request_id)
             return

@@ -104,6 +104,16 @@ class Generate:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Embed:
+    """Embed each input (``/v1/embeddings``). The worker answers with one Embeddings, or an
+    Error naming the first bad input (``param`` ``input[i]``)."""
+
+    TAG: ClassVar[str] = "embed"
+    request_id: str
+    inputs: list[TextPrompt | TokenPrompt]
+
+
+@dataclass(frozen=True, kw_only=True)
 class Cancel:
     """Stop a request (client gone, timeout, admin). The worker sends nothing more for it."""
 
@@ -186,6 +196,18 @@ class Error:
     code: str
     message: str
     param: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Embeddings:
+    """Answer to Embed: one unit vector per input, in input order, each as little-endian float32
+    bytes (``dimensions`` floats); ``usage.prompt_tokens`` counts every input token."""
+
+    TAG: ClassVar[str] = "embeddings"
+    request_id: str
+    dimensions: int
+    embeddings: list[bytes]
+    usage: Usage
 
 
 Event = TokenDelta | Finished | Error
@@ -365,13 +387,13 @@ ControlRequest = (
 ControlReply = Pong | StatusReply | StatsReply | Ack | Error
 
 Message = (
-    Generate | Cancel | Ping | Pong | TokenDelta | Finished | Error | Events
+    Generate | Cancel | Ping | Pong | TokenDelta | Finished | Error | Events | Embed | Embeddings
     | GetStatus | GetStats | Drain | Pause | Resume | FlushCache | SetConfig | Shutdown
     | StatusReply | StatsReply | Ack
 )  # fmt: skip
 
 MESSAGE_TYPES: tuple[type, ...] = (
-    Generate, Cancel, Ping, Pong, TokenDelta, Finished, Error, Events,
+    Generate, Cancel, Ping, Pong, TokenDelta, Finished, Error, Events, Embed, Embeddings,
     GetStatus, GetStats, Drain, Pause, Resume, FlushCache, SetConfig, Shutdown,
     StatusReply, StatsReply, Ack,
 )  # fmt: skip

@@ -18,6 +18,8 @@ from mlxd.errors import (
 from mlxd.protocol.channel import WorkerChannel
 from mlxd.protocol.messages import (
     Cancel,
+    Embed,
+    Embeddings,
     Error,
     Event,
     Events,
@@ -26,13 +28,16 @@ from mlxd.protocol.messages import (
     Message,
     Ping,
     Pong,
+    TextPrompt,
     TokenDelta,
     TokenLogprob,
+    TokenPrompt,
     TopLogprob,
     Usage,
 )
 from mlxd.protocol.validate import check_priority, check_sampling
 from mlxd.worker.detokenizer import OutputText
+from mlxd.worker.embedder import Embedder
 from mlxd.worker.grammar import Grammar
 from mlxd.worker.model_runner import ModelRunner, TokenEvent
 from mlxd.worker.scheduler import PrefillChunk, Scheduler
@@ -59,6 +64,7 @@ class Engine:
         channel: WorkerChannel,
         max_context: int,
         clock: Callable[[], float] | None = None,
+        embedder: Embedder | None = None,
     ) -> None:
         self.name = name
         self.runner = runner
@@ -66,6 +72,7 @@ class Engine:
         self.encoder = encoder
         self.channel = channel
         self.max_context = max_context
+        self.embedder = embedder
         # One clock for arrival times and for aging: by default, the scheduler's.
         self.clock = clock or scheduler.clock
         self.should_exit = False
@@ -79,6 +86,7 @@ class Engine:
         self._handlers: dict[type, Callable[[bytes, Any], None]] = {
             Generate: self._on_generate,
             Cancel: self._on_cancel,
+            Embed: self._on_embed,
             Ping: self._on_ping,
         }
 
@@ -143,6 +151,39 @@ class Engine:
         if seq is not None:
             self.scheduler.finish(seq, "cancelled")  # nothing more is ever sent for it
             self.stats.on_finish(seq, "cancelled")
+
+    def _on_embed(self, client: bytes, msg: Embed) -> None:
+        # Runs at once, between decode steps: embedding inputs are short and make one forward.
+        try:
+            if self.draining:
+                raise WorkerUnavailable(f"the worker for {self.name!r} is draining")
+            if self.embedder is None:
+                raise InvalidRequest("this worker does not make embeddings", param="model")
+            ids = [self._embedding_input(p, i) for i, p in enumerate(msg.inputs)]
+            vectors = self.embedder.embed(ids)
+        except MlxdError as exc:
+            self._send_error(client, msg.request_id, exc)
+            return
+        except (RuntimeError, ValueError) as exc:  # MLX reports failures as these
+            log.exception("embedding failed for %s", msg.request_id)
+            self._send_error(client, msg.request_id, InternalError(f"embedding failed: {exc}"))
+            return
+        usage = Usage(prompt_tokens=sum(map(len, ids)), completion_tokens=0)
+        dims = len(vectors[0]) // 4 if vectors else 0
+        reply = Embeddings(
+            request_id=msg.request_id, dimensions=dims, embeddings=vectors, usage=usage
+        )
+        self.channel.send(client, reply)
+
+    def _embedding_input(self, prompt: TextPrompt | TokenPrompt, index: int) -> list[int]:
+        try:
+            ids = self.encoder.encode(prompt)
+        except InvalidRequest as exc:
+            raise InvalidRequest(exc.message, param=f"input[{index}]") from None
+        if len(ids) > self.max_context:
+            raise InvalidRequest(f"input {index} has {len(ids)} tokens; this model's context is "
+                                 f"{self.max_context} tokens", param=f"input[{index}]")  # fmt: skip
+        return ids
 
     def _on_ping(self, client: bytes, msg: Ping) -> None:
         pong = Pong(request_id=msg.request_id, model=self.name, max_context=self.max_context)

@@ -16,6 +16,7 @@ from mlxd.config import WorkerConfig
 from mlxd.errors import ConfigError
 from mlxd.protocol.channel import WorkerChannel, control_endpoint
 from mlxd.worker.control import Control
+from mlxd.worker.embedder import Embedder
 from mlxd.worker.engine import Engine
 from mlxd.worker.model_runner import ModelRunner, check_model_supported
 from mlxd.worker.scheduler import Scheduler
@@ -46,6 +47,7 @@ def serve(config: WorkerConfig) -> int:
         encoder=encoder,
         channel=channel,
         max_context=max_context,
+        embedder=Embedder(model),
     )
     engine.control = Control(engine, model_path=config.model)
     _install_signal_handlers(engine)
