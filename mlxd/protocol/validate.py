@@ -35,6 +35,17 @@ def check_sampling(p: SamplingParams) -> None:
             f"must be in [0, {MAX_TOP_LOGPROBS}]",
         ),
         (p.logprobs or not p.top_logprobs, "top_logprobs", "needs logprobs"),
+        # The grammar decides where the output ends; forbidding EOS would leave no valid token.
+        (
+            p.response_format is None or not p.ignore_eos,
+            "ignore_eos",
+            "cannot be used with response_format",
+        ),
+        (
+            p.response_format is None or not p.min_tokens,
+            "min_tokens",
+            "cannot be used with response_format",
+        ),
     ]
     for ok, param, rule in checks:
         if not ok:

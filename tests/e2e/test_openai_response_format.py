@@ -38,7 +38,7 @@ def _ask(daemon: Daemon, i: int) -> tuple[str | None, Any]:
     kwargs: dict[str, Any] = {"response_format": FORMAT, "seed": i} if i % 2 == 0 else {}
     resp = client(daemon).chat.completions.create(
         model=daemon.model, messages=[{"role": "user", "content": f"person {i}"}],
-        max_tokens=80, temperature=1.0, **kwargs,
+        max_tokens=160, temperature=1.0, **kwargs,
     )  # fmt: skip
     return resp.choices[0].message.content, resp.choices[0].finish_reason
 
@@ -56,7 +56,7 @@ def test_json_schema_output_validates_in_a_mixed_batch(daemon: Daemon) -> None:
 
 def test_json_schema_streamed(daemon: Daemon) -> None:
     stream = client(daemon).chat.completions.create(
-        model=daemon.model, messages=[{"role": "user", "content": "hi"}], max_tokens=80,
+        model=daemon.model, messages=[{"role": "user", "content": "hi"}], max_tokens=160,
         response_format=FORMAT, stream=True,  # type: ignore[arg-type]
     )  # fmt: skip
     text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)

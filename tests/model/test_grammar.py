@@ -42,7 +42,7 @@ def test_constrained_rows_are_valid_and_free_rows_unchanged(
     h.generate("free-alone", "hello world", max_tokens=12, ignore_eos=True)
     alone = h.run()["free-alone"].token_ids
     for i in range(3):
-        h.generate(f"json{i}", f"person {i}:", max_tokens=80, temperature=temperature,
+        h.generate(f"json{i}", f"person {i}:", max_tokens=160, temperature=temperature,
                    seed=i, response_format=fmt)  # fmt: skip
     h.generate("free", "hello world", max_tokens=12, ignore_eos=True)
     results = h.run()
@@ -68,3 +68,12 @@ def test_invalid_schema_is_refused_naming_the_field(harness_factory: Any) -> Non
     err = h.results["r"].error
     assert err is not None and err.code == "invalid_request"
     assert err.param == "response_format.json_schema.schema" and "nope" in err.message
+
+
+@pytest.mark.parametrize("field", ["ignore_eos", "min_tokens"])
+def test_settings_that_forbid_the_end_are_refused(harness_factory: Any, field: str) -> None:
+    h = harness_factory()
+    value: Any = True if field == "ignore_eos" else 3
+    h.generate("r", "x", max_tokens=8, response_format=JsonFormat(), **{field: value})
+    err = h.results["r"].error
+    assert err is not None and err.code == "invalid_request" and err.param == field
