@@ -59,6 +59,7 @@ class WorkerConfig:
     max_context: int | None = None
     parent_pid: int | None = None
     control_endpoint: str | None = None  # None: derived from ``endpoint`` (w0.ctl.sock)
+    enable_test_faults: bool = False  # accept DebugCrash on the control socket (tests only)
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -119,6 +120,8 @@ class ServeConfig:
     api_keys: tuple[ApiKey, ...] = ()
     log_prompts: bool = False
     admin_key: str | None = field(default=None, repr=False)  # guards /admin/* (and /metrics)
+    heartbeat_timeout_s: float = 10.0  # a worker silent this long is killed and restarted
+    drain_timeout_s: float = 10.0  # on SIGTERM, how long in-flight requests may still run
 
     def __post_init__(self) -> None:
         if len({k.name for k in self.api_keys}) != len(self.api_keys):
@@ -129,6 +132,10 @@ class ServeConfig:
             raise ConfigError("at least one model is needed")
         if not 0 <= self.port <= 65535:
             raise ConfigError("--port must be in 0..65535")
+        if self.heartbeat_timeout_s <= 0:
+            raise ConfigError("--heartbeat-timeout must be > 0 seconds")
+        if self.drain_timeout_s < 0:
+            raise ConfigError("--drain-timeout must be >= 0 seconds")
         names = [m.name for m in self.models]
         if len(set(names)) != len(names):
             raise ConfigError("model names must be unique")

@@ -109,6 +109,20 @@ def scheduler_config(opts: dict[str, object]) -> SchedulerConfig:
     help="Require this key (Authorization: Bearer) on /admin/*; without one, only "
     "loopback clients may use them.",
 )
+@click.option(
+    "--heartbeat-timeout",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="Seconds a worker may leave a ping unanswered before it is killed and restarted.",
+)
+@click.option(
+    "--drain-timeout",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="On SIGTERM/Ctrl-C, seconds in-flight requests may still run before they are cut.",
+)
 @with_scheduler_options
 def start_command(models: tuple[str, ...], host: str, port: int, log_level: str,
                   **opts: object) -> None:  # fmt: skip
@@ -125,6 +139,8 @@ def start_command(models: tuple[str, ...], host: str, port: int, log_level: str,
             api_keys=api_keys(opts["api_key_values"], opts["api_keys_file"]),  # type: ignore
             log_prompts=bool(opts["log_prompts"]),
             admin_key=opts["admin_key"],  # type: ignore[arg-type]
+            heartbeat_timeout_s=opts["heartbeat_timeout"],  # type: ignore[arg-type]
+            drain_timeout_s=opts["drain_timeout"],  # type: ignore[arg-type]
         )
         _check_port_free(host, port)
     except MlxdError as exc:
@@ -188,7 +204,7 @@ def _serve(config: ServeConfig, log_level: str) -> int:
             port=config.port,
             log_level=log_level,
             lifespan="on",
-            timeout_graceful_shutdown=10,
+            timeout_graceful_shutdown=max(1, round(config.drain_timeout_s)),
             access_log=False,
         )  # fmt: skip
     )

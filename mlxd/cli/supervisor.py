@@ -29,7 +29,6 @@ from mlxd.protocol.channel import control_endpoint
 log = logging.getLogger("mlxd.supervisor")
 
 HEARTBEAT_S = 2.0
-HEARTBEAT_TIMEOUT_S = 10.0
 MAX_START_FAILURES = 3
 STOP_GRACE_S = 10.0
 
@@ -196,12 +195,13 @@ class Supervisor:
         if worker.proc.poll() is not None:
             self._on_exit(worker)
             return
-        if worker.state == "ready" and time.monotonic() - worker.last_pong > HEARTBEAT_S:
+        interval = min(HEARTBEAT_S, self.config.heartbeat_timeout_s)
+        if worker.state == "ready" and time.monotonic() - worker.last_pong > interval:
             await self._heartbeat(worker)
 
     async def _heartbeat(self, worker: WorkerProcess) -> None:
         try:
-            await worker.client.ping(timeout_s=HEARTBEAT_TIMEOUT_S)
+            await worker.client.ping(timeout_s=self.config.heartbeat_timeout_s)
             worker.last_pong = time.monotonic()
         except WorkerUnavailable:
             if worker.proc is not None and worker.proc.poll() is None:

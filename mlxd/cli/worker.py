@@ -26,9 +26,17 @@ def worker_group() -> None:
 @click.option("--control", default=None, help="Control endpoint (default: w.sock -> w.ctl.sock).")
 @click.option("--parent-pid", type=int, default=None, help="Exit when this process is gone.")
 @click.option("--log-level", default="INFO", show_default=True)
+@click.option(
+    "--enable-test-faults",
+    is_flag=True,
+    envvar="MLXD_TEST_FAULTS",
+    hidden=True,
+    help="Accept the debug_crash control command (fault-injection tests only).",
+)
 @with_scheduler_options
 def serve_command(model: str, name: str | None, endpoint: str, control: str | None,
-                  parent_pid: int | None, log_level: str, **opts: object) -> None:  # fmt: skip
+                  parent_pid: int | None, log_level: str, enable_test_faults: bool,
+                  **opts: object) -> None:  # fmt: skip
     """Load MODEL and serve it on ENDPOINT until SIGTERM."""
     from mlxd.worker.main import configure_logging, serve
 
@@ -41,6 +49,7 @@ def serve_command(model: str, name: str | None, endpoint: str, control: str | No
             max_context=opts["max_context"],  # type: ignore[arg-type]
             parent_pid=parent_pid,
             control_endpoint=control,
+            enable_test_faults=enable_test_faults,
         )
     except MlxdError as exc:
         raise click.ClickException(exc.message) from None

@@ -294,6 +294,18 @@ class Shutdown:
     request_id: str
 
 
+@dataclass(frozen=True, kw_only=True)
+class DebugCrash:
+    """Test-only: the worker calls ``os.abort()`` (a native crash, no cleanup, no reply).
+
+    Workers refuse it with ``protocol_error`` unless started with ``MLXD_TEST_FAULTS=1``
+    (``mlxd worker serve --enable-test-faults``), so fault tests can crash a worker on demand.
+    """
+
+    TAG: ClassVar[str] = "debug_crash"
+    request_id: str
+
+
 # Worker -> admin
 
 
@@ -383,17 +395,18 @@ class Ack:
 
 ControlRequest = (
     Ping | GetStatus | GetStats | Drain | Pause | Resume | FlushCache | SetConfig | Shutdown
-)
+    | DebugCrash
+)  # fmt: skip
 ControlReply = Pong | StatusReply | StatsReply | Ack | Error
 
 Message = (
     Generate | Cancel | Ping | Pong | TokenDelta | Finished | Error | Events | Embed | Embeddings
     | GetStatus | GetStats | Drain | Pause | Resume | FlushCache | SetConfig | Shutdown
-    | StatusReply | StatsReply | Ack
+    | DebugCrash | StatusReply | StatsReply | Ack
 )  # fmt: skip
 
 MESSAGE_TYPES: tuple[type, ...] = (
     Generate, Cancel, Ping, Pong, TokenDelta, Finished, Error, Events, Embed, Embeddings,
-    GetStatus, GetStats, Drain, Pause, Resume, FlushCache, SetConfig, Shutdown,
+    GetStatus, GetStats, Drain, Pause, Resume, FlushCache, SetConfig, Shutdown, DebugCrash,
     StatusReply, StatsReply, Ack,
 )  # fmt: skip

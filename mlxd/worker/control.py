@@ -21,6 +21,7 @@ from mlxd.errors import ConfigError, InvalidRequest, MlxdError, ProtocolError
 from mlxd.protocol.messages import (
     Ack,
     ControlReply,
+    DebugCrash,
     Drain,
     Error,
     FlushCache,
@@ -52,9 +53,12 @@ class Control:
     Args:
         engine: the engine to report on and steer (its channel has a control socket bound).
         model_path: what the worker loaded, for ``status``.
+        enable_test_faults: accept ``DebugCrash`` (fault tests only); refused otherwise.
     """
 
-    def __init__(self, engine: Engine, *, model_path: str) -> None:
+    def __init__(
+        self, engine: Engine, *, model_path: str, enable_test_faults: bool = False
+    ) -> None:
         self.engine = engine
         self.model_path = model_path
         self.weights_bytes = _weights_bytes(engine.runner.model)
@@ -69,6 +73,8 @@ class Control:
             SetConfig: self._set,
             Shutdown: self._shutdown,
         }
+        if enable_test_faults:
+            self._handlers[DebugCrash] = self._crash
 
     # Public API
 
@@ -173,6 +179,11 @@ class Control:
         self.engine.exit_when_drained = True
         log.info("shutting down after %d request(s)", self._num_in_flight())
         return self._ack(msg.request_id, f"exiting after {self._num_in_flight()} request(s)")
+
+    def _crash(self, msg: DebugCrash) -> ControlReply:
+        log.critical("debug_crash %r: aborting (test faults are enabled)", msg.request_id)
+        logging.shutdown()
+        os.abort()
 
     # Internal helpers
 

@@ -49,7 +49,9 @@ def serve(config: WorkerConfig) -> int:
         max_context=max_context,
         embedder=Embedder(model),
     )
-    engine.control = Control(engine, model_path=config.model)
+    engine.control = Control(
+        engine, model_path=config.model, enable_test_faults=config.enable_test_faults
+    )
     _install_signal_handlers(engine)
     # Everything alive now lives as long as the worker: keep the cyclic GC from rescanning it
     # (the model's modules, the tokenizer) in the middle of decode steps.

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -26,12 +27,21 @@ class Daemon:
     def children(self) -> list[int]:
         return child_pids(self.proc.pid)
 
-    def worker_endpoint(self) -> str:
+    def worker_endpoint(self, name: str | None = None) -> str:
+        return self._worker_arg(name, "--bind")[1]
+
+    def worker_pid(self, name: str | None = None) -> int:
+        return self._worker_arg(name, "--name")[0]
+
+    def _worker_arg(self, name: str | None, option: str) -> tuple[int, str]:
         for pid in self.children():
-            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            if b"--bind" in args:
-                return args[args.index(b"--bind") + 1].decode()
-        raise AssertionError("no worker process found")
+            try:
+                args = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+            except OSError:
+                continue
+            if "--bind" in args and (name is None or args[args.index("--name") + 1] == name):
+                return pid, args[args.index(option) + 1]
+        raise AssertionError(f"no worker process found for {name or 'any model'}")
 
 
 def child_pids(pid: int) -> list[int]:
@@ -53,11 +63,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_daemon(model_path: Path, *extra: str, name: str = "tiny") -> Daemon:
+def start_daemon(
+    model_path: Path,
+    *extra: str,
+    name: str = "tiny",
+    env: dict[str, str] | None = None,
+    stderr: Any = None,
+) -> Daemon:
     port = free_port()
     cmd = [sys.executable, "-m", "mlxd", "start", "--model", f"{name}={model_path}",
            "--port", str(port), "--log-level", "warning", *extra]  # fmt: skip
-    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        cmd, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, stderr=stderr
+    )
     daemon = Daemon(proc, f"http://127.0.0.1:{port}", name, model_path)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

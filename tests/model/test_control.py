@@ -23,6 +23,7 @@ from mlxd.protocol import codec
 from mlxd.protocol.messages import (
     PROTOCOL_VERSION,
     Ack,
+    DebugCrash,
     Drain,
     Error,
     Generate,
@@ -229,3 +230,9 @@ def test_control_messages_on_the_data_socket_are_refused(admin: Admin) -> None:
     admin.h.send(GetStatus(request_id="s"))
     error = admin.h.results["s"].error
     assert error is not None and error.code == "protocol_error"
+
+
+def test_debug_crash_is_refused_unless_test_faults_are_enabled(admin: Admin) -> None:
+    reply = admin.ask(DebugCrash(request_id="boom"))
+    assert isinstance(reply, Error) and reply.code == "protocol_error"
+    assert isinstance(admin.ask(Ping(request_id="p")), Pong)  # still serving

@@ -1,0 +1,142 @@
+"""Worker faults during active streams: SIGKILL, SIGSTOP (a hang) and a native abort.
+
+Two models run in one daemon; faults hit model ``a`` while ``b`` keeps serving. The streams on
+``a`` must end with a clean error event within seconds, and ``a``'s worker must come back with
+its restart counted in ``/admin/status`` and ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+import zmq
+
+from mlxd.protocol import codec
+from mlxd.protocol.channel import control_endpoint
+from mlxd.protocol.messages import DebugCrash
+from tests.e2e.conftest import Daemon, start_daemon, stop_daemon
+
+pytestmark = [pytest.mark.e2e]
+
+NUM_STREAMS = 3
+ERROR_WITHIN_S = 15.0  # SIGSTOP: up to 2 s between pings + a 2 s heartbeat timeout, with slack
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_model: Path) -> Iterator[Daemon]:
+    d = start_daemon(tiny_model, "--model", f"b={tiny_model}", "--heartbeat-timeout", "2",
+                     "--max-context", "4096", name="a", env={"MLXD_TEST_FAULTS": "1"})  # fmt: skip
+    yield d
+    if d.proc.poll() is None:
+        stop_daemon(d)
+
+
+def stream(d: Daemon, model: str, max_tokens: int, started: threading.Semaphore) -> dict:
+    """One streamed completion: its finish reason or its error code, and when it ended."""
+    body = {"model": model, "prompt": "hello", "max_tokens": max_tokens, "stream": True,
+            "ignore_eos": True}  # fmt: skip
+    out: dict = {"finish_reason": None, "error": None, "chunks": 0}
+    with httpx.stream("POST", f"{d.base_url}/v1/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            data = json.loads(line[6:])
+            if "error" in data:
+                out["error"] = data["error"]["code"]
+            elif data["choices"][0]["finish_reason"]:
+                out["finish_reason"] = data["choices"][0]["finish_reason"]
+            out["chunks"] += 1
+            if out["chunks"] == 1:
+                started.release()
+    out["ended"] = time.monotonic()
+    return out
+
+
+def open_streams(d: Daemon, model: str, max_tokens: int, pool: ThreadPoolExecutor) -> list[Future]:
+    started = threading.Semaphore(0)
+    futures = [pool.submit(stream, d, model, max_tokens, started) for _ in range(NUM_STREAMS)]
+    for _ in futures:
+        assert started.acquire(timeout=60), "a stream did not start"
+    return futures
+
+
+def complete(d: Daemon, model: str) -> str:
+    body = {"model": model, "prompt": "hi", "max_tokens": 4, "ignore_eos": True}
+    r = httpx.post(f"{d.base_url}/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return str(r.json()["choices"][0]["finish_reason"])
+
+
+def model_info(d: Daemon, name: str) -> dict:
+    models = httpx.get(f"{d.base_url}/admin/status", timeout=10).json()["models"]
+    return next(m for m in models if m["name"] == name)
+
+
+def wait_ready(d: Daemon, name: str, restarts: int, timeout: float = 90) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = model_info(d, name)
+        if info["state"] == "ready" and info["restarts"] >= restarts:
+            return info
+        time.sleep(0.2)
+    raise AssertionError(f"{name} did not come back: {model_info(d, name)}")
+
+
+def crash(d: Daemon) -> None:
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 1000)
+    sock.connect(control_endpoint(d.worker_endpoint("a")))
+    sock.send_multipart(codec.encode(DebugCrash(request_id="boom")))
+    sock.close()
+
+
+def sigkill(d: Daemon) -> None:
+    os.kill(d.worker_pid("a"), signal.SIGKILL)
+
+
+def sigstop(d: Daemon) -> None:
+    os.kill(d.worker_pid("a"), signal.SIGSTOP)
+
+
+@pytest.mark.parametrize("fault", [sigkill, sigstop, crash], ids=lambda f: f.__name__)
+def test_fault_fails_streams_cleanly_and_the_worker_comes_back(
+    pair: Daemon, fault: Callable[[Daemon], None]
+) -> None:
+    before = wait_ready(pair, "a", restarts=0)
+    with ThreadPoolExecutor(NUM_STREAMS) as pool:
+        futures = open_streams(pair, "a", 3000, pool)
+        fault(pair)
+        hit = time.monotonic()
+        assert complete(pair, "b") == "length"  # the other model is untouched
+        results = [f.result(timeout=60) for f in futures]
+    for r in results:
+        assert r["error"] == "worker_unavailable" and r["finish_reason"] is None, r
+        assert r["ended"] - hit < ERROR_WITHIN_S, r
+    after = wait_ready(pair, "a", restarts=before["restarts"] + 1)
+    assert after["pid"] != before["pid"] and not Path(f"/proc/{before['pid']}").exists()
+    metrics = httpx.get(f"{pair.base_url}/metrics", timeout=10).text
+    assert f'mlxd_worker_restarts_total{{model="a"}} {after["restarts"]}.0' in metrics
+    assert complete(pair, "a") == "length"
+
+
+def test_sigterm_drains_streams_in_flight_then_exits(tiny_model: Path) -> None:
+    d = start_daemon(tiny_model, "--drain-timeout", "30", "--max-context", "1024")
+    workers = d.children()
+    with ThreadPoolExecutor(NUM_STREAMS) as pool:
+        futures = open_streams(d, d.model, 200, pool)
+        d.proc.send_signal(signal.SIGTERM)
+        results = [f.result(timeout=60) for f in futures]
+    assert all(r["finish_reason"] == "length" and r["error"] is None for r in results), results
+    assert d.proc.wait(timeout=30) == 0
+    assert not [p for p in workers if Path(f"/proc/{p}").exists()]
