@@ -1,8 +1,8 @@
 """The OpenAI-compatible endpoints: chat completions, completions, models, health.
 
-Each endpoint parses with ``schemas``, sends one ``Generate`` to the model's worker, then
-streams (``streaming``) or collects the events. Errors are raised as ``MlxdError`` and rendered
-by the app's one exception handler.
+Each endpoint parses with ``schemas``, sends one ``Generate`` per choice to the model's worker
+(``choices``), then streams (``streaming``) or collects the events. Errors are raised as
+``MlxdError`` and rendered by the app's one exception handler.
 """
 
 from __future__ import annotations
@@ -21,21 +21,33 @@ from starlette.responses import JSONResponse, Response
 
 from mlxd.config import ServeConfig
 from mlxd.errors import ModelNotFound
-from mlxd.gateway import schemas
+from mlxd.gateway import responses, schemas
 from mlxd.gateway.accesslog import REQUEST_ID_HEADER, RequestRecord, loggable_prompt, record_of
-from mlxd.gateway.logprobs import merge
+from mlxd.gateway.choices import Choices, generates
+from mlxd.gateway.chunks import ChatChunks, TextChunks
 from mlxd.gateway.metrics import Metrics
-from mlxd.gateway.schemas import ChatChunks, ParsedRequest, TextChunks
+from mlxd.gateway.responses import ChoiceResult
+from mlxd.gateway.schemas import ParsedRequest
 from mlxd.gateway.streaming import ChunkFormat, EventStreamResponse, next_event
-from mlxd.gateway.workers import RequestStream, StreamObserver, WorkerPool
-from mlxd.protocol.messages import Finished, TokenLogprob
+from mlxd.gateway.toolcalls import split_tool_calls
+from mlxd.gateway.workers import StreamObserver, WorkerPool
+from mlxd.protocol.messages import Finished, Usage
 
 MAX_REQUEST_ID_CHARS = 128
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first"
 
-_Builder = Callable[[str, str, int, str, Finished, list[TokenLogprob] | None], dict[str, Any]]
+_Builder = Callable[[str, str, int, list[ChoiceResult], Usage], dict[str, Any]]
 _Parser = Callable[[Any, str | None, str | None], ParsedRequest]  # body, X-Priority, key tier
-_ChunksFactory = Callable[[str, str, int, bool], ChunkFormat]
+_ChunksFactory = Callable[[str, str, int, ParsedRequest], ChunkFormat]
+
+
+def _chat_chunks(completion_id: str, model: str, created: int, p: ParsedRequest) -> ChunkFormat:
+    tools = p.parse_tools
+    return ChatChunks(completion_id, model, created, p.n, p.include_usage, tools, p.max_tool_calls)
+
+
+def _text_chunks(completion_id: str, model: str, created: int, p: ParsedRequest) -> ChunkFormat:
+    return TextChunks(completion_id, model, created, p.n, p.include_usage)
 
 
 class OpenAIEndpoints:
@@ -75,14 +87,14 @@ class OpenAIEndpoints:
         """``POST /v1/chat/completions``."""
         return await self._complete(
             request, schemas.parse_chat, self.config.chat_timeout_s,
-            "chatcmpl", ChatChunks, schemas.chat_completion,
+            "chatcmpl", _chat_chunks, responses.chat_completion,
         )  # fmt: skip
 
     async def completions(self, request: Request) -> Response:
         """``POST /v1/completions``."""
         return await self._complete(
             request, schemas.parse_completion, self.config.completion_timeout_s,
-            "cmpl", TextChunks, schemas.text_completion,
+            "cmpl", _text_chunks, responses.text_completion,
         )  # fmt: skip
 
     # Internal helpers
@@ -105,26 +117,30 @@ class OpenAIEndpoints:
         worker = await self.pool.client(parsed.model)
         deadline = time.monotonic() + timeout_s
         observer = self._track(record, parsed)
-        stream = await worker.open_stream(parsed.to_generate(request_id, timeout_s), observer)
-        completion_id, created = schemas.new_id(id_prefix), int(time.time())
+        base = parsed.to_generate(request_id, timeout_s)
+        stream = await Choices.open(worker, generates(base, parsed.n), observer)
+        completion_id, created = responses.new_id(id_prefix), int(time.time())
         try:
             if parsed.stream:
                 first = await next_event(stream, deadline)
                 assert first is not None  # no keepalive was asked for
-                fmt = chunks(completion_id, parsed.model, created, parsed.include_usage)
+                fmt = chunks(completion_id, parsed.model, created, parsed)
                 return EventStreamResponse(stream, first, fmt, deadline, headers)
-            collected = await _collect_while_connected(request, stream, deadline)
+            results = await _collect_while_connected(request, stream, deadline)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await stream.cancel()
             raise
-        if collected is None:
+        if results is None:
             await stream.cancel()
             return Response(status_code=CLIENT_CLOSED_REQUEST, headers=headers)
-        text, finished, logprobs = collected
-        return JSONResponse(
-            build(completion_id, parsed.model, created, text, finished, logprobs), 200, headers
-        )
+        if parsed.parse_tools:
+            for result in results:
+                result.text, result.tool_calls = split_tool_calls(
+                    result.text, parsed.max_tool_calls
+                )
+        body = build(completion_id, parsed.model, created, results, stream.usage)
+        return JSONResponse(body, 200, headers)
 
     def _request_ids(self, record: RequestRecord) -> tuple[str, str]:
         """The client's ``X-Request-Id`` (or the one made for it) and the unique id on the wire."""
@@ -161,19 +177,22 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-_Collected = tuple[str, Finished, list[TokenLogprob] | None]
-
-
-async def _collect(stream: RequestStream, deadline: float) -> _Collected:
-    parts: list[str] = []
-    logprobs: list[list[TokenLogprob] | None] = []
+async def _collect(stream: Choices, deadline: float) -> list[ChoiceResult]:
+    results = [ChoiceResult() for _ in stream.streams]
+    parts: list[list[str]] = [[] for _ in stream.streams]
     while True:
         event = await next_event(stream, deadline)
         assert event is not None  # no keepalive was asked for
-        parts.append(event.text)
+        i = stream.index(event)
+        parts[i].append(event.text)
         if isinstance(event, Finished):
-            return "".join(parts), event, merge(logprobs)
-        logprobs.append(event.logprobs)
+            results[i].text, results[i].finish_reason = "".join(parts[i]), event.finish_reason
+            if stream.is_done:
+                return results
+        elif event.logprobs is not None:
+            if results[i].logprobs is None:
+                results[i].logprobs = []
+            results[i].logprobs.extend(event.logprobs)  # type: ignore[union-attr]
 
 
 async def _disconnected(request: Request) -> None:
@@ -182,8 +201,8 @@ async def _disconnected(request: Request) -> None:
 
 
 async def _collect_while_connected(
-    request: Request, stream: RequestStream, deadline: float
-) -> _Collected | None:
+    request: Request, stream: Choices, deadline: float
+) -> list[ChoiceResult] | None:
     """Collect the whole completion; ``None`` if the client disconnected first."""
     collector = asyncio.ensure_future(_collect(stream, deadline))
     watcher = asyncio.ensure_future(_disconnected(request))

@@ -8,28 +8,25 @@ from __future__ import annotations
 
 import json
 import math
-import secrets
 from dataclasses import dataclass, replace
 from typing import Any
 
 from mlxd.errors import InvalidRequest
-from mlxd.gateway.logprobs import chat_logprobs, completion_logprobs
+from mlxd.gateway.tools import message_tool_calls, parse_tool_use
 from mlxd.protocol.messages import (
     PRIORITIES,
     ChatPrompt,
-    Finished,
     Generate,
     JsonFormat,
     Prompt,
     SamplingParams,
     TextPrompt,
-    TokenLogprob,
     TokenPrompt,
-    Usage,
 )
 from mlxd.protocol.validate import MAX_TOP_LOGPROBS
 
 MAX_STOP = 16
+MAX_N = 16  # choices per request: each is a sequence in the worker's batch
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # as OpenAI's /v1/completions
 _MAX_INT = 2**31 - 1
 _MAX_SEED = 2**63 - 1
@@ -41,12 +38,12 @@ _SAMPLING_FIELDS = frozenset(
 )  # fmt: skip
 _CHAT_FIELDS = _SAMPLING_FIELDS | {
     "messages", "max_completion_tokens", "tools", "tool_choice", "response_format", "logprobs",
-    "top_logprobs"
+    "top_logprobs", "parallel_tool_calls"
 }  # fmt: skip
 _COMPLETION_FIELDS = _SAMPLING_FIELDS | {"prompt", "echo", "suffix", "logprobs"}
 # OpenAI fields we do not serve yet: accepted only when null or false.
 _UNSUPPORTED = frozenset(
-    {"parallel_tool_calls", "functions", "function_call", "audio",
+    {"functions", "function_call", "audio",
      "modalities", "prediction", "service_tier", "store", "metadata", "reasoning_effort",
      "web_search_options", "best_of", "verbosity", "prompt_cache_key", "safety_identifier"}
 )  # fmt: skip
@@ -64,6 +61,9 @@ class ParsedRequest:
     stream: bool = False
     include_usage: bool = False
     priority: str = "normal"
+    n: int = 1
+    parse_tools: bool = False  # split tool calls out of the output
+    max_tool_calls: int | None = None  # 1 when parallel_tool_calls is false
 
     def to_generate(self, request_id: str, timeout_s: float | None) -> Generate:
         """The ``Generate`` message that starts this request on a worker."""
@@ -98,7 +98,11 @@ def parse_chat(
     response_format = _response_format(body.get("response_format"))
     max_tokens = _positive_int(body, "max_tokens")  # deprecated by OpenAI; the newer name wins
     max_tokens = _positive_int(body, "max_completion_tokens") or max_tokens
-    parsed = _parsed(body, _chat_prompt(body), max_tokens, header_priority, tier)
+    tool_use = parse_tool_use(body)
+    prompt = ChatPrompt(messages=_messages(body), tools=tool_use.tools)
+    parsed = _parsed(body, prompt, max_tokens, header_priority, tier)
+    parsed = replace(parsed, parse_tools=tool_use.parse_calls,
+                     max_tool_calls=1 if tool_use.single_call else None)  # fmt: skip
     top = _int(body, "top_logprobs", 0, 0)
     if top > MAX_TOP_LOGPROBS:
         raise InvalidRequest(f"'top_logprobs' must be at most {MAX_TOP_LOGPROBS}",
@@ -130,126 +134,6 @@ def parse_completion(
     return _with_logprobs(parsed, top >= 0, max(top, 0))
 
 
-# Public API: responses
-
-
-def new_id(prefix: str) -> str:
-    """A fresh OpenAI-style object id, e.g. ``chatcmpl-<hex>``."""
-    return f"{prefix}-{secrets.token_hex(12)}"
-
-
-def usage_dict(usage: Usage) -> dict[str, Any]:
-    """The OpenAI ``usage`` object."""
-    return {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
-    }
-
-
-def chat_completion(
-    completion_id: str,
-    model: str,
-    created: int,
-    text: str,
-    finished: Finished,
-    logprobs: list[TokenLogprob] | None = None,
-) -> dict[str, Any]:
-    """A non-streamed ``chat.completion`` object."""
-    message = {"role": "assistant", "content": text, "refusal": None}
-    choice = {"index": 0, "message": message, "logprobs": chat_logprobs(logprobs),
-              "finish_reason": finished.finish_reason}  # fmt: skip
-    return {"id": completion_id, "object": "chat.completion", "created": created, "model": model,
-            "choices": [choice], "usage": usage_dict(finished.usage)}  # fmt: skip
-
-
-def text_completion(
-    completion_id: str,
-    model: str,
-    created: int,
-    text: str,
-    finished: Finished,
-    logprobs: list[TokenLogprob] | None = None,
-) -> dict[str, Any]:
-    """A non-streamed ``text_completion`` object."""
-    choice = {"index": 0, "text": text, "logprobs": completion_logprobs(logprobs),
-              "finish_reason": finished.finish_reason}  # fmt: skip
-    return {"id": completion_id, "object": "text_completion", "created": created, "model": model,
-            "choices": [choice], "usage": usage_dict(finished.usage)}  # fmt: skip
-
-
-class _Chunks:
-    object_name = ""
-
-    def __init__(self, completion_id: str, model: str, created: int, include_usage: bool) -> None:
-        self.completion_id = completion_id
-        self.model = model
-        self.created = created
-        self.include_usage = include_usage
-
-    def head(self) -> list[dict[str, Any]]:
-        return []
-
-    def delta(self, text: str, logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
-        choice = self._choice(text, None)
-        choice["logprobs"] = self._logprobs(logprobs)
-        return self._chunk(choice)
-
-    def _logprobs(self, entries: list[TokenLogprob] | None) -> dict[str, Any] | None:
-        return chat_logprobs(entries)
-
-    def tail(self, finished: Finished) -> list[dict[str, Any]]:
-        out = [self.delta(finished.text)] if finished.text else []
-        out.append(self._chunk(self._choice(None, finished.finish_reason)))
-        if self.include_usage:
-            out.append(self._chunk(None, usage=usage_dict(finished.usage)))
-        return out
-
-    def _choice(self, text: str | None, finish_reason: str | None) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def _chunk(
-        self, choice: dict[str, Any] | None, usage: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
-        chunk = {"id": self.completion_id, "object": self.object_name, "created": self.created,
-                 "model": self.model, "choices": [] if choice is None else [choice]}  # fmt: skip
-        if self.include_usage:
-            chunk["usage"] = usage
-        return chunk
-
-
-class ChatChunks(_Chunks):
-    """Builds ``chat.completion.chunk`` objects; the first carries ``delta.role``."""
-
-    object_name = "chat.completion.chunk"
-
-    def head(self) -> list[dict[str, Any]]:
-        choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                  "finish_reason": None}  # fmt: skip
-        return [self._chunk(choice)]
-
-    def _choice(self, text: str | None, finish_reason: str | None) -> dict[str, Any]:
-        delta = {} if text is None else {"content": text}
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-
-
-class TextChunks(_Chunks):
-    """Builds streamed ``text_completion`` objects."""
-
-    object_name = "text_completion"
-    _offset = 0  # characters of output so far: the next token's text_offset
-
-    def _logprobs(self, entries: list[TokenLogprob] | None) -> dict[str, Any] | None:
-        out = completion_logprobs(entries, self._offset)
-        if out is not None:
-            self._offset += sum(len(t) for t in out["tokens"])
-        return out
-
-    def _choice(self, text: str | None, finish_reason: str | None) -> dict[str, Any]:
-        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
-
-
 # Internal helpers: the request as a whole
 
 
@@ -276,8 +160,8 @@ def _parsed(
     if not model:
         raise InvalidRequest("'model' is required", param="model")
     n = _int(body, "n", 1, 1)
-    if n != 1:
-        raise InvalidRequest("Only n=1 is supported for now", param="n")
+    if n > MAX_N:
+        raise InvalidRequest(f"'n' must be at most {MAX_N}", param="n")
     _typed(body, "user", str, "a string")
     stream = _bool(body, "stream", False)
     return ParsedRequest(
@@ -287,6 +171,7 @@ def _parsed(
         stream=stream,
         include_usage=_include_usage(body.get("stream_options"), stream),
         priority=_priority(body, header_priority, tier),
+        n=n,
     )
 
 
@@ -388,16 +273,11 @@ def _priority(body: dict[str, Any], header: str | None, tier: str | None) -> str
 # Internal helpers: prompts
 
 
-def _chat_prompt(body: dict[str, Any]) -> ChatPrompt:
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("'messages' must be a non-empty list", param="messages")
-    parsed = [_message(m, f"messages[{i}]") for i, m in enumerate(messages)]
-    tools = _tools(body.get("tools"))
-    choice = body.get("tool_choice")
-    if choice not in (None, "auto", "none"):
-        raise InvalidRequest("Only tool_choice 'auto' or 'none' is supported", param="tool_choice")
-    return ChatPrompt(messages=parsed, tools=None if choice == "none" else tools)
+    return [_message(m, f"messages[{i}]") for i, m in enumerate(messages)]
 
 
 def _message(msg: Any, path: str) -> dict[str, Any]:
@@ -412,11 +292,12 @@ def _message(msg: Any, path: str) -> dict[str, Any]:
             f"'{path}.role' must be one of {', '.join(_ROLES)}", param=f"{path}.role"
         )
     out: dict[str, Any] = {"role": role, "content": _content(msg.get("content"), path)}
-    for key, kind, name in (("name", str, "a string"), ("tool_call_id", str, "a string"),
-                            ("tool_calls", list, "a list")):  # fmt: skip
-        value = _typed(msg, key, kind, name, f"{path}.{key}")
+    for key in ("name", "tool_call_id"):
+        value = _typed(msg, key, str, "a string", f"{path}.{key}")
         if value is not None:
             out[key] = value
+    if msg.get("tool_calls") is not None:
+        out["tool_calls"] = message_tool_calls(msg["tool_calls"], f"{path}.tool_calls")
     if out["content"] is None and "tool_calls" not in out:
         raise InvalidRequest(f"'{path}.content' is required", param=f"{path}.content")
     return out
@@ -435,21 +316,6 @@ def _content(value: Any, path: str) -> str | None:
             raise InvalidRequest(f"'{where}': only text parts are supported", param=f"{where}.type")
         texts.append(_typed(part, "text", str, "a string", f"{where}.text") or "")
     return "".join(texts)
-
-
-def _tools(value: Any) -> list[dict[str, Any]] | None:
-    if value is None:
-        return None
-    if not isinstance(value, list):
-        raise InvalidRequest("'tools' must be a list", param="tools")
-    for i, tool in enumerate(value):
-        is_function = isinstance(tool, dict) and tool.get("type") == "function"
-        fn = tool.get("function") if is_function else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise InvalidRequest(
-                f"'tools[{i}]' must be a function with a name", param=f"tools[{i}]"
-            )
-    return value or None
 
 
 def _completion_prompt(value: Any) -> TextPrompt | TokenPrompt:

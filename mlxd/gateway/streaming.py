@@ -1,4 +1,4 @@
-"""Server-sent events: ``data: {json}\\n\\n`` frames from a ``RequestStream``, then ``[DONE]``.
+"""Server-sent events: ``data: {json}\\n\\n`` frames from a request's ``Choices``, then ``[DONE]``.
 
 The endpoint waits for the first event before it builds an ``EventStreamResponse``, so errors
 that come early (prompt too long, queue full) still get a real HTTP status. Whatever ends the
@@ -19,8 +19,8 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from mlxd.errors import MlxdError, RequestTimeout
-from mlxd.gateway.workers import RequestStream
-from mlxd.protocol.messages import Finished, TokenDelta, TokenLogprob
+from mlxd.gateway.choices import Choices
+from mlxd.protocol.messages import Finished, TokenDelta, TokenLogprob, Usage
 
 log = logging.getLogger(__name__)
 
@@ -30,18 +30,24 @@ KEEPALIVE_S = 15.0
 
 
 class ChunkFormat(Protocol):
-    """Turns events into the JSON chunks of one endpoint (see ``schemas.ChatChunks``)."""
+    """Turns events into the JSON chunks of one endpoint (see ``chunks.ChatChunks``)."""
 
     def head(self) -> list[dict[str, Any]]:
-        """Chunks sent before any text (the chat ``role`` chunk)."""
+        """Chunks sent before any text (the chat ``role`` chunk of each choice)."""
         ...
 
-    def delta(self, text: str, logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
-        """The chunk for new text (and its tokens' logprobs, when the request asked)."""
+    def delta(
+        self, index: int, text: str, logprobs: list[TokenLogprob] | None = None
+    ) -> list[dict[str, Any]]:
+        """The chunks for new text of choice ``index`` (and its tokens' logprobs, if asked)."""
         ...
 
-    def tail(self, finished: Finished) -> list[dict[str, Any]]:
-        """The last chunks: remaining text, ``finish_reason``, and usage if asked for."""
+    def finish(self, index: int, finished: Finished) -> list[dict[str, Any]]:
+        """The last chunks of choice ``index``: remaining text and its ``finish_reason``."""
+        ...
+
+    def tail(self, usage: Usage) -> list[dict[str, Any]]:
+        """The chunks after every choice finished: usage, if asked for."""
         ...
 
 
@@ -52,7 +58,7 @@ def sse(data: Mapping[str, Any]) -> bytes:
 
 
 async def next_event(
-    stream: RequestStream, deadline: float, keepalive_s: float = float("inf")
+    stream: Choices, deadline: float, keepalive_s: float = float("inf")
 ) -> TokenDelta | Finished | None:
     """The stream's next event, or ``None`` after ``keepalive_s`` of silence.
 
@@ -73,7 +79,7 @@ async def next_event(
 
 
 async def sse_events(
-    stream: RequestStream,
+    stream: Choices,
     first: TokenDelta | Finished,
     fmt: ChunkFormat,
     deadline: float,
@@ -82,20 +88,20 @@ async def sse_events(
     """SSE frames for ``stream``, starting from its already received ``first`` event.
 
     An error after the headers went out becomes a ``data: {"error": ...}`` event before
-    ``[DONE]``. On any exit (including cancellation when the client disconnects) the request is
-    cancelled on the worker.
+    ``[DONE]``. On any exit (including cancellation when the client disconnects) every choice
+    still running is cancelled on the worker.
     """
     try:
         for chunk in fmt.head():
             yield sse(chunk)
         event: TokenDelta | Finished | None = first
-        while not isinstance(event, Finished):
-            if event is None:
-                yield KEEPALIVE
-            elif event.text or event.logprobs:
-                yield sse(fmt.delta(event.text, event.logprobs))
+        while True:
+            for frame in _frames(stream, fmt, event):
+                yield frame
+            if isinstance(event, Finished) and stream.is_done:
+                break
             event = await next_event(stream, deadline, keepalive_s)
-        for chunk in fmt.tail(event):
+        for chunk in fmt.tail(stream.usage):
             yield sse(chunk)
     except MlxdError as exc:
         log.warning("request %s failed mid-stream: %s", stream.request_id, exc.message)
@@ -106,6 +112,16 @@ async def sse_events(
     yield DONE
 
 
+def _frames(stream: Choices, fmt: ChunkFormat, event: TokenDelta | Finished | None) -> list[bytes]:
+    if event is None:
+        return [KEEPALIVE]
+    if isinstance(event, Finished):
+        return [sse(c) for c in fmt.finish(stream.index(event), event)]
+    if event.text or event.logprobs:
+        return [sse(c) for c in fmt.delta(stream.index(event), event.text, event.logprobs)]
+    return []
+
+
 class EventStreamResponse(StreamingResponse):
     """A ``text/event-stream`` response over ``sse_events`` that always releases its request."""
 
@@ -113,7 +129,7 @@ class EventStreamResponse(StreamingResponse):
 
     def __init__(
         self,
-        stream: RequestStream,
+        stream: Choices,
         first: TokenDelta | Finished,
         fmt: ChunkFormat,
         deadline: float,

@@ -8,6 +8,9 @@ tick, coalescing some ticks into ``Events``. Words in the prompt change the scri
 - ``SLOW``: a long reply at ``slow_tick_s`` per tick (time for a client to disconnect).
 - ``SILENT``: never answer (time for a timeout).
 - ``EMPTY``: finish at once with no text.
+- ``SEEDED``: reply ``seed <n> .`` with the request's seed (which choice got which seed).
+- ``TOOLCALL``: reply ``TOOL_REPLY`` (text, then a ``<tool_call>``; one more call per further
+  ``TOOLCALL``) in 5-character pieces, so the tags arrive split across deltas.
 
 Every ``Generate`` and ``Cancel`` it receives is recorded for assertions.
 """
@@ -46,6 +49,10 @@ from mlxd.protocol.messages import (
 
 MODEL = "scripted"
 DEFAULT_REPLY = "Hello from the scripted worker, one word at a time."
+TOOL_REPLY = (
+    'Let me check. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+    "</tool_call>"
+)
 SLOW_PIECES = 400
 MIDERROR_AFTER = 2
 T = TypeVar("T")
@@ -125,6 +132,15 @@ class ScriptedWorker:
         return self._wait(lambda: next((c for c in self.cancels if c.startswith(prefix)), None),
                           timeout_s)  # fmt: skip
 
+    def wait_cancels(self, prefix: str, count: int, timeout_s: float = 5.0) -> list[str]:
+        """The cancelled request ids starting with ``prefix``, once there are ``count`` of them."""
+        found = self._wait(
+            lambda: ids if len(ids := [c for c in self.cancels if c.startswith(prefix)]) >= count
+            else None,
+            timeout_s,
+        )  # fmt: skip
+        return found or []
+
     def wait_generate(self, prefix: str, timeout_s: float = 5.0) -> Generate | None:
         """The first Generate whose request id starts with ``prefix``."""
         return self._wait(
@@ -190,6 +206,11 @@ class ScriptedWorker:
         )
         if "EMPTY" in text:
             pieces = []
+        if "SEEDED" in text:
+            pieces = ["seed ", f"{gen.sampling.seed} ", "."]
+        if "TOOLCALL" in text:  # one call per mention
+            reply = TOOL_REPLY + TOOL_REPLY[len("Let me check. ") :] * (text.count("TOOLCALL") - 1)
+            pieces = [reply[i : i + 5] for i in range(0, len(reply), 5)]
         limit = gen.sampling.max_tokens or len(pieces)
         self._active[gen.request_id] = _Active(
             client=client,

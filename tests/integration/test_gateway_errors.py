@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 HELLO = [{"role": "user", "content": "hi"}]
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
 
 
 def chat(**fields: Any) -> dict[str, Any]:
@@ -51,7 +52,8 @@ BAD_CHAT = [
     (chat(max_tokens=-3), "max_tokens"),
     (chat(max_tokens=1.5), "max_tokens"),
     (chat(max_completion_tokens=0), "max_completion_tokens"),
-    (chat(n=2), "n"),
+    (chat(n=17), "n"),
+    (chat(n=0), "n"),
     (chat(stream="yes"), "stream"),
     (chat(stream_options={"include_usage": True}), "stream_options"),
     (chat(stop=["s"] * 17), "stop"),
@@ -75,7 +77,17 @@ BAD_CHAT = [
     (chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "strict": 1}}),
      "response_format.json_schema.strict"),
     (chat(tool_choice="required"), "tool_choice"),
-    (chat(parallel_tool_calls=True), "parallel_tool_calls"),
+    (chat(parallel_tool_calls="yes"), "parallel_tool_calls"),
+    (chat(tools=[{"type": "function"}]), "tools[0]"),
+    (chat(tools=TOOLS, tool_choice="sometimes"), "tool_choice"),
+    (chat(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}),
+     "tool_choice"),
+    (chat(tools=TOOLS, tool_choice="required"), "tool_choice"),
+    (chat(messages=[{"role": "assistant", "tool_calls": [{"function": {"name": "f",
+     "arguments": "{oops"}}]}]), "messages[0].tool_calls[0].function.arguments"),
+    (chat(messages=[{"role": "assistant", "tool_calls": [{"type": "function"}]}]),
+     "messages[0].tool_calls[0]"),
+    (chat(functions=[{"name": "f"}]), "functions"),
     (chat(frobnicate=1), "frobnicate"),
 ]  # fmt: skip
 

@@ -11,7 +11,8 @@ import pytest
 from scripted_worker import DEFAULT_REPLY, MODEL, ScriptedWorker
 
 from mlxd.errors import ModelNotFound, Overloaded, WorkerUnavailable
-from mlxd.gateway.schemas import ChatChunks
+from mlxd.gateway.choices import Choices
+from mlxd.gateway.chunks import ChatChunks
 from mlxd.gateway.streaming import DONE, KEEPALIVE, sse_events
 from mlxd.gateway.workers import RequestStream, StaticPool, WorkerClient
 from mlxd.protocol.messages import ChatPrompt, Generate, SamplingParams, TokenDelta
@@ -114,9 +115,9 @@ def test_fail_all_ends_every_stream(worker: ScriptedWorker) -> None:
 
 def test_sse_keepalive_then_timeout(worker: ScriptedWorker) -> None:
     async def body(client: WorkerClient) -> None:
-        stream = await client.open_stream(generate("keepalive", "SILENT"))
+        stream = Choices([await client.open_stream(generate("keepalive", "SILENT"))])
         first = TokenDelta(request_id="keepalive", text="x", token_ids=[1])
-        fmt = ChatChunks("chatcmpl-1", MODEL, 0, include_usage=False)
+        fmt = ChatChunks("chatcmpl-1", MODEL, 0)
         deadline = time.monotonic() + 0.25
         frames = [f async for f in sse_events(stream, first, fmt, deadline, keepalive_s=0.05)]
         assert frames.count(KEEPALIVE) >= 3

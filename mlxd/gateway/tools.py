@@ -1,0 +1,100 @@
+"""Tools in requests: ``tools``, ``tool_choice`` and the ``tool_calls`` of assistant messages.
+
+The tools go to the model's chat template (the worker renders them); the model's calls come back
+in its text and are parsed by ``toolcalls``. ``tool_choice`` "required" or a named function
+needs the output constrained to a call, which waits for constrained decoding in the worker:
+until then it is a 400 naming the field, never silently treated as "auto".
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from mlxd.errors import InvalidRequest
+
+
+@dataclass(frozen=True, slots=True)
+class ToolUse:
+    """What a request asked about tools: the tools the template sees, whether to parse calls,
+    and whether at most one call may be returned."""
+
+    tools: list[dict[str, Any]] | None = None
+    parse_calls: bool = False
+    single_call: bool = False
+
+
+def parse_tool_use(body: dict[str, Any]) -> ToolUse:
+    """Validate ``tools``, ``tool_choice`` and ``parallel_tool_calls`` of a chat body."""
+    tools = _tools(body.get("tools"))
+    choice = body.get("tool_choice")
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise InvalidRequest("'parallel_tool_calls' must be a boolean", param="parallel_tool_calls")
+    if choice is None or choice == "none" or tools is None:
+        if choice not in (None, "none"):
+            raise InvalidRequest("'tool_choice' needs 'tools'", param="tool_choice")
+        choice = "auto" if choice is None else choice
+    if choice == "none":
+        return ToolUse()
+    if choice != "auto":
+        _check_forced_choice(choice, tools or [])
+    return ToolUse(tools=tools, parse_calls=tools is not None, single_call=parallel is False)
+
+
+def message_tool_calls(value: Any, path: str) -> list[dict[str, Any]]:
+    """An assistant message's ``tool_calls``, with JSON-string arguments decoded to objects
+    (templates such as Qwen 2.5's apply ``tojson`` to them, as mlx-lm's server also does)."""
+    if not isinstance(value, list):
+        raise InvalidRequest(f"'{path}' must be a list", param=path)
+    out = []
+    for i, call in enumerate(value):
+        where = f"{path}[{i}]"
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise InvalidRequest(f"'{where}' must be a function call with a name", param=where)
+        args = fn.get("arguments", "{}")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args or "{}")
+            except ValueError:
+                raise InvalidRequest(f"'{where}.function.arguments' is not valid JSON",
+                                     param=f"{where}.function.arguments") from None  # fmt: skip
+        function = {"name": fn["name"], "arguments": args}
+        out.append({"id": call.get("id"), "type": "function", "function": function})
+    return out
+
+
+def _tools(value: Any) -> list[dict[str, Any]] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise InvalidRequest("'tools' must be a list", param="tools")
+    for i, tool in enumerate(value):
+        is_function = isinstance(tool, dict) and tool.get("type") == "function"
+        fn = tool.get("function") if is_function else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise InvalidRequest(
+                f"'tools[{i}]' must be a function with a name", param=f"tools[{i}]"
+            )
+    return value or None
+
+
+def _check_forced_choice(choice: Any, tools: list[dict[str, Any]]) -> None:
+    if isinstance(choice, dict):
+        fn = choice.get("function") if choice.get("type") == "function" else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str):
+            raise InvalidRequest("'tool_choice' must name a function", param="tool_choice")
+        if name not in {t["function"]["name"] for t in tools}:
+            raise InvalidRequest(f"'tool_choice' names {name!r}, which is not in 'tools'",
+                                 param="tool_choice")  # fmt: skip
+    elif choice != "required":
+        raise InvalidRequest("'tool_choice' must be 'none', 'auto', 'required' or a function",
+                             param="tool_choice")  # fmt: skip
+    raise InvalidRequest(
+        "'tool_choice' 'required' or a named function is not supported yet (it needs "
+        "constrained decoding); use 'auto'",
+        param="tool_choice",
+    )

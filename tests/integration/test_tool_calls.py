@@ -1,0 +1,88 @@
+"""Tool calls through the official client: parsed from the worker's text, streamed and not."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+from scripted_worker import MODEL, ScriptedWorker
+
+from mlxd.protocol.messages import ChatPrompt
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}]  # fmt: skip
+ASK = [{"role": "user", "content": "TOOLCALL weather in Paris?"}]
+
+
+def test_tool_call_non_streamed(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS)  # type: ignore[arg-type]
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == "Let me check. "
+    (call,) = choice.message.tool_calls or []
+    assert call.type == "function" and call.id.startswith("call_")
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+
+
+def test_tool_call_streamed(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, stream=True)  # type: ignore[arg-type]
+    content, calls, finish = "", [], None
+    for chunk in stream:
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        calls += delta.tool_calls or []
+        finish = chunk.choices[0].finish_reason or finish
+    assert content == "Let me check. " and finish == "tool_calls"
+    (call,) = calls
+    assert (call.index, call.function.name) == (0, "get_weather")  # type: ignore[union-attr]
+    assert json.loads(call.function.arguments) == {"city": "Paris"}  # type: ignore[union-attr, arg-type]
+
+
+def test_without_tools_the_text_is_content(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(model=MODEL, messages=ASK)  # type: ignore[arg-type]
+    assert reply.choices[0].message.tool_calls is None
+    assert "<tool_call>" in (reply.choices[0].message.content or "")
+    assert reply.choices[0].finish_reason == "stop"
+
+
+def test_tool_choice_none_hides_the_tools(client: openai.OpenAI, worker: ScriptedWorker) -> None:
+    reply = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS,  # type: ignore[arg-type]
+        tool_choice="none", extra_headers={"X-Request-Id": "tc-none"})  # fmt: skip
+    assert reply.choices[0].message.tool_calls is None
+    generate = worker.wait_generate("tc-none.")
+    assert generate is not None and isinstance(generate.prompt, ChatPrompt)
+    assert generate.prompt.tools is None
+
+
+def test_tool_round_trip_messages_reach_the_template(
+    client: openai.OpenAI, worker: ScriptedWorker
+) -> None:
+    first = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS)  # type: ignore[arg-type]
+    call = (first.choices[0].message.tool_calls or [])[0]
+    history = [*ASK, first.choices[0].message.model_dump(exclude_none=True),
+               {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]  # fmt: skip
+    client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS,  # type: ignore[arg-type]
+                                   extra_headers={"X-Request-Id": "tc-round"})  # fmt: skip
+    generate = worker.wait_generate("tc-round.")
+    assert generate is not None and isinstance(generate.prompt, ChatPrompt)
+    assistant, tool = generate.prompt.messages[1:]
+    assert assistant["tool_calls"][0]["function"] == {
+        "name": "get_weather", "arguments": {"city": "Paris"}}  # fmt: skip
+    assert tool == {"role": "tool", "content": "sunny", "tool_call_id": call.id}
+
+
+def test_parallel_tool_calls_false_keeps_one(client: openai.OpenAI) -> None:
+    twice = [{"role": "user", "content": "TOOLCALL TOOLCALL"}]
+    both = client.chat.completions.create(model=MODEL, messages=twice, tools=TOOLS)  # type: ignore[arg-type]
+    assert len(both.choices[0].message.tool_calls or []) == 2
+    one = client.chat.completions.create(model=MODEL, messages=twice, tools=TOOLS, n=2,  # type: ignore[arg-type]
+                                         parallel_tool_calls=False)  # fmt: skip
+    assert [len(c.message.tool_calls or []) for c in one.choices] == [1, 1]
+
+
+def test_streamed_calls_are_indexed(client: openai.OpenAI) -> None:
+    twice = [{"role": "user", "content": "TOOLCALL TOOLCALL"}]
+    stream = client.chat.completions.create(model=MODEL, messages=twice, tools=TOOLS, stream=True)  # type: ignore[arg-type]
+    calls = [c for chunk in stream for c in chunk.choices[0].delta.tool_calls or []]  # type: ignore[union-attr]
+    assert [c.index for c in calls] == [0, 1] and len({c.id for c in calls}) == 2
