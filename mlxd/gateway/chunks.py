@@ -79,9 +79,12 @@ class ChatChunks(_Chunks):
         include_usage: bool = False,
         tools: bool = False,
         max_tool_calls: int | None = None,
+        forced_tool_call: bool = False,
     ) -> None:
         super().__init__(completion_id, model, created, n, include_usage)
-        self._parsers = [ToolCallParser(max_tool_calls) for _ in range(n)] if tools else None
+        self._parsers = (
+            [ToolCallParser(max_tool_calls, forced_tool_call) for _ in range(n)] if tools else None
+        )
 
     def head(self) -> list[dict[str, Any]]:
         return [self._chunk({"index": i, "delta": {"role": "assistant", "content": ""},

@@ -42,8 +42,8 @@ _ChunksFactory = Callable[[str, str, int, ParsedRequest], ChunkFormat]
 
 
 def _chat_chunks(completion_id: str, model: str, created: int, p: ParsedRequest) -> ChunkFormat:
-    tools = p.parse_tools
-    return ChatChunks(completion_id, model, created, p.n, p.include_usage, tools, p.max_tool_calls)
+    return ChatChunks(completion_id, model, created, p.n, p.include_usage, p.parse_tools,
+                      p.max_tool_calls, p.forced_tool_call)  # fmt: skip
 
 
 def _text_chunks(completion_id: str, model: str, created: int, p: ParsedRequest) -> ChunkFormat:
@@ -137,7 +137,7 @@ class OpenAIEndpoints:
         if parsed.parse_tools:
             for result in results:
                 result.text, result.tool_calls = split_tool_calls(
-                    result.text, parsed.max_tool_calls
+                    result.text, parsed.max_tool_calls, parsed.forced_tool_call
                 )
         body = build(completion_id, parsed.model, created, results, stream.usage)
         return JSONResponse(body, 200, headers)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from mlxd.errors import InvalidRequest
-from mlxd.gateway.tools import message_tool_calls, parse_tool_use
+from mlxd.gateway.tools import ToolUse, message_tool_calls, parse_tool_use
 from mlxd.protocol.messages import (
     PRIORITIES,
     ChatPrompt,
@@ -40,15 +40,17 @@ _CHAT_FIELDS = _SAMPLING_FIELDS | {
     "messages", "max_completion_tokens", "tools", "tool_choice", "response_format", "logprobs",
     "top_logprobs", "parallel_tool_calls"
 }  # fmt: skip
-_COMPLETION_FIELDS = _SAMPLING_FIELDS | {"prompt", "echo", "suffix", "logprobs"}
+_COMPLETION_FIELDS = _SAMPLING_FIELDS | {"prompt", "echo", "suffix", "logprobs", "best_of"}
 # OpenAI fields we do not serve yet: accepted only when null or false.
 _UNSUPPORTED = frozenset(
     {"functions", "function_call", "audio",
      "modalities", "prediction", "service_tier", "store", "metadata", "reasoning_effort",
-     "web_search_options", "best_of", "verbosity", "prompt_cache_key", "safety_identifier"}
+     "web_search_options", "verbosity", "prompt_cache_key", "safety_identifier"}
 )  # fmt: skip
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 _MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id"})
+# Keys of OpenAI's response message that clients echo back in the history: null only.
+_NULL_MESSAGE_KEYS = frozenset({"refusal", "annotations", "audio", "function_call"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +66,7 @@ class ParsedRequest:
     n: int = 1
     parse_tools: bool = False  # split tool calls out of the output
     max_tool_calls: int | None = None  # 1 when parallel_tool_calls is false
+    forced_tool_call: bool = False  # the output is one call's JSON body (tool_choice)
 
     def to_generate(self, request_id: str, timeout_s: float | None) -> Generate:
         """The ``Generate`` message that starts this request on a worker."""
@@ -101,8 +104,7 @@ def parse_chat(
     tool_use = parse_tool_use(body)
     prompt = ChatPrompt(messages=_messages(body), tools=tool_use.tools)
     parsed = _parsed(body, prompt, max_tokens, header_priority, tier)
-    parsed = replace(parsed, parse_tools=tool_use.parse_calls,
-                     max_tool_calls=1 if tool_use.single_call else None)  # fmt: skip
+    parsed, response_format = _with_tools(parsed, tool_use, response_format)
     top = _int(body, "top_logprobs", 0, 0)
     if top > MAX_TOP_LOGPROBS:
         raise InvalidRequest(f"'top_logprobs' must be at most {MAX_TOP_LOGPROBS}",
@@ -128,6 +130,8 @@ def parse_completion(
     prompt = _completion_prompt(body.get("prompt"))
     max_tokens = _positive_int(body, "max_tokens") or COMPLETION_DEFAULT_MAX_TOKENS
     parsed = _parsed(body, prompt, max_tokens, header_priority, tier)
+    if _int(body, "best_of", parsed.n, 1) != parsed.n:  # best_of == n: nothing to choose
+        raise InvalidRequest("'best_of' other than 'n' is not supported", param="best_of")
     top = _int(body, "logprobs", -1, 0)  # legacy: the number of alternatives, 0 for none
     if top > MAX_TOP_LOGPROBS:
         raise InvalidRequest(f"'logprobs' must be at most {MAX_TOP_LOGPROBS}", param="logprobs")
@@ -196,6 +200,20 @@ def _sampling(body: dict[str, Any], max_tokens: int | None) -> SamplingParams:
         ignore_eos=_bool(body, "ignore_eos", False),
         min_tokens=min_tokens,
     )
+
+
+def _with_tools(
+    parsed: ParsedRequest, tool_use: ToolUse, response_format: JsonFormat | None
+) -> tuple[ParsedRequest, JsonFormat | None]:
+    max_calls = 1 if tool_use.single_call else None
+    parsed = replace(parsed, parse_tools=tool_use.parse_calls, max_tool_calls=max_calls,
+                     forced_tool_call=tool_use.forced is not None)  # fmt: skip
+    if tool_use.forced is None:
+        return parsed, response_format
+    if response_format is not None:
+        raise InvalidRequest("A 'tool_choice' that forces a call cannot be combined with "
+                             "'response_format'", param="tool_choice")  # fmt: skip
+    return parsed, tool_use.forced
 
 
 def _with_logprobs(parsed: ParsedRequest, wants: bool, top: int) -> ParsedRequest:
@@ -283,8 +301,10 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
 def _message(msg: Any, path: str) -> dict[str, Any]:
     if not isinstance(msg, dict):
         raise InvalidRequest(f"'{path}' must be an object", param=path)
-    for key in msg:
-        if key not in _MESSAGE_KEYS:
+    for key, value in msg.items():
+        if key in _NULL_MESSAGE_KEYS and value not in (None, []):
+            raise InvalidRequest(f"'{path}.{key}' is not supported", param=f"{path}.{key}")
+        if key not in _MESSAGE_KEYS and key not in _NULL_MESSAGE_KEYS:
             raise InvalidRequest(f"Unrecognized field '{path}.{key}'", param=f"{path}.{key}")
     role = msg.get("role")
     if role not in _ROLES:

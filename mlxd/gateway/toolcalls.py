@@ -70,12 +70,15 @@ class ToolCallParser:
 
     Args:
         max_calls: calls beyond this many are dropped (``parallel_tool_calls: false``).
+        forced: the whole output is one call's JSON body, without tags (``tool_choice``
+            "required" or a named function, enforced by constrained decoding).
     """
 
-    def __init__(self, max_calls: int | None = None) -> None:
+    def __init__(self, max_calls: int | None = None, forced: bool = False) -> None:
         self.max_calls = max_calls
+        self.forced = forced
         self._buffer = ""
-        self._in_call = False
+        self._in_call = forced
         self.num_calls = 0
 
     def feed(self, text: str) -> tuple[str, list[ToolCall]]:
@@ -118,7 +121,9 @@ class ToolCallParser:
     ) -> None:
         self._in_call = False
         call = parse_call(body)
-        if call is None:
+        if call is None and self.forced:
+            content.append(body)
+        elif call is None:
             end = TOOL_CALL_END if terminated else ""
             content.append(f"{TOOL_CALL_START}{body}{end}")
         elif self.max_calls is None or self.num_calls < self.max_calls:
@@ -126,9 +131,11 @@ class ToolCallParser:
             self.num_calls += 1
 
 
-def split_tool_calls(text: str, max_calls: int | None = None) -> tuple[str, list[ToolCall]]:
-    """The content and the tool calls of a whole output."""
-    parser = ToolCallParser(max_calls)
+def split_tool_calls(
+    text: str, max_calls: int | None = None, forced: bool = False
+) -> tuple[str, list[ToolCall]]:
+    """The content and the tool calls of a whole output (see ``ToolCallParser``)."""
+    parser = ToolCallParser(max_calls, forced)
     content, calls = parser.feed(text)
     rest, more = parser.finish()
     return content + rest, calls + more

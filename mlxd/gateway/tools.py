@@ -2,8 +2,9 @@
 
 The tools go to the model's chat template (the worker renders them); the model's calls come back
 in its text and are parsed by ``toolcalls``. ``tool_choice`` "required" or a named function
-needs the output constrained to a call, which waits for constrained decoding in the worker:
-until then it is a 400 naming the field, never silently treated as "auto".
+constrains the output (the worker's constrained decoding, as for ``response_format``) to one
+call's JSON body, ``{"name": ..., "arguments": {...}}`` valid against the tool's parameters, as
+vLLM does; the gateway then reads the whole output as that call.
 """
 
 from __future__ import annotations
@@ -13,16 +14,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlxd.errors import InvalidRequest
+from mlxd.protocol.messages import JsonFormat
 
 
 @dataclass(frozen=True, slots=True)
 class ToolUse:
     """What a request asked about tools: the tools the template sees, whether to parse calls,
-    and whether at most one call may be returned."""
+    whether at most one call may be returned, and the constraint that forces a call."""
 
     tools: list[dict[str, Any]] | None = None
     parse_calls: bool = False
     single_call: bool = False
+    forced: JsonFormat | None = None
 
 
 def parse_tool_use(body: dict[str, Any]) -> ToolUse:
@@ -38,9 +41,9 @@ def parse_tool_use(body: dict[str, Any]) -> ToolUse:
         choice = "auto" if choice is None else choice
     if choice == "none":
         return ToolUse()
-    if choice != "auto":
-        _check_forced_choice(choice, tools or [])
-    return ToolUse(tools=tools, parse_calls=tools is not None, single_call=parallel is False)
+    forced = None if choice == "auto" else _forced_call(choice, tools or [])
+    single = parallel is False or forced is not None
+    return ToolUse(tools=tools, parse_calls=tools is not None, single_call=single, forced=forced)
 
 
 def message_tool_calls(value: Any, path: str) -> list[dict[str, Any]]:
@@ -81,20 +84,33 @@ def _tools(value: Any) -> list[dict[str, Any]] | None:
     return value or None
 
 
-def _check_forced_choice(choice: Any, tools: list[dict[str, Any]]) -> None:
+def _forced_call(choice: Any, tools: list[dict[str, Any]]) -> JsonFormat:
+    functions = [t["function"] for t in tools]
     if isinstance(choice, dict):
         fn = choice.get("function") if choice.get("type") == "function" else None
         name = fn.get("name") if isinstance(fn, dict) else None
         if not isinstance(name, str):
             raise InvalidRequest("'tool_choice' must name a function", param="tool_choice")
-        if name not in {t["function"]["name"] for t in tools}:
+        functions = [f for f in functions if f["name"] == name]
+        if not functions:
             raise InvalidRequest(f"'tool_choice' names {name!r}, which is not in 'tools'",
                                  param="tool_choice")  # fmt: skip
     elif choice != "required":
         raise InvalidRequest("'tool_choice' must be 'none', 'auto', 'required' or a function",
                              param="tool_choice")  # fmt: skip
-    raise InvalidRequest(
-        "'tool_choice' 'required' or a named function is not supported yet (it needs "
-        "constrained decoding); use 'auto'",
-        param="tool_choice",
-    )
+    shapes = [_call_schema(f) for f in functions]
+    schema = shapes[0] if len(shapes) == 1 else {"anyOf": shapes}
+    return JsonFormat(schema=json.dumps(schema))
+
+
+def _call_schema(function: dict[str, Any]) -> dict[str, Any]:
+    params = function.get("parameters")
+    return {
+        "type": "object",
+        "properties": {
+            "name": {"const": function["name"]},
+            "arguments": params if isinstance(params, dict) and params else {"type": "object"},
+        },
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }

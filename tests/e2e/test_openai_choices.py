@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -64,3 +65,38 @@ def test_an_unfinished_tool_call_comes_back_as_content(daemon: Daemon) -> None:
     choice = resp.choices[0]
     assert choice.message.tool_calls is None and choice.finish_reason == "length"
     assert (choice.message.content or "").startswith("<tool_call>")
+
+
+CITY_TOOL = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 6}},
+    "required": ["city"], "additionalProperties": False}}}]  # fmt: skip
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def test_named_tool_call_round_trips_on_a_random_model(daemon: Daemon) -> None:
+    c = client(daemon)
+    first = c.chat.completions.create(
+        model=daemon.model, messages=MESSAGES, tools=CITY_TOOL, tool_choice=NAMED,  # type: ignore[arg-type]
+        max_tokens=60, temperature=0,
+    )  # fmt: skip
+    (call,) = first.choices[0].message.tool_calls or []
+    assert first.choices[0].finish_reason == "tool_calls"
+    assert call.function.name == "get_weather"
+    assert set(json.loads(call.function.arguments)) == {"city"}
+    history = [*MESSAGES, first.choices[0].message.model_dump(exclude_none=True),
+               {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]  # fmt: skip
+    second = c.chat.completions.create(model=daemon.model, messages=history, tools=CITY_TOOL,  # type: ignore[arg-type]
+                                       max_tokens=2)  # fmt: skip
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens  # type: ignore[union-attr]
+
+
+def test_required_tool_call_streamed_on_a_random_model(daemon: Daemon) -> None:
+    stream = client(daemon).chat.completions.create(
+        model=daemon.model, messages=MESSAGES, tools=CITY_TOOL, tool_choice="required",  # type: ignore[arg-type]
+        max_tokens=60, temperature=0, stream=True,
+    )  # fmt: skip
+    chunks = list(stream)
+    calls = [t for ch in chunks for t in ch.choices[0].delta.tool_calls or []]
+    assert [t.function.name for t in calls] == ["get_weather"]  # type: ignore[union-attr]
+    assert set(json.loads(calls[0].function.arguments)) == {"city"}  # type: ignore[union-attr, arg-type]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"

@@ -9,6 +9,8 @@ tick, coalescing some ticks into ``Events``. Words in the prompt change the scri
 - ``SILENT``: never answer (time for a timeout).
 - ``EMPTY``: finish at once with no text.
 - ``SEEDED``: reply ``seed <n> .`` with the request's seed (which choice got which seed).
+- ``CACHED:<n>``: report ``n`` cached prompt tokens in the usage.
+- ``JSONCALL``: reply ``JSON_CALL``, a call's bare JSON body (what a forced tool_choice gets).
 - ``TOOLCALL``: reply ``TOOL_REPLY`` (text, then a ``<tool_call>``; one more call per further
   ``TOOLCALL``) in 5-character pieces, so the tags arrive split across deltas.
 
@@ -49,6 +51,7 @@ from mlxd.protocol.messages import (
 
 MODEL = "scripted"
 DEFAULT_REPLY = "Hello from the scripted worker, one word at a time."
+JSON_CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
 TOOL_REPLY = (
     'Let me check. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
     "</tool_call>"
@@ -57,6 +60,7 @@ SLOW_PIECES = 400
 MIDERROR_AFTER = 2
 T = TypeVar("T")
 _TRIGGER = re.compile(r"\b(MIDERROR|ERROR):(\w+)")
+_CACHED = re.compile(r"\bCACHED:(\d+)")
 
 
 @dataclass
@@ -69,6 +73,7 @@ class _Active:
     next_due: float
     finish_reason: str = "stop"
     error_code: str | None = None
+    cached_tokens: int = 0
     emitted: list[str] = field(default_factory=list)
     ticks: int = 0
 
@@ -208,6 +213,8 @@ class ScriptedWorker:
             pieces = []
         if "SEEDED" in text:
             pieces = ["seed ", f"{gen.sampling.seed} ", "."]
+        if "JSONCALL" in text:
+            pieces = [JSON_CALL[i : i + 5] for i in range(0, len(JSON_CALL), 5)]
         if "TOOLCALL" in text:  # one call per mention
             reply = TOOL_REPLY + TOOL_REPLY[len("Let me check. ") :] * (text.count("TOOLCALL") - 1)
             pieces = [reply[i : i + 5] for i in range(0, len(reply), 5)]
@@ -221,6 +228,7 @@ class ScriptedWorker:
             next_due=time.monotonic(),
             finish_reason="length" if limit < len(pieces) else "stop",
             error_code=trigger.group(2) if trigger else None,
+            cached_tokens=int(cached.group(1)) if (cached := _CACHED.search(text)) else 0,
         )
 
     def _tick(self, now: float) -> None:
@@ -247,7 +255,8 @@ class ScriptedWorker:
             events.append(TokenDelta(request_id=rid, text=piece, token_ids=[len(active.emitted)]))
         if not active.pieces and active.error_code is None:
             self._active.pop(rid)
-            usage = Usage(prompt_tokens=active.prompt_tokens, completion_tokens=len(active.emitted))
+            usage = Usage(prompt_tokens=active.prompt_tokens, completion_tokens=len(active.emitted),
+                          cached_tokens=active.cached_tokens)  # fmt: skip
             events.append(Finished(request_id=rid, finish_reason=active.finish_reason, usage=usage))
         return events
 

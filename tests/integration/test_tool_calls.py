@@ -60,7 +60,8 @@ def test_tool_round_trip_messages_reach_the_template(
 ) -> None:
     first = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS)  # type: ignore[arg-type]
     call = (first.choices[0].message.tool_calls or [])[0]
-    history = [*ASK, first.choices[0].message.model_dump(exclude_none=True),
+    # The response message object itself goes back in, as agents do (null refusal included).
+    history = [*ASK, first.choices[0].message,
                {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]  # fmt: skip
     client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS,  # type: ignore[arg-type]
                                    extra_headers={"X-Request-Id": "tc-round"})  # fmt: skip
@@ -86,3 +87,40 @@ def test_streamed_calls_are_indexed(client: openai.OpenAI) -> None:
     stream = client.chat.completions.create(model=MODEL, messages=twice, tools=TOOLS, stream=True)  # type: ignore[arg-type]
     calls = [c for chunk in stream for c in chunk.choices[0].delta.tool_calls or []]  # type: ignore[union-attr]
     assert [c.index for c in calls] == [0, 1] and len({c.id for c in calls}) == 2
+
+
+def test_named_tool_choice_constrains_and_parses_the_whole_output(
+    client: openai.OpenAI, worker: ScriptedWorker
+) -> None:
+    forced = [{"role": "user", "content": "JSONCALL weather?"}]
+    reply = client.chat.completions.create(
+        model=MODEL, messages=forced, tools=TOOLS, extra_headers={"X-Request-Id": "tc-named"},  # type: ignore[arg-type]
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )  # fmt: skip
+    (call,) = reply.choices[0].message.tool_calls or []
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    assert reply.choices[0].message.content is None
+    assert reply.choices[0].finish_reason == "tool_calls"
+    generate = worker.wait_generate("tc-named.")
+    assert generate is not None and generate.sampling.response_format is not None
+    schema = json.loads(generate.sampling.response_format.schema or "")
+    assert schema["properties"]["name"] == {"const": "get_weather"}
+    assert schema["properties"]["arguments"] == TOOLS[0]["function"]["parameters"]  # type: ignore[index]
+
+
+def test_required_tool_choice_streamed(client: openai.OpenAI, worker: ScriptedWorker) -> None:
+    tools = [*TOOLS, {"type": "function", "function": {"name": "get_time"}}]
+    forced = [{"role": "user", "content": "JSONCALL weather?"}]
+    stream = client.chat.completions.create(
+        model=MODEL, messages=forced, tools=tools, tool_choice="required", stream=True,  # type: ignore[arg-type]
+        extra_headers={"X-Request-Id": "tc-required"},
+    )  # fmt: skip
+    chunks = list(stream)
+    calls = [c for chunk in chunks for c in chunk.choices[0].delta.tool_calls or []]
+    assert [c.function.name for c in calls] == ["get_weather"]  # type: ignore[union-attr]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == ""
+    generate = worker.wait_generate("tc-required.")
+    assert generate is not None and generate.sampling.response_format is not None
+    schema = json.loads(generate.sampling.response_format.schema or "")
+    names = [s["properties"]["name"]["const"] for s in schema["anyOf"]]
+    assert names == ["get_weather", "get_time"]

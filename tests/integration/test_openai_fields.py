@@ -1,0 +1,43 @@
+"""The smaller OpenAI fields: max_completion_tokens, stop, user, include_usage, cached tokens."""
+
+from __future__ import annotations
+
+import openai
+from scripted_worker import MODEL, ScriptedWorker
+
+HELLO = [{"role": "user", "content": "Say hello"}]
+
+
+def test_max_completion_tokens_wins_over_max_tokens(
+    client: openai.OpenAI, worker: ScriptedWorker
+) -> None:
+    reply = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=9,  # type: ignore[arg-type]
+        max_completion_tokens=2, extra_headers={"X-Request-Id": "mct"})  # fmt: skip
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage is not None and reply.usage.completion_tokens == 2
+    generate = worker.wait_generate("mct.")
+    assert generate is not None and generate.sampling.max_tokens == 2
+
+
+def test_stop_list_and_user_reach_the_worker(client: openai.OpenAI, worker: ScriptedWorker) -> None:
+    client.chat.completions.create(model=MODEL, messages=HELLO, stop=["a", "bc"], user="u-1",  # type: ignore[arg-type]
+                                   extra_headers={"X-Request-Id": "stopu"})  # fmt: skip
+    generate = worker.wait_generate("stopu.")
+    assert generate is not None and generate.sampling.stop == ["a", "bc"]
+
+
+def test_cached_tokens_pass_through(client: openai.OpenAI) -> None:
+    cached = [{"role": "user", "content": "CACHED:3 hello"}]
+    reply = client.chat.completions.create(model=MODEL, messages=cached)  # type: ignore[arg-type]
+    assert reply.usage is not None and reply.usage.prompt_tokens_details is not None
+    assert reply.usage.prompt_tokens_details.cached_tokens == 3
+    chunks = list(client.chat.completions.create(model=MODEL, messages=cached, stream=True,  # type: ignore[arg-type]
+                  stream_options={"include_usage": True}, n=2))  # fmt: skip
+    usage = chunks[-1].usage
+    assert usage is not None and usage.prompt_tokens_details is not None
+    assert usage.prompt_tokens_details.cached_tokens == 3
+
+
+def test_best_of_equal_to_n_is_accepted(client: openai.OpenAI) -> None:
+    reply = client.completions.create(model=MODEL, prompt="hi", n=2, best_of=2, max_tokens=2)
+    assert len(reply.choices) == 2
