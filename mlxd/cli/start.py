@@ -123,6 +123,13 @@ def scheduler_config(opts: dict[str, object]) -> SchedulerConfig:
     show_default=True,
     help="On SIGTERM/Ctrl-C, seconds in-flight requests may still run before they are cut.",
 )
+@click.option(
+    "--max-body-bytes",
+    type=click.IntRange(min=1024),
+    default=8 * 1024 * 1024,
+    show_default=True,
+    help="Largest request body accepted; bigger ones get 413 before they are read.",
+)
 @with_scheduler_options
 def start_command(models: tuple[str, ...], host: str, port: int, log_level: str,
                   **opts: object) -> None:  # fmt: skip
@@ -141,6 +148,7 @@ def start_command(models: tuple[str, ...], host: str, port: int, log_level: str,
             admin_key=opts["admin_key"],  # type: ignore[arg-type]
             heartbeat_timeout_s=opts["heartbeat_timeout"],  # type: ignore[arg-type]
             drain_timeout_s=opts["drain_timeout"],  # type: ignore[arg-type]
+            max_body_bytes=opts["max_body_bytes"],  # type: ignore[arg-type]
         )
         _check_port_free(host, port)
     except MlxdError as exc:

@@ -20,6 +20,7 @@ from starlette.routing import Route
 
 from mlxd.config import ServeConfig
 from mlxd.errors import InternalError, MlxdError, Overloaded
+from mlxd.gateway import openapi
 from mlxd.gateway.accesslog import REQUEST_ID_HEADER, AccessLog
 from mlxd.gateway.admin import admin_routes
 from mlxd.gateway.auth import ApiKeyAuth
@@ -46,6 +47,7 @@ def build_app(config: ServeConfig, pool: WorkerPool, metrics: Metrics | None = N
     api = OpenAIEndpoints(config, pool, metrics)
     routes = [
         Route("/health", api.health, methods=["GET"]),
+        Route("/openapi.json", openapi.endpoint(pool), methods=["GET"]),
         Route("/metrics", metrics.endpoint, methods=["GET"]),
         Route("/v1/models", api.list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", api.retrieve_model, methods=["GET"]),

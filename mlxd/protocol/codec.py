@@ -16,7 +16,7 @@ from typing import Any
 
 import msgpack
 
-from mlxd.errors import ProtocolError
+from mlxd.errors import InvalidRequest, ProtocolError
 from mlxd.protocol import messages
 from mlxd.protocol.messages import MESSAGE_TYPES, PROTOCOL_VERSION, Message
 
@@ -29,8 +29,16 @@ _TOP_LEVEL: dict[str, type] = {cls.TAG: cls for cls in MESSAGE_TYPES}  # type: i
 
 
 def encode(msg: Message) -> list[bytes]:
-    """Return the frame set for ``msg``: ``[PROTOCOL_VERSION, body]``."""
-    return [PROTOCOL_VERSION, msgpack.packb(to_wire(msg), use_bin_type=True)]
+    """Return the frame set for ``msg``: ``[PROTOCOL_VERSION, body]``.
+
+    Raises:
+        InvalidRequest: a value msgpack cannot hold (an int beyond 64 bits, a str with lone
+            surrogates, as JSON allows), so the gateway answers 400 instead of crashing.
+    """
+    try:
+        return [PROTOCOL_VERSION, msgpack.packb(to_wire(msg), use_bin_type=True)]
+    except (OverflowError, ValueError, TypeError) as exc:  # UnicodeEncodeError is a ValueError
+        raise InvalidRequest(f"The request holds a value that cannot be sent on: {exc}") from None
 
 
 def decode(frames: list[bytes]) -> Message:
@@ -44,7 +52,7 @@ def decode(frames: list[bytes]) -> Message:
         raise ProtocolError("frame too large")
     try:
         obj = msgpack.unpackb(body, raw=False, strict_map_key=False)
-    except (ValueError, msgpack.UnpackException) as exc:
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:  # TypeError: a map as a key
         raise ProtocolError(f"malformed msgpack body: {exc}") from None
     return from_wire(obj)  # type: ignore[no-any-return]
 
@@ -74,7 +82,8 @@ def from_wire(obj: Any) -> Any:
     """Build the top-level message named by ``obj["type"]``."""
     if not isinstance(obj, dict):
         raise ProtocolError("message body must be a map")
-    cls = _TOP_LEVEL.get(obj.get("type"))  # type: ignore[arg-type]
+    tag = obj.get("type")
+    cls = _TOP_LEVEL.get(tag) if isinstance(tag, str) else None  # a list tag is unhashable
     if cls is None:
         raise ProtocolError(f"unknown message type {str(obj.get('type'))[:64]!r}")
     return _converter(cls)(obj, "")
@@ -166,9 +175,10 @@ def _union_converter(args: tuple[Any, ...]) -> Converter:
                 return None
             raise ProtocolError(f"{path}: must not be null")
         if tagged:
-            if not isinstance(value, dict) or value.get("type") not in tagged:
+            tag = value.get("type") if isinstance(value, dict) else None
+            if not isinstance(tag, str) or tag not in tagged:
                 raise ProtocolError(f"{path}: expected one of {sorted(tagged)}")
-            return _converter(tagged[value["type"]])(value, path)  # type: ignore[arg-type]
+            return _converter(tagged[tag])(value, path)  # type: ignore[arg-type]
         return _converter(others[0])(value, path)
 
     return convert

@@ -39,7 +39,11 @@ def serve(config: WorkerConfig) -> int:
     except Exception as exc:  # noqa: BLE001 - any load failure is a startup failure
         log.error("worker %s failed to start: %s", config.name, exc)
         return STARTUP_FAILURE
-    encoder = PromptEncoder(tokenizer, vocab_size=_vocab_size(model, tokenizer))
+    encoder = PromptEncoder(tokenizer, _vocab_size(model, tokenizer), max_tokens=max_context)
+    log.info(
+        "prompts over %s characters are refused untokenized",
+        None if encoder.max_token_chars is None else encoder.max_token_chars * max_context,
+    )
     engine = Engine(
         name=config.name,
         runner=ModelRunner(model, encoder.eos_token_ids),

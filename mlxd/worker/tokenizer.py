@@ -12,9 +12,21 @@ from mlxd.protocol.messages import ChatPrompt, Prompt, TextPrompt, TokenPrompt
 class PromptEncoder:
     """Wraps mlx-lm's ``TokenizerWrapper``: renders chats, encodes text, checks token ids."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+    def __init__(self, tokenizer: Any, vocab_size: int, max_tokens: int | None = None) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
+        self.max_tokens = max_tokens  # the context: longer texts are refused before encoding
+
+    @functools.cached_property
+    def max_token_chars(self) -> int | None:
+        """The longest token's length in characters (None if the vocabulary is unknown).
+
+        A text of ``c`` characters has at least ``c / max_token_chars`` tokens, so a prompt far
+        beyond the context is refused without tokenizing megabytes.
+        """
+        get_vocab = getattr(getattr(self.tokenizer, "_tokenizer", None), "get_vocab", None)
+        vocab = get_vocab() if callable(get_vocab) else None
+        return max(map(len, vocab), default=None) if vocab else None
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -45,6 +57,7 @@ class PromptEncoder:
             ids = self._encode_chat(prompt)
             param = "messages"
         elif isinstance(prompt, TextPrompt):
+            self._check_length(prompt.text, "prompt")
             ids = self.tokenizer.encode(prompt.text)
             param = "prompt"
         else:
@@ -66,7 +79,20 @@ class PromptEncoder:
             raise InvalidRequest(
                 f"cannot apply the chat template: {exc}", param="messages"
             ) from None
+        self._check_length(text, "messages")
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _check_length(self, text: str, param: str) -> None:
+        longest = self.max_token_chars
+        if self.max_tokens is None or longest is None:
+            return
+        at_least = len(text) // longest
+        if at_least > self.max_tokens:
+            raise InvalidRequest(
+                f"the prompt has at least {at_least} tokens; this model's context is "
+                f"{self.max_tokens} tokens",
+                param=param,
+            )
 
     def _check_ids(self, prompt: TokenPrompt) -> list[int]:
         bad = [t for t in prompt.token_ids if not 0 <= t < self.vocab_size]

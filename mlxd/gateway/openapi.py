@@ -1,0 +1,179 @@
+"""The gateway's OpenAPI 3 document, served at ``/openapi.json``.
+
+Hand-written from ``schemas.py`` (the validator is the reference: it also rejects what this
+document cannot express, e.g. ``min_tokens`` > ``max_tokens``). Clients and fuzzers
+(schemathesis) read it; every rejection it leads to is an OpenAI-shaped error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from mlxd import __version__
+from mlxd.gateway.workers import WorkerPool
+
+_NUM = {"type": "number"}
+_INT = {"type": "integer"}
+_BOOL = {"type": "boolean"}
+_STR = {"type": "string"}
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+_STOP = {"anyOf": [_STR, {"type": "array", "items": _STR, "maxItems": 16}, {"type": "null"}]}
+_SAMPLING: dict[str, Any] = {
+    "model": _STR,
+    "max_tokens": _nullable({**_INT, "minimum": 1}),
+    "temperature": _nullable({**_NUM, "minimum": 0, "maximum": 2}),
+    "top_p": _nullable({**_NUM, "exclusiveMinimum": 0, "maximum": 1}),
+    "n": _nullable({**_INT, "minimum": 1, "maximum": 1}),
+    "stream": _nullable(_BOOL),
+    "stream_options": _nullable(
+        {"type": "object", "properties": {"include_usage": _BOOL}, "additionalProperties": False}
+    ),
+    "stop": _STOP,
+    "seed": _nullable(_INT),
+    "presence_penalty": _nullable({**_NUM, "minimum": -2, "maximum": 2}),
+    "frequency_penalty": _nullable({**_NUM, "minimum": -2, "maximum": 2}),
+    "logit_bias": _nullable({"type": "object", "additionalProperties": _NUM}),
+    "user": _nullable(_STR),
+    "top_k": _nullable({**_INT, "minimum": -1}),
+    "min_p": _nullable({**_NUM, "minimum": 0, "maximum": 1}),
+    "repetition_penalty": _nullable({**_NUM, "exclusiveMinimum": 0}),
+    "ignore_eos": _nullable(_BOOL),
+    "min_tokens": _nullable({**_INT, "minimum": 0}),
+    "stop_token_ids": _nullable({"type": "array", "items": {**_INT, "minimum": 0}}),
+    "priority": _nullable({"enum": ["high", "normal", "low"]}),
+}
+_CONTENT_PART = {
+    "type": "object",
+    "properties": {"type": {"enum": ["text"]}, "text": _STR},
+    "required": ["type", "text"],
+}
+_MESSAGE = {
+    "type": "object",
+    "properties": {
+        "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
+        "content": {"anyOf": [_STR, {"type": "array", "items": _CONTENT_PART}, {"type": "null"}]},
+        "name": _STR,
+        "tool_calls": {"type": "array", "items": {"type": "object"}},
+        "tool_call_id": _STR,
+    },
+    "required": ["role"],
+    "additionalProperties": False,
+}
+_CHAT = {
+    "type": "object",
+    "properties": {
+        **_SAMPLING,
+        "messages": {"type": "array", "items": _MESSAGE, "minItems": 1},
+        "max_completion_tokens": _nullable({**_INT, "minimum": 1}),
+        "tools": _nullable({"type": "array", "items": {"type": "object"}}),
+        "tool_choice": _nullable({"enum": ["auto", "none"]}),
+        "response_format": _nullable({"type": "object"}),
+        "logprobs": _nullable(_BOOL),
+        "top_logprobs": _nullable({**_INT, "minimum": 0, "maximum": 20}),
+    },
+    "required": ["model", "messages"],
+    "additionalProperties": False,
+}
+_COMPLETION = {
+    "type": "object",
+    "properties": {
+        **_SAMPLING,
+        "prompt": {"anyOf": [{**_STR, "minLength": 1}, {"type": "array", "items": _INT}]},
+        "echo": _nullable(_BOOL),
+        "suffix": _nullable(_STR),
+        "logprobs": _nullable({**_INT, "minimum": 0, "maximum": 20}),
+    },
+    "required": ["model", "prompt"],
+    "additionalProperties": False,
+}
+_ERROR = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {"message": _STR, "type": _STR, "param": {}, "code": {}},
+            "required": ["message", "type"],
+        }
+    },
+    "required": ["error"],
+}
+_ERRORS = {
+    str(code): {"description": what, "content": {"application/json": {"schema": _ERROR}}}
+    for code, what in [
+        (400, "invalid request"), (401, "missing or bad API key"), (404, "unknown model"),
+        (413, "body too large"), (429, "rate limited or queue full"),
+        (503, "worker unavailable"), (504, "timed out"),
+    ]
+}  # fmt: skip
+_OK_JSON = {"200": {"description": "OK", "content": {"application/json": {"schema": {}}}}}
+_OK_COMPLETION = {
+    "200": {
+        "description": "A completion (JSON), or server-sent events when ``stream`` is true",
+        "content": {"application/json": {"schema": {}}, "text/event-stream": {"schema": _STR}},
+    }
+}
+
+
+def _post(summary: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "post": {
+            "summary": summary,
+            "parameters": [
+                {
+                    "name": "X-Priority",
+                    "in": "header",
+                    "required": False,
+                    "schema": {"enum": ["high", "normal", "low"]},
+                },
+            ],  # fmt: skip
+            "requestBody": {"required": True, "content": {"application/json": {"schema": schema}}},
+            "responses": {**_OK_COMPLETION, **_ERRORS},
+        }
+    }
+
+
+def _get(summary: str, parameters: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": summary, "responses": {**_OK_JSON, **_ERRORS}}
+    if parameters:
+        op["parameters"] = parameters
+    return {"get": op}
+
+
+def document(models: list[str]) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of the OpenAI-compatible endpoints serving ``models``."""
+    model = {"type": "string", "enum": models} if models else _STR
+    model_param = {"name": "model", "in": "path", "required": True, "schema": model}
+    chat = {**_CHAT, "properties": {**_CHAT["properties"], "model": model}}  # type: ignore[dict-item]
+    completion = {**_COMPLETION, "properties": {**_COMPLETION["properties"], "model": model}}  # type: ignore[dict-item]
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "mlxd", "version": __version__},
+        "paths": {
+            "/health": _get("The gateway is up"),
+            "/v1/models": _get("The models served"),
+            "/v1/models/{model}": _get("One model", [model_param]),
+            "/v1/chat/completions": _post("Chat completion", chat),
+            "/v1/completions": _post("Text completion", completion),
+        },
+        "components": {
+            "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},
+        },
+    }
+
+
+def endpoint(pool: WorkerPool) -> Callable[[Request], Awaitable[Response]]:
+    """The ``GET /openapi.json`` endpoint: the document for ``pool``'s models of the moment."""
+
+    async def openapi_json(request: Request) -> Response:
+        return JSONResponse(document(pool.names()))
+
+    return openapi_json
