@@ -84,9 +84,9 @@ def constrain(logits: mx.array, seqs: list[Sequence]) -> mx.array:
     words = mx.array(bitmask)
     bits = (words[:, :, None] >> mx.arange(32, dtype=mx.int32)) & 1
     allowed = bits.reshape(len(rows), -1)[:, :vocab].astype(mx.bool_)
-    full = mx.ones(logits.shape, dtype=mx.bool_)  # unconstrained rows allow everything
-    full[mx.array(rows)] = allowed
-    return mx.where(full, logits, mx.array(float("-inf"), dtype=logits.dtype))
+    # An additive 0/-inf bias on the constrained rows only: work grows with them, not the batch.
+    bias = mx.where(allowed, mx.array(0.0, dtype=logits.dtype), float("-inf"))
+    return logits.at[mx.array(rows)].add(bias)
 
 
 @functools.cache
