@@ -95,6 +95,23 @@ _COMPLETION = {
     "required": ["model", "prompt"],
     "additionalProperties": False,
 }
+_TOKENS = {"type": "array", "items": {**_INT, "minimum": 0}, "minItems": 1}
+_EMBEDDINGS = {
+    "type": "object",
+    "properties": {
+        "model": _STR,
+        "input": {"anyOf": [
+            {**_STR, "minLength": 1}, _TOKENS,
+            {"type": "array", "minItems": 1, "maxItems": 2048,
+             "items": {"anyOf": [{**_STR, "minLength": 1}, _TOKENS]}},
+        ]},
+        "encoding_format": _nullable({"enum": ["float", "base64"]}),
+        "dimensions": {"type": "null"},
+        "user": _nullable(_STR),
+    },
+    "required": ["model", "input"],
+    "additionalProperties": False,
+}  # fmt: skip
 _ERROR = {
     "type": "object",
     "properties": {
@@ -154,6 +171,7 @@ def document(models: list[str]) -> dict[str, Any]:
     model_param = {"name": "model", "in": "path", "required": True, "schema": model}
     chat = {**_CHAT, "properties": {**_CHAT["properties"], "model": model}}  # type: ignore[dict-item]
     completion = {**_COMPLETION, "properties": {**_COMPLETION["properties"], "model": model}}  # type: ignore[dict-item]
+    embeddings = {**_EMBEDDINGS, "properties": {**_EMBEDDINGS["properties"], "model": model}}  # type: ignore[dict-item]
     return {
         "openapi": "3.1.0",
         "info": {"title": "mlxd", "version": __version__},
@@ -163,6 +181,7 @@ def document(models: list[str]) -> dict[str, Any]:
             "/v1/models/{model}": _get("One model", [model_param]),
             "/v1/chat/completions": _post("Chat completion", chat),
             "/v1/completions": _post("Text completion", completion),
+            "/v1/embeddings": _post("Embeddings", embeddings),
         },
         "components": {
             "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},

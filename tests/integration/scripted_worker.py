@@ -14,6 +14,10 @@ tick, coalescing some ticks into ``Events``. Words in the prompt change the scri
 - ``TOOLCALL``: reply ``TOOL_REPLY`` (text, then a ``<tool_call>``; one more call per further
   ``TOOLCALL``) in 5-character pieces, so the tags arrive split across deltas.
 
+Each ``Embed`` gets ``Embeddings`` at once: per input a 4-float vector whose first float is the
+input's number of words (or token ids), e.g. ``[2, 0, 0, 0]`` for ``"hello world"``; an input
+containing ``ERROR:<code>`` gets that error instead.
+
 Every ``Generate`` and ``Cancel`` it receives is recorded for assertions.
 """
 
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import queue
 import re
+import struct
 import threading
 import time
 from collections import deque
@@ -35,6 +40,8 @@ from mlxd.protocol import codec
 from mlxd.protocol.messages import (
     Cancel,
     ChatPrompt,
+    Embed,
+    Embeddings,
     Error,
     Event,
     Events,
@@ -46,6 +53,7 @@ from mlxd.protocol.messages import (
     Prompt,
     TextPrompt,
     TokenDelta,
+    TokenPrompt,
     Usage,
 )
 
@@ -192,6 +200,8 @@ class ScriptedWorker:
         elif isinstance(msg, Cancel):
             self._active.pop(msg.request_id, None)
             self._record(self.cancels, msg.request_id)
+        elif isinstance(msg, Embed):
+            self._send(client, _embeddings(msg))
 
     def _start(self, client: bytes, gen: Generate) -> None:
         self._record(self.generates, gen)
@@ -281,6 +291,22 @@ class ScriptedWorker:
         with self._changed:
             self._changed.wait_for(lambda: find() is not None, timeout=timeout_s)
             return find()
+
+
+def _embeddings(msg: Embed) -> Embeddings | Error:
+    sizes = []
+    for prompt in msg.inputs:
+        text = _prompt_text(prompt)
+        trigger = _TRIGGER.search(text)
+        if trigger:
+            code = trigger.group(2)
+            return Error(request_id=msg.request_id, code=code, message=f"scripted {code}")
+        sizes.append(
+            len(prompt.token_ids) if isinstance(prompt, TokenPrompt) else len(text.split())
+        )
+    vectors = [struct.pack("<4f", n, 0, 0, 0) for n in sizes]
+    usage = Usage(prompt_tokens=sum(sizes), completion_tokens=0)
+    return Embeddings(request_id=msg.request_id, dimensions=4, embeddings=vectors, usage=usage)
 
 
 def _prompt_text(prompt: Prompt) -> str:
