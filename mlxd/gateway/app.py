@@ -23,6 +23,7 @@ from mlxd.errors import InternalError, MlxdError, Overloaded
 from mlxd.gateway import openapi
 from mlxd.gateway.accesslog import REQUEST_ID_HEADER, AccessLog
 from mlxd.gateway.admin import admin_routes
+from mlxd.gateway.anthropic import AnthropicEndpoints
 from mlxd.gateway.auth import ApiKeyAuth
 from mlxd.gateway.embeddings import EmbeddingsEndpoint
 from mlxd.gateway.metrics import Metrics
@@ -45,6 +46,7 @@ def build_app(config: ServeConfig, pool: WorkerPool, metrics: Metrics | None = N
     """
     metrics = Metrics(pool) if metrics is None else metrics
     api = OpenAIEndpoints(config, pool, metrics)
+    anthropic = AnthropicEndpoints(api)
     routes = [
         Route("/health", api.health, methods=["GET"]),
         Route("/openapi.json", openapi.endpoint(pool), methods=["GET"]),
@@ -53,6 +55,8 @@ def build_app(config: ServeConfig, pool: WorkerPool, metrics: Metrics | None = N
         Route("/v1/models/{model:path}", api.retrieve_model, methods=["GET"]),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/v1/messages", anthropic.messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", anthropic.count_tokens, methods=["POST"]),
         Route("/v1/embeddings", EmbeddingsEndpoint(config, pool).create, methods=["POST"]),
         *admin_routes(pool, config.admin_key),
     ]

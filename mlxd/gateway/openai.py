@@ -7,11 +7,11 @@ Each endpoint parses with ``schemas``, sends one ``Generate`` per choice to the 
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import secrets
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -25,13 +25,14 @@ from mlxd.gateway import responses, schemas
 from mlxd.gateway.accesslog import REQUEST_ID_HEADER, RequestRecord, loggable_prompt, record_of
 from mlxd.gateway.choices import Choices, generates
 from mlxd.gateway.chunks import ChatChunks, TextChunks
+from mlxd.gateway.collect import collect_while_connected
 from mlxd.gateway.metrics import Metrics
 from mlxd.gateway.responses import ChoiceResult
 from mlxd.gateway.schemas import ParsedRequest
-from mlxd.gateway.streaming import ChunkFormat, EventStreamResponse, next_event
+from mlxd.gateway.streaming import ChunkFormat, EventStreamResponse, next_event, sse_events
 from mlxd.gateway.toolcalls import split_tool_calls
 from mlxd.gateway.workers import StreamObserver, WorkerPool
-from mlxd.protocol.messages import Finished, Usage
+from mlxd.protocol.messages import Usage
 
 MAX_REQUEST_ID_CHARS = 128
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first"
@@ -39,6 +40,16 @@ CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first"
 _Builder = Callable[[str, str, int, list[ChoiceResult], Usage], dict[str, Any]]
 _Parser = Callable[[Any, str | None, str | None], ParsedRequest]  # body, X-Priority, key tier
 _ChunksFactory = Callable[[str, str, int, ParsedRequest], ChunkFormat]
+
+
+@dataclass(slots=True)
+class OpenRequest:
+    """A parsed request whose choices are running on a worker."""
+
+    parsed: ParsedRequest
+    stream: Choices
+    headers: dict[str, str]  # for the response: X-Request-Id
+    deadline: float  # time.monotonic() by which the request must finish
 
 
 def _chat_chunks(completion_id: str, model: str, created: int, p: ParsedRequest) -> ChunkFormat:
@@ -108,25 +119,20 @@ class OpenAIEndpoints:
         chunks: _ChunksFactory,
         build: _Builder,
     ) -> Response:
-        record = record_of(request)
-        client_id, request_id = self._request_ids(record)
-        headers = {REQUEST_ID_HEADER: client_id}
-        body = schemas.parse_json(await _read_body(request, self.config.max_body_bytes))
-        tier = None if record.key is None else record.key.tier
-        parsed = parse(body, request.headers.get("x-priority"), tier)
-        worker = await self.pool.client(parsed.model)
-        deadline = time.monotonic() + timeout_s
-        observer = self._track(record, parsed)
-        base = parsed.to_generate(request_id, timeout_s)
-        stream = await Choices.open(worker, generates(base, parsed.n), observer)
+        opened = await self.open_request(request, parse, timeout_s)
+        parsed, stream, headers, deadline = (
+            opened.parsed, opened.stream, opened.headers, opened.deadline
+        )  # fmt: skip
         completion_id, created = responses.new_id(id_prefix), int(time.time())
         try:
             if parsed.stream:
                 first = await next_event(stream, deadline)
                 assert first is not None  # no keepalive was asked for
                 fmt = chunks(completion_id, parsed.model, created, parsed)
-                return EventStreamResponse(stream, first, fmt, deadline, headers)
-            results = await _collect_while_connected(request, stream, deadline)
+                return EventStreamResponse(
+                    stream, sse_events(stream, first, fmt, deadline), headers
+                )
+            results = await collect_while_connected(request, stream, deadline)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await stream.cancel()
@@ -141,6 +147,23 @@ class OpenAIEndpoints:
                 )
         body = build(completion_id, parsed.model, created, results, stream.usage)
         return JSONResponse(body, 200, headers)
+
+    async def open_request(self, request: Request, parse: _Parser, timeout_s: float) -> OpenRequest:
+        """Read and parse the body, then start its choices on the model's worker.
+
+        Shared with the Anthropic endpoint. Raises ``MlxdError`` or ``HTTPException`` (413).
+        """
+        record = record_of(request)
+        client_id, request_id = self._request_ids(record)
+        body = schemas.parse_json(await _read_body(request, self.config.max_body_bytes))
+        tier = None if record.key is None else record.key.tier
+        parsed = parse(body, request.headers.get("x-priority"), tier)
+        worker = await self.pool.client(parsed.model)
+        deadline = time.monotonic() + timeout_s
+        observer = self._track(record, parsed)
+        base = parsed.to_generate(request_id, timeout_s)
+        stream = await Choices.open(worker, generates(base, parsed.n), observer)
+        return OpenRequest(parsed, stream, {REQUEST_ID_HEADER: client_id}, deadline)
 
     def _request_ids(self, record: RequestRecord) -> tuple[str, str]:
         """The client's ``X-Request-Id`` (or the one made for it) and the unique id on the wire."""
@@ -175,41 +198,3 @@ async def _read_body(request: Request, limit: int) -> bytes:
         # Nobody will read the answer; an HTTP error keeps uvicorn from logging a traceback.
         raise HTTPException(CLIENT_CLOSED_REQUEST, "The client closed the request") from None
     return b"".join(chunks)
-
-
-async def _collect(stream: Choices, deadline: float) -> list[ChoiceResult]:
-    results = [ChoiceResult() for _ in stream.streams]
-    parts: list[list[str]] = [[] for _ in stream.streams]
-    while True:
-        event = await next_event(stream, deadline)
-        assert event is not None  # no keepalive was asked for
-        i = stream.index(event)
-        parts[i].append(event.text)
-        if isinstance(event, Finished):
-            results[i].text, results[i].finish_reason = "".join(parts[i]), event.finish_reason
-            if stream.is_done:
-                return results
-        elif event.logprobs is not None:
-            if results[i].logprobs is None:
-                results[i].logprobs = []
-            results[i].logprobs.extend(event.logprobs)  # type: ignore[union-attr]
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _collect_while_connected(
-    request: Request, stream: Choices, deadline: float
-) -> list[ChoiceResult] | None:
-    """Collect the whole completion; ``None`` if the client disconnected first."""
-    collector = asyncio.ensure_future(_collect(stream, deadline))
-    watcher = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait((collector, watcher), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        collector.cancel()
-        watcher.cancel()
-        await asyncio.gather(collector, watcher, return_exceptions=True)
-    return None if collector.cancelled() else collector.result()

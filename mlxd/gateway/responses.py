@@ -19,6 +19,7 @@ class ChoiceResult:
     finish_reason: str = "stop"
     logprobs: list[TokenLogprob] | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)
+    stop: str | None = None  # the stop string that ended it, if one did
 
 
 def new_id(prefix: str) -> str:

@@ -123,20 +123,23 @@ def _frames(stream: Choices, fmt: ChunkFormat, event: TokenDelta | Finished | No
 
 
 class EventStreamResponse(StreamingResponse):
-    """A ``text/event-stream`` response over ``sse_events`` that always releases its request."""
+    """A ``text/event-stream`` response over ``events`` that always releases its request.
+
+    Args:
+        stream: the request's choices, cancelled whatever ends the response.
+        events: the SSE frames (``sse_events``, or the Anthropic endpoint's).
+        headers: extra response headers (``X-Request-Id``).
+    """
 
     media_type = "text/event-stream"
 
     def __init__(
         self,
         stream: Choices,
-        first: TokenDelta | Finished,
-        fmt: ChunkFormat,
-        deadline: float,
+        events: AsyncGenerator[bytes, None],
         headers: Mapping[str, str] | None = None,
-        keepalive_s: float = KEEPALIVE_S,
     ) -> None:
-        self._events = sse_events(stream, first, fmt, deadline, keepalive_s)
+        self._events = events
         self._stream = stream
         sse_headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})}
         super().__init__(self._events, headers=sse_headers)

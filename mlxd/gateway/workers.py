@@ -11,7 +11,7 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import zmq
 import zmq.asyncio
@@ -30,6 +30,7 @@ from mlxd.protocol import codec
 from mlxd.protocol.channel import control_endpoint
 from mlxd.protocol.messages import (
     Cancel,
+    CountTokens,
     Embed,
     Embeddings,
     Error,
@@ -40,6 +41,7 @@ from mlxd.protocol.messages import (
     Message,
     Ping,
     Pong,
+    TokenCount,
     TokenDelta,
 )
 
@@ -124,7 +126,8 @@ class WorkerClient:
         self._reader: asyncio.Task[None] | None = None
         self._streams: dict[str, RequestStream] = {}
         self._pings: dict[str, asyncio.Future[Pong]] = {}
-        self._embeds: dict[str, asyncio.Future[Embeddings]] = {}
+        # Requests answered with one reply message (Embed, CountTokens): request_id -> future.
+        self._replies: dict[str, asyncio.Future[Any]] = {}
         self._ping_ids = itertools.count()
 
     @property
@@ -198,24 +201,14 @@ class WorkerClient:
         return stream
 
     async def embed(self, msg: Embed, timeout_s: float) -> Embeddings:
-        """Send ``msg`` and wait for its one ``Embeddings`` answer.
+        """Send ``msg`` and wait for its one ``Embeddings`` answer (see ``_call``)."""
+        reply: Embeddings = await self._call(msg, timeout_s)
+        return reply
 
-        Raises:
-            MlxdError: the worker's ``Error`` (e.g. ``InvalidRequest`` naming an input).
-            RequestTimeout: no answer within ``timeout_s`` (the worker is told to cancel).
-            WorkerUnavailable: the send failed or the worker died (``fail_all``).
-        """
-        future: asyncio.Future[Embeddings] = asyncio.get_running_loop().create_future()
-        self._embeds[msg.request_id] = future
-        try:
-            await self._send(msg)
-            async with asyncio.timeout(timeout_s):
-                return await future
-        except TimeoutError:
-            await self._send(Cancel(request_id=msg.request_id))
-            raise RequestTimeout("The request did not finish in time") from None
-        finally:
-            self._embeds.pop(msg.request_id, None)
+    async def count_tokens(self, msg: CountTokens, timeout_s: float) -> TokenCount:
+        """Send ``msg`` and wait for its one ``TokenCount`` answer (see ``_call``)."""
+        reply: TokenCount = await self._call(msg, timeout_s)
+        return reply
 
     def fail_all(self, error: MlxdError) -> None:
         """End every in-flight stream with ``error`` (the worker died or is going away).
@@ -225,9 +218,7 @@ class WorkerClient:
         streams, self._streams = self._streams, {}
         for stream in streams.values():
             stream._put(error)
-        futures: list[asyncio.Future[Pong] | asyncio.Future[Embeddings]] = [
-            *self._pings.values(), *self._embeds.values()
-        ]  # fmt: skip
+        futures: list[asyncio.Future[Any]] = [*self._pings.values(), *self._replies.values()]
         for future in futures:
             if not future.done():
                 future.set_exception(error)
@@ -235,6 +226,26 @@ class WorkerClient:
             log.warning("failed %d request(s) on %r: %s", len(streams), self.name, error.message)
 
     # Internal helpers
+
+    async def _call(self, msg: Embed | CountTokens, timeout_s: float) -> Any:
+        """Send ``msg`` and wait for its one reply.
+
+        Raises:
+            MlxdError: the worker's ``Error`` (e.g. ``InvalidRequest`` naming an input).
+            RequestTimeout: no answer within ``timeout_s`` (the worker is told to cancel).
+            WorkerUnavailable: the send failed or the worker died (``fail_all``).
+        """
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._replies[msg.request_id] = future
+        try:
+            await self._send(msg)
+            async with asyncio.timeout(timeout_s):
+                return await future
+        except TimeoutError:
+            await self._send(Cancel(request_id=msg.request_id))
+            raise RequestTimeout("The request did not finish in time") from None
+        finally:
+            self._replies.pop(msg.request_id, None)
 
     def _unregister(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
@@ -273,8 +284,8 @@ class WorkerClient:
             future = self._pings.get(msg.request_id)
             if future is not None and not future.done():
                 future.set_result(msg)
-        elif isinstance(msg, Embeddings):
-            waiter = self._embeds.get(msg.request_id)
+        elif isinstance(msg, Embeddings | TokenCount):
+            waiter = self._replies.get(msg.request_id)
             if waiter is not None and not waiter.done():
                 waiter.set_result(msg)
         else:
@@ -282,7 +293,7 @@ class WorkerClient:
 
     def _route(self, event: Event) -> None:
         stream = self._streams.get(event.request_id)
-        waiter = self._embeds.get(event.request_id)
+        waiter = self._replies.get(event.request_id)
         if stream is None and isinstance(event, Error) and waiter is not None:
             if not waiter.done():
                 waiter.set_exception(error_from_code(event.code, event.message, event.param))

@@ -114,6 +114,17 @@ class Embed:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CountTokens:
+    """Count a prompt's tokens as a ``Generate`` would (chat template and tools applied),
+    without running the model (``/v1/messages/count_tokens``). Answered with one TokenCount,
+    or an Error (e.g. ``invalid_request`` when the template cannot render the prompt)."""
+
+    TAG: ClassVar[str] = "count_tokens"
+    request_id: str
+    prompt: Prompt
+
+
+@dataclass(frozen=True, kw_only=True)
 class Cancel:
     """Stop a request (client gone, timeout, admin). The worker sends nothing more for it."""
 
@@ -178,13 +189,15 @@ class TokenDelta:
 
 @dataclass(frozen=True, kw_only=True)
 class Finished:
-    """The request is complete. ``finish_reason`` is "stop", "length" or "cancelled"."""
+    """The request is complete. ``finish_reason`` is "stop", "length" or "cancelled"; ``stop``
+    is the stop string that ended it, if one did (Anthropic's ``stop_sequence``)."""
 
     TAG: ClassVar[str] = "finished"
     request_id: str
     finish_reason: str
     usage: Usage
     text: str = ""
+    stop: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -208,6 +221,15 @@ class Embeddings:
     dimensions: int
     embeddings: list[bytes]
     usage: Usage
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenCount:
+    """Answer to CountTokens: the prompt's length in tokens."""
+
+    TAG: ClassVar[str] = "token_count"
+    request_id: str
+    num_tokens: int
 
 
 Event = TokenDelta | Finished | Error
@@ -401,12 +423,12 @@ ControlReply = Pong | StatusReply | StatsReply | Ack | Error
 
 Message = (
     Generate | Cancel | Ping | Pong | TokenDelta | Finished | Error | Events | Embed | Embeddings
-    | GetStatus | GetStats | Drain | Pause | Resume | FlushCache | SetConfig | Shutdown
-    | DebugCrash | StatusReply | StatsReply | Ack
+    | CountTokens | TokenCount | GetStatus | GetStats | Drain | Pause | Resume | FlushCache
+    | SetConfig | Shutdown | DebugCrash | StatusReply | StatsReply | Ack
 )  # fmt: skip
 
 MESSAGE_TYPES: tuple[type, ...] = (
     Generate, Cancel, Ping, Pong, TokenDelta, Finished, Error, Events, Embed, Embeddings,
-    GetStatus, GetStats, Drain, Pause, Resume, FlushCache, SetConfig, Shutdown, DebugCrash,
-    StatusReply, StatsReply, Ack,
+    CountTokens, TokenCount, GetStatus, GetStats, Drain, Pause, Resume, FlushCache, SetConfig,
+    Shutdown, DebugCrash, StatusReply, StatsReply, Ack,
 )  # fmt: skip

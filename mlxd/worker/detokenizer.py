@@ -18,6 +18,7 @@ class OutputText:
         self._hold = max((len(s) for s in self._stop), default=1) - 1
         self._sent = 0
         self.stopped = False
+        self.matched_stop: str | None = None  # the stop string that ended the output
 
     def add(self, token_id: int) -> str:
         """Add one token; return the newly final text (may be empty)."""
@@ -39,6 +40,7 @@ class OutputText:
         cut = self._find_stop(text)
         if cut is not None:
             self.stopped = True
+            self.matched_stop = next(s for s in self._stop if text.startswith(s, cut))
             out = text[self._sent : cut]
             self._sent = max(self._sent, cut)
             return out

@@ -18,6 +18,7 @@ from mlxd.errors import (
 from mlxd.protocol.channel import WorkerChannel
 from mlxd.protocol.messages import (
     Cancel,
+    CountTokens,
     Embed,
     Embeddings,
     Error,
@@ -29,6 +30,7 @@ from mlxd.protocol.messages import (
     Ping,
     Pong,
     TextPrompt,
+    TokenCount,
     TokenDelta,
     TokenLogprob,
     TokenPrompt,
@@ -87,6 +89,7 @@ class Engine:
             Generate: self._on_generate,
             Cancel: self._on_cancel,
             Embed: self._on_embed,
+            CountTokens: self._on_count_tokens,
             Ping: self._on_ping,
         }
 
@@ -184,6 +187,14 @@ class Engine:
             raise InvalidRequest(f"input {index} has {len(ids)} tokens; this model's context is "
                                  f"{self.max_context} tokens", param=f"input[{index}]")  # fmt: skip
         return ids
+
+    def _on_count_tokens(self, client: bytes, msg: CountTokens) -> None:
+        try:
+            num_tokens = len(self.encoder.encode(msg.prompt))
+        except MlxdError as exc:
+            self._send_error(client, msg.request_id, exc)
+            return
+        self.channel.send(client, TokenCount(request_id=msg.request_id, num_tokens=num_tokens))
 
     def _on_ping(self, client: bytes, msg: Ping) -> None:
         pong = Pong(request_id=msg.request_id, model=self.name, max_context=self.max_context)
@@ -311,8 +322,9 @@ class Engine:
             completion_tokens=seq.num_output_tokens,
             cached_tokens=seq.num_cached,
         )
+        stop = seq.detok.matched_stop if reason == "stop" else None
         self._outbox.setdefault(seq.client, []).append(
-            Finished(request_id=seq.request_id, finish_reason=reason, usage=usage)
+            Finished(request_id=seq.request_id, finish_reason=reason, usage=usage, stop=stop)
         )
         self.scheduler.finish(seq, reason)
         self.stats.on_finish(seq, reason)

@@ -18,6 +18,9 @@ Each ``Embed`` gets ``Embeddings`` at once: per input a 4-float vector whose fir
 input's number of words (or token ids), e.g. ``[2, 0, 0, 0]`` for ``"hello world"``; an input
 containing ``ERROR:<code>`` gets that error instead.
 
+A ``stop`` string found in a piece ends the reply there (``Finished.stop`` names it).
+``CountTokens`` is answered with the prompt's word count plus ``TOOL_TOKENS`` per tool.
+
 Every ``Generate`` and ``Cancel`` it receives is recorded for assertions.
 """
 
@@ -40,6 +43,7 @@ from mlxd.protocol import codec
 from mlxd.protocol.messages import (
     Cancel,
     ChatPrompt,
+    CountTokens,
     Embed,
     Embeddings,
     Error,
@@ -52,12 +56,14 @@ from mlxd.protocol.messages import (
     Pong,
     Prompt,
     TextPrompt,
+    TokenCount,
     TokenDelta,
     TokenPrompt,
     Usage,
 )
 
 MODEL = "scripted"
+TOOL_TOKENS = 10
 DEFAULT_REPLY = "Hello from the scripted worker, one word at a time."
 JSON_CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
 TOOL_REPLY = (
@@ -82,6 +88,8 @@ class _Active:
     finish_reason: str = "stop"
     error_code: str | None = None
     cached_tokens: int = 0
+    stop: list[str] = field(default_factory=list)
+    matched_stop: str | None = None
     emitted: list[str] = field(default_factory=list)
     ticks: int = 0
 
@@ -197,6 +205,11 @@ class ScriptedWorker:
             self._send(client, Pong(request_id=msg.request_id, model=self.model, max_context=4096))
         elif isinstance(msg, Generate):
             self._start(client, msg)
+        elif isinstance(msg, CountTokens):
+            prompt = msg.prompt
+            tools = len(prompt.tools or []) if isinstance(prompt, ChatPrompt) else 0
+            count = len(_prompt_text(prompt).split()) + TOOL_TOKENS * tools
+            self._send(client, TokenCount(request_id=msg.request_id, num_tokens=count))
         elif isinstance(msg, Cancel):
             self._active.pop(msg.request_id, None)
             self._record(self.cancels, msg.request_id)
@@ -239,6 +252,7 @@ class ScriptedWorker:
             finish_reason="length" if limit < len(pieces) else "stop",
             error_code=trigger.group(2) if trigger else None,
             cached_tokens=int(cached.group(1)) if (cached := _CACHED.search(text)) else 0,
+            stop=gen.sampling.stop,
         )
 
     def _tick(self, now: float) -> None:
@@ -261,13 +275,19 @@ class ScriptedWorker:
             if not active.pieces:
                 break
             piece = active.pieces.popleft()
+            hit = next((s for s in active.stop if s in piece), None)
+            if hit is not None:
+                piece, active.matched_stop = piece[: piece.index(hit)], hit
+                active.pieces.clear()
             active.emitted.append(piece)
             events.append(TokenDelta(request_id=rid, text=piece, token_ids=[len(active.emitted)]))
         if not active.pieces and active.error_code is None:
             self._active.pop(rid)
             usage = Usage(prompt_tokens=active.prompt_tokens, completion_tokens=len(active.emitted),
                           cached_tokens=active.cached_tokens)  # fmt: skip
-            events.append(Finished(request_id=rid, finish_reason=active.finish_reason, usage=usage))
+            reason = "stop" if active.matched_stop else active.finish_reason
+            events.append(Finished(request_id=rid, finish_reason=reason, usage=usage,
+                                   stop=active.matched_stop))  # fmt: skip
         return events
 
     def _flush_outbox(self) -> None:

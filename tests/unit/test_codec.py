@@ -46,6 +46,7 @@ MESSAGES = [
     Generate(request_id="r4", prompt=TextPrompt(text="x"),
              sampling=SamplingParams(logprobs=True, top_logprobs=3)),
     Finished(request_id="r1", finish_reason="stop", usage=USAGE),
+    Finished(request_id="r1", finish_reason="stop", usage=USAGE, stop="END"),
     Error(request_id="r1", code="invalid_request", message="bad", param="top_p"),
     Events(events=[TokenDelta(request_id="a", text="x", token_ids=[1]),
                    Finished(request_id="a", finish_reason="length", usage=USAGE)]),

@@ -45,3 +45,11 @@ def test_earliest_of_several_stop_strings_wins() -> None:
     out = OutputText(CharDetokenizer(), ["zz", "b"])
     sent = "".join(feed(out, "abzz"))
     assert out.stopped and sent == "a"
+    assert out.matched_stop == "b"
+
+
+def test_no_matched_stop_without_a_stop() -> None:
+    out = OutputText(CharDetokenizer(), ["END"])
+    feed(out, "hi")
+    out.finish()
+    assert out.matched_stop is None
