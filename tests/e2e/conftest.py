@@ -102,3 +102,12 @@ def daemon(tiny_model: Path) -> Iterator[Daemon]:
     yield d
     if d.proc.poll() is None:
         stop_daemon(d)
+
+
+@pytest.fixture(scope="session")
+def shared_daemon(tiny_model: Path) -> Iterator[Daemon]:
+    """One daemon for the modules whose tests only send requests (never stop or break it)."""
+    d = start_daemon(tiny_model, "--max-context", "512")
+    yield d
+    if d.proc.poll() is None:
+        stop_daemon(d)

@@ -15,6 +15,12 @@ from tests.e2e.test_openai_api import client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
+
+@pytest.fixture
+def daemon(shared_daemon: Daemon) -> Daemon:
+    return shared_daemon
+
+
 TEXTS = ["hello world", "The quick brown fox jumps over the lazy dog", "import os", "x"]
 
 

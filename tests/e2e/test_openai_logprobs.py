@@ -12,6 +12,12 @@ from tests.e2e.test_openai_api import client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
+
+@pytest.fixture
+def daemon(shared_daemon: Daemon) -> Daemon:
+    return shared_daemon
+
+
 MESSAGES = [{"role": "user", "content": "Tell me about the python standard library"}]
 
 
