@@ -32,7 +32,7 @@ _SAMPLING: dict[str, Any] = {
     "max_tokens": _nullable({**_INT, "minimum": 1}),
     "temperature": _nullable({**_NUM, "minimum": 0, "maximum": 2}),
     "top_p": _nullable({**_NUM, "exclusiveMinimum": 0, "maximum": 1}),
-    "n": _nullable({**_INT, "minimum": 1, "maximum": 1}),
+    "n": _nullable({**_INT, "minimum": 1, "maximum": 16}),
     "stream": _nullable(_BOOL),
     "stream_options": _nullable(
         {"type": "object", "properties": {"include_usage": _BOOL}, "additionalProperties": False}
@@ -62,7 +62,8 @@ _MESSAGE = {
         "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
         "content": {"anyOf": [_STR, {"type": "array", "items": _CONTENT_PART}, {"type": "null"}]},
         "name": _STR,
-        "tool_calls": {"type": "array", "items": {"type": "object"}},
+        "tool_calls": _nullable({"type": "array", "items": {"type": "object"}}),
+        **{key: {"type": "null"} for key in ("refusal", "annotations", "audio", "function_call")},
         "tool_call_id": _STR,
     },
     "required": ["role"],
@@ -75,7 +76,10 @@ _CHAT = {
         "messages": {"type": "array", "items": _MESSAGE, "minItems": 1},
         "max_completion_tokens": _nullable({**_INT, "minimum": 1}),
         "tools": _nullable({"type": "array", "items": {"type": "object"}}),
-        "tool_choice": _nullable({"enum": ["auto", "none"]}),
+        "tool_choice": {
+            "anyOf": [{"enum": ["auto", "none", "required"]}, {"type": "object"}, {"type": "null"}]
+        },  # fmt: skip
+        "parallel_tool_calls": _nullable(_BOOL),
         "response_format": _nullable({"type": "object"}),
         "logprobs": _nullable(_BOOL),
         "top_logprobs": _nullable({**_INT, "minimum": 0, "maximum": 20}),
@@ -91,6 +95,7 @@ _COMPLETION = {
         "echo": _nullable(_BOOL),
         "suffix": _nullable(_STR),
         "logprobs": _nullable({**_INT, "minimum": 0, "maximum": 20}),
+        "best_of": _nullable({**_INT, "minimum": 1}),
     },
     "required": ["model", "prompt"],
     "additionalProperties": False,
