@@ -122,6 +122,7 @@ class ServeConfig:
     admin_key: str | None = field(default=None, repr=False)  # guards /admin/* (and /metrics)
     heartbeat_timeout_s: float = 10.0  # a worker silent this long is killed and restarted
     drain_timeout_s: float = 10.0  # on SIGTERM, how long in-flight requests may still run
+    stream_stall_timeout_s: float = 30.0  # a stream whose client reads nothing this long is cut
 
     def __post_init__(self) -> None:
         if len({k.name for k in self.api_keys}) != len(self.api_keys):
@@ -134,6 +135,8 @@ class ServeConfig:
             raise ConfigError("--port must be in 0..65535")
         if self.heartbeat_timeout_s <= 0:
             raise ConfigError("--heartbeat-timeout must be > 0 seconds")
+        if self.stream_stall_timeout_s <= 0:
+            raise ConfigError("--stream-stall-timeout must be > 0 seconds")
         if self.drain_timeout_s < 0:
             raise ConfigError("--drain-timeout must be >= 0 seconds")
         names = [m.name for m in self.models]

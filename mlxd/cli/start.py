@@ -124,6 +124,13 @@ def scheduler_config(opts: dict[str, object]) -> SchedulerConfig:
     help="On SIGTERM/Ctrl-C, seconds in-flight requests may still run before they are cut.",
 )
 @click.option(
+    "--stream-stall-timeout",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Seconds a streaming client may read nothing before its stream is cut and cancelled.",
+)
+@click.option(
     "--max-body-bytes",
     type=click.IntRange(min=1024),
     default=8 * 1024 * 1024,
@@ -149,6 +156,7 @@ def start_command(models: tuple[str, ...], host: str, port: int, log_level: str,
             heartbeat_timeout_s=opts["heartbeat_timeout"],  # type: ignore[arg-type]
             drain_timeout_s=opts["drain_timeout"],  # type: ignore[arg-type]
             max_body_bytes=opts["max_body_bytes"],  # type: ignore[arg-type]
+            stream_stall_timeout_s=opts["stream_stall_timeout"],  # type: ignore[arg-type]
         )
         _check_port_free(host, port)
     except MlxdError as exc:

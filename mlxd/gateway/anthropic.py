@@ -23,9 +23,9 @@ from mlxd.gateway import schemas
 from mlxd.gateway.accesslog import REQUEST_ID_HEADER, record_of
 from mlxd.gateway.anthropic_events import error_type, message_body, message_events
 from mlxd.gateway.anthropic_schemas import parse_count_tokens, parse_messages
-from mlxd.gateway.collect import collect_while_connected
+from mlxd.gateway.collect import collect_while_connected, first_while_connected
 from mlxd.gateway.openai import CLIENT_CLOSED_REQUEST, OpenAIEndpoints, _read_body
-from mlxd.gateway.streaming import EventStreamResponse, next_event
+from mlxd.gateway.streaming import EventStreamResponse
 from mlxd.gateway.toolcalls import split_tool_calls
 from mlxd.protocol.messages import CountTokens
 
@@ -65,10 +65,13 @@ class AnthropicEndpoints:
         message_id = f"msg_{secrets.token_hex(12)}"
         try:
             if parsed.stream:
-                first = await next_event(stream, deadline)
-                assert first is not None  # no keepalive was asked for
+                first = await first_while_connected(request, stream, deadline)
+                if first is None:  # gone during prefill
+                    await stream.cancel()
+                    return Response(status_code=CLIENT_CLOSED_REQUEST, headers=headers)
                 events = message_events(stream, first, parsed, message_id, deadline)
-                return EventStreamResponse(stream, events, headers)
+                stall_s = self.api.config.stream_stall_timeout_s
+                return EventStreamResponse(stream, events, headers, stall_timeout_s=stall_s)
             results = await collect_while_connected(request, stream, deadline)
         except BaseException:
             with anyio.CancelScope(shield=True):

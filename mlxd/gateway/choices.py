@@ -10,10 +10,13 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
-from mlxd.errors import MlxdError
+from mlxd.errors import MlxdError, RequestTimeout
 from mlxd.gateway.workers import RequestStream, StreamObserver, WorkerClient
 from mlxd.protocol.messages import Finished, Generate, TokenDelta, Usage
 
+# Events waiting for a client that reads slower than the worker writes: past this many the
+# choices are cancelled, so a stalled reader costs bounded memory and frees its sequences.
+MAX_BUFFERED_EVENTS = 1024
 _SEED_SPAN = 2**64  # seeds wrap within the signed 64-bit range the API accepts
 _Item = tuple[int, TokenDelta | Finished] | BaseException
 
@@ -88,6 +91,11 @@ class Choices:
     async def _pump(self, index: int, stream: RequestStream) -> None:
         try:
             async for event in stream:
+                if self._queue.qsize() >= MAX_BUFFERED_EVENTS:
+                    await stream.cancel()
+                    raise RequestTimeout(
+                        f"the client read too slowly: over {MAX_BUFFERED_EVENTS} events waited"
+                    )
                 self._queue.put_nowait((index, event))
         except MlxdError as exc:
             self._queue.put_nowait(exc)

@@ -1,31 +1,35 @@
-"""Collecting a non-streamed answer: every choice's text, finish reason and logprobs, while
-watching for the client to go away."""
+"""Collecting a non-streamed answer (every choice's text, finish reason and logprobs) or a
+stream's first event, while watching for the client to go away."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from starlette.requests import Request
 
 from mlxd.gateway.choices import Choices
 from mlxd.gateway.responses import ChoiceResult
 from mlxd.gateway.streaming import next_event
-from mlxd.protocol.messages import Finished
+from mlxd.protocol.messages import Finished, TokenDelta
+
+_T = TypeVar("_T")
 
 
 async def collect_while_connected(
     request: Request, stream: Choices, deadline: float
 ) -> list[ChoiceResult] | None:
     """Collect every choice of ``stream``; ``None`` if the client disconnected first."""
-    collector = asyncio.ensure_future(collect(stream, deadline))
-    watcher = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait((collector, watcher), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        collector.cancel()
-        watcher.cancel()
-        await asyncio.gather(collector, watcher, return_exceptions=True)
-    return None if collector.cancelled() else collector.result()
+    return await _unless_disconnected(request, collect(stream, deadline))
+
+
+async def first_while_connected(
+    request: Request, stream: Choices, deadline: float
+) -> TokenDelta | Finished | None:
+    """The first event of ``stream`` (the end of prefill); ``None`` if the client left first,
+    so a client gone during a long prefill frees its sequence at once."""
+    return await _unless_disconnected(request, next_event(stream, deadline))
 
 
 async def collect(stream: Choices, deadline: float) -> list[ChoiceResult]:
@@ -48,6 +52,19 @@ async def collect(stream: Choices, deadline: float) -> list[ChoiceResult]:
             if results[i].logprobs is None:
                 results[i].logprobs = []
             results[i].logprobs.extend(event.logprobs)  # type: ignore[union-attr]
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[_T]) -> _T | None:
+    """``work``'s result; ``None`` (and ``work`` cancelled) if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        task.cancel()
+        watcher.cancel()
+        await asyncio.gather(task, watcher, return_exceptions=True)
+    return None if task.cancelled() else task.result()
 
 
 async def _disconnected(request: Request) -> None:

@@ -25,11 +25,11 @@ from mlxd.gateway import responses, schemas
 from mlxd.gateway.accesslog import REQUEST_ID_HEADER, RequestRecord, loggable_prompt, record_of
 from mlxd.gateway.choices import Choices, generates
 from mlxd.gateway.chunks import ChatChunks, TextChunks
-from mlxd.gateway.collect import collect_while_connected
+from mlxd.gateway.collect import collect_while_connected, first_while_connected
 from mlxd.gateway.metrics import Metrics
 from mlxd.gateway.responses import ChoiceResult
 from mlxd.gateway.schemas import ParsedRequest
-from mlxd.gateway.streaming import ChunkFormat, EventStreamResponse, next_event, sse_events
+from mlxd.gateway.streaming import ChunkFormat, EventStreamResponse, sse_events
 from mlxd.gateway.toolcalls import split_tool_calls
 from mlxd.gateway.workers import StreamObserver, WorkerPool
 from mlxd.protocol.messages import Usage
@@ -126,12 +126,14 @@ class OpenAIEndpoints:
         completion_id, created = responses.new_id(id_prefix), int(time.time())
         try:
             if parsed.stream:
-                first = await next_event(stream, deadline)
-                assert first is not None  # no keepalive was asked for
+                first = await first_while_connected(request, stream, deadline)
+                if first is None:  # gone during prefill
+                    await stream.cancel()
+                    return Response(status_code=CLIENT_CLOSED_REQUEST, headers=headers)
                 fmt = chunks(completion_id, parsed.model, created, parsed)
-                return EventStreamResponse(
-                    stream, sse_events(stream, first, fmt, deadline), headers
-                )
+                events = sse_events(stream, first, fmt, deadline)
+                stall_s = self.config.stream_stall_timeout_s
+                return EventStreamResponse(stream, events, headers, stall_timeout_s=stall_s)
             results = await collect_while_connected(request, stream, deadline)
         except BaseException:
             with anyio.CancelScope(shield=True):

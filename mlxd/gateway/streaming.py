@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import anyio
 from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from mlxd.errors import MlxdError, RequestTimeout
 from mlxd.gateway.choices import Choices
@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 DONE = b"data: [DONE]\n\n"
 KEEPALIVE = b": keepalive\n\n"
 KEEPALIVE_S = 15.0
+STALL_TIMEOUT_S = 30.0
 
 
 class ChunkFormat(Protocol):
@@ -129,6 +130,7 @@ class EventStreamResponse(StreamingResponse):
         stream: the request's choices, cancelled whatever ends the response.
         events: the SSE frames (``sse_events``, or the Anthropic endpoint's).
         headers: extra response headers (``X-Request-Id``).
+        stall_timeout_s: a send blocked this long (the client reads nothing) cuts the stream.
     """
 
     media_type = "text/event-stream"
@@ -138,17 +140,28 @@ class EventStreamResponse(StreamingResponse):
         stream: Choices,
         events: AsyncGenerator[bytes, None],
         headers: Mapping[str, str] | None = None,
+        stall_timeout_s: float = STALL_TIMEOUT_S,
     ) -> None:
         self._events = events
         self._stream = stream
+        self._stall_timeout_s = stall_timeout_s
         sse_headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})}
         super().__init__(self._events, headers=sse_headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_or_cut(message: Message) -> None:
+            # A send blocks while the socket's buffers are full: the client stopped reading.
+            with anyio.fail_after(self._stall_timeout_s):
+                await send(message)
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, send_or_cut)
         except ClientDisconnect:  # ASGI >= 2.4 servers report a gone client this way
             log.info("client of request %s disconnected", self._stream.request_id)
+        except TimeoutError:
+            # Returning with the body unfinished makes the server close the connection.
+            log.warning("client of request %s read nothing for %gs; stream cut",
+                        self._stream.request_id, self._stall_timeout_s)  # fmt: skip
         finally:
             # The generator may never have started (client gone before the first chunk).
             with anyio.CancelScope(shield=True):

@@ -8,6 +8,7 @@ tick, coalescing some ticks into ``Events``. Words in the prompt change the scri
 - ``SLOW``: a long reply at ``slow_tick_s`` per tick (time for a client to disconnect).
 - ``SILENT``: never answer (time for a timeout).
 - ``EMPTY``: finish at once with no text.
+- ``FLOOD``: ``FLOOD_PIECES`` pieces of 4 KiB as fast as it can (a client that cannot keep up).
 - ``SEEDED``: reply ``seed <n> .`` with the request's seed (which choice got which seed).
 - ``CACHED:<n>``: report ``n`` cached prompt tokens in the usage.
 - ``JSONCALL``: reply ``JSON_CALL``, a call's bare JSON body (what a forced tool_choice gets).
@@ -71,6 +72,7 @@ TOOL_REPLY = (
     "</tool_call>"
 )
 SLOW_PIECES = 400
+FLOOD_PIECES = 5000
 MIDERROR_AFTER = 2
 T = TypeVar("T")
 _TRIGGER = re.compile(r"\b(MIDERROR|ERROR):(\w+)")
@@ -234,6 +236,8 @@ class ScriptedWorker:
         )
         if "EMPTY" in text:
             pieces = []
+        if "FLOOD" in text:
+            pieces = ["x" * 4095 + " "] * FLOOD_PIECES
         if "SEEDED" in text:
             pieces = ["seed ", f"{gen.sampling.seed} ", "."]
         if "JSONCALL" in text:
@@ -247,7 +251,7 @@ class ScriptedWorker:
             request_id=gen.request_id,
             pieces=deque(pieces[:limit]),
             prompt_tokens=len(text.split()),
-            interval_s=self.slow_tick_s if slow else self.tick_s,
+            interval_s=self.slow_tick_s if slow else 0.0 if "FLOOD" in text else self.tick_s,
             next_due=time.monotonic(),
             finish_reason="length" if limit < len(pieces) else "stop",
             error_code=trigger.group(2) if trigger else None,
