@@ -234,8 +234,11 @@ class Engine:
             seed=seed,
         )
         seq.detok = OutputText(self.encoder.new_detokenizer(), msg.sampling.stop)
+        if msg.sampling.logprobs:
+            self.encoder.token_vocab("logprobs")  # token bytes: fail now, not mid-stream
         if msg.sampling.response_format is not None:
-            seq.grammar = Grammar.compile(msg.sampling.response_format, self.encoder.ll_tokenizer)
+            vocab = self.encoder.token_vocab("response_format")
+            seq.grammar = Grammar.compile(msg.sampling.response_format, vocab)
         return seq
 
     def _prefill(self, chunks: list[PrefillChunk]) -> None:

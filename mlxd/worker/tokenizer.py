@@ -47,6 +47,16 @@ class PromptEncoder:
             eos_token=sorted(self.eos_token_ids)[0],
         )
 
+    def token_vocab(self, param: str) -> Any:
+        """``ll_tokenizer``, or ``InvalidRequest`` naming ``param`` (the feature that needs it)
+        when this model's tokenizer cannot give one (llguidance takes fast tokenizers only)."""
+        try:
+            return self.ll_tokenizer
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise InvalidRequest(
+                f"'{param}' is not available for this model's tokenizer: {exc}", param=param
+            ) from None
+
     def token_bytes(self, token_id: int) -> bytes:
         """The exact bytes of one token (a token may hold part of a UTF-8 character)."""
         return bytes(self.ll_tokenizer.decode_bytes([token_id]))

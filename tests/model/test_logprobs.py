@@ -58,3 +58,24 @@ def test_logprob_token_bytes_decode_to_the_text(harness_factory: Any) -> None:
     res = h.run()["r"]
     joined = b"".join(e.token for e in res.logprobs).decode("utf-8", "replace")
     assert joined.lstrip() == res.text.lstrip()  # mlx-lm's detokenizer drops a leading space
+
+
+def test_a_tokenizer_llguidance_cannot_read_refuses_logprobs(harness_factory: Any) -> None:
+    h = harness_factory()
+    h.engine.encoder.tokenizer = _SlowTokenizer(h.engine.encoder.tokenizer)
+    h.generate("r", "hello", max_tokens=2, logprobs=True)
+    err = h.results["r"].error
+    assert err is not None and err.code == "invalid_request" and err.param == "logprobs"
+    h.generate("ok", "hello", max_tokens=2)  # the worker goes on serving
+    assert h.run()["ok"].finished is not None
+
+
+class _SlowTokenizer:
+    """mlx-lm's wrapper around a tokenizer that is not a fast (Rust) one."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self._tokenizer = object()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
