@@ -12,8 +12,8 @@ import time
 
 import zmq
 
-from mlxd.bench.http import make_prompts
 from mlxd.bench.stats import RequestTiming, summarize
+from mlxd.bench.workload import make_prompts
 from mlxd.protocol import codec
 from mlxd.protocol.messages import (
     Events,

@@ -13,7 +13,7 @@ import sys
 import mlx_lm
 
 from mlxd.bench.engine import engine_level, new_engine
-from mlxd.bench.http import make_prompts
+from mlxd.bench.workload import make_prompts
 from mlxd.config import SchedulerConfig
 
 

@@ -78,10 +78,10 @@ def mlx_lm_batch_level(model: Any, prompts: list[list[int]], max_tokens: int) ->
     t0 = time.perf_counter()
     gen.insert(prompts, [max_tokens] * n)
     tokens = 0
-    while responses := gen.next_generated():
+    while responses := gen.next_generated():  # type: ignore[no-untyped-call]
         tokens += len(responses)
     wall = time.perf_counter() - t0
-    gen.close()
+    gen.close()  # type: ignore[no-untyped-call]
     return {"concurrency": n, "output_tokens": tokens, "wall_s": wall,
             "output_tok_s": tokens / wall}  # fmt: skip
 

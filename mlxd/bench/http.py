@@ -1,93 +1,186 @@
-"""`mlxd bench run`: a streaming load against any OpenAI-compatible /v1/completions."""
+"""`mlxd bench run`'s client: sessions of requests against any OpenAI-compatible server.
+
+``/v1/completions`` or ``/v1/chat/completions``, streamed (SSE) or not. Each request's timing is
+taken as the client sees it: TTFT at the first chunk with text, one inter-token gap per chunk.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import random
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from mlxd.bench.stats import RequestTiming, summarize
+from mlxd.bench.stats import RequestTiming
+from mlxd.bench.workload import Prompt, Request, Session
+
+ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
-def make_prompts(n: int, prompt_tokens: int, vocab: int = 1000, seed: int = 0) -> list[list[int]]:
-    """Token-id prompts of an exact length (ids kept low so every vocabulary has them)."""
-    rng = random.Random(seed)
-    return [[rng.randrange(10, vocab) for _ in range(prompt_tokens)] for _ in range(n)]
+@dataclass(frozen=True)
+class Target:
+    """Where and how requests go.
+
+    Args:
+        base_url: the server, e.g. ``http://127.0.0.1:8000``.
+        endpoint: ``completions`` or ``chat``.
+        stream: SSE streaming; without it TTFT is the whole response time.
+        timeout_s: per request.
+        api_key: sent as ``Authorization: Bearer``.
+    """
+
+    base_url: str
+    endpoint: str = "completions"
+    stream: bool = True
+    timeout_s: float = 600.0
+    api_key: str | None = None
+
+    @property
+    def url(self) -> str:
+        return self.base_url.rstrip("/") + ENDPOINTS[self.endpoint]
 
 
-def as_text(prompts: list[list[int]], tokenizer_path: str) -> list[str]:
-    """The same prompts as text, for servers that take only string prompts (mlx_lm.server).
+def check_reachable(target: Target) -> str | None:
+    """None if ``GET /v1/models`` answers at all; else a one-line reason."""
+    try:
+        httpx.get(target.base_url.rstrip("/") + "/v1/models", timeout=10, headers=_auth(target))
+    except httpx.HTTPError as exc:
+        return f"cannot reach {target.base_url}: {exc}"
+    return None
 
-    Random ids do not survive decode/encode: the text re-encodes longer, so it is cut back to
-    the wanted length a few times until it re-encodes close to it."""
-    from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(f"{tokenizer_path.rstrip('/')}/tokenizer.json")
-    texts = []
-    for ids in prompts:
-        text = tok.decode(ids)
-        for _ in range(3):
-            text = tok.decode(tok.encode(text).ids[: len(ids)])
-        texts.append(text)
-    return texts
+async def run_sessions(
+    target: Target,
+    concurrency: int,
+    sessions: list[Session],
+    on_done: Callable[[RequestTiming], None] | None = None,
+) -> list[RequestTiming]:
+    """Run ``sessions``, ``concurrency`` at a time; every request's timing, in session order."""
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency)
+    sem = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(timeout=target.timeout_s, limits=limits,
+                                 headers=_auth(target)) as client:  # fmt: skip
+        t0 = time.perf_counter()
+
+        async def go(session: Session) -> list[RequestTiming]:
+            async with sem:
+                return await _session(client, target, session, t0, on_done)
+
+        per_session = await asyncio.gather(*(go(s) for s in sessions))
+    return [t for ts in per_session for t in ts]
+
+
+# Internal helpers
+
+
+async def _session(
+    client: httpx.AsyncClient,
+    target: Target,
+    session: Session,
+    t0: float,
+    on_done: Callable[[RequestTiming], None] | None,
+) -> list[RequestTiming]:
+    history: list[tuple[Prompt, str]] = []
+    out = []
+    for req in session.turns:
+        timing, text = await _one(client, target, _body(target, req, history), req, t0)
+        out.append(timing)
+        if on_done is not None:
+            on_done(timing)
+        if timing.error is not None:
+            break  # a conversation cannot go on without its last reply
+        if session.carry_history:
+            history.append((req.user, text))
+    return out
 
 
 async def _one(
-    client: httpx.AsyncClient, url: str, body: dict[str, Any], t0: float
-) -> RequestTiming:
-    timing = RequestTiming(start=time.perf_counter() - t0)
+    client: httpx.AsyncClient, target: Target, body: dict[str, Any], req: Request, t0: float
+) -> tuple[RequestTiming, str]:
+    timing = RequestTiming(start=time.perf_counter() - t0, group=req.group)
+    parts: list[str] = []
     try:
-        async with client.stream("POST", url, json=body) as resp:
+        async with client.stream("POST", target.url, json=body, headers=req.headers) as resp:
             if resp.status_code != 200:
-                timing.error = f"HTTP {resp.status_code}"
-                await resp.aread()
-                return timing
-            async for line in resp.aiter_lines():
-                _on_line(line, timing, t0)
+                timing.error = _http_error(resp.status_code, await resp.aread())
+            elif target.stream:
+                async for line in resp.aiter_lines():
+                    _on_line(line, timing, parts, t0)
+            else:
+                _on_body(json.loads(await resp.aread()), timing, parts, t0)
     except httpx.HTTPError as exc:
-        timing.error = type(exc).__name__
+        timing.error = f"{type(exc).__name__}: {exc}"[:120]
     timing.end = time.perf_counter() - t0
-    return timing
+    if timing.output_tokens == 0:
+        timing.output_tokens = len(timing.token_times)  # no usage sent: count text chunks
+    return timing, "".join(parts)
 
 
-def _on_line(line: str, timing: RequestTiming, t0: float) -> None:
+def _body(target: Target, req: Request, history: list[tuple[Prompt, str]]) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": req.model, "max_tokens": req.max_tokens, "temperature": 0.0,
+                            "ignore_eos": True, "stream": target.stream}  # fmt: skip
+    if target.stream:
+        body["stream_options"] = {"include_usage": True}
+    if target.endpoint == "chat":
+        messages = [{"role": "system", "content": req.prefix}] if req.prefix else []
+        for user, reply in history:
+            messages += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
+        body["messages"] = [*messages, {"role": "user", "content": req.user}]
+    else:
+        body["prompt"] = _concat([req.prefix, *(p for turn in history for p in turn), req.user])
+    return body
+
+
+def _concat(parts: list[Prompt | None]) -> Prompt:
+    present = [p for p in parts if p]
+    ids = [p for p in present if isinstance(p, list)]
+    if len(ids) == len(present):
+        return [t for p in ids for t in p]
+    return "\n".join(p for p in present if isinstance(p, str))
+
+
+def _on_line(line: str, timing: RequestTiming, parts: list[str], t0: float) -> None:
     if not line.startswith("data: ") or line == "data: [DONE]":
         return
     chunk = json.loads(line[6:])
-    now = time.perf_counter() - t0
+    if "error" in chunk:
+        timing.error = str(chunk["error"].get("message", chunk["error"]))[:120]
+        return
     if chunk.get("usage"):
         timing.output_tokens = chunk["usage"]["completion_tokens"]
-    if chunk.get("choices") and chunk["choices"][0].get("text"):
-        if timing.first_token is None:
-            timing.first_token = now
+    text = _text(chunk, "delta")
+    if text:
+        now = time.perf_counter() - t0
+        timing.first_token = timing.first_token if timing.first_token is not None else now
         timing.token_times.append(now)
+        parts.append(text)
 
 
-async def run_level(
-    base_url: str,
-    model: str,
-    concurrency: int,
-    prompts: list[list[int]] | list[str],
-    max_tokens: int,
-    timeout_s: float = 600.0,
-) -> dict[str, float | int]:
-    """Send ``len(prompts)`` streaming requests, ``concurrency`` at a time."""
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency)
-    sem = asyncio.Semaphore(concurrency)
-    url = f"{base_url.rstrip('/')}/v1/completions"
-    async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
-        t0 = time.perf_counter()
+def _on_body(body: dict[str, Any], timing: RequestTiming, parts: list[str], t0: float) -> None:
+    timing.first_token = time.perf_counter() - t0  # the whole answer arrives at once
+    timing.output_tokens = (body.get("usage") or {}).get("completion_tokens", 0)
+    parts.append(_text(body, "message"))
 
-        async def go(prompt: list[int] | str) -> RequestTiming:
-            body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
-                    "temperature": 0.0, "ignore_eos": True,
-                    "stream_options": {"include_usage": True}}  # fmt: skip
-            async with sem:
-                return await _one(client, url, body, t0)
 
-        timings = await asyncio.gather(*(go(p) for p in prompts))
-    return summarize(concurrency, list(timings))
+def _text(chunk: dict[str, Any], key: str) -> str:
+    choices = chunk.get("choices") or [{}]
+    choice = choices[0]
+    if "text" in choice:
+        return choice["text"] or ""
+    return (choice.get(key) or {}).get("content") or ""
+
+
+def _http_error(status: int, raw: bytes) -> str:
+    try:
+        message = json.loads(raw)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = raw.decode(errors="replace")
+    return f"HTTP {status}: {message}"[:120]
+
+
+def _auth(target: Target) -> dict[str, str]:
+    return {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}

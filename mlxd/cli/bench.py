@@ -1,51 +1,49 @@
-"""`mlxd bench`: throughput and latency, over HTTP or in-process."""
+"""`mlxd bench`: throughput and latency, over HTTP or in-process; plots from the JSON."""
 
 from __future__ import annotations
 
-import asyncio
 import gc
-import json
-import platform
-import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
-COLUMNS = ("concurrency", "ok", "failed", "output_tok_s", "per_request_tok_s", "ttft_p50_ms",
-           "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "speedup")  # fmt: skip
+from mlxd.bench import report
+from mlxd.bench.workload import SCENARIOS
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def _levels(text: str) -> list[int]:
+def _ints(text: str, what: str) -> tuple[int, ...]:
     try:
-        levels = [int(x) for x in text.split(",") if x.strip()]
+        values = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise click.BadParameter("use a comma-separated list of integers, e.g. 1,4,16") from None
-    if not levels or min(levels) < 1:
-        raise click.BadParameter("concurrency levels must be >= 1")
-    return levels
+        raise click.BadParameter(f"{what}: use a comma-separated list of integers") from None
+    if not values or min(values) < 1:
+        raise click.BadParameter(f"{what}: every value must be >= 1")
+    return values
 
 
-def _table(rows: list[dict[str, Any]]) -> str:
-    base = next((r["output_tok_s"] for r in rows if r.get("concurrency") == 1), None)
-    lines = ["  ".join(f"{c:>17}" for c in COLUMNS)]
-    for r in rows:
-        r["speedup"] = r["output_tok_s"] / base if base else float("nan")
-        cells = [f"{r.get(c, float('nan')):>17.1f}" if isinstance(r.get(c), float)
-                 else f"{r.get(c, ''):>17}" for c in COLUMNS]  # fmt: skip
-        lines.append("  ".join(cells))
-    return "\n".join(lines)
+def _finish(payload: dict[str, Any], json_path: Path | None, plot_path: Path | None) -> None:
+    click.echo(report.table(payload["rows"]))
+    for line in report.prefix_summary(payload["rows"]) + report.failures(payload["rows"]):
+        click.echo(line)
+    if json_path is not None:
+        report.write_json(json_path, payload)
+        click.echo(f"wrote {json_path}", err=True)
+    if plot_path is not None:
+        _plot([(payload.get("label") or payload["kind"], payload)], plot_path)
 
 
-def _write(path: Path | None, payload: dict[str, Any]) -> None:
-    if path is not None:
-        path.write_text(json.dumps(payload, indent=2))
-        click.echo(f"wrote {path}", err=True)
+def _plot(results: list[tuple[str, dict[str, Any]]], out: Path) -> None:
+    from mlxd.bench.plot import PlotUnavailable, plot
 
-
-def _meta(**kw: Any) -> dict[str, Any]:
-    return {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(),
-            "machine": platform.machine(), **kw}  # fmt: skip
+    try:
+        plot(results, out)
+    except PlotUnavailable as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"wrote {out}", err=True)
 
 
 @click.group("bench")
@@ -53,7 +51,7 @@ def bench_group() -> None:
     """Measure throughput and latency."""
 
 
-common = [
+output_options = [
     click.option(
         "--concurrency", default="1,4,16,64", show_default=True, help="Levels, comma-separated."
     ),
@@ -62,7 +60,7 @@ common = [
         "--max-tokens",
         default=256,
         show_default=True,
-        help="Output tokens per request (eos ignored).",
+        help="Output tokens per request (eos ignored where the server allows).",
     ),
     click.option(
         "--json",
@@ -71,18 +69,58 @@ common = [
         default=None,
         help="Write results here.",
     ),
+    click.option(
+        "--plot",
+        "plot_path",
+        type=click.Path(path_type=Path),
+        default=None,
+        help="Draw throughput and latency vs concurrency here (PNG; needs matplotlib).",
+    ),
+    click.option("--label", default=None, help="Name of this series in plots and JSON."),
 ]
 
 
-def with_common(fn):  # type: ignore[no-untyped-def]
-    for option in reversed(common):
+def with_output_options(fn: _F) -> _F:
+    for option in reversed(output_options):
         fn = option(fn)
     return fn
 
 
 @bench_group.command("run")
 @click.option("--url", default="http://127.0.0.1:8000", show_default=True)
-@click.option("--model", required=True, help="Model name on the server.")
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    required=True,
+    help="Model name on the server (repeat for multi-model: requests go round-robin).",
+)
+@click.option(
+    "--scenario",
+    type=click.Choice(SCENARIOS),
+    default="throughput",
+    show_default=True,
+    help="What the requests look like (see below).",
+)
+@click.option(
+    "--endpoint",
+    type=click.Choice(["completions", "chat"]),
+    default="completions",
+    show_default=True,
+)
+@click.option(
+    "--stream/--no-stream",
+    default=True,
+    show_default=True,
+    help="Without streaming, TTFT is the whole response time and there is no ITL.",
+)
+@click.option(
+    "--runs",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Measured repeats per level: tok/s is their mean, percentiles pool them.",
+)
 @click.option("--requests-per-level", default=0, help="Requests per level (default: the level).")
 @click.option(
     "--warmup-tokens",
@@ -92,33 +130,103 @@ def with_common(fn):  # type: ignore[no-untyped-def]
     "one-time kernel compilation for its batch shapes is not measured.",
 )
 @click.option(
+    "--prefix-tokens",
+    default="500,2000,8000",
+    show_default=True,
+    help="shared-prefix: system prompt lengths.",
+)
+@click.option(
+    "--turns",
+    default=4,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="multi-turn: turns per conversation.",
+)
+@click.option(
+    "--mixed-lengths",
+    default="32,128,512,2048",
+    show_default=True,
+    help="mixed: prompt lengths, cycled.",
+)
+@click.option(
+    "--high-fraction",
+    default=0.25,
+    show_default=True,
+    type=click.FloatRange(0.0, 1.0),
+    help="priority-mix: share of high priority.",
+)
+@click.option(
     "--text-prompts-from",
     "tokenizer_path",
     default=None,
     metavar="MODEL_DIR",
-    help="Send the prompts as text decoded with MODEL_DIR's tokenizer (for servers "
-    "that do not take token-id prompts, e.g. mlx_lm.server).",
+    help="Send prompts as text decoded with MODEL_DIR's tokenizer (for servers that "
+    "take only strings, e.g. mlx_lm.server).",
 )
-@with_common
-def run_command(url: str, model: str, requests_per_level: int, warmup_tokens: int,
-                tokenizer_path: str | None, concurrency: str, prompt_tokens: int, max_tokens: int,
-                json_path: Path | None) -> None:  # fmt: skip
-    """Streaming load on URL's /v1/completions at each concurrency level."""
-    from mlxd.bench.http import as_text, make_prompts, run_level
+@click.option("--api-key", default=None, help="Sent as 'Authorization: Bearer KEY'.")
+@click.option("--timeout", default=600.0, show_default=True, help="Seconds per request.")
+@click.option("--seed", default=0, show_default=True, help="Prompt seed.")
+@with_output_options
+def run_command(**o: Any) -> None:
+    """Load URL's OpenAI API at each concurrency level and report tok/s and latency.
 
-    rows = []
-    for level in _levels(concurrency):
-        n = requests_per_level or level
-        click.echo(f"level {level}: {n} requests ...", err=True)
-        prompts: list[Any] = make_prompts(n, prompt_tokens, seed=level)
-        if tokenizer_path:
-            prompts = as_text(prompts, tokenizer_path)
-        if warmup_tokens:
-            asyncio.run(run_level(url, model, level, prompts, warmup_tokens))
-        rows.append(asyncio.run(run_level(url, model, level, prompts, max_tokens)))
-    click.echo(_table(rows))
-    _write(json_path, _meta(kind="http", url=url, model=model, prompt_tokens=prompt_tokens,
-                            max_tokens=max_tokens, levels=rows))  # fmt: skip
+    \b
+    Scenarios (--scenario):
+      throughput     one prompt per request, --prompt-tokens long
+      shared-prefix  TTFT with a cold system prompt vs one already cached (--prefix-tokens)
+      multi-turn     conversations that grow turn by turn (--turns); rows per turn
+      mixed          prompt lengths cycled from --mixed-lengths; rows per length
+      multi-model    several --model names at once; rows per model
+      priority-mix   X-Priority high/low (--high-fraction); rows per priority; set
+                     --concurrency above the server's --max-num-seqs so requests queue
+    """
+    from mlxd.bench.http import Target, check_reachable
+    from mlxd.bench.runner import Plan, run_benchmark
+    from mlxd.bench.workload import WorkloadOptions, tokenizer_text, words
+
+    if o["scenario"] == "multi-model" and len(o["models"]) < 2:
+        raise click.BadParameter("multi-model needs two or more --model", param_hint="--model")
+    target = Target(o["url"], o["endpoint"], o["stream"], o["timeout"], o["api_key"])
+    if (reason := check_reachable(target)) is not None:
+        raise click.ClickException(reason)
+    opts = WorkloadOptions(
+        models=o["models"],
+        prompt_tokens=o["prompt_tokens"],
+        max_tokens=o["max_tokens"],
+        requests_per_level=o["requests_per_level"],
+        turns=o["turns"],
+        prefix_tokens=_ints(o["prefix_tokens"], "--prefix-tokens"),
+        mixed_lengths=_ints(o["mixed_lengths"], "--mixed-lengths"),
+        high_fraction=o["high_fraction"],
+    )
+    to_text = tokenizer_text(o["tokenizer_path"]) if o["tokenizer_path"] else None
+    if to_text is None and (o["endpoint"] == "chat" or o["scenario"] == "multi-turn"):
+        to_text = words  # chat messages and conversation history are text
+    plan = Plan(
+        o["scenario"],
+        list(_ints(o["concurrency"], "--concurrency")),
+        o["runs"],
+        o["warmup_tokens"],
+        to_text,
+        o["seed"],
+    )
+    rows = run_benchmark(target, plan, opts)
+    payload = report.meta(
+        kind="http",
+        label=o["label"],
+        url=o["url"],
+        models=list(o["models"]),
+        model=",".join(o["models"]),
+        scenario=o["scenario"],
+        endpoint=o["endpoint"],
+        stream=o["stream"],
+        prompt_tokens=o["prompt_tokens"],
+        max_tokens=o["max_tokens"],
+        runs=o["runs"],
+        text_prompts=to_text is not None,
+        rows=rows,
+    )
+    _finish(payload, o["json_path"], o["plot_path"])
 
 
 @bench_group.command("engine")
@@ -130,7 +238,7 @@ def run_command(url: str, model: str, requests_per_level: int, warmup_tokens: in
     show_default=True,
     help="Also run mlx-lm's BatchGenerator and generate_step on the same prompts.",
 )
-@with_common
+@with_output_options
 def engine_command(
     model_path: str,
     prefill_chunk: int,
@@ -139,18 +247,22 @@ def engine_command(
     prompt_tokens: int,
     max_tokens: int,
     json_path: Path | None,
+    plot_path: Path | None,
+    label: str | None,
 ) -> None:
     """The same workload in-process on the engine (no HTTP, no ZMQ)."""
     import mlx_lm
 
     from mlxd.bench.engine import engine_level, mlx_lm_batch_level, mlx_lm_single, new_engine
-    from mlxd.bench.http import make_prompts
+    from mlxd.bench.progress import Progress
+    from mlxd.bench.stats import add_speedup
+    from mlxd.bench.workload import make_prompts
     from mlxd.config import SchedulerConfig
 
     model, tokenizer = mlx_lm.load(model_path)[:2]
     rows, yard = [], []
-    for level in _levels(concurrency):
-        click.echo(f"level {level} ...", err=True)
+    for level in _ints(concurrency, "--concurrency"):
+        bar = Progress(f"engine c={level}", 1)
         prompts = make_prompts(level, prompt_tokens, seed=level)
         sched = SchedulerConfig(max_num_seqs=level, max_queued=level, prefill_chunk=prefill_chunk)
         engine = new_engine(model, tokenizer, sched, prompt_tokens + max_tokens + 8)
@@ -165,8 +277,39 @@ def engine_command(
             arg = prompts[0] if level == 1 else prompts
             ref(model, arg, 16)  # type: ignore[arg-type]
             yard.append(ref(model, arg, max_tokens))  # type: ignore[arg-type]
-    click.echo(_table(rows))
+        bar.advance()
+        bar.close()
+    payload = report.meta(
+        kind="engine",
+        label=label,
+        model=model_path,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        rows=add_speedup(rows),
+        mlx_lm=yard,
+    )
+    _finish(payload, json_path, plot_path)
     for y in yard:
         click.echo(f"mlx-lm at {y['concurrency']}: {y['output_tok_s']:.1f} tok/s")
-    _write(json_path, _meta(kind="engine", model=model_path, prompt_tokens=prompt_tokens,
-                            max_tokens=max_tokens, levels=rows, mlx_lm=yard))  # fmt: skip
+
+
+@bench_group.command("plot")
+@click.argument(
+    "json_files",
+    nargs=-1,
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+)
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="PNG to write.")
+def plot_command(json_files: tuple[Path, ...], out: Path) -> None:
+    """Draw JSON results of `bench run` / `bench engine` into one PNG (series per file)."""
+    from mlxd.bench.plot import label_for
+
+    results = []
+    for path in json_files:
+        try:
+            data = report.read_json(path)
+        except ValueError as exc:
+            raise click.ClickException(f"{path} is not benchmark JSON: {exc}") from None
+        results.append((label_for(data, path.stem), data))
+    _plot(results, out)

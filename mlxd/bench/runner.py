@@ -1,0 +1,89 @@
+"""One benchmark over HTTP: every phase of a scenario at every concurrency level, ``runs`` times,
+each level after a short unmeasured warm-up of the same shape."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from mlxd.bench.http import Target, run_sessions
+from mlxd.bench.progress import Progress
+from mlxd.bench.stats import RequestTiming, add_speedup, summarize_groups
+from mlxd.bench.workload import Phase, Session, WorkloadOptions, phases, render
+
+_WARMUP_SEED = 999
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to run: the scenario, its levels and repeats.
+
+    Args:
+        scenario: one of ``workload.SCENARIOS``.
+        levels: concurrency levels, in order.
+        runs: measured repeats per level.
+        warmup_tokens: output tokens of each level's warm-up (0: none); the warm-up compiles
+            the server's kernels for the level's batch shapes, which is not what we measure.
+        to_text: turns token-id prompts into text (chat, multi-turn, string-only servers).
+        seed: the prompts' seed; rerun against the same server with another one.
+    """
+
+    scenario: str
+    levels: list[int]
+    runs: int = 1
+    warmup_tokens: int = 16
+    to_text: Callable[[list[int]], str] | None = None
+    seed: int = 0
+
+    def seed_for(self, level: int, run: int) -> int:
+        # Unique per level and run: a prompt repeated across levels would hit a prefix cache.
+        return self.seed * 1_000_003 + level * 1000 + run
+
+
+def run_benchmark(target: Target, plan: Plan, opts: WorkloadOptions) -> list[dict[str, Any]]:
+    """Every row of the benchmark, with speedups over concurrency 1 filled in."""
+    rows: list[dict[str, Any]] = []
+    for phase in phases(plan.scenario, opts):
+        if phase.prime is not None:
+            _run(target, 1, [phase.prime], plan, "prime")
+        for level in plan.levels:
+            rows += _level(target, phase, level, plan)
+    return add_speedup(rows)
+
+
+# Internal helpers
+
+
+def _level(target: Target, phase: Phase, level: int, plan: Plan) -> list[dict[str, Any]]:
+    tag = " ".join(f"{v}" for v in phase.tags.values())
+    if plan.warmup_tokens:
+        warm = [
+            _first_turn(s, plan.warmup_tokens)
+            for s in phase.make(level, plan.seed_for(level, _WARMUP_SEED))
+        ]
+        _run(target, level, warm, plan, f"{tag} c={level} warm-up".strip())
+    runs = []
+    for i in range(plan.runs):
+        label = f"{tag} c={level} run {i + 1}/{plan.runs}".strip()
+        runs.append(_run(target, level, phase.make(level, plan.seed_for(level, i)), plan, label))
+    return summarize_groups(level, runs, phase.tags)
+
+
+def _run(
+    target: Target, level: int, sessions: list[Session], plan: Plan, label: str
+) -> list[RequestTiming]:
+    if plan.to_text is not None:
+        render(sessions, plan.to_text)
+    bar = Progress(label, sum(len(s.turns) for s in sessions))
+    try:
+        return asyncio.run(
+            run_sessions(target, level, sessions, lambda t: bar.advance(t.error is not None))
+        )
+    finally:
+        bar.close()
+
+
+def _first_turn(session: Session, max_tokens: int) -> Session:
+    return Session([replace(session.turns[0], max_tokens=max_tokens)])
