@@ -1,0 +1,80 @@
+"""`mlxd bench run` against a real daemon: the table, valid JSON, a PNG; scenarios end to end."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from mlxd.cli.main import main
+from tests.e2e.conftest import Daemon, free_port
+
+pytestmark = pytest.mark.e2e
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+
+
+def _bench(daemon: Daemon, *args: str) -> Result:
+    cmd = ["bench", "run", "--url", daemon.base_url, "--model", daemon.model,
+           "--prompt-tokens", "16", "--max-tokens", "8", "--warmup-tokens", "2", *args]  # fmt: skip
+    return CliRunner().invoke(main, cmd, catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def throughput(daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("bench")
+    plot = ["--plot", str(out / "bench.png")] if HAS_MATPLOTLIB else []
+    result = _bench(daemon, "--concurrency", "1,2", "--json", str(out / "bench.json"), *plot)
+    return {"result": result, "dir": out}
+
+
+def test_run_prints_the_table(throughput: dict[str, Any]) -> None:
+    result = throughput["result"]
+    assert result.exit_code == 0, result.output
+    header, *lines = [x for x in result.stdout.splitlines() if x.strip()][:3]
+    assert header.split()[:5] == ["conc", "ok", "fail", "out", "tok/s"] and "speedup" in header
+    assert [line.split()[:3] for line in lines] == [["1", "1", "0"], ["2", "2", "0"]]
+
+
+def test_run_writes_valid_json(throughput: dict[str, Any]) -> None:
+    data = json.loads((throughput["dir"] / "bench.json").read_text())
+    assert (
+        data["kind"] == "http" and data["scenario"] == "throughput" and data["models"] == ["tiny"]
+    )
+    rows = data["rows"]
+    assert [(r["concurrency"], r["ok"], r["failed"]) for r in rows] == [(1, 1, 0), (2, 2, 0)]
+    assert all(r["output_tokens"] == 8 * r["ok"] and r["output_tok_s"] > 0 for r in rows)
+    assert rows[0]["speedup"] == 1.0 and rows[0]["ttft_p50_ms"] > 0
+
+
+@pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib is in the [test] extra")
+def test_run_writes_a_png(throughput: dict[str, Any]) -> None:
+    assert (throughput["dir"] / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_multi_turn_chat_grows_each_conversation(daemon: Daemon, tmp_path: Path) -> None:
+    result = _bench(daemon, "--scenario", "multi-turn", "--endpoint", "chat", "--turns", "2",
+                    "--concurrency", "2", "--json", str(tmp_path / "turns.json"))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "turns.json").read_text())["rows"]
+    assert [(r["group"], r["ok"], r["failed"]) for r in rows] == [
+        ("all", 4, 0),
+        ("turn 1", 2, 0),
+        ("turn 2", 2, 0),
+    ]
+
+
+def test_shared_prefix_reports_cold_and_hit(daemon: Daemon) -> None:
+    result = _bench(daemon, "--scenario", "shared-prefix", "--prefix-tokens", "64",
+                    "--concurrency", "1", "--no-stream")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "prefix 64 tokens at concurrency 1: TTFT p50 cold" in result.stdout
+
+
+def test_unreachable_server_is_one_line_and_nonzero() -> None:
+    free_url = f"http://127.0.0.1:{free_port()}"
+    result = CliRunner().invoke(main, ["bench", "run", "--url", free_url, "--model", "x"])
+    assert result.exit_code == 1 and result.output.startswith(f"Error: cannot reach {free_url}")
