@@ -24,10 +24,10 @@ def _bench(daemon: Daemon, *args: str) -> Result:
 
 
 @pytest.fixture(scope="module")
-def throughput(daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def throughput(shared_daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("bench")
     plot = ["--plot", str(out / "bench.png")] if HAS_MATPLOTLIB else []
-    result = _bench(daemon, "--concurrency", "1,2", "--json", str(out / "bench.json"), *plot)
+    result = _bench(shared_daemon, "--concurrency", "1,2", "--json", str(out / "bench.json"), *plot)
     return {"result": result, "dir": out}
 
 
@@ -55,8 +55,8 @@ def test_run_writes_a_png(throughput: dict[str, Any]) -> None:
     assert (throughput["dir"] / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_multi_turn_chat_grows_each_conversation(daemon: Daemon, tmp_path: Path) -> None:
-    result = _bench(daemon, "--scenario", "multi-turn", "--endpoint", "chat", "--turns", "2",
+def test_multi_turn_chat_grows_each_conversation(shared_daemon: Daemon, tmp_path: Path) -> None:
+    result = _bench(shared_daemon, "--scenario", "multi-turn", "--endpoint", "chat", "--turns", "2",
                     "--concurrency", "2", "--json", str(tmp_path / "turns.json"))  # fmt: skip
     assert result.exit_code == 0, result.output
     rows = json.loads((tmp_path / "turns.json").read_text())["rows"]
@@ -67,8 +67,8 @@ def test_multi_turn_chat_grows_each_conversation(daemon: Daemon, tmp_path: Path)
     ]
 
 
-def test_shared_prefix_reports_cold_and_hit(daemon: Daemon) -> None:
-    result = _bench(daemon, "--scenario", "shared-prefix", "--prefix-tokens", "64",
+def test_shared_prefix_reports_cold_and_hit(shared_daemon: Daemon) -> None:
+    result = _bench(shared_daemon, "--scenario", "shared-prefix", "--prefix-tokens", "64",
                     "--concurrency", "1", "--no-stream")  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "prefix 64 tokens at concurrency 1: TTFT p50 cold" in result.stdout
