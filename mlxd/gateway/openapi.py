@@ -100,6 +100,56 @@ _COMPLETION = {
     "required": ["model", "prompt"],
     "additionalProperties": False,
 }
+_TEXT_BLOCK = {"type": "object", "properties": {"type": {"enum": ["text"]}, "text": _STR},
+               "required": ["type", "text"]}  # fmt: skip
+_BLOCK = {"anyOf": [_TEXT_BLOCK, {
+    "type": "object", "properties": {"type": {"enum": ["tool_use"]}, "id": _STR, "name": _STR,
+                                     "input": {"type": "object"}},
+    "required": ["type", "id", "name", "input"]}, {
+    "type": "object", "properties": {"type": {"enum": ["tool_result"]}, "tool_use_id": _STR,
+                                     "content": {"anyOf": [_STR, {"type": "array",
+                                                                  "items": _TEXT_BLOCK}]}},
+    "required": ["type", "tool_use_id"]}]}  # fmt: skip
+_ANTHROPIC_MESSAGE = {
+    "type": "object",
+    "properties": {"role": {"enum": ["user", "assistant"]},
+                   "content": {"anyOf": [_STR, {"type": "array", "items": _BLOCK}]}},
+    "required": ["role", "content"], "additionalProperties": False,
+}  # fmt: skip
+_ANTHROPIC_TOOL = {
+    "type": "object", "properties": {"name": _STR, "description": _STR,
+                                     "input_schema": {"type": "object"}},
+    "required": ["name", "input_schema"],
+}  # fmt: skip
+_ANTHROPIC_PROMPT: dict[str, Any] = {
+    "model": _STR,
+    "messages": {"type": "array", "items": _ANTHROPIC_MESSAGE, "minItems": 1},
+    "system": {"anyOf": [_STR, {"type": "array", "items": _TEXT_BLOCK}]},
+    "tools": {"type": "array", "items": _ANTHROPIC_TOOL},
+    "tool_choice": {"type": "object", "properties": {
+        "type": {"enum": ["auto", "any", "tool", "none"]}, "name": _STR,
+        "disable_parallel_tool_use": _BOOL}, "required": ["type"]},
+}  # fmt: skip
+_MESSAGES = {
+    "type": "object",
+    "properties": {
+        **_ANTHROPIC_PROMPT,
+        "max_tokens": {**_INT, "minimum": 1},
+        "stop_sequences": {"type": "array", "items": {**_STR, "minLength": 1}, "maxItems": 16},
+        "stream": _BOOL,
+        "temperature": {**_NUM, "minimum": 0, "maximum": 1},
+        "top_p": {**_NUM, "exclusiveMinimum": 0, "maximum": 1},
+        "top_k": {**_INT, "minimum": -1},
+        "metadata": {"type": "object", "properties": {"user_id": _STR},
+                     "additionalProperties": False},
+    },
+    "required": ["model", "messages", "max_tokens"],
+    "additionalProperties": False,
+}  # fmt: skip
+_COUNT_TOKENS = {
+    "type": "object", "properties": _ANTHROPIC_PROMPT, "required": ["model", "messages"],
+    "additionalProperties": False,
+}  # fmt: skip
 _TOKENS = {"type": "array", "items": {**_INT, "minimum": 0}, "minItems": 1}
 _EMBEDDINGS = {
     "type": "object",
@@ -171,12 +221,15 @@ def _get(summary: str, parameters: list[dict[str, Any]] | None = None) -> dict[s
 
 
 def document(models: list[str]) -> dict[str, Any]:
-    """The OpenAPI 3.1 document of the OpenAI-compatible endpoints serving ``models``."""
+    """The OpenAPI 3.1 document of the OpenAI- and Anthropic-compatible endpoints serving
+    ``models``."""
     model = {"type": "string", "enum": models} if models else _STR
     model_param = {"name": "model", "in": "path", "required": True, "schema": model}
     chat = {**_CHAT, "properties": {**_CHAT["properties"], "model": model}}  # type: ignore[dict-item]
     completion = {**_COMPLETION, "properties": {**_COMPLETION["properties"], "model": model}}  # type: ignore[dict-item]
     embeddings = {**_EMBEDDINGS, "properties": {**_EMBEDDINGS["properties"], "model": model}}  # type: ignore[dict-item]
+    messages = {**_MESSAGES, "properties": {**_MESSAGES["properties"], "model": model}}  # type: ignore[dict-item]
+    count = {**_COUNT_TOKENS, "properties": {**_ANTHROPIC_PROMPT, "model": model}}
     return {
         "openapi": "3.1.0",
         "info": {"title": "mlxd", "version": __version__},
@@ -187,6 +240,8 @@ def document(models: list[str]) -> dict[str, Any]:
             "/v1/chat/completions": _post("Chat completion", chat),
             "/v1/completions": _post("Text completion", completion),
             "/v1/embeddings": _post("Embeddings", embeddings),
+            "/v1/messages": _post("Anthropic Messages (Anthropic-shaped errors)", messages),
+            "/v1/messages/count_tokens": _post("Anthropic token count", count),
         },
         "components": {
             "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},

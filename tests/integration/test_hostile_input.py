@@ -53,7 +53,8 @@ def test_fuzzed_requests_never_get_a_server_error(fuzzed: Gateway, mode: Generat
 def test_openapi_document_lists_endpoints_and_models(http: httpx.Client) -> None:
     doc = http.get("/openapi.json").json()
     assert doc["openapi"].startswith("3.")
-    assert {"/v1/chat/completions", "/v1/completions", "/v1/models"} <= set(doc["paths"])
+    assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/messages",
+            "/v1/messages/count_tokens"} <= set(doc["paths"])  # fmt: skip
     body = doc["paths"][CHAT]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert body["properties"]["model"]["enum"] == [MODEL]
 
