@@ -104,14 +104,14 @@ class AnthropicEndpoints:
 def render_error(request: Request, exc: MlxdError | HTTPException) -> Response:
     """An error in Anthropic's shape, with the request id (and Retry-After when overloaded)."""
     if isinstance(exc, HTTPException):
-        status, message = exc.status_code, str(exc.detail)
+        status, message, code = exc.status_code, str(exc.detail), ""
     else:
-        status, message = exc.status_code, exc.message
+        status, message, code = exc.status_code, exc.message, exc.code
     if isinstance(exc, InvalidRequest) and exc.param and exc.param not in message:
         message = f"{exc.param}: {message}"
     headers = {REQUEST_ID_HEADER: record_of(request).request_id}
     if isinstance(exc, Overloaded):
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
-    body: dict[str, Any] = {"type": "error", "error": {"type": error_type(status),
-                                                       "message": message}}  # fmt: skip
+    error = {"type": error_type(status, code), "message": message}
+    body: dict[str, Any] = {"type": "error", "error": error}
     return Response(json.dumps(body), status, headers, media_type="application/json")

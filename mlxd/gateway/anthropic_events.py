@@ -36,11 +36,14 @@ def event(name: str, data: dict[str, Any]) -> bytes:
 
 def error_body(exc: MlxdError) -> dict[str, Any]:
     """Anthropic's error object for ``exc``."""
-    return {"type": "error", "error": {"type": error_type(exc.status_code), "message": exc.message}}
+    kind = error_type(exc.status_code, exc.code)
+    return {"type": "error", "error": {"type": kind, "message": exc.message}}
 
 
-def error_type(status: int) -> str:
-    """Anthropic's error ``type`` for an HTTP status."""
+def error_type(status: int, code: str = "") -> str:
+    """Anthropic's error ``type`` for an HTTP status (a full queue is ``overloaded_error``)."""
+    if code in ("overloaded", "worker_unavailable"):
+        return "overloaded_error"
     types = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
              404: "not_found_error", 408: "timeout_error", 413: "request_too_large",
              429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}  # fmt: skip

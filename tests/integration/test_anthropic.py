@@ -148,6 +148,9 @@ BAD = [
     ({"model": MODEL, "max_tokens": 5, "messages": HELLO, "stop_sequences": "x"},
      "stop_sequences"),
     ({"model": MODEL, "max_tokens": 5, "messages": HELLO, "frobnicate": 1}, "frobnicate"),
+    ({"model": MODEL, "max_tokens": 5, "messages": HELLO, "service_tier": "auto"}, "service_tier"),
+    ({"model": MODEL, "max_tokens": 5, "messages": HELLO,
+      "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0]"),
 ]  # fmt: skip
 
 
@@ -167,6 +170,7 @@ def test_errors_map_to_sdk_exceptions(claude: anthropic.Anthropic) -> None:
         overload = [{"role": "user", "content": "ERROR:overloaded"}]
         claude.messages.create(model=MODEL, max_tokens=5, messages=overload)  # type: ignore[arg-type]
     assert info.value.response.headers["retry-after"] == "1"
+    assert info.value.body["error"]["type"] == "overloaded_error"  # type: ignore[index]
 
 
 def test_x_api_key_auth(make_gateway: Callable[..., Gateway]) -> None:
@@ -177,3 +181,55 @@ def test_x_api_key_auth(make_gateway: Callable[..., Gateway]) -> None:
     with anthropic.Anthropic(base_url=keyed.url, api_key="sk-wrong", max_retries=0) as bad:
         with pytest.raises(anthropic.AuthenticationError):
             bad.messages.create(model=MODEL, max_tokens=2, messages=HELLO)
+
+
+def test_sampling_fields_and_metadata_reach_the_worker(
+    claude: anthropic.Anthropic, worker: ScriptedWorker
+) -> None:
+    claude.messages.create(
+        model=MODEL, max_tokens=7, messages=HELLO, metadata={"user_id": "u-1"},
+        extra_body={"temperature": 0.5, "top_p": 0.9, "top_k": 4},
+        extra_headers={"X-Request-Id": "a-samp"},
+    )  # fmt: skip
+    generate = worker.wait_generate("a-samp.")
+    assert generate is not None
+    s = generate.sampling
+    assert (s.max_tokens, s.temperature, s.top_p, s.top_k) == (7, 0.5, 0.9, 4)
+
+
+def test_disable_parallel_tool_use_keeps_one_call(claude: anthropic.Anthropic) -> None:
+    twice: Any = [{"role": "user", "content": "TOOLCALL TOOLCALL"}]
+    both = claude.messages.create(model=MODEL, max_tokens=300, messages=twice, tools=TOOLS)
+    single: Any = {"type": "auto", "disable_parallel_tool_use": True}
+    one = claude.messages.create(model=MODEL, max_tokens=300, messages=twice, tools=TOOLS,
+                                 tool_choice=single)  # fmt: skip
+    assert [b.type for b in both.content].count("tool_use") == 2
+    assert [b.type for b in one.content].count("tool_use") == 1
+
+
+def test_tool_choice_none_hides_the_tools(
+    claude: anthropic.Anthropic, worker: ScriptedWorker
+) -> None:
+    msg = claude.messages.create(model=MODEL, max_tokens=300, messages=ASK, tools=TOOLS,
+                                 tool_choice={"type": "none"},
+                                 extra_headers={"X-Request-Id": "a-none"})  # fmt: skip
+    assert [b.type for b in msg.content] == ["text"] and msg.stop_reason == "end_turn"
+    generate = worker.wait_generate("a-none.")
+    assert generate is not None and isinstance(generate.prompt, ChatPrompt)
+    assert generate.prompt.tools is None
+
+
+def test_cache_control_is_accepted(claude: anthropic.Anthropic) -> None:
+    blocks: Any = [{"type": "text", "text": "Say hello", "cache_control": {"type": "ephemeral"}}]
+    msg = claude.messages.create(model=MODEL, max_tokens=100, system=blocks,
+                                 messages=[{"role": "user", "content": blocks}])  # fmt: skip
+    assert msg.content[0].text == DEFAULT_REPLY  # type: ignore[union-attr]
+
+
+def test_error_mid_stream_is_an_error_event(gateway: Gateway) -> None:
+    body = {"model": MODEL, "max_tokens": 100, "stream": True,
+            "messages": [{"role": "user", "content": "MIDERROR:overloaded"}]}  # fmt: skip
+    with httpx.stream("POST", f"{gateway.url}/v1/messages", json=body, timeout=10) as response:
+        lines = list(response.iter_lines())
+    assert response.status_code == 200
+    assert lines[-3:-1] == ["event: error", lines[-2]] and "overloaded_error" in lines[-2]

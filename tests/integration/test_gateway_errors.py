@@ -8,6 +8,8 @@ import httpx
 import pytest
 from scripted_worker import MODEL
 
+from mlxd.gateway import schemas
+
 if TYPE_CHECKING:
     from conftest import Gateway
 
@@ -190,3 +192,12 @@ def test_error_mid_stream_is_an_event(http: httpx.Client) -> None:
     assert events[-1] == "data: [DONE]"
     assert '"error":{' in events[-2] and '"code":"internal_error"' in events[-2]
     assert '"content":"Hello "' in response.text
+
+
+@pytest.mark.parametrize("field", sorted(schemas._UNSUPPORTED))
+def test_unsupported_field_is_a_400_unless_off(http: httpx.Client, field: str) -> None:
+    path = COMPLETIONS if field == "best_of" else CHAT
+    body = completion(**{field: "on"}) if path == COMPLETIONS else chat(**{field: "on"})
+    assert_error(http.post(path, json=body), 400, "invalid_request", field)
+    off = chat(**{field: None}) if path == CHAT else completion(**{field: None})
+    assert http.post(path, json=off).status_code == 200

@@ -41,3 +41,12 @@ def test_cached_tokens_pass_through(client: openai.OpenAI) -> None:
 def test_best_of_equal_to_n_is_accepted(client: openai.OpenAI) -> None:
     reply = client.completions.create(model=MODEL, prompt="hi", n=2, best_of=2, max_tokens=2)
     assert len(reply.choices) == 2
+
+
+def test_message_names_reach_the_template(client: openai.OpenAI, worker: ScriptedWorker) -> None:
+    named = [{"role": "user", "content": "hi", "name": "ann"}]
+    client.chat.completions.create(model=MODEL, messages=named,  # type: ignore[arg-type]
+                                   extra_headers={"X-Request-Id": "named"})  # fmt: skip
+    generate = worker.wait_generate("named.")
+    assert generate is not None
+    assert generate.prompt.messages == named  # type: ignore[union-attr]
