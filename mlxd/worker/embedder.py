@@ -22,7 +22,7 @@ class Embedder:
     """Embeds token lists with one model; every call runs on the engine thread."""
 
     def __init__(self, model: Any) -> None:
-        self.body = getattr(model, "model", None)
+        self.body: Any = getattr(model, "model", None)  # mlx-lm's transformer body
 
     def embed(self, inputs: list[list[int]]) -> list[bytes]:
         """One unit vector per input, as little-endian float32 bytes (OpenAI's base64 layout)."""

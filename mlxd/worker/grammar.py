@@ -24,8 +24,6 @@ from mlxd.worker.sequence import Sequence
 log = logging.getLogger(__name__)
 
 SCHEMA_PARAM = "response_format.json_schema.schema"
-# Compact JSON: flexible whitespace lets a weak model emit blank lines until max_tokens.
-_JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False}
 _ANY_OBJECT = '{"type": "object"}'
 
 
@@ -41,7 +39,10 @@ class Grammar:
         """The matcher for ``fmt``; ``InvalidRequest`` naming the schema when it is not usable."""
         try:
             grammar = llguidance.LLMatcher.grammar_from_json_schema(
-                fmt.schema or _ANY_OBJECT, defaults=_JSON_OPTIONS
+                fmt.schema or _ANY_OBJECT,
+                # Compact JSON: flexible whitespace lets a weak model emit blank lines until
+                # max_tokens.
+                defaults={"whitespace_flexible": False},
             )
         except ValueError as exc:
             raise InvalidRequest(f"invalid JSON schema: {exc}", param=SCHEMA_PARAM) from None
@@ -79,7 +80,7 @@ def constrain(logits: mx.array, seqs: list[Sequence]) -> mx.array:
         return logits
     vocab = logits.shape[-1]
     bitmask = llguidance.numpy.allocate_token_bitmask(len(rows), vocab)
-    matchers = [(seqs[i].grammar.matcher, j) for j, i in enumerate(rows)]  # type: ignore[union-attr]
+    matchers = [(seqs[i].grammar.matcher, j) for j, i in enumerate(rows)]
     llguidance.numpy.fill_next_token_bitmask_par(_executor(), matchers, bitmask)
     words = mx.array(bitmask)
     bits = (words[:, :, None] >> mx.arange(32, dtype=mx.int32)) & 1

@@ -38,11 +38,13 @@ class StepLogprobs:
         wanted = [(i, s) for i, s in enumerate(self.seqs) if s in tokens]
         if not wanted:
             return
-        chosen, ids, values = (a.tolist() for a in self.arrays())
+        chosen: list[float] = self.chosen.tolist()  # type: ignore[assignment]
+        ids: list[list[int]] = self.top_ids.tolist()  # type: ignore[assignment]
+        values: list[list[float]] = self.top_values.tolist()  # type: ignore[assignment]
         for i, seq in wanted:
             k = seq.sampling.top_logprobs
-            top = list(zip(ids[i][:k], values[i][:k], strict=True))  # type: ignore[index]
-            seq.logprobs.append((tokens[seq], chosen[i], top))  # type: ignore[index]
+            top = list(zip(ids[i][:k], values[i][:k], strict=True))
+            seq.logprobs.append((tokens[seq], chosen[i], top))
 
 
 def compute(logits: mx.array, tokens: mx.array, seqs: list[Sequence]) -> StepLogprobs | None:
