@@ -1,42 +1,147 @@
 #!/usr/bin/env bash
-# The standard benchmark suite on the GPU machine (MLX CUDA backend); JSON and logs under $OUT.
-# Needs the staged wheels (../shared/gpu/stage.sh, with EXTRA=httptools): run 1 carries .gpuA
-# (`bash .gpuA/install.sh a`), run 2 carries .gpuB: `bash .gpuB/install.sh b && bash scripts/gpu_suite.sh`
-#   SIZE=qwen3-0.6b DTYPE=bfloat16 LEVELS=1,4,16,64 bash scripts/gpu_suite.sh
+# The standard benchmark suite on the GPU machine (MLX CUDA backend), in ONE run of at most
+# 10 minutes: JSON, tables and logs under $OUT. Plots are drawn afterwards, here, from the JSON
+# (the GPU machine has no matplotlib): bash scripts/gpu_plots.sh DIR_WITH_THE_JSON
+#
+# Setup (../shared/gpu/stage.sh, with EXTRA="httptools prometheus_client llguidance" if the
+# machine lacks them): run 1 carries .gpuA: `bash .gpuA/install.sh a`; run 2 carries .gpuB:
+#   bash .gpuB/install.sh b && bash scripts/gpu_suite.sh
+# The repo runs from the copy with PYTHONPATH (no install). Knobs (environment):
+#   BUDGET_S=520   the whole suite; each leg gets min(its own bound, what is left)
+#   LEVELS=1,4,16,64,128  PROMPT=128  OUTPUT=128  RUNS=1  PREFIXES=500,2000,8000
+#   SIZE=qwen3-0.6b DTYPE=bfloat16  (the main model)   MODELS=/root/models  OUT=./out
+#   EXTRA_LEGS=1   Llama-3.2-1B bf16 and the 4-bit main model, when time is left
+# Legs, most important first (legs.txt says which ran, their exit codes and seconds):
+#   1 mlxd over HTTP: throughput vs concurrency       http-$SIZE-$DTYPE.json
+#   2 mlxd over HTTP: shared-prefix TTFT cold vs hit  prefix-$SIZE-$DTYPE.json
+#   3 engine in-process (+ mlx-lm BatchGenerator)     engine-$SIZE-$DTYPE.json
+#   4 mlx_lm.server, same model and workload          mlx_lm_server-*.json, mlx_lm_server-prefix-*
+#   5 Llama-3.2-1B bf16 and $SIZE 4-bit over HTTP     http-llama-3.2-1b-bfloat16.json, http-*-q4.json
+#   6 worker over ZeroMQ alone; decode step contiguous vs paged cache (suite.txt)
+# A leg cut by its time bound still leaves the levels it finished (JSON "complete": false).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source /root/mlx-env.sh
+[ -f /root/mlx-env.sh ] && source /root/mlx-env.sh
 export PYTHONPATH="$PWD:${PYTHONPATH:-}"
-SIZE="${SIZE:-qwen3-0.6b}"; DTYPE="${DTYPE:-bfloat16}"; LEVELS="${LEVELS:-1,4,16,64}"
-OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
-M="/root/models/$SIZE-$DTYPE"
-log() { echo "== $*" | tee -a "$OUT/suite.txt"; }
-wait_up() { for _ in $(seq 240); do curl -sf "$1" >/dev/null && return 0; sleep 0.5; done; return 1; }
-{ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-  python3 -c "import mlx.core as mx, mlx_lm; print('mlx', mx.__version__, mx.default_device(), 'mlx-lm', mlx_lm.__version__)"
-  git log -1 --format='commit %h %cd' 2>/dev/null || true; date -u; } | tee "$OUT/machine.txt"
-[ -d "$M" ] || python3 -m mlxd make-model --arch "${SIZE%%-*}" --size "$SIZE" --dtype "$DTYPE" --out "$M" 2>/dev/null
+PY="${PY:-python3}"
+BUDGET_S="${BUDGET_S:-520}"; LEVELS="${LEVELS:-1,4,16,64,128}"; RUNS="${RUNS:-1}"
+PROMPT="${PROMPT:-128}"; OUTPUT="${OUTPUT:-128}"; PREFIXES="${PREFIXES:-500,2000,8000}"
+SIZE="${SIZE:-qwen3-0.6b}"; DTYPE="${DTYPE:-bfloat16}"; EXTRA_LEGS="${EXTRA_LEGS:-1}"
+MODELS="${MODELS:-/root/models}"; OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT" "$MODELS"
+MAX_SEQS="${MAX_SEQS:-128}"; PORT="${PORT:-8123}"
+T0=$SECONDS
+SERVER=""
 
-log "engine in-process + mlx-lm yardsticks"
-python3 -m mlxd bench engine --model "$M" --concurrency "$LEVELS" --json "$OUT/engine.json" 2>/dev/null | tee -a "$OUT/suite.txt"
+log() { echo "== $(( SECONDS - T0 ))s $*" | tee -a "$OUT/suite.txt" >&2; }
+left() { echo $(( BUDGET_S - (SECONDS - T0) )); }
+# bound MAX: seconds a step may take: MAX, or less when the budget runs out
+bound() { local l; l=$(left); echo $(( $1 < l ? $1 : l )); }
+stop_server() {
+  [ -n "$SERVER" ] || return 0
+  kill -TERM "$SERVER" 2>/dev/null
+  for _ in $(seq 30); do kill -0 "$SERVER" 2>/dev/null || break; sleep 0.5; done
+  kill -KILL "$SERVER" 2>/dev/null; wait "$SERVER" 2>/dev/null; SERVER=""
+}
+trap stop_server EXIT
+wait_up() {  # wait_up URL SECONDS
+  local deadline=$(( SECONDS + $2 ))
+  while [ $SECONDS -lt $deadline ]; do
+    curl -sf "$1" >/dev/null && return 0
+    kill -0 "$SERVER" 2>/dev/null || return 1
+    sleep 0.5
+  done
+  return 1
+}
+# run NAME MAX_S CMD...: one timed step; skipped when under 15 s are left
+run() {
+  local name=$1 t s rc; t=$(bound "$2"); shift 2
+  if [ "$t" -lt 15 ]; then log "skip $name: budget spent"; echo "$name skipped" >> "$OUT/legs.txt"; return 1; fi
+  log "$name (bound ${t}s)"; s=$SECONDS
+  timeout -k 5 "$t" "$@" 2>>"$OUT/stderr.txt" | tee -a "$OUT/suite.txt"; rc=${PIPESTATUS[0]}
+  echo "$name rc=$rc $(( SECONDS - s ))s" >> "$OUT/legs.txt"
+  return "$rc"
+}
+# model SIZE DTYPE [BITS]: the model's directory, made (random weights, real shape) if missing
+model() {
+  local arch="${1%%-*}" dir="$MODELS/$1-$2${3:+-q$3}"
+  case "$1" in tiny|small) arch=qwen3 ;; esac
+  if [ ! -f "$dir/config.json" ]; then
+    run "make-model $1 $2${3:+ q$3}" 120 "$PY" -m mlxd make-model --arch "$arch" --size "$1" \
+      --dtype "$2" ${3:+--quantize "$3"} --out "$dir" --force >&2 || return 1
+  fi
+  echo "$dir"
+}
+start_mlxd() {  # start_mlxd MODEL_DIR
+  "$PY" -m mlxd start --model "bench=$1" --port "$PORT" --log-level warning \
+    --max-num-seqs "$MAX_SEQS" --max-queued 1024 >> "$OUT/mlxd.log" 2>&1 &
+  SERVER=$!
+  wait_up "http://127.0.0.1:$PORT/health" "$(bound 120)" || { log "mlxd did not start"; stop_server; return 1; }
+}
+bench_http() {  # bench_http NAME MAX_S JSON MODEL_NAME [ARGS...]
+  local name=$1 max=$2 json=$3 m=$4; shift 4
+  run "$name" "$max" "$PY" -m mlxd bench run --url "http://127.0.0.1:$PORT" --model "$m" \
+    --prompt-tokens "$PROMPT" --max-tokens "$OUTPUT" --runs "$RUNS" --timeout 120 \
+    --json "$OUT/$json" "$@"
+}
+throughput_leg() {  # throughput_leg SIZE DTYPE [BITS]: mlxd over HTTP on one model
+  local m tag="$1-$2${3:+-q$3}"
+  m=$(model "$@") || return 1
+  start_mlxd "$m" || return 1
+  bench_http "mlxd http $tag" 150 "http-$tag.json" bench --concurrency "$LEVELS" --label "mlxd $tag"
+  stop_server
+}
 
-log "worker over ZeroMQ alone"
-python3 -m mlxd worker serve --model "$M" --bind ipc:///tmp/suite.sock --max-num-seqs 128 --log-level WARNING &
-W=$!; sleep 10
-for c in 1 64; do python3 scripts/bench_zmq.py ipc:///tmp/suite.sock $c > "$OUT/zmq$c.json"; cat "$OUT/zmq$c.json" >> "$OUT/suite.txt"; done
-kill $W; wait $W 2>/dev/null
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo 'no nvidia-smi'
+  "$PY" -c "import mlx.core as mx, mlx_lm; print('mlx', mx.__version__, mx.default_device(), 'mlx-lm', mlx_lm.__version__)"
+  git log -1 --format='commit %h %cd' 2>/dev/null || true; date -u
+  echo "LEVELS=$LEVELS PROMPT=$PROMPT OUTPUT=$OUTPUT RUNS=$RUNS PREFIXES=$PREFIXES SIZE=$SIZE DTYPE=$DTYPE"
+} | tee "$OUT/machine.txt"
+: > "$OUT/legs.txt"
+TAG="$SIZE-$DTYPE"
+M=$(model "$SIZE" "$DTYPE") || { log "cannot make the main model"; exit 1; }
 
-log "mlxd over HTTP"
-python3 -m mlxd start --model "bench=$M" --port 8123 --log-level warning --max-num-seqs 128 --max-queued 1024 > "$OUT/mlxd.log" 2>&1 &
-D=$!; wait_up http://127.0.0.1:8123/health
-python3 -m mlxd bench run --url http://127.0.0.1:8123 --model bench --concurrency "$LEVELS" --json "$OUT/http.json" 2>/dev/null | tee -a "$OUT/suite.txt"
-kill -TERM $D; wait $D 2>/dev/null
+# 1-2: mlxd over HTTP, one daemon for throughput and shared prefix.
+if start_mlxd "$M"; then
+  bench_http "mlxd http $TAG" 150 "http-$TAG.json" bench --concurrency "$LEVELS" --label "mlxd"
+  bench_http "mlxd prefix $TAG" 90 "prefix-$TAG.json" bench --scenario shared-prefix \
+    --prefix-tokens "$PREFIXES" --concurrency 1,8 --max-tokens 16 --label "mlxd"
+  stop_server
+fi
 
-log "mlx_lm.server over HTTP (same model, same workload)"
-python3 -m mlx_lm.server --model "$M" --port 8124 > "$OUT/mlx_lm_server.log" 2>&1 &
-S=$!; wait_up http://127.0.0.1:8124/v1/models
-python3 -m mlxd bench run --url http://127.0.0.1:8124 --model "$M" --text-prompts-from "$M" --concurrency "$LEVELS" --json "$OUT/mlx_lm_server.json" 2>/dev/null | tee -a "$OUT/suite.txt"
-kill $S; wait $S 2>/dev/null
+# 3: the engine in-process, the gateway's cost as a ratio; mlx-lm's BatchGenerator alongside.
+run "engine $TAG" 120 "$PY" -m mlxd bench engine --model "$M" --concurrency "$LEVELS" \
+  --prompt-tokens "$PROMPT" --max-tokens "$OUTPUT" --json "$OUT/engine-$TAG.json" --label "mlxd engine"
 
-log "decode step: contiguous vs paged cache"
-for b in 16 64; do python3 scripts/bench_paged.py "$M" $b 128 128 32 | tee -a "$OUT/suite.txt"; done
+# 4: mlx-lm's own server, same model, same prompts (as text), same levels.
+if [ "$(left)" -gt 60 ]; then
+  "$PY" -m mlx_lm.server --model "$M" --port "$PORT" --decode-concurrency "$MAX_SEQS" \
+    --log-level WARNING >> "$OUT/mlx_lm_server.log" 2>&1 &
+  SERVER=$!
+  if wait_up "http://127.0.0.1:$PORT/v1/models" "$(bound 120)"; then
+    bench_http "mlx_lm.server $TAG" 150 "mlx_lm_server-$TAG.json" "$M" --text-prompts-from "$M" \
+      --concurrency "$LEVELS" --label "mlx_lm.server"
+    bench_http "mlx_lm.server prefix $TAG" 60 "mlx_lm_server-prefix-$TAG.json" "$M" \
+      --text-prompts-from "$M" --scenario shared-prefix --prefix-tokens "$PREFIXES" \
+      --concurrency 1,8 --max-tokens 16 --label "mlx_lm.server"
+  else
+    log "mlx_lm.server did not start"
+  fi
+  stop_server
+fi
+
+# 5: other shapes, while time is left.
+if [ "$EXTRA_LEGS" = 1 ]; then
+  [ "$(left)" -gt 90 ] && throughput_leg llama-3.2-1b bfloat16
+  [ "$(left)" -gt 60 ] && throughput_leg "$SIZE" "$DTYPE" 4
+fi
+
+# 6: where the time goes: the worker without the gateway, and the paged cache's decode step.
+if [ "$(left)" -gt 45 ]; then
+  "$PY" -m mlxd worker serve --model "$M" --bind ipc:///tmp/suite.sock --max-num-seqs "$MAX_SEQS" \
+    --log-level WARNING >> "$OUT/worker.log" 2>&1 &
+  SERVER=$!; sleep 10
+  for c in 1 64; do run "zmq c=$c" 40 "$PY" scripts/bench_zmq.py ipc:///tmp/suite.sock $c > "$OUT/zmq$c.json"; done
+  stop_server
+fi
+for b in 16 64; do run "paged decode b=$b" 40 "$PY" scripts/bench_paged.py "$M" $b 128 128 32; done
+log "done in $(( SECONDS - T0 ))s; legs:"; cat "$OUT/legs.txt" >&2

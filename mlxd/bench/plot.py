@@ -68,27 +68,37 @@ def _name(label: str, group: str) -> str:
     return label if group == ALL else f"{label} [{group}]"
 
 
+def _colors(curves: list[tuple[str, dict[str, Any]]]) -> dict[str, str]:
+    """One color per series, the same in every panel."""
+    names = [_name(label, g) for label, data in curves for g in _series(data["rows"])]
+    names += ["mlx-lm BatchGenerator"]
+    return {n: f"C{i % 10}" for i, n in enumerate(dict.fromkeys(names))}
+
+
 def _throughput(ax: Any, curves: list[tuple[str, dict[str, Any]]]) -> None:
+    colors = _colors(curves)
     for label, data in curves:
         for group, rows in _series(data["rows"]).items():
-            xs = [r["concurrency"] for r in rows]
-            ax.plot(xs, [r["output_tok_s"] for r in rows], marker="o", label=_name(label, group))
+            xs, name = [r["concurrency"] for r in rows], _name(label, group)
+            ax.plot(xs, [r["output_tok_s"] for r in rows], marker="o", label=name,
+                    color=colors[name])  # fmt: skip
         if data.get("mlx_lm"):
-            ys = data["mlx_lm"]
+            ys, name = data["mlx_lm"], "mlx-lm BatchGenerator"
             ax.plot([y["concurrency"] for y in ys], [y["output_tok_s"] for y in ys],
-                    marker="s", linestyle=":", label="mlx-lm BatchGenerator")  # fmt: skip
+                    marker="s", linestyle=":", label=name, color=colors[name])  # fmt: skip
     _axes(ax, "output tokens/s (all requests)", log_y=False)
     ax.set_ylim(bottom=0)
 
 
 def _latency(ax: Any, curves: list[tuple[str, dict[str, Any]]]) -> None:
+    colors = _colors(curves)
     for label, data in curves:
         for group, rows in _series(data["rows"]).items():
-            xs = [r["concurrency"] for r in rows]
-            line = ax.plot(xs, [r.get("ttft_p50_ms") for r in rows], marker="o",
-                           label=f"{_name(label, group)} TTFT p50")  # fmt: skip
+            xs, name = [r["concurrency"] for r in rows], _name(label, group)
+            ax.plot(xs, [r.get("ttft_p50_ms") for r in rows], marker="o",
+                    color=colors[name], label=f"{name} TTFT p50")  # fmt: skip
             ax.plot(xs, [r.get("itl_p50_ms") for r in rows], marker="x", linestyle="--",
-                    color=line[0].get_color(), label=f"{_name(label, group)} ITL p50")  # fmt: skip
+                    color=colors[name], label=f"{name} ITL p50")  # fmt: skip
     _axes(ax, "latency (ms)", log_y=True)
 
 
@@ -102,7 +112,7 @@ def _prefix(ax: Any, results: list[tuple[str, dict[str, Any]]]) -> None:
                 bars.append((name, r.get("ttft_p50_ms") or 0.0))
     colors = ["tab:blue" if "cold" in n else "tab:green" for n, _ in bars]
     ax.bar(range(len(bars)), [v for _, v in bars], color=colors)
-    ax.set_xticks(range(len(bars)), [n for n, _ in bars], fontsize=7)
+    ax.set_xticks(range(len(bars)), [n for n, _ in bars], fontsize=7, rotation=30, ha="right")
     ax.set_ylabel("TTFT p50 (ms)")
     ax.set_title("shared prefix: cold vs cache hit", fontsize=10)
     ax.grid(True, axis="y", alpha=0.3)

@@ -42,14 +42,24 @@ class Plan:
         return self.seed * 1_000_003 + level * 1000 + run
 
 
-def run_benchmark(target: Target, plan: Plan, opts: WorkloadOptions) -> list[dict[str, Any]]:
-    """Every row of the benchmark, with speedups over concurrency 1 filled in."""
+def run_benchmark(
+    target: Target,
+    plan: Plan,
+    opts: WorkloadOptions,
+    on_level: Callable[[list[dict[str, Any]]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Every row of the benchmark, with speedups over concurrency 1 filled in.
+
+    ``on_level`` gets the rows so far after each level, so a run cut short (a time limit on
+    the GPU machine) still leaves the levels it finished."""
     rows: list[dict[str, Any]] = []
     for phase in phases(plan.scenario, opts):
         if phase.prime is not None:
-            _run(target, 1, [phase.prime], plan, "prime")
+            _run(target, 1, [phase.prime], plan, f"{phase.name} prime")
         for level in plan.levels:
             rows += _level(target, phase, level, plan)
+            if on_level is not None:
+                on_level(add_speedup(rows))
     return add_speedup(rows)
 
 
@@ -57,7 +67,7 @@ def run_benchmark(target: Target, plan: Plan, opts: WorkloadOptions) -> list[dic
 
 
 def _level(target: Target, phase: Phase, level: int, plan: Plan) -> list[dict[str, Any]]:
-    tag = " ".join(f"{v}" for v in phase.tags.values())
+    tag = phase.name
     if plan.warmup_tokens:
         warm = [
             _first_turn(s, plan.warmup_tokens)

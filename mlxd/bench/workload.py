@@ -77,6 +77,7 @@ class Phase:
     tags: dict[str, Any]
     make: Callable[[int, int], list[Session]]  # (level, seed) -> sessions
     prime: Session | None = None
+    name: str = ""  # for progress lines, e.g. "prefix 500 cold"
 
 
 def make_prompts(n: int, prompt_tokens: int, vocab: int = 1000, seed: int = 0) -> list[list[int]]:
@@ -169,7 +170,8 @@ def _prefix_phases(opts: WorkloadOptions, prefix_tokens: int) -> list[Phase]:
 
     tags = {"prefix_tokens": prefix_tokens}
     prime = _with_prefix(opts, 0, shared, suffix, -1, "hit")
-    return [Phase(tags=tags, make=cold), Phase(tags=tags, make=hit, prime=prime)]
+    name = f"prefix {prefix_tokens}"
+    return [Phase(tags, cold, name=f"{name} cold"), Phase(tags, hit, prime, f"{name} hit")]
 
 
 def _with_prefix(

@@ -36,6 +36,18 @@ def _finish(payload: dict[str, Any], json_path: Path | None, plot_path: Path | N
         _plot([(payload.get("label") or payload["kind"], payload)], plot_path)
 
 
+def _partial_writer(
+    payload: dict[str, Any], json_path: Path | None
+) -> Callable[[list[dict[str, Any]]], None]:
+    """Rewrites the JSON after every level ("complete": false until the end)."""
+
+    def write(rows: list[dict[str, Any]]) -> None:
+        if json_path is not None:
+            report.write_json(json_path, {**payload, "rows": rows})
+
+    return write
+
+
 def _plot(results: list[tuple[str, dict[str, Any]]], out: Path) -> None:
     from mlxd.bench.plot import PlotUnavailable, plot
 
@@ -210,22 +222,14 @@ def run_command(**o: Any) -> None:
         to_text,
         o["seed"],
     )
-    rows = run_benchmark(target, plan, opts)
     payload = report.meta(
-        kind="http",
-        label=o["label"],
-        url=o["url"],
-        models=list(o["models"]),
-        model=",".join(o["models"]),
-        scenario=o["scenario"],
-        endpoint=o["endpoint"],
-        stream=o["stream"],
-        prompt_tokens=o["prompt_tokens"],
-        max_tokens=o["max_tokens"],
-        runs=o["runs"],
-        text_prompts=to_text is not None,
-        rows=rows,
-    )
+        kind="http", label=o["label"], url=o["url"], models=list(o["models"]),
+        model=",".join(o["models"]), scenario=o["scenario"], endpoint=o["endpoint"],
+        stream=o["stream"], prompt_tokens=o["prompt_tokens"], max_tokens=o["max_tokens"],
+        runs=o["runs"], text_prompts=to_text is not None, complete=False, rows=[],
+    )  # fmt: skip
+    payload["rows"] = run_benchmark(target, plan, opts, _partial_writer(payload, o["json_path"]))
+    payload["complete"] = True
     _finish(payload, o["json_path"], o["plot_path"])
 
 
@@ -260,7 +264,12 @@ def engine_command(
     from mlxd.config import SchedulerConfig
 
     model, tokenizer = mlx_lm.load(model_path)[:2]
-    rows, yard = [], []
+    rows: list[dict[str, Any]] = []
+    yard: list[dict[str, Any]] = []
+    payload = report.meta(kind="engine", label=label, model=model_path,
+                          prompt_tokens=prompt_tokens, max_tokens=max_tokens, complete=False,
+                          prefill_chunk=prefill_chunk, rows=rows, mlx_lm=yard)  # fmt: skip
+    write_partial = _partial_writer(payload, json_path)
     for level in _ints(concurrency, "--concurrency"):
         bar = Progress(f"engine c={level}", 1)
         prompts = make_prompts(level, prompt_tokens, seed=level)
@@ -279,15 +288,8 @@ def engine_command(
             yard.append(ref(model, arg, max_tokens))  # type: ignore[arg-type]
         bar.advance()
         bar.close()
-    payload = report.meta(
-        kind="engine",
-        label=label,
-        model=model_path,
-        prompt_tokens=prompt_tokens,
-        max_tokens=max_tokens,
-        rows=add_speedup(rows),
-        mlx_lm=yard,
-    )
+        write_partial(add_speedup(rows))
+    payload["complete"] = True
     _finish(payload, json_path, plot_path)
     for y in yard:
         click.echo(f"mlx-lm at {y['concurrency']}: {y['output_tok_s']:.1f} tok/s")
