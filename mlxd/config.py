@@ -73,10 +73,29 @@ class WorkerConfig:
 
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
-    """A model the daemon serves: the name clients use and what mlx-lm loads."""
+    """A model the daemon serves: the name clients use and what mlx-lm loads.
+
+    ``aliases`` are more names for it. ``keep_alive_s``: seconds idle before its worker is
+    unloaded (``0`` = never; ``None``: the daemon's ``--keep-alive``). ``pinned`` models are
+    never unloaded to make room; ``preload`` ones start with the daemon, the others on their
+    first request. ``kv_cache_gb`` sizes its KV cache in the memory budget.
+    """
 
     name: str
     path: str
+    aliases: tuple[str, ...] = ()
+    keep_alive_s: float | None = None
+    pinned: bool = False
+    preload: bool = True
+    kv_cache_gb: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.path:
+            raise ConfigError("every model needs a name and a path or repo id")
+        if self.keep_alive_s is not None and self.keep_alive_s < 0:
+            raise ConfigError(f"model {self.name!r}: keep_alive must be >= 0 (0 = forever)")
+        if self.kv_cache_gb is not None and self.kv_cache_gb <= 0:
+            raise ConfigError(f"model {self.name!r}: kv_cache_gb must be > 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +142,9 @@ class ServeConfig:
     heartbeat_timeout_s: float = 10.0  # a worker silent this long is killed and restarted
     drain_timeout_s: float = 10.0  # on SIGTERM, how long in-flight requests may still run
     stream_stall_timeout_s: float = 30.0  # a stream whose client reads nothing this long is cut
+    max_memory_bytes: int | None = None  # every worker's weights + KV + headroom fit in this
+    keep_alive_s: float = 0.0  # idle seconds before a worker is unloaded; 0 = never
+    kv_cache_gb: float | None = None  # each model's KV budget unless its spec sets one
 
     def __post_init__(self) -> None:
         if len({k.name for k in self.api_keys}) != len(self.api_keys):
@@ -139,6 +161,58 @@ class ServeConfig:
             raise ConfigError("--stream-stall-timeout must be > 0 seconds")
         if self.drain_timeout_s < 0:
             raise ConfigError("--drain-timeout must be >= 0 seconds")
-        names = [m.name for m in self.models]
+        names = [n for m in self.models for n in (m.name, *m.aliases)]
         if len(set(names)) != len(names):
-            raise ConfigError("model names must be unique")
+            raise ConfigError("model names and aliases must be unique")
+        if self.max_memory_bytes is not None and self.max_memory_bytes <= 0:
+            raise ConfigError("--max-memory must be > 0")
+        if self.keep_alive_s < 0:
+            raise ConfigError("--keep-alive must be >= 0 seconds (0 = forever)")
+
+    def keep_alive(self, spec: ModelSpec) -> float:
+        """``spec``'s idle seconds before unloading (0 = never)."""
+        return self.keep_alive_s if spec.keep_alive_s is None else spec.keep_alive_s
+
+
+_SIZE_UNITS = {"": 2**30, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20,
+               "mb": 2**20, "mib": 2**20, "g": 2**30, "gb": 2**30, "gib": 2**30,
+               "t": 2**40, "tb": 2**40, "tib": 2**40}  # fmt: skip
+_TIME_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600}
+
+
+def parse_memory(text: str | float, total_bytes: int | None = None) -> int:
+    """``"16GB"``, ``"512MiB"``, ``"1.5"`` (GB), ``"75%"`` (of ``total_bytes``, default the RAM)
+    -> bytes. GB and GiB both mean 2**30, as memory is counted."""
+    raw = str(text).strip().lower().replace(" ", "")
+    try:
+        if raw.endswith("%"):
+            share = float(raw[:-1])
+            if not 0 < share <= 100:
+                raise ValueError
+            return int(share / 100 * (total_bytes or physical_memory()))
+        number = raw.rstrip("kmgtib")
+        unit = _SIZE_UNITS[raw[len(number) :]]
+        value = float(number) * unit
+        if value <= 0:
+            raise ValueError
+        return int(value)
+    except (ValueError, KeyError):
+        raise ConfigError(f"bad memory size {text!r}: use e.g. 16GB, 512MB or 75%") from None
+
+
+def parse_duration(text: str | float) -> float:
+    """``"300"``, ``"30s"``, ``"5m"``, ``"1h"`` -> seconds (``0`` = forever, for keep-alive)."""
+    raw = str(text).strip().lower()
+    number = raw.rstrip("smh")
+    try:
+        seconds = float(number) * _TIME_UNITS[raw[len(number) :]]
+    except (ValueError, KeyError):
+        raise ConfigError(f"bad duration {text!r}: use e.g. 300, 30s, 5m or 1h") from None
+    if seconds < 0:
+        raise ConfigError(f"bad duration {text!r}: must be >= 0")
+    return seconds
+
+
+def physical_memory() -> int:
+    """This machine's RAM in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

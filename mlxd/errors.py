@@ -80,6 +80,12 @@ class WorkerUnavailable(MlxdError):
     code = "worker_unavailable"
 
 
+class MemoryBudgetExceeded(WorkerUnavailable):
+    """A model's worker does not fit in ``--max-memory`` and nothing can be unloaded for it."""
+
+    code = "memory_budget_exceeded"
+
+
 class ProtocolError(MlxdError):
     status_code = 500
     type = "server_error"
@@ -111,6 +117,7 @@ _BY_CODE: dict[str, type[MlxdError]] = {
         Overloaded,
         RateLimited,
         WorkerUnavailable,
+        MemoryBudgetExceeded,
         ProtocolError,
         InternalError,
         ConfigError,

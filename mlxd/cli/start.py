@@ -12,7 +12,16 @@ from pathlib import Path
 import click
 
 from mlxd.cli.api_keys import api_keys
-from mlxd.config import DEFAULT_MODEL, ModelSpec, SchedulerConfig, ServeConfig, data_dir
+from mlxd.cli.config_file import ConfigFile, read_config_file
+from mlxd.config import (
+    DEFAULT_MODEL,
+    ModelSpec,
+    SchedulerConfig,
+    ServeConfig,
+    data_dir,
+    parse_duration,
+    parse_memory,
+)
 from mlxd.errors import ConfigError, MlxdError
 
 STARTUP_FAILURE = 3
@@ -71,6 +80,27 @@ def scheduler_config(opts: dict[str, object]) -> SchedulerConfig:
     metavar="[NAME=]PATH_OR_REPO",
     help="A model to serve (repeatable): a local mlx-lm directory or a Hugging Face "
     "repo id, optionally named. Default: the built-in model, made on first start.",
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="TOML file: [models.NAME] tables (path, aliases, keep_alive, pinned, preload, "
+    "kv_cache_gb) and max_memory, keep_alive; command-line options win.",
+)
+@click.option(
+    "--max-memory",
+    default=None,
+    metavar="SIZE",
+    help="Memory budget for all workers (weights + KV + headroom), e.g. 24GB or 75%; a model "
+    "that does not fit unloads least recently used idle ones. Default: no budget.",
+)
+@click.option(
+    "--keep-alive",
+    default=None,
+    metavar="DURATION",
+    help="Unload a model's worker after this long idle (e.g. 300, 10m; 0 = never, the default).",
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8000, show_default=True, help="Port to listen on.")
@@ -144,8 +174,17 @@ def start_command(models: tuple[str, ...], host: str, port: int, log_level: str,
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")  # fmt: skip
     try:
+        path = opts["config_file"]
+        file = read_config_file(path) if isinstance(path, Path) else ConfigFile(models=())
+        max_memory = opts["max_memory"] or file.max_memory
+        keep_alive = opts["keep_alive"]
         config = ServeConfig(
-            models=_model_specs(models),
+            models=_model_specs(models, file),
+            max_memory_bytes=None if max_memory is None else parse_memory(str(max_memory)),
+            keep_alive_s=file.keep_alive_s or 0.0
+            if keep_alive is None
+            else parse_duration(str(keep_alive)),  # fmt: skip
+            kv_cache_gb=file.kv_cache_gb,
             host=host,
             port=port,
             scheduler=scheduler_config(opts),
@@ -164,7 +203,9 @@ def start_command(models: tuple[str, ...], host: str, port: int, log_level: str,
     sys.exit(_serve(config, log_level))
 
 
-def _model_specs(models: tuple[str, ...]) -> tuple[ModelSpec, ...]:
+def _model_specs(models: tuple[str, ...], file: ConfigFile) -> tuple[ModelSpec, ...]:
+    if file.models:
+        return (*file.models, *(_parse_model(m) for m in models))
     if not models:
         from mlxd.models.maker import ensure_default_model
 

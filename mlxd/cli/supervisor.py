@@ -4,6 +4,13 @@ Shaped like uvicorn's multiprocess supervisor, but on the gateway's event loop: 
 checks each worker's process and heartbeat every half second. A worker that exits (exception,
 SIGKILL, native abort) or stops answering pings has its in-flight requests failed at once and is
 restarted with backoff; one that keeps dying at start is marked failed and not retried forever.
+
+It is also the model pool: every configured model has a worker slot, loaded at start
+(``preload``) or by its first request. Each worker reserves its ``Footprint`` against
+``--max-memory``; a model that does not fit first unloads least recently used idle workers (never
+pinned or busy ones), else the request gets ``MemoryBudgetExceeded`` (503). Idle workers unload
+after their keep-alive. Loads and unloads are serialised by one lock, so budget decisions never
+race.
 """
 
 from __future__ import annotations
@@ -19,12 +26,22 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from mlxd.cli.budget import Resident, evictions
+from mlxd.cli.footprint import Footprint, footprint
 from mlxd.config import ModelSpec, SchedulerConfig, ServeConfig
-from mlxd.errors import ModelNotFound, WorkerUnavailable
+from mlxd.errors import (
+    ConfigError,
+    MemoryBudgetExceeded,
+    MlxdError,
+    ModelNotFound,
+    WorkerUnavailable,
+)
 from mlxd.gateway.control import ControlClient, WorkerInfo
 from mlxd.gateway.workers import WorkerClient
 from mlxd.protocol.channel import control_endpoint
+from mlxd.protocol.messages import Shutdown
 
 log = logging.getLogger("mlxd.supervisor")
 
@@ -41,8 +58,11 @@ class WorkerProcess:
     endpoint: str
     client: WorkerClient
     control: ControlClient
+    size: Footprint
     proc: subprocess.Popen[bytes] | None = None
-    state: str = "stopped"  # starting | ready | failed | stopped
+    state: str = "unloaded"  # unloaded | starting | ready | stopping | failed | stopped
+    started_at: float = 0.0
+    last_used: float = 0.0
     restarts: int = 0
     start_failures: int = 0
     last_error: str = ""
@@ -60,13 +80,21 @@ class Supervisor:
         self.workers = {
             spec.name: self._make_worker(spec, i) for i, spec in enumerate(config.models)
         }
+        self.aliases = {a: spec.name for spec in config.models for a in spec.aliases}
         self._stopping = False
         self._watcher: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()  # one load/unload decision at a time
+        self._tasks: set[asyncio.Task[None]] = set()
 
     # WorkerPool API
 
     def names(self) -> list[str]:
         return list(self.workers)
+
+    def budget(self) -> dict[str, int | None]:
+        """``--max-memory`` and how much of it loaded workers reserve, in bytes."""
+        return {"max_memory_bytes": self.config.max_memory_bytes,
+                "reserved_bytes": sum(w.size.total_bytes for w in self._residents())}  # fmt: skip
 
     def restarts(self, name: str) -> int:
         worker = self.workers.get(name)
@@ -78,27 +106,69 @@ class Supervisor:
     def info(self, name: str) -> WorkerInfo:
         w = self._worker(name)
         pid = w.proc.pid if w.proc is not None else None
-        return WorkerInfo(state=w.state, pid=pid, restarts=w.restarts, last_error=w.last_error)
+        now = time.monotonic()
+        return WorkerInfo(
+            state=w.state, pid=pid, restarts=w.restarts, last_error=w.last_error,
+            memory_bytes=w.size.total_bytes, weights_bytes=w.size.weights_bytes,
+            kv_bytes=w.size.kv_bytes, pinned=w.spec.pinned,
+            keep_alive_s=self.config.keep_alive(w.spec), aliases=list(w.spec.aliases),
+            in_flight=w.client.in_flight,
+            uptime_s=now - w.started_at if w.state == "ready" else None,
+            idle_s=now - w.last_used if w.state == "ready" and not w.client.in_flight else None,
+        )  # fmt: skip
 
     async def client(self, name: str) -> WorkerClient:
-        worker = self.workers.get(name)
-        if worker is None:
-            raise ModelNotFound(f"the model {name!r} does not exist", param="model")
-        if worker.state in ("failed", "stopped"):
-            raise WorkerUnavailable(f"the worker for {name!r} {worker.state}: {worker.last_error}")
+        worker = self._worker(name)
+        worker.last_used = time.monotonic()
         if worker.state != "ready":
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(worker.ready.wait(), self.config.worker_start_timeout_s)
-        if worker.state != "ready":
-            raise WorkerUnavailable(f"the worker for {name!r} is not ready")
+            if worker.state in ("failed", "stopped"):  # an operator's `mlxd load` brings it back
+                raise WorkerUnavailable(
+                    f"the worker for {name!r} is {worker.state}: {worker.last_error}"
+                )
+            await self.load(worker.spec.name)
+        worker.last_used = time.monotonic()
         return worker.client
 
+    async def load(self, name: str, wait: bool = True) -> WorkerInfo:
+        """Start ``name``'s worker unless it runs, unloading LRU idle ones to make room.
+
+        Raises:
+            MemoryBudgetExceeded: it does not fit and nothing can be unloaded (at once).
+            WorkerUnavailable: with ``wait``, it failed or was not ready in time.
+        """
+        worker = self._worker(name)
+        async with self._lock:
+            if worker.state in ("unloaded", "stopped", "failed"):
+                await self._make_room(worker)
+                worker.start_failures, worker.last_error = 0, ""
+                self._spawn(worker)
+                self._background(self._await_ready(worker))
+        if wait:
+            await self._wait_ready(worker)
+        return self.info(name)
+
+    async def unload(self, name: str, reason: str = "unloaded on request") -> WorkerInfo:
+        """Stop ``name``'s worker gracefully (it drains first); it loads again on demand."""
+        worker = self._worker(name)
+        async with self._lock:
+            await self._unload(worker, reason)
+        return self.info(name)
+
     async def start(self) -> None:
-        """Start every worker and wait until each is ready (or has failed)."""
+        """Start the preloaded workers (within the budget) and wait until each is ready."""
         for worker in self.workers.values():
             await worker.client.start()
-            self._spawn(worker)
-        await asyncio.gather(*(self._await_ready(w) for w in self.workers.values()))
+        preload = [w for w in self.workers.values() if w.spec.preload or w.spec.pinned]
+        for worker in sorted(preload, key=lambda w: not w.spec.pinned):
+            if self._fits(worker):
+                self._spawn(worker)
+            elif worker.spec.pinned:
+                raise ConfigError(f"the pinned model {worker.spec.name!r} does not fit: "
+                                  + self._budget_text(worker))  # fmt: skip
+            else:
+                log.warning("not preloading %s: %s", worker.spec.name, self._budget_text(worker))
+        spawned = [w for w in self.workers.values() if w.state == "starting"]
+        await asyncio.gather(*(self._await_ready(w) for w in spawned))
         self._watcher = asyncio.create_task(self._watch(), name="supervisor")
 
     async def stop(self) -> None:
@@ -108,6 +178,9 @@ class Supervisor:
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watcher
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         await asyncio.gather(*(self._terminate(w) for w in self.workers.values()))
         for worker in self.workers.values():
             worker.client.fail_all(WorkerUnavailable("the server is shutting down"))
@@ -118,7 +191,7 @@ class Supervisor:
     # Internal helpers
 
     def _worker(self, name: str) -> WorkerProcess:
-        worker = self.workers.get(name)
+        worker = self.workers.get(self.aliases.get(name, name))
         if worker is None:
             raise ModelNotFound(f"the model {name!r} does not exist", param="model")
         return worker
@@ -127,7 +200,81 @@ class Supervisor:
         endpoint = f"ipc://{self.runtime_dir / f'w{index}.sock'}"
         client = WorkerClient(spec.name, endpoint)
         control = ControlClient(spec.name, control_endpoint(endpoint))
-        return WorkerProcess(spec=spec, endpoint=endpoint, client=client, control=control)
+        size = footprint(spec, self.config)
+        return WorkerProcess(spec=spec, endpoint=endpoint, client=client, control=control,
+                             size=size)  # fmt: skip
+
+    def _background(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _residents(self) -> list[WorkerProcess]:
+        return [w for w in self.workers.values() if w.state in ("starting", "ready", "stopping")]
+
+    def _fits(self, worker: WorkerProcess) -> bool:
+        budget = self.config.max_memory_bytes
+        used = sum(w.size.total_bytes for w in self._residents() if w is not worker)
+        return budget is None or used + worker.size.total_bytes <= budget
+
+    async def _make_room(self, worker: WorkerProcess) -> None:
+        budget = self.config.max_memory_bytes
+        if budget is None:
+            return
+        residents = [Resident(w.spec.name, w.size.total_bytes, w.last_used,
+                              evictable=w.state == "ready" and not w.spec.pinned
+                              and not w.client.in_flight)
+                     for w in self._residents() if w is not worker]  # fmt: skip
+        victims = evictions(worker.size.total_bytes, budget, residents)
+        if victims is None:
+            raise MemoryBudgetExceeded(f"cannot load {worker.spec.name!r}: "
+                                       + self._budget_text(worker))  # fmt: skip
+        for name in victims:
+            log.info("unloading %s (least recently used) to make room for %s", name,
+                     worker.spec.name)  # fmt: skip
+            await self._unload(self.workers[name], f"unloaded to make room for {worker.spec.name}")
+
+    def _budget_text(self, worker: WorkerProcess) -> str:
+        s, budget = worker.size, self.config.max_memory_bytes or 0
+        others = [w for w in self._residents() if w is not worker]
+        used = sum(w.size.total_bytes for w in others)
+        busy = [w.spec.name for w in others if w.spec.pinned or w.client.in_flight
+                or w.state != "ready"]  # fmt: skip
+        return (f"it needs {_gb(s.total_bytes)} (weights {_gb(s.weights_bytes)}, KV "
+                f"{_gb(s.kv_bytes)}, headroom {_gb(s.headroom_bytes)}); the --max-memory budget "
+                f"is {_gb(budget)}, {_gb(used)} of it held by models that cannot be unloaded "
+                f"now ({', '.join(busy) or 'none'})")  # fmt: skip
+
+    async def _wait_ready(self, worker: WorkerProcess) -> None:
+        timeout = self.config.worker_start_timeout_s
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while worker.state not in ("ready", "failed", "stopped", "unloaded"):
+                    await worker.ready.wait()
+                    if worker.state != "ready":
+                        await asyncio.sleep(0.05)  # woken by a restart in progress
+        if worker.state != "ready":
+            why = worker.last_error or f"not ready within {timeout:g} s"
+            raise WorkerUnavailable(f"the worker for {worker.spec.name!r} is {worker.state}: "
+                                    f"{why}")  # fmt: skip
+
+    async def _unload(self, worker: WorkerProcess, reason: str) -> None:
+        if worker.state in ("unloaded", "stopped", "failed") and worker.proc is None:
+            return
+        worker.state = "stopping"
+        proc = worker.proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(MlxdError):  # it drains, then exits 0
+                await worker.control.request(Shutdown(request_id=worker.control.next_id()))
+            deadline = time.monotonic() + self.config.drain_timeout_s
+            while proc.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        await self._terminate(worker)
+        worker.client.fail_all(WorkerUnavailable(f"the worker for {worker.spec.name!r} was "
+                                                 f"unloaded ({reason})"))  # fmt: skip
+        worker.proc, worker.state, worker.last_error = None, "unloaded", reason
+        worker.ready.set()
+        log.info("unloaded %s: %s", worker.spec.name, reason)
 
     def _spawn(self, worker: WorkerProcess) -> None:
         cmd = [sys.executable, "-m", "mlxd", "worker", "serve", *self._worker_args(worker)]
@@ -174,7 +321,10 @@ class Supervisor:
                 return
             with contextlib.suppress(WorkerUnavailable):
                 await worker.client.ping(timeout_s=1.0)
+                if worker.state != "starting":  # unloaded meanwhile
+                    return
                 worker.state, worker.last_pong = "ready", time.monotonic()
+                worker.started_at = worker.last_used = worker.last_pong
                 worker.start_failures = 0
                 worker.ready.set()
                 log.info("worker for %s is ready", worker.spec.name)
@@ -188,9 +338,27 @@ class Supervisor:
             await asyncio.sleep(0.5)
             for worker in self.workers.values():
                 await self._check(worker)
+                self._check_idle(worker)
+
+    def _check_idle(self, worker: WorkerProcess) -> None:
+        now = time.monotonic()
+        if worker.state != "ready":
+            return
+        if worker.client.in_flight:
+            worker.last_used = now
+            return
+        keep_alive = self.config.keep_alive(worker.spec)
+        if keep_alive > 0 and not worker.spec.pinned and now - worker.last_used > keep_alive:
+            self._background(self._unload_idle(worker, keep_alive))
+
+    async def _unload_idle(self, worker: WorkerProcess, keep_alive: float) -> None:
+        async with self._lock:
+            idle = time.monotonic() - worker.last_used > keep_alive
+            if worker.state == "ready" and not worker.client.in_flight and idle:
+                await self._unload(worker, f"idle for {keep_alive:g} s (keep-alive)")
 
     async def _check(self, worker: WorkerProcess) -> None:
-        if worker.proc is None or worker.state in ("failed", "stopped"):
+        if worker.proc is None or worker.state in ("failed", "stopped", "stopping", "unloaded"):
             return
         if worker.proc.poll() is not None:
             self._on_exit(worker)
@@ -210,7 +378,8 @@ class Supervisor:
                 self._kill(worker)
 
     def _on_exit(self, worker: WorkerProcess) -> None:
-        assert worker.proc is not None
+        if worker.proc is None or worker.state in ("stopping", "unloaded"):
+            return  # _unload owns this exit
         code = worker.proc.returncode
         was_ready = worker.state == "ready"
         worker.last_error = worker.last_error or f"exited with code {code}"
@@ -233,13 +402,13 @@ class Supervisor:
                       worker.start_failures)  # fmt: skip
             return
         worker.restarts += 1
-        asyncio.get_running_loop().create_task(self._restart(worker))
+        self._background(self._restart(worker))
 
     async def _restart(self, worker: WorkerProcess) -> None:
         delay = min(30.0, 0.5 * 2 ** max(0, worker.start_failures))
         worker.state = "starting"
         await asyncio.sleep(delay)
-        if self._stopping:
+        if self._stopping or worker.state != "starting" or worker.proc is not None:
             return
         worker.last_error = ""
         self._spawn(worker)
@@ -251,7 +420,8 @@ class Supervisor:
 
     async def _terminate(self, worker: WorkerProcess) -> None:
         proc = worker.proc
-        worker.state = "stopped"
+        if worker.state != "stopping":
+            worker.state = "stopped"
         if proc is None or proc.poll() is not None:
             return
         proc.send_signal(signal.SIGTERM)
@@ -262,3 +432,7 @@ class Supervisor:
             log.warning("worker for %s ignored SIGTERM; killing it", worker.spec.name)
             proc.kill()
             proc.wait()
+
+
+def _gb(num: int) -> str:
+    return f"{num / 2**30:.2f} GB"

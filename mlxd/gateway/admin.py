@@ -61,6 +61,8 @@ def admin_routes(pool: WorkerPool, admin_key: str | None) -> list[Route]:
         Route(f"{model}/status", admin.model_status, methods=["GET"]),
         Route(f"{model}/stats", admin.model_stats, methods=["GET"]),
         Route(f"{model}/set", admin.set_config, methods=["POST"]),
+        Route(f"{model}/load", admin.load, methods=["POST"]),
+        Route(f"{model}/unload", admin.unload, methods=["POST"]),
     ]
     routes += [Route(f"{model}/{action}", admin.command, methods=["POST"]) for action in ACTIONS]
     return routes
@@ -87,8 +89,30 @@ class AdminEndpoints:
             "pid": os.getpid(),
             "version": __version__,
             "uptime_s": time.monotonic() - self.started,
+            "memory": self.pool.budget(),
             "models": models,
         })  # fmt: skip
+
+    async def load(self, request: Request) -> Response:
+        """``POST /admin/models/{name}/load`` (body ``{"wait": false}`` optional): start the
+        model's worker, unloading LRU idle ones if the budget needs it; 503 if it cannot fit."""
+        self._authorize(request)
+        body = await request.body()
+        options = schemas.parse_json(body) if body.strip() else {}
+        wait = options.get("wait", True) if isinstance(options, dict) else None
+        if not isinstance(wait, bool):
+            raise InvalidRequest('send a JSON object like {"wait": false}', param="wait")
+        name = request.path_params["name"]
+        info = await self.pool.load(name, wait=wait)
+        return JSONResponse({"name": name, **asdict(info)})
+
+    async def unload(self, request: Request) -> Response:
+        """``POST /admin/models/{name}/unload``: drain and stop the worker (it loads again on
+        its next request)."""
+        self._authorize(request)
+        name = request.path_params["name"]
+        info = await self.pool.unload(name)
+        return JSONResponse({"name": name, **asdict(info)})
 
     async def model_status(self, request: Request) -> Response:
         """``GET /admin/models/{name}/status``: the worker's StatusReply."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import zmq
 import zmq.asyncio
@@ -28,13 +28,24 @@ DEFAULT_TIMEOUT_S = 5.0
 class WorkerInfo:
     """How a ``WorkerPool`` sees one worker process (``GET /admin/status``).
 
-    ``state`` is the supervisor's: "starting", "ready", "failed" or "stopped".
+    ``state`` is the supervisor's: "unloaded", "starting", "ready", "stopping", "failed" or
+    "stopped". ``memory_bytes`` is what it reserves against ``--max-memory`` (weights + KV +
+    headroom); ``idle_s`` is None while it serves or is not loaded.
     """
 
     state: str
     pid: int | None = None
     restarts: int = 0
     last_error: str = ""
+    memory_bytes: int = 0
+    weights_bytes: int = 0
+    kv_bytes: int = 0
+    pinned: bool = False
+    keep_alive_s: float = 0.0
+    aliases: list[str] = field(default_factory=list)
+    in_flight: int = 0
+    uptime_s: float | None = None
+    idle_s: float | None = None
 
 
 class ControlClient:

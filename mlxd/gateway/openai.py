@@ -20,7 +20,6 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from mlxd.config import ServeConfig
-from mlxd.errors import ModelNotFound
 from mlxd.gateway import responses, schemas
 from mlxd.gateway.accesslog import REQUEST_ID_HEADER, RequestRecord, loggable_prompt, record_of
 from mlxd.gateway.choices import Choices, generates
@@ -91,7 +90,7 @@ class OpenAIEndpoints:
         """``GET /v1/models/{model}``."""
         name = request.path_params["model"]
         if name not in self.pool.names():
-            raise ModelNotFound(f"The model {name!r} does not exist", param="model")
+            self.pool.info(name)  # an alias is fine; an unknown name raises ModelNotFound
         return JSONResponse(self._model(name))
 
     async def chat_completions(self, request: Request) -> Response:
@@ -180,7 +179,11 @@ class OpenAIEndpoints:
         return self.metrics.track(record)
 
     def _model(self, name: str) -> dict[str, Any]:
-        return {"id": name, "object": "model", "created": self.created, "owned_by": "mlxd"}
+        # Beyond OpenAI's fields: whether the model is loaded (a request loads it if not).
+        info = self.pool.info(name)
+        return {"id": name, "object": "model", "created": self.created, "owned_by": "mlxd",
+                "state": info.state, "loaded": info.state == "ready",
+                "aliases": info.aliases}  # fmt: skip
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

@@ -18,6 +18,7 @@ import zmq.asyncio
 
 from mlxd.errors import (
     InternalError,
+    InvalidRequest,
     MlxdError,
     ModelNotFound,
     ProtocolError,
@@ -132,8 +133,8 @@ class WorkerClient:
 
     @property
     def in_flight(self) -> int:
-        """How many requests are waiting on this worker."""
-        return len(self._streams)
+        """How many requests are waiting on this worker (streams and one-reply calls)."""
+        return len(self._streams) + len(self._replies)
 
     async def start(self) -> None:
         """Connect the DEALER socket and start routing incoming events."""
@@ -332,7 +333,22 @@ class WorkerPool(Protocol):
         ...
 
     def info(self, name: str) -> WorkerInfo:
-        """How the pool sees ``name``'s worker: state, pid, restarts, last error."""
+        """How the pool sees ``name``'s worker: state, pid, restarts, last error, memory.
+
+        ``name`` may be an alias; raise ``ModelNotFound`` if unknown."""
+        ...
+
+    def budget(self) -> dict[str, int | None]:
+        """``max_memory_bytes`` (None: no budget) and ``reserved_bytes`` of loaded workers."""
+        ...
+
+    async def load(self, name: str, wait: bool = True) -> WorkerInfo:
+        """Start ``name``'s worker if it is not running (``MemoryBudgetExceeded`` if it cannot
+        fit); with ``wait``, return once it is ready."""
+        ...
+
+    async def unload(self, name: str, reason: str = "unloaded on request") -> WorkerInfo:
+        """Drain and stop ``name``'s worker; a later request loads it again."""
         ...
 
 
@@ -362,7 +378,20 @@ class StaticPool:
 
     def info(self, name: str) -> WorkerInfo:
         self.control(name)  # unknown name -> ModelNotFound
-        return WorkerInfo(state="ready" if name in self._clients else "stopped")
+        client = self._clients.get(name)
+        state = "stopped" if client is None else "ready"
+        return WorkerInfo(state=state, in_flight=0 if client is None else client.in_flight)
+
+    def budget(self) -> dict[str, int | None]:
+        return {"max_memory_bytes": None, "reserved_bytes": 0}
+
+    async def load(self, name: str, wait: bool = True) -> WorkerInfo:
+        self.control(name)
+        raise InvalidRequest(f"the worker for {name!r} was attached, not started by mlxd: it "
+                             "cannot be loaded or unloaded here")  # fmt: skip
+
+    async def unload(self, name: str, reason: str = "unloaded on request") -> WorkerInfo:
+        return await self.load(name)
 
     async def client(self, name: str) -> WorkerClient:
         if name not in self.endpoints:

@@ -43,9 +43,9 @@ def test_the_admin_key_opens_the_admin_endpoints() -> None:
     client = _client("secret")
     r = client.get("/admin/status", headers={"Authorization": "Bearer secret"})
     assert r.status_code == 200
-    assert r.json()["models"] == [
-        {"name": "m", "state": "stopped", "pid": None, "restarts": 0, "last_error": ""}
-    ]
+    [model] = r.json()["models"]
+    assert model["name"] == "m" and model["state"] == "stopped" and model["pid"] is None
+    assert model["restarts"] == 0 and model["last_error"] == "" and model["in_flight"] == 0
     r = client.get("/admin/models/m/status", headers={"Authorization": "Bearer secret"})
     assert r.status_code == 503 and r.json()["error"]["code"] == "worker_unavailable"
     r = client.get("/admin/models/nope/stats", headers={"Authorization": "Bearer secret"})

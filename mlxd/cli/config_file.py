@@ -1,0 +1,97 @@
+"""`mlxd start --config FILE`: models and pool settings from a TOML file (stdlib tomllib).
+
+max_memory = "75%"          # or "24GB"; the same as --max-memory
+keep_alive = "10m"          # idle time before a worker unloads; 0 = never
+kv_cache_gb = 1.0           # each model's KV budget unless it sets its own
+
+[models.qwen]               # the name clients send
+path = "mlx-community/Qwen3-0.6B-4bit"   # a local directory or a Hugging Face repo id
+aliases = ["q", "small"]
+keep_alive = 0              # never unload
+pinned = true               # never unloaded to make room
+preload = false             # load on its first request (default: at start)
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlxd.config import ModelSpec, parse_duration
+from mlxd.errors import ConfigError
+
+TOP_KEYS = {"max_memory", "keep_alive", "kv_cache_gb", "models"}
+MODEL_KEYS = {"path", "aliases", "keep_alive", "pinned", "preload", "kv_cache_gb"}
+
+
+@dataclass(frozen=True)
+class ConfigFile:
+    """What a config file sets; ``None``: not set (the command line or a default decides)."""
+
+    models: tuple[ModelSpec, ...]
+    max_memory: str | None = None
+    keep_alive_s: float | None = None
+    kv_cache_gb: float | None = None
+
+
+def read_config_file(path: Path) -> ConfigFile:
+    """Parse ``path``; every mistake is a ``ConfigError`` naming the file and the key."""
+    try:
+        doc = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    _no_unknown(doc, TOP_KEYS, str(path))
+    models = doc.get("models", {})
+    if not isinstance(models, dict):
+        raise ConfigError(f"{path}: models must be tables: [models.NAME]")
+    specs = tuple(_model(name, table, f"{path}: [models.{name}]") for name, table in models.items())
+    keep_alive = doc.get("keep_alive")
+    return ConfigFile(
+        models=specs,
+        max_memory=None if doc.get("max_memory") is None else str(doc["max_memory"]),
+        keep_alive_s=None if keep_alive is None else parse_duration(keep_alive),
+        kv_cache_gb=_number(doc.get("kv_cache_gb"), f"{path}: kv_cache_gb"),
+    )
+
+
+def _model(name: str, table: Any, where: str) -> ModelSpec:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where} must be a table")
+    _no_unknown(table, MODEL_KEYS, where)
+    path, aliases = table.get("path"), table.get("aliases", [])
+    if not isinstance(path, str) or not path:
+        raise ConfigError(f"{where}: path (a local directory or a repo id) is required")
+    if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
+        raise ConfigError(f"{where}: aliases must be a list of names")
+    for key in ("pinned", "preload"):
+        if not isinstance(table.get(key, False), bool):
+            raise ConfigError(f"{where}: {key} must be true or false")
+    local = Path(path).expanduser()
+    keep_alive = table.get("keep_alive")
+    return ModelSpec(
+        name=name,
+        path=str(local.resolve()) if local.exists() else path,
+        aliases=tuple(aliases),
+        keep_alive_s=None if keep_alive is None else parse_duration(keep_alive),
+        pinned=table.get("pinned", False),
+        preload=table.get("preload", True),
+        kv_cache_gb=_number(table.get("kv_cache_gb"), f"{where}: kv_cache_gb"),
+    )
+
+
+def _number(value: Any, where: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{where} must be a number")
+    return float(value)
+
+
+def _no_unknown(table: dict[str, Any], known: set[str], where: str) -> None:
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r}; use {', '.join(sorted(known))}")

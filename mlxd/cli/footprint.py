@@ -1,0 +1,96 @@
+"""How much memory a model's worker will take, known before it starts (no MLX import).
+
+Weights: the sizes of the model's ``*.safetensors`` files (what MLX maps into memory). KV: the
+model's own ``kv_cache_gb`` or the daemon's, else what ``max_num_seqs`` full contexts need, at
+most ``DEFAULT_KV_BYTES``; its bytes per token come from ``config.json``. Headroom: activations,
+the MLX buffer cache, Python and the tokenizer, measured as a fixed runtime cost plus a share.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlxd.config import ModelSpec, ServeConfig
+
+log = logging.getLogger(__name__)
+
+DEFAULT_KV_BYTES = 2 * 2**30
+DEFAULT_CONTEXT = 4096
+RUNTIME_BYTES = 256 * 2**20  # a tiny model's worker: ~230 MB RSS (Python, MLX, tokenizer)
+HEADROOM_SHARE = 0.10  # of weights + KV: activations and the MLX buffer cache
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """A worker's memory, as reserved against ``--max-memory``."""
+
+    weights_bytes: int
+    kv_bytes: int
+    headroom_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes + self.headroom_bytes
+
+
+def footprint(spec: ModelSpec, config: ServeConfig) -> Footprint:
+    """``spec``'s footprint under ``config`` (its scheduler, context and KV settings)."""
+    directory = model_dir(spec.path)
+    files = [] if directory is None else list(directory.glob("*.safetensors"))
+    weights = sum(f.stat().st_size for f in files)
+    if directory is None:
+        log.warning("%s is not on this machine yet: its weights are not counted", spec.path)
+    model_config = _read_config(directory)
+    kv_gb = spec.kv_cache_gb if spec.kv_cache_gb is not None else config.kv_cache_gb
+    if kv_gb is not None:
+        kv = int(kv_gb * 2**30)
+    else:
+        context = config.max_context or int(
+            model_config.get("max_position_embeddings") or DEFAULT_CONTEXT
+        )
+        most_useful = kv_bytes_per_token(model_config) * config.scheduler.max_num_seqs * context
+        kv = min(most_useful, DEFAULT_KV_BYTES)
+    headroom = RUNTIME_BYTES + int(HEADROOM_SHARE * (weights + kv))
+    return Footprint(weights, kv, headroom)
+
+
+def model_dir(path: str) -> Path | None:
+    """The local directory of a model: the path itself, or a repo id's cached snapshot."""
+    local = Path(path).expanduser()
+    if local.is_dir():
+        return local
+    if local.is_absolute() or path.count("/") != 1:
+        return None
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(path, local_files_only=True))
+    except Exception:  # noqa: BLE001 - not cached (or no hub library): unknown size
+        return None
+
+
+def kv_bytes_per_token(model_config: dict[str, Any]) -> int:
+    """Keys and values of one token over every layer, from a ``config.json``."""
+    text = model_config.get("text_config") or model_config
+    layers = int(text.get("num_hidden_layers") or 0)
+    heads = int(text.get("num_key_value_heads") or text.get("num_attention_heads") or 0)
+    hidden = int(text.get("hidden_size") or 0)
+    head_dim = int(text.get("head_dim") or (hidden // max(1, int(text.get("num_attention_heads")
+                                                                  or 1))))  # fmt: skip
+    dtype = _DTYPE_BYTES.get(str(text.get("torch_dtype") or "float16"), 2)
+    return 2 * layers * heads * head_dim * dtype
+
+
+def _read_config(directory: Path | None) -> dict[str, Any]:
+    if directory is None:
+        return {}
+    try:
+        obj = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return obj if isinstance(obj, dict) else {}

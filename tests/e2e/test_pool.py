@@ -1,0 +1,158 @@
+"""The model pool end to end: a TOML config, on-demand loads, the memory budget, keep-alive.
+
+Every model is the same tiny model under another name, so each worker reserves the same
+footprint F; the budget holds two and a half of them. ``a`` is pinned, ``b`` preloaded, ``c``
+(alias ``cee``) loads on its first request.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from mlxd.cli.footprint import footprint
+from mlxd.config import ModelSpec, ServeConfig
+from tests.e2e.conftest import Daemon, free_port, stop_daemon
+
+pytestmark = [pytest.mark.e2e]
+
+CONTEXT = 512
+
+
+def spawn(config: Path, *extra: str) -> Daemon:
+    port = free_port()
+    cmd = [sys.executable, "-m", "mlxd", "start", "--config", str(config), "--port", str(port),
+           "--log-level", "warning", "--max-context", str(CONTEXT), *extra]  # fmt: skip
+    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    daemon = Daemon(proc, f"http://127.0.0.1:{port}", "a", config)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"mlxd start exited with {proc.returncode}"
+        try:
+            if httpx.get(f"{daemon.base_url}/health", timeout=1).status_code == 200:
+                return daemon
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("mlxd start did not become healthy")
+
+
+def size_of(model: Path) -> int:
+    config = ServeConfig(models=(ModelSpec(name="x", path=str(model)),), max_context=CONTEXT)
+    return footprint(config.models[0], config).total_bytes
+
+
+@pytest.fixture(scope="module")
+def pool(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    budget = size_of(tiny_model) * 5 // 2
+    config = tmp_path_factory.mktemp("pool") / "mlxd.toml"
+    config.write_text(f"""
+max_memory = "{budget}B"
+[models.a]
+path = "{tiny_model}"
+pinned = true
+[models.b]
+path = "{tiny_model}"
+[models.c]
+path = "{tiny_model}"
+aliases = ["cee"]
+preload = false
+""")
+    d = spawn(config)
+    yield d
+    if d.proc.poll() is None:
+        stop_daemon(d)
+
+
+def models(d: Daemon) -> dict[str, dict]:
+    body = httpx.get(f"{d.base_url}/admin/status", timeout=10).json()
+    return {m["name"]: m for m in body["models"]}
+
+
+def chat(d: Daemon, model: str, max_tokens: int = 4) -> str:
+    client = openai.OpenAI(base_url=f"{d.base_url}/v1", api_key="unused", max_retries=0)
+    r = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=max_tokens
+    )
+    return str(r.choices[0].finish_reason)
+
+
+def test_models_lists_configured_models_with_their_state(pool: Daemon, tiny_model: Path) -> None:
+    client = openai.OpenAI(base_url=f"{pool.base_url}/v1", api_key="unused")
+    listed = {m.id: m.model_dump() for m in client.models.list()}
+    assert set(listed) == {"a", "b", "c"}
+    assert listed["a"]["loaded"] and listed["b"]["loaded"] and not listed["c"]["loaded"]
+    assert listed["c"]["state"] == "unloaded" and listed["c"]["aliases"] == ["cee"]
+    assert client.models.retrieve("cee").id == "cee"
+    status = httpx.get(f"{pool.base_url}/admin/status", timeout=10).json()
+    assert status["memory"]["reserved_bytes"] == 2 * size_of(tiny_model)
+    assert models(pool)["a"]["memory_bytes"] == size_of(tiny_model)
+
+
+def test_two_models_serve_concurrent_requests(pool: Daemon) -> None:
+    with ThreadPoolExecutor(4) as ex:
+        results = list(ex.map(lambda m: chat(pool, m, 16), ["a", "b", "a", "b"]))
+    assert all(r in ("length", "stop") for r in results)
+
+
+def test_a_third_model_evicts_the_lru_idle_one_and_a_busy_one_is_never_evicted(
+    pool: Daemon,
+) -> None:
+    chat(pool, "a")  # a is now more recent than b, but pinned anyway
+    assert chat(pool, "cee") in ("length", "stop")  # loads c: b (LRU, idle) makes room
+    state = {n: m["state"] for n, m in models(pool).items()}
+    assert state == {"a": "ready", "b": "unloaded", "c": "ready"}
+    assert "make room for c" in models(pool)["b"]["last_error"]
+
+    # c busy with a long stream, a pinned: b cannot fit, and the 503 names the budget.
+    started = threading.Event()
+
+    def long_stream() -> None:
+        body = {"model": "c", "prompt": "x", "max_tokens": 400, "ignore_eos": True,
+                "stream": True}  # fmt: skip
+        with httpx.stream("POST", f"{pool.base_url}/v1/completions", json=body, timeout=120) as r:
+            for _ in r.iter_lines():
+                started.set()
+
+    with ThreadPoolExecutor(1) as ex:
+        done = ex.submit(long_stream)
+        assert started.wait(60)
+        client = openai.OpenAI(base_url=f"{pool.base_url}/v1", api_key="unused", max_retries=0)
+        with pytest.raises(openai.APIStatusError) as err:
+            client.completions.create(model="b", prompt="hi", max_tokens=2)
+        assert err.value.status_code == 503
+        error = err.value.body
+        assert isinstance(error, dict) and error["code"] == "memory_budget_exceeded"
+        assert "--max-memory budget" in error["message"] and "c" in error["message"]
+        done.result(timeout=120)
+    assert models(pool)["c"]["state"] == "ready"
+    assert chat(pool, "b") in ("length", "stop")  # now c is idle: it goes, b comes back
+    assert models(pool)["c"]["state"] == "unloaded" and models(pool)["a"]["state"] == "ready"
+
+
+def test_idle_workers_unload_after_keep_alive_and_load_again(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    config = tmp_path / "mlxd.toml"
+    config.write_text(f'[models.a]\npath = "{tiny_model}"\nkeep_alive = "1s"\n')
+    d = spawn(config)
+    try:
+        deadline = time.monotonic() + 60
+        while models(d)["a"]["state"] != "unloaded":
+            assert time.monotonic() < deadline, models(d)
+            time.sleep(0.2)
+        assert "keep-alive" in models(d)["a"]["last_error"]
+        assert chat(d, "a") in ("length", "stop")  # loads it again; the client sees no error
+    finally:
+        assert stop_daemon(d) == 0

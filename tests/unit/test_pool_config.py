@@ -1,0 +1,115 @@
+"""The pool's pure parts: sizes, durations, the TOML config file, LRU eviction, footprints."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mlxd.cli.budget import Resident, evictions
+from mlxd.cli.config_file import read_config_file
+from mlxd.cli.footprint import RUNTIME_BYTES, footprint, kv_bytes_per_token
+from mlxd.config import ModelSpec, ServeConfig, parse_duration, parse_memory
+from mlxd.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("16GB", 16 * 2**30), ("1.5G", 3 * 2**29), ("512MiB", 512 * 2**20), ("2", 2 * 2**30),
+     ("1000b", 1000), ("50%", 500), ("100 %", 1000)],
+)  # fmt: skip
+def test_parse_memory(text: str, expected: int) -> None:
+    assert parse_memory(text, total_bytes=1000) == expected
+
+
+@pytest.mark.parametrize("text", ["", "GB", "-1GB", "0", "12XB", "150%", "0%", "abc"])
+def test_parse_memory_refuses_bad_sizes(text: str) -> None:
+    with pytest.raises(ConfigError, match="bad memory size"):
+        parse_memory(text, total_bytes=1000)
+
+
+@pytest.mark.parametrize("text, expected", [("300", 300), ("30s", 30), ("5m", 300), ("1h", 3600),
+                                            ("0", 0), (2.5, 2.5)])  # fmt: skip
+def test_parse_duration(text: str, expected: float) -> None:
+    assert parse_duration(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "5d", "-1", "m"])
+def test_parse_duration_refuses_bad_values(text: str) -> None:
+    with pytest.raises(ConfigError, match="bad duration"):
+        parse_duration(text)
+
+
+def r(name: str, size: int, used: float, evictable: bool = True) -> Resident:
+    return Resident(name, size, used, evictable)
+
+
+def test_evictions_pick_least_recently_used_idle_workers_only() -> None:
+    residents = [r("old", 4, 1.0), r("pinned", 4, 0.0, False), r("new", 4, 3.0)]
+    assert evictions(4, 16, residents) == []  # 4 free already
+    assert evictions(6, 16, residents) == ["old"]
+    assert evictions(10, 16, residents) == ["old", "new"]
+    assert evictions(14, 16, residents) is None  # the pinned one would have to go
+
+
+def test_config_file_reads_models_and_pool_settings(tmp_path: Path) -> None:
+    path = tmp_path / "mlxd.toml"
+    path.write_text("""
+max_memory = "75%"
+keep_alive = "10m"
+[models.qwen]
+path = "org/qwen"
+aliases = ["q"]
+pinned = true
+keep_alive = 0
+[models.other]
+path = "org/other"
+preload = false
+kv_cache_gb = 0.5
+""")
+    file = read_config_file(path)
+    assert file.max_memory == "75%" and file.keep_alive_s == 600
+    qwen, other = file.models
+    assert qwen == ModelSpec(name="qwen", path="org/qwen", aliases=("q",), keep_alive_s=0,
+                             pinned=True)  # fmt: skip
+    assert not other.preload and other.kv_cache_gb == 0.5 and other.keep_alive_s is None
+    config = ServeConfig(models=file.models, keep_alive_s=600)
+    assert config.keep_alive(qwen) == 0 and config.keep_alive(other) == 600
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [("[models.a]\naliases = []", "path"), ("colour = 1", "unknown key 'colour'"),
+     ('[models.a]\npath = "p"\npinned = "yes"', "pinned must be true or false"),
+     ('[models.a]\npath = "p"\nkeep_alive = "soon"', "bad duration"),
+     ("[models", "mlxd.toml")],
+)  # fmt: skip
+def test_config_file_errors_name_the_key(tmp_path: Path, text: str, needle: str) -> None:
+    path = tmp_path / "mlxd.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=needle):
+        read_config_file(path)
+
+
+def test_aliases_must_not_clash_with_names() -> None:
+    with pytest.raises(ConfigError, match="unique"):
+        ServeConfig(models=(ModelSpec(name="a", path="p"), ModelSpec(name="b", path="p",
+                                                                     aliases=("a",))))  # fmt: skip
+
+
+def test_footprint_counts_safetensors_kv_and_headroom(tmp_path: Path) -> None:
+    config_json = {"num_hidden_layers": 2, "num_key_value_heads": 2, "head_dim": 16,
+                   "hidden_size": 64, "num_attention_heads": 4, "torch_dtype": "float32",
+                   "max_position_embeddings": 4096}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config_json))
+    (tmp_path / "model-1.safetensors").write_bytes(b"x" * 1000)
+    (tmp_path / "model-2.safetensors").write_bytes(b"x" * 24)
+    assert kv_bytes_per_token(config_json) == 2 * 2 * 2 * 16 * 4
+    spec = ModelSpec(name="m", path=str(tmp_path))
+    size = footprint(spec, ServeConfig(models=(spec,), max_context=100))
+    assert size.weights_bytes == 1024
+    assert size.kv_bytes == 512 * 64 * 100  # bytes/token x max_num_seqs x context
+    assert size.headroom_bytes == RUNTIME_BYTES + (1024 + size.kv_bytes) // 10
+    pinned_kv = ModelSpec(name="m", path=str(tmp_path), kv_cache_gb=1.0)
+    assert footprint(pinned_kv, ServeConfig(models=(spec,))).kv_bytes == 2**30
