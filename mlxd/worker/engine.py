@@ -154,6 +154,8 @@ class Engine:
         if seq is not None:
             self.scheduler.finish(seq, "cancelled")  # nothing more is ever sent for it
             self.stats.on_finish(seq, "cancelled")
+            # Free its KV now: with no other work no step would run to retire it.
+            self.runner.remove({seq})
 
     def _on_embed(self, client: bytes, msg: Embed) -> None:
         # Runs at once, between decode steps: embedding inputs are short and make one forward.

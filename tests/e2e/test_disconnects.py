@@ -71,6 +71,7 @@ def test_disconnect_mid_prefill_frees_the_sequence_before_any_token(chunky: Daem
     after = admin(chunky, "stats")
     assert after["requests_cancelled"] == before["requests_cancelled"] + 1
     assert after["output_tokens"] == before["output_tokens"]  # it never reached decode
+    assert admin(chunky, "status")["memory"]["kv_bytes"] == 0  # its KV cache is gone too
     assert after["requests_finished"] == before["requests_finished"]
 
 
@@ -80,8 +81,10 @@ def test_disconnect_mid_decode_frees_the_sequence(chunky: Daemon) -> None:
         lines = (line for line in r.iter_lines() if line)
         for _ in range(5):
             assert next(lines).startswith("data: ")
-        assert admin(chunky, "status")["num_running"] == 1
+        status = admin(chunky, "status")
+        assert status["num_running"] == 1 and status["memory"]["kv_bytes"] > 0
     wait_for(lambda: idle(chunky))
+    assert admin(chunky, "status")["memory"]["kv_bytes"] == 0
     after = admin(chunky, "stats")
     assert after["requests_cancelled"] == before["requests_cancelled"] + 1
     assert after["requests_finished"] == before["requests_finished"]

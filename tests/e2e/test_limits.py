@@ -3,24 +3,21 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.e2e.conftest import Daemon, start_daemon, stop_daemon
+from tests.e2e.conftest import Daemon
 
 pytestmark = [pytest.mark.e2e]
 
-BODY_LIMIT = 4_000_000
+BODY_LIMIT = 8 * 1024 * 1024  # --max-body-bytes' default (tests/integration sets other limits)
 
 
-@pytest.fixture(scope="module")
-def limited(tiny_model: Path) -> Iterator[Daemon]:
-    d = start_daemon(tiny_model, "--max-context", "512", "--max-body-bytes", str(BODY_LIMIT))
-    yield d
-    stop_daemon(d)
+@pytest.fixture
+def limited(shared_daemon: Daemon) -> Daemon:
+    return shared_daemon  # --max-context 512
 
 
 def post(d: Daemon, prompt: str, max_tokens: int = 4) -> httpx.Response:
