@@ -1,0 +1,77 @@
+"""The paged KV allocator: a free list and a reference count per block. Pure Python, no MLX.
+
+A block holds ``block_size`` tokens of K/V in every layer (``paged_cache.KVPool`` holds the
+arrays). Whoever uses a block holds one reference: a sequence for its block table, the prefix
+cache for each block it indexes. A block whose count drops to zero is free again.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+
+class BlockPool:
+    """``num_blocks`` blocks of ``block_size`` tokens, handed out by id (0..num_blocks-1)."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("a block pool needs at least one block of at least one token")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._ref_counts = [0] * num_blocks
+        self._free: deque[int] = deque(range(num_blocks))
+
+    # Public API
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        """How many blocks ``num_tokens`` tokens fill (the last one possibly partly)."""
+        return -(-num_tokens // self.block_size)
+
+    def can_allocate(self, n: int) -> bool:
+        return n <= len(self._free)
+
+    def allocate(self, n: int) -> list[int]:
+        """Take ``n`` free blocks, each with one reference; raise if fewer are free."""
+        if n > len(self._free):
+            raise MemoryError(f"{n} KV blocks asked for, {len(self._free)} free")
+        ids = [self._free.popleft() for _ in range(n)]
+        for i in ids:
+            self._ref_counts[i] = 1
+        return ids
+
+    def retain(self, ids: list[int]) -> None:
+        """One more reference to each of ``ids`` (all in use)."""
+        for i in ids:
+            assert self._ref_counts[i] > 0, f"retain of free block {i}"
+            self._ref_counts[i] += 1
+
+    def release(self, ids: list[int]) -> int:
+        """Drop one reference from each of ``ids``; returns how many became free."""
+        freed = 0
+        for i in ids:
+            assert self._ref_counts[i] > 0, f"release of free block {i}"
+            self._ref_counts[i] -= 1
+            if self._ref_counts[i] == 0:
+                self._free.append(i)
+                freed += 1
+        return freed
+
+    def ref_count(self, block_id: int) -> int:
+        return self._ref_counts[block_id]
+
+    def check_invariants(self) -> None:
+        """Free + used = total, free blocks have no references, none is free twice."""
+        free = set(self._free)
+        assert len(free) == len(self._free), "a block is on the free list twice"
+        assert all(c >= 0 for c in self._ref_counts), "negative reference count"
+        used = {i for i, c in enumerate(self._ref_counts) if c > 0}
+        assert not free & used, "a referenced block is on the free list"
+        assert len(free) + len(used) == self.num_blocks, "free + used != total"

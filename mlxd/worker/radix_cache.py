@@ -1,0 +1,164 @@
+"""The prefix cache: a radix tree over block-aligned token keys, as in SGLang's RadixCache.
+
+Each node below the root stands for one full KV block: its key is that block's ``block_size``
+tokens, so a path from the root spells a token prefix and lists the physical blocks that hold
+its K/V. The tree holds one pool reference per indexed block. A running sequence locks the
+node it matched (and so its path to the root); only unlocked leaves whose block nobody else
+references are evicted, least recently used first, and only when the pool needs room.
+Pure Python: no MLX.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+
+from mlxd.worker.block_pool import BlockPool
+
+_clock = itertools.count()  # a logical clock: LRU order without reading time
+
+
+@dataclass(eq=False)
+class TreeNode:
+    key: tuple[int, ...]
+    block_id: int
+    parent: TreeNode | None = None
+    children: dict[tuple[int, ...], TreeNode] = field(default_factory=dict)
+    lock_ref: int = 0
+    last_access: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixMatch:
+    """The cached blocks of a prefix (in order) and the deepest node matched (lock it)."""
+
+    node: TreeNode
+    block_ids: list[int]
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.block_ids)
+
+
+class RadixCache:
+    """Index of full KV blocks by the tokens they hold, sharing blocks in ``pool``."""
+
+    def __init__(self, pool: BlockPool) -> None:
+        self.pool = pool
+        self.block_size = pool.block_size
+        self.root = TreeNode(key=(), block_id=-1, lock_ref=1)  # never evicted
+        self.num_cached_blocks = 0
+
+    # Public API
+
+    def match_prefix(self, token_ids: list[int], max_blocks: int | None = None) -> PrefixMatch:
+        """The longest cached prefix of ``token_ids``, in whole blocks (at most ``max_blocks``)."""
+        node, ids, now = self.root, [], next(_clock)
+        limit = len(token_ids) // self.block_size
+        if max_blocks is not None:
+            limit = min(limit, max_blocks)
+        for key in self._keys(token_ids, limit):
+            child = node.children.get(key)
+            if child is None:
+                break
+            node = child
+            node.last_access = now
+            ids.append(node.block_id)
+        return PrefixMatch(node, ids)
+
+    def insert(self, token_ids: list[int], block_ids: list[int]) -> int:
+        """Index the full blocks ``block_ids`` holding ``token_ids``; the tree takes a reference
+        to each block it adds. Returns how many blocks of the prefix were already indexed
+        (those keep their cached block; the caller's copy is not referenced)."""
+        node, now, known = self.root, next(_clock), 0
+        n = min(len(block_ids), len(token_ids) // self.block_size)
+        for key, block_id in zip(self._keys(token_ids, n), block_ids, strict=False):
+            child = node.children.get(key)
+            if child is None:
+                child = TreeNode(key=key, block_id=block_id, parent=node)
+                node.children[key] = child
+                self.pool.retain([block_id])
+                self.num_cached_blocks += 1
+            else:
+                known += 1
+            child.last_access = now
+            node = child
+        return known
+
+    def lock(self, node: TreeNode) -> None:
+        """Protect ``node`` and its ancestors from eviction (a running sequence uses them)."""
+        while node is not None:
+            node.lock_ref += 1
+            node = node.parent  # type: ignore[assignment]
+
+    def unlock(self, node: TreeNode) -> None:
+        while node is not None:
+            assert node.lock_ref > 0, "unlock of an unlocked node"
+            node.lock_ref -= 1
+            node = node.parent  # type: ignore[assignment]
+
+    def evict(self, num_blocks: int) -> int:
+        """Free up to ``num_blocks`` blocks, least recently used leaves first; returns how many.
+
+        A locked node, or one whose block is also referenced outside the tree, stays."""
+        heap = [(n.last_access, id(n), n) for n in self._nodes() if self._is_evictable(n)]
+        heapq.heapify(heap)
+        freed = 0
+        while heap and freed < num_blocks:
+            _, _, node = heapq.heappop(heap)
+            parent = self._remove_leaf(node)
+            freed += self.pool.release([node.block_id])
+            if parent is not None and self._is_evictable(parent):
+                heapq.heappush(heap, (parent.last_access, id(parent), parent))
+        return freed
+
+    @property
+    def num_evictable(self) -> int:
+        """Blocks that ``evict`` could free now (held only by the tree, not locked)."""
+        frees: dict[int, bool] = {}
+        for node in reversed(self._nodes()):  # children before their parents
+            frees[id(node)] = (
+                node.lock_ref == 0
+                and self.pool.ref_count(node.block_id) == 1
+                and all(frees[id(c)] for c in node.children.values())
+            )
+        return sum(frees.values())
+
+    def check_invariants(self) -> None:
+        nodes = list(self._nodes())
+        assert len(nodes) == self.num_cached_blocks, "node count != cached blocks"
+        assert len({n.block_id for n in nodes}) == len(nodes), "a block indexed twice"
+        for n in nodes:
+            assert self.pool.ref_count(n.block_id) >= 1, "an indexed block is free"
+            assert n.lock_ref >= 0, "negative lock count"
+            assert n.lock_ref >= sum(c.lock_ref for c in n.children.values()), "lock not on path"
+
+    # Internal helpers
+
+    def _keys(self, token_ids: list[int], n: int) -> list[tuple[int, ...]]:
+        bs = self.block_size
+        return [tuple(token_ids[i * bs : (i + 1) * bs]) for i in range(n)]
+
+    def _nodes(self) -> list[TreeNode]:
+        out, stack = [], list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(node.children.values())
+        return out
+
+    def _is_evictable(self, node: TreeNode) -> bool:
+        return (
+            node is not self.root
+            and not node.children
+            and node.lock_ref == 0
+            and self.pool.ref_count(node.block_id) == 1
+        )
+
+    def _remove_leaf(self, node: TreeNode) -> TreeNode | None:
+        parent = node.parent
+        assert parent is not None and not node.children
+        del parent.children[node.key]
+        self.num_cached_blocks -= 1
+        return None if parent is self.root else parent

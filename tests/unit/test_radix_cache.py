@@ -1,0 +1,125 @@
+"""RadixCache: prefix matching over whole blocks, sharing, locking and LRU eviction."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mlxd.worker.block_pool import BlockPool
+from mlxd.worker.radix_cache import RadixCache
+
+BS = 4
+
+
+def _cache(num_blocks: int = 16) -> tuple[BlockPool, RadixCache]:
+    pool = BlockPool(num_blocks=num_blocks, block_size=BS)
+    return pool, RadixCache(pool)
+
+
+def _store(pool: BlockPool, cache: RadixCache, tokens: list[int]) -> list[int]:
+    """A sequence that computed ``tokens`` and finished: its full blocks go to the cache."""
+    ids = pool.allocate(pool.blocks_for(len(tokens)))
+    cache.insert(tokens, ids)
+    pool.release(ids)
+    return ids
+
+
+def test_match_returns_whole_blocks_only() -> None:
+    pool, cache = _cache()
+    ids = _store(pool, cache, list(range(10)))  # two full blocks + a partial one
+    assert cache.num_cached_blocks == 2
+    assert pool.num_used == 2  # the partial block was not kept
+    m = cache.match_prefix(list(range(11)))
+    assert m.block_ids == ids[:2]
+    assert cache.match_prefix(list(range(7))).block_ids == ids[:1]
+    assert cache.match_prefix([1, 2, 3, 4, 5]).block_ids == []
+    assert cache.match_prefix(list(range(11)), max_blocks=1).block_ids == ids[:1]
+
+
+def test_insert_keeps_the_cached_copy_of_a_known_prefix() -> None:
+    pool, cache = _cache()
+    first = _store(pool, cache, list(range(8)))
+    dup = pool.allocate(2)
+    assert cache.insert(list(range(8)), dup) == 2
+    assert pool.ref_count(dup[0]) == 1  # still only the caller's
+    assert cache.match_prefix(list(range(8))).block_ids == first
+    cache.check_invariants()
+
+
+def test_shared_prefix_is_held_once() -> None:
+    pool, cache = _cache()
+    shared = _store(pool, cache, list(range(8)) + [100, 101, 102, 103])
+    _store(pool, cache, list(range(8)) + [200, 201, 202, 203])
+    assert cache.num_cached_blocks == 4  # 2 shared + 1 + 1
+    m = cache.match_prefix(list(range(8)) + [200, 201, 202, 203])
+    assert m.block_ids[:2] == shared[:2]
+
+
+def test_evict_lru_leaves_and_never_locked_or_referenced_blocks() -> None:
+    pool, cache = _cache(num_blocks=6)
+    _store(pool, cache, [1] * 8)  # oldest
+    _store(pool, cache, [2] * 8)
+    _store(pool, cache, [3] * 8)  # newest
+    locked = cache.match_prefix([2] * 8)  # touches [2]: now the newest
+    cache.lock(locked.node)
+    held = cache.match_prefix([3] * 4)  # a sequence references [3]'s first block
+    pool.retain(held.block_ids)
+    assert cache.num_evictable == 3  # [1] x2 and [3]'s second block
+    assert cache.evict(2) == 2
+    assert cache.match_prefix([1] * 8).block_ids == []  # the least recent went first
+    assert cache.evict(10) == 1  # [3]'s second block; [2] locked, [3][0] referenced
+    assert cache.match_prefix([2] * 8).num_blocks == 2
+    assert cache.match_prefix([3] * 8).num_blocks == 1
+    cache.unlock(locked.node)
+    pool.release(held.block_ids)
+    assert cache.evict(10) == 3
+    assert pool.num_free == 6 and cache.num_cached_blocks == 0
+    cache.check_invariants()
+    pool.check_invariants()
+
+
+# A randomized schedule: sequences over a 2-token alphabet (so prefixes collide) are admitted
+# (match, lock, allocate the rest, evicting when short), finish (insert, unlock, release) or
+# the cache evicts. After every step the invariants hold and no live sequence lost a block.
+_OPS = st.lists(
+    st.tuples(st.sampled_from(["admit", "finish", "evict"]),
+              st.lists(st.integers(0, 1), min_size=1, max_size=14), st.integers(0, 30)),
+    max_size=40,
+)  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None)
+@given(_OPS)
+def test_invariants_hold_after_every_step_of_a_random_schedule(
+    ops: list[tuple[str, list[int], int]],
+) -> None:
+    pool, cache = _cache(num_blocks=10)
+    live: list[tuple[list[int], list[int], object]] = []  # tokens, block table, locked node
+    for op, tokens, n in ops:
+        if op == "admit":
+            m = cache.match_prefix(tokens, max_blocks=(len(tokens) - 1) // BS)
+            cache.lock(m.node)
+            need = pool.blocks_for(len(tokens)) - m.num_blocks
+            if pool.num_free < need:
+                cache.evict(need - pool.num_free)
+            if pool.num_free < need:
+                cache.unlock(m.node)
+            else:
+                pool.retain(m.block_ids)
+                live.append((tokens, m.block_ids + pool.allocate(need), m.node))
+        elif op == "finish" and live:
+            tokens, table, node = live.pop(n % len(live))
+            cache.insert(tokens, table)
+            cache.unlock(node)  # type: ignore[arg-type]
+            pool.release(table)
+        elif op == "evict":
+            cache.evict(n)
+        pool.check_invariants()
+        cache.check_invariants()
+        in_use = [b for _, table, _ in live for b in table]
+        assert all(pool.ref_count(b) >= in_use.count(b) for b in in_use)
+        assert pool.num_used == len(set(in_use) | {b for b in _cached(cache)})
+
+
+def _cached(cache: RadixCache) -> list[int]:
+    return [n.block_id for n in cache._nodes()]
