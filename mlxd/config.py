@@ -49,6 +49,22 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """The worker's KV memory: a pool of ``block_size``-token blocks, ``kv_cache_gb`` big
+    (None: a default share of memory), or the contiguous per-batch cache when not ``paged``."""
+
+    kv_cache_gb: float | None = None
+    block_size: int = 32
+    paged: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kv_cache_gb is not None and self.kv_cache_gb <= 0:
+            raise ConfigError("--kv-cache-gb must be > 0")
+        if not 1 <= self.block_size <= 1024:
+            raise ConfigError("--kv-block-size must be in 1..1024")
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerConfig:
     """One worker process: which model, where it listens, how it schedules."""
 
@@ -56,6 +72,7 @@ class WorkerConfig:
     name: str
     endpoint: str
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
     max_context: int | None = None
     parent_pid: int | None = None
     control_endpoint: str | None = None  # None: derived from ``endpoint`` (w0.ctl.sock)
@@ -131,6 +148,7 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
     chat_timeout_s: float = 900.0
     completion_timeout_s: float = 600.0
     worker_start_timeout_s: float = 300.0

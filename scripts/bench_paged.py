@@ -1,64 +1,68 @@
-"""Decode step time: contiguous batch cache vs paged cache (portable gather path).
+"""The engine with the paged KV cache vs the same engine with the contiguous one, in-process.
 
-    python scripts/bench_paged.py MODEL_DIR [BATCH=64] [PROMPT=128] [STEPS=128] [BLOCK=32]
+    python scripts/bench_paged.py MODEL_DIR [CONCURRENCY=64] [PROMPT=128] [OUTPUT=128] [BLOCK=32]
+
+Prints one JSON line: output tok/s and inter-token p50 (the decode step) of each, their ratios,
+and the prefix cache's effect: TTFT of a $PREFIX-token (2000) prompt cold, then with it cached.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import random
 import sys
-import time
+from typing import Any
 
-import mlx.core as mx
 import mlx_lm
 
-from mlxd.worker.kv_cache import BatchKVCache
-from mlxd.worker.paged_cache import KVPool, PagedKVCache, PagedStep
+from mlxd.bench.engine import engine_level
+from mlxd.config import SchedulerConfig
+from mlxd.worker.block_pool import BlockPool
+from mlxd.worker.engine import Engine
+from mlxd.worker.model_runner import ModelRunner
+from mlxd.worker.paged_cache import KVPool
+from mlxd.worker.paged_runner import PagedModelRunner
+from mlxd.worker.scheduler import Scheduler
+from mlxd.worker.tokenizer import PromptEncoder
 
 
-def contiguous(model, prompts: mx.array, steps: int) -> float:  # type: ignore[no-untyped-def]
-    b = prompts.shape[0]
-    caches = [BatchKVCache.for_prefill([0] * b) for _ in model.layers]
-    tok = mx.argmax(model(prompts, cache=caches)[:, -1], axis=-1)
-    mx.eval(tok)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        tok = mx.argmax(model(tok[:, None], cache=caches)[:, -1], axis=-1)
-        mx.async_eval(tok)
-    mx.eval(tok)
-    return (time.perf_counter() - t0) / steps
+PREFIX = int(os.environ.get("PREFIX", "2000"))
 
 
-def paged(model, prompts: mx.array, steps: int, block: int) -> float:  # type: ignore[no-untyped-def]
-    b, n = prompts.shape
-    per_row = (n + steps + block - 1) // block
-    pool = KVPool.for_model(model, num_blocks=b * per_row, block_size=block)
-    tables = [list(range(r * per_row, (r + 1) * per_row)) for r in range(b)]
-    step = PagedStep.build(tables, [0] * b, [n] * b, pool)
-    tok = mx.argmax(model(prompts, cache=PagedKVCache.for_step(pool, step))[:, -1], axis=-1)
-    mx.eval(tok)
-    ctx = [n] * b
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step = PagedStep.build(tables, ctx, [1] * b, pool)
-        tok = mx.argmax(model(tok[:, None], cache=PagedKVCache.for_step(pool, step))[:, -1], -1)
-        mx.async_eval(tok)
-        ctx = [c + 1 for c in ctx]
-    mx.eval(tok)
-    return (time.perf_counter() - t0) / steps
+def engine(model: Any, tok: Any, paged: bool, n: int, context: int, block: int) -> Engine:
+    from mlxd.bench.engine import _Recorder
+
+    enc = PromptEncoder(tok, vocab_size=model.args.vocab_size)
+    blocks = n * (-(-context // block)) + 64
+    pool = BlockPool(blocks, block) if paged else None
+    runner = (PagedModelRunner(model, enc.eos_token_ids, KVPool.for_model(model, blocks, block))
+              if paged else ModelRunner(model, enc.eos_token_ids))  # fmt: skip
+    sched = Scheduler(SchedulerConfig(max_num_seqs=n, max_queued=4 * n), pool=pool)
+    return Engine(name="bench", runner=runner, scheduler=sched, encoder=enc,
+                  channel=_Recorder(0.0, {}), max_context=context)  # type: ignore[arg-type]  # fmt: skip
 
 
 def main() -> None:
     path = sys.argv[1]
     defaults = ["64", "128", "128", "32"]
-    b, n, steps, block = (int(x) for x in sys.argv[2:] + defaults[len(sys.argv) - 2 :])
-    model = mlx_lm.load(path)[0]
-    prompts = mx.random.randint(10, 1000, (b, n))
-    contiguous(model, prompts, 8)  # warm-up: kernels for these shapes compile once
-    paged(model, prompts, 8, block)
-    c, p = contiguous(model, prompts, steps), paged(model, prompts, steps, block)
-    result = {"batch": b, "prompt": n, "steps": steps, "block": block, "contiguous_ms": c * 1e3,
-              "paged_ms": p * 1e3, "paged_vs_contiguous": c / p}  # fmt: skip
+    n, plen, out, block = (int(x) for x in sys.argv[2:] + defaults[len(sys.argv) - 2 :])
+    model, tok = mlx_lm.load(path)[:2]
+    rng = random.Random(0)
+    prompts = [[rng.randrange(10, 1000) for _ in range(plen)] for _ in range(n)]
+    result: dict[str, Any] = {"concurrency": n, "prompt": plen, "output": out, "block": block}
+    for name, paged in (("contiguous", False), ("paged", True)):
+        eng = engine(model, tok, paged, n, max(plen + out, PREFIX) + 8, block)
+        engine_level(eng, prompts[: min(n, 4)], 8)  # warm-up: kernels compile once
+        s = engine_level(eng, [[t + 1 for t in p] for p in prompts], out)
+        result[f"{name}_tok_s"], result[f"{name}_itl_p50_ms"] = s["output_tok_s"], s["itl_p50_ms"]
+        if paged:
+            prefix = [rng.randrange(10, 1000) for _ in range(PREFIX)]
+            result["ttft_cold_ms"] = engine_level(eng, [prefix + [5]], 2)["ttft_p50_ms"]
+            result["ttft_cached_prefix_ms"] = engine_level(eng, [prefix + [6]], 2)["ttft_p50_ms"]
+            result["prefix_tokens"] = len(prefix)
+    result["paged_vs_contiguous_tok_s"] = result["paged_tok_s"] / result["contiguous_tok_s"]
+    result["paged_vs_contiguous_itl"] = result["contiguous_itl_p50_ms"] / result["paged_itl_p50_ms"]
     print(json.dumps(result))
 
 

@@ -15,6 +15,7 @@ from mlxd.cli.api_keys import api_keys
 from mlxd.cli.config_file import ConfigFile, read_config_file
 from mlxd.config import (
     DEFAULT_MODEL,
+    CacheConfig,
     ModelSpec,
     SchedulerConfig,
     ServeConfig,
@@ -53,6 +54,22 @@ scheduler_options = [
         help="Seconds of waiting that raise a request by one priority level.",
     ),
     click.option(
+        "--kv-cache-gb",
+        type=float,
+        default=None,
+        help="KV block pool size per model (default: half the memory the weights leave, at most "
+        "max-num-seqs full contexts).",
+    ),
+    click.option(
+        "--kv-block-size", default=32, show_default=True, help="Tokens per KV cache block."
+    ),
+    click.option(
+        "--paged-kv/--no-paged-kv",
+        default=True,
+        show_default=True,
+        help="Keep KV in the block pool (prefix cache, preemption) or contiguous per batch.",
+    ),
+    click.option(
         "--max-context",
         type=int,
         default=None,
@@ -65,6 +82,11 @@ def with_scheduler_options(fn):  # type: ignore[no-untyped-def]
     for option in reversed(scheduler_options):
         fn = option(fn)
     return fn
+
+
+def cache_config(opts: dict[str, object]) -> CacheConfig:
+    return CacheConfig(kv_cache_gb=opts["kv_cache_gb"], block_size=opts["kv_block_size"],  # type: ignore[arg-type]
+                       paged=bool(opts["paged_kv"]))  # fmt: skip
 
 
 def scheduler_config(opts: dict[str, object]) -> SchedulerConfig:
@@ -184,10 +206,11 @@ def start_command(models: tuple[str, ...], host: str, port: int, log_level: str,
             keep_alive_s=file.keep_alive_s or 0.0
             if keep_alive is None
             else parse_duration(str(keep_alive)),  # fmt: skip
-            kv_cache_gb=file.kv_cache_gb,
+            kv_cache_gb=file.kv_cache_gb if opts["kv_cache_gb"] is None else opts["kv_cache_gb"],  # type: ignore[arg-type]
             host=host,
             port=port,
             scheduler=scheduler_config(opts),
+            cache=cache_config(opts),
             max_context=opts["max_context"],  # type: ignore[arg-type]
             api_keys=api_keys(opts["api_key_values"], opts["api_keys_file"]),  # type: ignore
             log_prompts=bool(opts["log_prompts"]),

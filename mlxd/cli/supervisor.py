@@ -311,6 +311,12 @@ class Supervisor:
         ]
         if self.config.max_context:
             args += ["--max-context", str(self.config.max_context)]
+        c = self.config.cache
+        args += ["--kv-block-size", str(c.block_size), "--paged-kv" if c.paged else "--no-paged-kv"]
+        budgets = (worker.spec.kv_cache_gb, self.config.kv_cache_gb, c.kv_cache_gb)
+        kv_gb = next((gb for gb in budgets if gb is not None), None)  # the model's, then global
+        if kv_gb is not None:
+            args += ["--kv-cache-gb", str(kv_gb)]
         return args
 
     async def _await_ready(self, worker: WorkerProcess) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from mlxd.cli.admin import AdminClient, format_bytes, print_json, with_admin_options
-from mlxd.cli.start import scheduler_config, with_scheduler_options
+from mlxd.cli.start import cache_config, scheduler_config, with_scheduler_options
 from mlxd.config import WorkerConfig
 from mlxd.errors import MlxdError
 
@@ -46,6 +46,7 @@ def serve_command(model: str, name: str | None, endpoint: str, control: str | No
             name=name or model,
             endpoint=endpoint,
             scheduler=scheduler_config(opts),
+            cache=cache_config(opts),
             max_context=opts["max_context"],  # type: ignore[arg-type]
             parent_pid=parent_pid,
             control_endpoint=control,
@@ -138,6 +139,7 @@ def _show_status(r: dict[str, Any]) -> None:
                    f"{format_bytes(m['peak_bytes'])}, cache {format_bytes(m['cache_bytes'])}"),
         ("scheduler", " ".join(f"{k}={v}" for k, v in knobs.items())),
         ("max_context", str(r["max_context"])),
+        ("kv cache", r.get("kv_cache") or "?"),
     ]  # fmt: skip
     _show_rows(rows)
 
@@ -153,7 +155,11 @@ def _show_stats(r: dict[str, Any]) -> None:
         ("ttft", _latency(r["ttft"])),
         ("inter-token", _latency(r["itl"])),
         ("preemptions", str(r["preemptions"])),
-        ("prefix cache", f"{r['prefix_cache_hits']} hits, {r['prefix_cache_hit_tokens']} tokens"),
+        ("prefix cache", f"{r['prefix_cache_hits']} hits, {r.get('prefix_cache_misses', 0)} "
+                         f"misses, {r['prefix_cache_hit_tokens']} tokens"),
+        ("kv blocks", f"{r.get('kv_blocks_used', 0)} used, {r.get('kv_blocks_free', 0)} free, "
+                      f"{r.get('kv_blocks_cached', 0)} cached of {r.get('kv_blocks_total', 0)} "
+                      f"x {r.get('kv_block_size', 0)} tokens"),
     ]  # fmt: skip
     _show_rows(rows)
 

@@ -370,6 +370,7 @@ class StatusReply:
     num_prefilling: int
     memory: MemoryUsage
     scheduler: SchedulerSettings
+    kv_cache: str = ""  # how KV is kept: "paged: N blocks of B tokens (...)" or "contiguous ..."
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -403,6 +404,12 @@ class StatsReply:
     preemptions: int = 0
     prefix_cache_hits: int = 0
     prefix_cache_hit_tokens: int = 0
+    prefix_cache_misses: int = 0
+    kv_block_size: int = 0  # 0: the contiguous cache (no blocks)
+    kv_blocks_total: int = 0
+    kv_blocks_used: int = 0  # referenced by a sequence or the prefix cache
+    kv_blocks_free: int = 0
+    kv_blocks_cached: int = 0  # indexed by the prefix cache (some may be in use too)
 
 
 @dataclass(frozen=True, kw_only=True)

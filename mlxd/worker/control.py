@@ -136,10 +136,11 @@ class Control:
             num_prefilling=len(sched.prefilling),
             memory=memory,
             scheduler=SchedulerSettings(**dataclasses.asdict(sched.config)),
+            kv_cache=engine.runner.kv_description,
         )
 
     def _stats(self, msg: GetStats) -> ControlReply:
-        return self.engine.stats.reply(msg.request_id)
+        return self.engine.stats.reply(msg.request_id, self.engine.scheduler.kv_report())
 
     def _drain(self, msg: Drain) -> Ack:
         self.engine.draining, self.engine.paused = True, False  # draining needs steps
@@ -159,9 +160,11 @@ class Control:
         return self._ack(msg.request_id)
 
     def _flush_cache(self, msg: FlushCache) -> Ack:
+        blocks = self.engine.scheduler.flush_prefix_cache()
         freed = mx.get_cache_memory()
         mx.clear_cache()
-        return self._ack(msg.request_id, f"freed {freed} bytes of MLX buffer cache")
+        return self._ack(msg.request_id, f"dropped {blocks} prefix-cache blocks, freed "
+                         f"{freed} bytes of MLX buffer cache")  # fmt: skip
 
     def _set(self, msg: SetConfig) -> Ack:
         changes = {k: getattr(msg, k) for k in SETTABLE if getattr(msg, k) is not None}

@@ -129,6 +129,7 @@ class Engine:
             if self.runner.needs_sync():
                 self._accept(self.runner.sync())
                 self._retire()
+            self._reserve()
             if self.runner.rows:
                 self._decode()
         self._retire()  # free what finished now, not one step later
@@ -256,8 +257,17 @@ class Engine:
             self.scheduler.complete_chunk(chunk)
         now = self.clock()
         for seq, _ in firsts:
-            seq.first_token_time = now
+            if seq.first_token_time is None:  # a resumed sequence had its first token before
+                seq.first_token_time = now
         self._accept(firsts)  # a sequence done at its first token is retired at step end
+
+    def _reserve(self) -> None:
+        """Room in the KV pool for every row's next token; preempted rows leave the batch (their
+        unread token is dropped: the recompute samples it again, with the same seed and index)."""
+        preempted = self.scheduler.reserve_decode(self.runner.rows)
+        if preempted:
+            log.info("preempted %s (KV pool full)", [s.request_id for s in preempted])
+            self.runner.remove(set(preempted))
 
     def _decode(self) -> None:
         try:

@@ -12,9 +12,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mlx.utils import tree_flatten
+
 from mlxd.config import WorkerConfig
 from mlxd.errors import ConfigError
 from mlxd.protocol.channel import WorkerChannel, control_endpoint
+from mlxd.worker.block_pool import BlockPool
 from mlxd.worker.control import Control
 from mlxd.worker.embedder import Embedder
 from mlxd.worker.engine import Engine
@@ -28,6 +31,7 @@ EXIT_OK = 0
 STARTUP_FAILURE = 3
 
 DEFAULT_CONTEXT = 4096
+DEFAULT_KV_FRACTION = 0.5  # of the memory the weights leave, when --kv-cache-gb is not given
 
 
 def serve(config: WorkerConfig) -> int:
@@ -36,9 +40,13 @@ def serve(config: WorkerConfig) -> int:
         model, tokenizer, max_context = _load(config)
         channel = WorkerChannel(config.endpoint)
         channel.bind_control(config.control_endpoint or control_endpoint(config.endpoint))
+        runner, pool, max_context = _runner(
+            model, set(tokenizer.eos_token_ids), config, max_context
+        )
     except Exception as exc:  # noqa: BLE001 - any load failure is a startup failure
         log.error("worker %s failed to start: %s", config.name, exc)
         return STARTUP_FAILURE
+    log.info("KV cache: %s", runner.kv_description)
     encoder = PromptEncoder(tokenizer, _vocab_size(model, tokenizer), max_tokens=max_context)
     log.info(
         "prompts over %s characters are refused untokenized",
@@ -46,8 +54,8 @@ def serve(config: WorkerConfig) -> int:
     )
     engine = Engine(
         name=config.name,
-        runner=ModelRunner(model, encoder.eos_token_ids),
-        scheduler=Scheduler(config.scheduler),
+        runner=runner,
+        scheduler=Scheduler(config.scheduler, pool=pool),
         encoder=encoder,
         channel=channel,
         max_context=max_context,
@@ -86,6 +94,47 @@ def _load(config: WorkerConfig) -> tuple[Any, Any, int]:
     max_context = config.max_context or _model_context(model)
     log.info("loaded %s in %.1f s", config.model, time.monotonic() - started)
     return model, tokenizer, max_context
+
+
+def _runner(
+    model: Any, eos_token_ids: set[int], config: WorkerConfig, max_context: int
+) -> tuple[ModelRunner, BlockPool | None, int]:
+    """The paged runner with its block pool, or the contiguous one (``--no-paged-kv``). The
+    context is capped to what the pool holds, so any one request fits alone."""
+    if not config.cache.paged:
+        return ModelRunner(model, eos_token_ids), None, max_context
+    from mlxd.worker.paged_cache import KVPool
+    from mlxd.worker.paged_runner import PagedModelRunner
+
+    bs = config.cache.block_size
+    per_token = KVPool.bytes_per_token(model)
+    per_block = per_token * bs
+    budget = _kv_budget(model, config, per_token * config.scheduler.max_num_seqs * max_context)
+    num_blocks = budget // per_block
+    if num_blocks < 2:
+        raise ConfigError(f"--kv-cache-gb {config.cache.kv_cache_gb} holds no KV blocks; "
+                          f"one block of {bs} tokens takes {per_block} bytes")  # fmt: skip
+    if num_blocks * bs < max_context:
+        log.warning("the KV pool holds %d tokens: context capped from %d", num_blocks * bs,
+                    max_context)  # fmt: skip
+        max_context = num_blocks * bs
+    pool = KVPool.for_model(model, num_blocks=num_blocks, block_size=bs)
+    return PagedModelRunner(model, eos_token_ids, pool), BlockPool(num_blocks, bs), max_context
+
+
+def _kv_budget(model: Any, config: WorkerConfig, most_useful: int) -> int:
+    """Bytes for the KV pool: ``--kv-cache-gb``, or a share of the memory the weights leave,
+    at most what ``max_num_seqs`` full contexts take."""
+    if config.cache.kv_cache_gb is not None:
+        return int(config.cache.kv_cache_gb * 2**30)
+    import mlx.core as mx
+
+    info = mx.device_info()
+    total = info.get("max_recommended_working_set_size") or info.get("memory_size")
+    if not isinstance(total, int):
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    weights = sum(int(v.nbytes) for _, v in tree_flatten(model.parameters()))
+    return min(int(DEFAULT_KV_FRACTION * max(total - weights, 0)), most_useful)
 
 
 def _model_context(model: Any) -> int:

@@ -72,20 +72,10 @@ class ModelRunner:
                     groups.append(group)
         if not groups:
             return []
-        for seqs, _, caches, _ in groups:
+        for _, _, caches, _ in groups:
             for layer, part in zip(self._batch, caches, strict=True):
                 layer.extend(part)
-            self.rows += seqs
-            self._emitted += [True] * len(seqs)
-        firsts = mx.concatenate([first.astype(mx.uint32) for _, first, _, _ in groups])
-        self._pending = firsts if self._pending is None else mx.concatenate([self._pending, firsts])
-        seqs = [s for group_seqs, _, _, _ in groups for s in group_seqs]
-        events: list[TokenEvent] = list(zip(seqs, firsts.tolist(), strict=True))  # type: ignore[arg-type]
-        for *_, lp in groups:
-            if lp is not None:
-                lp.attach(dict(events))
-        grammar.advance(events)
-        return events
+        return self._join([(seqs, first, lp) for seqs, first, _, lp in groups])
 
     def remove(self, seqs: set[Sequence]) -> None:
         """Drop ``seqs`` from the batch and from prefill; frees their KV."""
@@ -94,8 +84,7 @@ class ModelRunner:
         keep = [i for i, s in enumerate(self.rows) if s not in seqs]
         if len(keep) == len(self.rows):
             return  # only prefill caches (or nothing) went
-        for layer in self._batch:
-            layer.filter(keep)
+        self._filter_cache(keep)
         self.rows = [self.rows[i] for i in keep]
         self._emitted = [self._emitted[i] for i in keep]
         self._pending = self._pending[mx.array(keep)] if keep else None  # type: ignore[index]
@@ -124,7 +113,7 @@ class ModelRunner:
         )
         assert prev is not None, "decode_step needs at least one row"
         sample_rows = [self._sample_row(s, e) for s, e in zip(rows, emitted, strict=True)]
-        logits = self.model(prev[:, None], cache=self._batch)[:, -1, :]
+        logits = self.model(prev[:, None], cache=self._decode_cache(rows))[:, -1, :]
         events = None
         if any(s.grammar is not None for s in rows):
             # A grammar mask needs the previous token: read it while the forward pass runs.
@@ -144,11 +133,39 @@ class ModelRunner:
         return lost
 
     @property
+    def kv_description(self) -> str:
+        return "contiguous (one left-padded cache per decode batch)"
+
+    @property
     def kv_bytes(self) -> int:
         single = sum(c.nbytes for cs in self._prefill.values() for c in cs)
         return single + sum(c.nbytes for c in self._batch)
 
-    # Internal helpers
+    # Internal helpers (the cache hooks are what the paged runner replaces)
+
+    def _decode_cache(self, rows: list[Sequence]) -> list[Any]:
+        return self._batch  # type: ignore[return-value]
+
+    def _filter_cache(self, keep: list[int]) -> None:
+        for layer in self._batch:
+            layer.filter(keep)
+
+    def _join(
+        self, groups: list[tuple[list[Sequence], mx.array, StepLogprobs | None]]
+    ) -> list[TokenEvent]:
+        """Add prefilled rows to the decode batch; returns their first tokens."""
+        for seqs, _, _ in groups:
+            self.rows += seqs
+            self._emitted += [True] * len(seqs)
+        firsts = mx.concatenate([first.astype(mx.uint32) for _, first, _ in groups])
+        self._pending = firsts if self._pending is None else mx.concatenate([self._pending, firsts])
+        seqs = [s for group_seqs, _, _ in groups for s in group_seqs]
+        events: list[TokenEvent] = list(zip(seqs, firsts.tolist(), strict=True))  # type: ignore[arg-type]
+        for *_, lp in groups:
+            if lp is not None:
+                lp.attach(dict(events))
+        grammar.advance(events)
+        return events
 
     def _prefill_whole(self, chunks: list[PrefillChunk]) -> _Group:
         seqs = [c.seq for c in chunks]

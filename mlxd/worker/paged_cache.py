@@ -34,14 +34,19 @@ class KVPool:
 
     @classmethod
     def for_model(cls, model: Any, num_blocks: int, block_size: int) -> KVPool:
-        """Size a pool for ``model`` by running one token through a plain KV cache."""
-        from mlx_lm.models.cache import make_prompt_cache
+        """A pool for ``model`` (shapes from ``kv_shape``)."""
+        layers, heads, kd, vd, dtype = kv_shape(model)
+        return cls(layers, num_blocks, block_size, heads, kd, vd, dtype)
 
-        cache = make_prompt_cache(model)
-        model(mx.array([[0]]), cache=cache)
-        k, v = cache[0].state[0], cache[0].state[1]
-        return cls(len(cache), num_blocks, block_size, k.shape[1], k.shape[3], v.shape[3],
-                   k.dtype)  # fmt: skip
+    @staticmethod
+    def bytes_per_token(model: Any) -> int:
+        """K and V bytes one token takes in every layer of ``model``."""
+        layers, heads, kd, vd, dtype = kv_shape(model)
+        return layers * heads * (kd + vd) * dtype.size
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.keys + self.values)
 
     @property
     def bytes_per_block(self) -> int:
@@ -55,6 +60,17 @@ class KVPool:
             for i, a in enumerate(arrays):
                 a[d : d + n] = a[s : s + n]
                 arrays[i] = a
+
+
+def kv_shape(model: Any) -> tuple[int, int, int, int, mx.Dtype]:
+    """(layers, kv heads, key dim, value dim, dtype) of ``model``'s KV, from one token run
+    through a plain KV cache."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    model(mx.array([[0]]), cache=cache)
+    k, v = cache[0].state[0], cache[0].state[1]
+    return len(cache), k.shape[1], k.shape[3], v.shape[3], k.dtype
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,10 @@
 """Admission and batching policy: which sequences prefill next, which decode, which wait.
 
+With a ``BlockPool`` the scheduler also owns KV memory: a sequence is admitted only when the
+blocks of its prompt fit (after reusing cached prefix blocks and evicting unreferenced ones),
+and when decode needs a block that is not there it preempts the lowest-priority, most recent
+sequence, which waits again and later recomputes its prompt and output so far.
+
 Pure Python on ints: no MLX here, so the policy is cheap to import and to unit-test.
 """
 
@@ -11,7 +16,10 @@ from dataclasses import dataclass, replace
 
 from mlxd.config import SchedulerConfig
 from mlxd.errors import Overloaded
+from mlxd.worker.block_pool import BlockPool
+from mlxd.worker.radix_cache import RadixCache
 from mlxd.worker.sequence import Sequence, SequenceStatus
+from mlxd.worker.stats import KVReport
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,15 +32,33 @@ class PrefillChunk:
 
     @property
     def is_last(self) -> bool:
-        return self.end >= self.seq.num_prompt_tokens
+        return self.end >= self.seq.num_prefill_tokens
+
+
+@dataclass(slots=True)
+class CacheCounters:
+    """Prefix-cache and preemption counts since the worker started."""
+
+    hits: int = 0
+    misses: int = 0
+    hit_tokens: int = 0
+    preemptions: int = 0
 
 
 class Scheduler:
     """Keeps the waiting queue (priority with aging), the prefilling and the running sequences."""
 
-    def __init__(self, config: SchedulerConfig, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        clock: Callable[[], float] = time.monotonic,
+        pool: BlockPool | None = None,
+    ) -> None:
         self.config = config
         self.clock = clock
+        self.pool = pool  # None: the contiguous cache, no block accounting
+        self.radix = RadixCache(pool) if pool is not None else None
+        self.counters = CacheCounters()
         self.waiting: list[Sequence] = []
         self.prefilling: list[Sequence] = []
         self.running: list[Sequence] = []
@@ -67,7 +93,10 @@ class Scheduler:
             budget -= chunk.end - chunk.start
             chunks.append(chunk)
         while budget > 0 and self.waiting and self._num_slots_used() < self.config.max_num_seqs:
-            seq = self._pop_best_waiting()
+            seq = self._best_waiting()
+            if not self._allocate_prompt(seq):
+                break  # the best waiting request does not fit yet; nothing jumps ahead of it
+            self.waiting.remove(seq)
             self.prefilling.append(seq)
             chunk = self._chunk(seq, budget)
             budget -= chunk.end - chunk.start
@@ -82,14 +111,40 @@ class Scheduler:
             self.prefilling.remove(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            if self.radix is not None:  # later requests with this prefix can share it now
+                self.radix.insert(seq.prefill_ids, seq.block_ids)
 
     def finish(self, seq: Sequence, reason: str) -> None:
-        """Take ``seq`` out of every queue and mark it finished with ``reason``."""
+        """Take ``seq`` out of every queue, free its blocks, mark it finished with ``reason``."""
         for queue in (self.waiting, self.prefilling, self.running):
             if seq in queue:
                 queue.remove(seq)
+        self._free_blocks(seq, cache=reason != "error")
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
+
+    def reserve_decode(self, rows: list[Sequence]) -> list[Sequence]:
+        """Give every row room for the token its next decode step writes, preempting sequences
+        when the pool is out of blocks. Returns the preempted sequences (they wait again)."""
+        if self.pool is None:
+            return []
+        preempted: list[Sequence] = []
+        for seq in rows:
+            if seq in preempted or seq.num_computed < len(seq.block_ids) * self.pool.block_size:
+                continue
+            while not self._make_room(1):
+                victim = self._victim()
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                seq.block_ids += self.pool.allocate(1)
+        return preempted
+
+    def flush_prefix_cache(self) -> int:
+        """Drop every cached block no running sequence uses; returns how many were freed."""
+        return self.radix.evict(self.radix.num_cached_blocks) if self.radix is not None else 0
 
     def find(self, request_id: str, client: bytes) -> Sequence | None:
         for queue in (self.waiting, self.prefilling, self.running):
@@ -123,10 +178,92 @@ class Scheduler:
 
     def _chunk(self, seq: Sequence, budget: int) -> PrefillChunk:
         start = seq.num_prefilled
-        return PrefillChunk(seq, start, min(seq.num_prompt_tokens, start + budget))
+        return PrefillChunk(seq, start, min(seq.num_prefill_tokens, start + budget))
 
-    def _pop_best_waiting(self) -> Sequence:
+    def _best_waiting(self) -> Sequence:
         now = self.clock()
-        best = min(self.waiting, key=lambda s: (self.effective_priority(s, now), s.arrival))
-        self.waiting.remove(best)
-        return best
+        return min(self.waiting, key=lambda s: (self.effective_priority(s, now), s.arrival))
+
+    def _allocate_prompt(self, seq: Sequence) -> bool:
+        """Give ``seq`` the cached blocks of its longest cached prefix plus new blocks for the
+        rest of its prompt, if they fit. At least one token is left to prefill: its logits
+        give the first output token."""
+        if self.pool is None or self.radix is None:
+            return True
+        tokens = seq.prefill_ids
+        match = self.radix.match_prefix(
+            tokens, max_blocks=(len(tokens) - 1) // self.pool.block_size
+        )
+        self.radix.lock(match.node)  # so making room cannot evict the prefix we are about to use
+        need = self.pool.blocks_for(len(tokens)) - match.num_blocks
+        if not self._make_room(need):
+            self.radix.unlock(match.node)
+            return False
+        self.pool.retain(match.block_ids)
+        seq.block_ids = match.block_ids + self.pool.allocate(need)
+        seq.prefix_node = match.node
+        seq.num_prefilled = seq.num_computed = match.num_blocks * self.pool.block_size
+        if not seq.num_preemptions:  # a resumed sequence's own blocks are not a cache hit
+            seq.num_cached = seq.num_computed
+            self.counters.hits += bool(match.num_blocks)
+            self.counters.misses += not match.num_blocks
+            self.counters.hit_tokens += seq.num_cached
+        return True
+
+    def _make_room(self, num_blocks: int) -> bool:
+        """Whether ``num_blocks`` blocks are free, evicting unreferenced cached ones if needed."""
+        assert self.pool is not None and self.radix is not None
+        short = num_blocks - self.pool.num_free
+        if short > 0:
+            self.radix.evict(short)
+        return self.pool.num_free >= num_blocks
+
+    def _victim(self) -> Sequence:
+        """Whom to preempt: the lowest priority, then the most recent arrival."""
+        return max(self.running + self.prefilling, key=lambda s: (s.priority, s.arrival))
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Free ``seq``'s blocks and queue it again to recompute its prompt and output so far."""
+        for queue in (self.prefilling, self.running):
+            if seq in queue:
+                queue.remove(seq)
+        self._free_blocks(seq, cache=True)
+        seq.num_resumed = seq.num_output_tokens
+        seq.num_prefilled = 0
+        seq.num_preemptions += 1
+        self.counters.preemptions += 1
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def _free_blocks(self, seq: Sequence, cache: bool) -> None:
+        """Release ``seq``'s blocks; the full blocks of known tokens stay in the prefix cache."""
+        if self.pool is None or self.radix is None or not seq.block_ids:
+            return
+        if cache:
+            known = (seq.prompt_ids + seq.output_ids)[: seq.num_computed]
+            self.radix.insert(known, seq.block_ids)
+        if seq.prefix_node is not None:
+            self.radix.unlock(seq.prefix_node)
+        self.pool.release(seq.block_ids)
+        seq.block_ids, seq.prefix_node, seq.num_computed = [], None, 0
+
+    def kv_report(self) -> KVReport:
+        c = self.counters
+        if self.pool is None or self.radix is None:
+            return KVReport(preemptions=c.preemptions)
+        p = self.pool
+        return KVReport(
+            preemptions=c.preemptions, hits=c.hits, misses=c.misses, hit_tokens=c.hit_tokens,
+            block_size=p.block_size, blocks_total=p.num_blocks, blocks_used=p.num_used,
+            blocks_free=p.num_free, blocks_cached=self.radix.num_cached_blocks,
+        )  # fmt: skip
+
+    def check_invariants(self) -> None:
+        """The pool's and the prefix cache's invariants, and every live block accounted for."""
+        if self.pool is None or self.radix is None:
+            return
+        self.pool.check_invariants()
+        self.radix.check_invariants()
+        live = [b for q in (self.prefilling, self.running) for s in q for b in s.block_ids]
+        assert not any(s.block_ids for s in self.waiting), "a waiting sequence holds blocks"
+        assert all(self.pool.ref_count(b) >= live.count(b) for b in set(live))

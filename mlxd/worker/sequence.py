@@ -36,8 +36,16 @@ class Sequence:
     seed: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
     output_ids: list[int] = field(default_factory=list)
-    num_prefilled: int = 0
-    num_cached: int = 0
+    num_prefilled: int = 0  # tokens of ``prefill_ids`` whose K/V is computed or was cached
+    num_cached: int = 0  # prompt tokens found in the prefix cache (reported as cached_tokens)
+    # Paged KV: the sequence's blocks (logical -> physical), how many tokens have K/V there,
+    # the prefix-cache node it locked, and how many output tokens a recompute prefills again
+    # after a preemption.
+    block_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    prefix_node: Any = None
+    num_resumed: int = 0
+    num_preemptions: int = 0
     finish_reason: str | None = None
     detok: Any = None
     text: str = ""
@@ -57,8 +65,19 @@ class Sequence:
         return len(self.output_ids)
 
     @property
+    def prefill_ids(self) -> list[int]:
+        """What prefill runs: the prompt, plus the output so far when resuming a preempted one."""
+        if not self.num_resumed:
+            return self.prompt_ids
+        return self.prompt_ids + self.output_ids[: self.num_resumed]
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return len(self.prompt_ids) + self.num_resumed
+
+    @property
     def is_prefilled(self) -> bool:
-        return self.num_prefilled >= len(self.prompt_ids)
+        return self.num_prefilled >= self.num_prefill_tokens
 
     @property
     def is_finished(self) -> bool:

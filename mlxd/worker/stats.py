@@ -11,6 +11,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mlxd.errors import MlxdError, Overloaded, WorkerUnavailable
@@ -21,6 +22,21 @@ if TYPE_CHECKING:
 
 WINDOW_S = 10
 MAX_SAMPLES = 2048
+
+
+@dataclass(frozen=True, slots=True)
+class KVReport:
+    """The scheduler's KV numbers at one moment (all 0 for the contiguous cache)."""
+
+    preemptions: int = 0
+    hits: int = 0
+    misses: int = 0
+    hit_tokens: int = 0
+    block_size: int = 0
+    blocks_total: int = 0
+    blocks_used: int = 0
+    blocks_free: int = 0
+    blocks_cached: int = 0
 
 
 class Stats:
@@ -48,9 +64,6 @@ class Stats:
         self.requests_rejected = 0
         self.prompt_tokens = 0
         self.output_tokens = 0
-        self.preemptions = 0
-        self.prefix_cache_hits = 0
-        self.prefix_cache_hit_tokens = 0
         self._ttft_ms: deque[float] = deque(maxlen=max_samples)
         self._itl_ms: deque[float] = deque(maxlen=max_samples)
         self._last_token: dict[Sequence, float] = {}  # only sequences that are in flight
@@ -110,9 +123,12 @@ class Stats:
         span = now - max(float(first), self.started)
         return tokens / span if span > 0 else 0.0
 
-    def reply(self, request_id: str) -> StatsReply:
-        """Everything as a ``StatsReply``; sorts the recent samples, so call it rarely."""
+    def reply(self, request_id: str, kv: KVReport | None = None) -> StatsReply:
+        """Everything as a ``StatsReply``; sorts the recent samples, so call it rarely.
+
+        ``kv``: the KV pool's and prefix cache's numbers, when the worker has a paged cache."""
         uptime = self.uptime_s()
+        kv = kv or KVReport()
         return StatsReply(
             request_id=request_id,
             uptime_s=uptime,
@@ -127,9 +143,15 @@ class Stats:
             output_tps_total=self.output_tokens / uptime if uptime > 0 else 0.0,
             ttft=summarize(self._ttft_ms),
             itl=summarize(self._itl_ms),
-            preemptions=self.preemptions,
-            prefix_cache_hits=self.prefix_cache_hits,
-            prefix_cache_hit_tokens=self.prefix_cache_hit_tokens,
+            preemptions=kv.preemptions,
+            prefix_cache_hits=kv.hits,
+            prefix_cache_hit_tokens=kv.hit_tokens,
+            prefix_cache_misses=kv.misses,
+            kv_block_size=kv.block_size,
+            kv_blocks_total=kv.blocks_total,
+            kv_blocks_used=kv.blocks_used,
+            kv_blocks_free=kv.blocks_free,
+            kv_blocks_cached=kv.blocks_cached,
         )
 
     # Internal helpers

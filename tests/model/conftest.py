@@ -52,24 +52,37 @@ class Result:
 class Harness:
     """A real Engine on a real ROUTER, a DEALER for the test, and the results per request."""
 
-    def __init__(self, model_path: Path, clock: Any = None, **sched: Any) -> None:
+    def __init__(
+        self, model_path: Path, clock: Any = None, paged: bool = True, num_blocks: int = 256,
+        block_size: int = 16, **sched: Any,
+    ) -> None:  # fmt: skip
+        from mlxd.worker.block_pool import BlockPool
         from mlxd.worker.engine import Engine
         from mlxd.worker.model_runner import ModelRunner
+        from mlxd.worker.paged_cache import KVPool
+        from mlxd.worker.paged_runner import PagedModelRunner
         from mlxd.worker.scheduler import Scheduler
         from mlxd.worker.tokenizer import PromptEncoder
 
         model, tokenizer = load_model(model_path)
+        encoder = PromptEncoder(tokenizer, vocab_size=model.args.vocab_size)
+        pool = BlockPool(num_blocks, block_size) if paged else None
+        runner = (
+            PagedModelRunner(model, encoder.eos_token_ids,
+                             KVPool.for_model(model, num_blocks, block_size))
+            if paged else ModelRunner(model, encoder.eos_token_ids)
+        )  # fmt: skip
         self.ctx = zmq.Context()
         endpoint = f"inproc://{uuid.uuid4().hex}"
         self.channel = WorkerChannel(endpoint, context=self.ctx)
         self.dealer = self.ctx.socket(zmq.DEALER)
         self.dealer.connect(endpoint)
-        encoder = PromptEncoder(tokenizer, vocab_size=model.args.vocab_size)
         self.engine = Engine(
-            name="tiny", runner=ModelRunner(model, encoder.eos_token_ids),
-            scheduler=Scheduler(SchedulerConfig(**sched), **({"clock": clock} if clock else {})),
+            name="tiny", runner=runner,
+            scheduler=Scheduler(SchedulerConfig(**sched), pool=pool,
+                                **({"clock": clock} if clock else {})),
             encoder=encoder,
-            channel=self.channel, max_context=512,
+            channel=self.channel, max_context=min(512, num_blocks * block_size),
         )  # fmt: skip
         self.results: dict[str, Result] = {}
         self.steps = 0
@@ -89,6 +102,7 @@ class Harness:
     def step(self, n: int = 1) -> None:
         for _ in range(n):
             self.engine.step()
+            self.engine.scheduler.check_invariants()
             self.steps += 1
             self._drain()
 
@@ -130,8 +144,8 @@ class Harness:
 def harness_factory(tiny_model: Path) -> Iterator[Any]:
     made: list[Harness] = []
 
-    def make(clock: Any = None, **sched: Any) -> Harness:
-        h = Harness(tiny_model, clock=clock, **sched)
+    def make(clock: Any = None, **kw: Any) -> Harness:
+        h = Harness(tiny_model, clock=clock, **kw)
         made.append(h)
         return h
 

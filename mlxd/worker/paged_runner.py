@@ -1,0 +1,105 @@
+"""The model runner on the paged KV cache: every sequence's K/V lives in the block pool.
+
+Prefill chunks (whole prompts, parts of long ones, resumed sequences, suffixes after a prefix
+hit) run together in left-padded forwards over their block tables; decode builds one
+``PagedStep`` per step for the whole batch, shared by every layer. Rows join and leave the
+batch without copying any K/V: only block tables change, and the scheduler owns those.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+
+from mlxd.worker.model_runner import ModelRunner, TokenEvent
+from mlxd.worker.paged_cache import KVPool, PagedKVCache, PagedStep
+from mlxd.worker.scheduler import PrefillChunk
+from mlxd.worker.sequence import Sequence
+
+# A prefill group may pad to at most this many times its real tokens (else it splits).
+_MAX_PAD_RATIO = 2
+
+
+class PagedModelRunner(ModelRunner):
+    """``ModelRunner`` whose caches are views of a ``KVPool`` through each row's block table."""
+
+    def __init__(self, model: Any, eos_token_ids: set[int], pool: KVPool) -> None:
+        super().__init__(model, eos_token_ids)
+        self.pool = pool
+
+    # Public API
+
+    def prefill(self, chunks: list[PrefillChunk]) -> list[TokenEvent]:
+        """Run this step's chunks; rows whose prefill is done join the decode batch."""
+        joined = []
+        for group in _pack(chunks):
+            logits = self._forward(group)
+            last = [i for i, c in enumerate(group) if c.is_last]
+            if not last:
+                mx.eval(self.pool.keys, self.pool.values)  # keep the lazy graph one chunk deep
+                continue
+            if len(last) < len(group):
+                logits = logits[mx.array(last)]
+            seqs = [group[i].seq for i in last]
+            rows = [self._sample_row(s, emitted=True) for s in seqs]
+            first, lp = self._sample(logits, seqs, rows)
+            joined.append((seqs, first, lp))
+        return self._join(joined) if joined else []
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.pool.nbytes
+
+    @property
+    def kv_description(self) -> str:
+        p = self.pool
+        return (f"paged: {p.num_blocks} blocks of {p.block_size} tokens "
+                f"({p.nbytes / 2**30:.2f} GiB)")  # fmt: skip
+
+    # Internal helpers
+
+    def _forward(self, group: list[PrefillChunk]) -> mx.array:
+        """One left-padded forward of ``group``'s chunks; the logits of each row's last token."""
+        new = [c.end - c.start for c in group]
+        width = max(new)
+        rows = []
+        for chunk, n in zip(group, new, strict=True):
+            assert chunk.start == chunk.seq.num_computed, "a chunk must continue its sequence"
+            rows.append([0] * (width - n) + chunk.seq.prefill_ids[chunk.start : chunk.end])
+            chunk.seq.num_computed = chunk.end
+        tables = [c.seq.block_ids for c in group]
+        step = PagedStep.build(tables, [c.start for c in group], new, self.pool)
+        logits: mx.array = self.model(mx.array(rows), cache=PagedKVCache.for_step(self.pool, step))
+        return logits[:, -1, :]
+
+    def _decode_cache(self, rows: list[Sequence]) -> list[Any]:
+        # The scheduler made room (reserve_decode): each row writes its next token at
+        # position num_computed, inside its block table.
+        tables = [s.block_ids for s in rows]
+        step = PagedStep.build(tables, [s.num_computed for s in rows], [1] * len(rows), self.pool)
+        for seq in rows:
+            seq.num_computed += 1
+        return PagedKVCache.for_step(self.pool, step)  # type: ignore[return-value]
+
+    def _filter_cache(self, keep: list[int]) -> None:
+        pass  # rows own no K/V here; their blocks go back to the pool through the scheduler
+
+
+def _pack(chunks: list[PrefillChunk]) -> list[list[PrefillChunk]]:
+    """Group chunks, longest first, so no group pads beyond ``_MAX_PAD_RATIO`` x its tokens."""
+    groups: list[list[PrefillChunk]] = []
+    real = 0
+    for chunk in sorted(chunks, key=lambda c: c.start - c.end):
+        n = chunk.end - chunk.start
+        if groups and (len(groups[-1]) + 1) * _width(groups[-1]) <= _MAX_PAD_RATIO * (real + n):
+            groups[-1].append(chunk)
+            real += n
+        else:
+            groups.append([chunk])
+            real = n
+    return groups
+
+
+def _width(group: list[PrefillChunk]) -> int:
+    return group[0].end - group[0].start  # the longest: groups are filled longest first

@@ -1,0 +1,94 @@
+"""The paged KV cache through the whole daemon: cached_tokens over HTTP, the pool in the
+worker's stats, a prompt beyond the pool refused with 400, a disconnect freeing blocks."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.conftest import Daemon, start_daemon, stop_daemon
+
+pytestmark = [pytest.mark.e2e]
+
+SYSTEM = "You are a careful assistant. Answer briefly, in plain words, and cite nothing. " * 4
+
+
+@pytest.fixture(scope="module")
+def small_pool(tiny_model: Path) -> Iterator[Daemon]:
+    # a pool of well under the model's 4096-token context: the context is capped to it
+    d = start_daemon(tiny_model, "--kv-cache-gb", "0.0003", "--kv-block-size", "16")
+    yield d
+    if d.proc.poll() is None:
+        stop_daemon(d)
+
+
+@pytest.fixture(scope="module")
+def client(small_pool: Daemon) -> Iterator[openai.OpenAI]:
+    c = openai.OpenAI(base_url=f"{small_pool.base_url}/v1", api_key="unused", max_retries=0)
+    yield c
+    c.close()
+
+
+def stats(d: Daemon) -> dict[str, Any]:
+    r = httpx.get(f"{d.base_url}/admin/models/{d.model}/stats", timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
+def chat(client: openai.OpenAI, d: Daemon, messages: list[Any], **kw: Any) -> Any:
+    return client.chat.completions.create(model=d.model, messages=messages, max_tokens=8,
+                                          temperature=0, **kw)  # fmt: skip
+
+
+def test_shared_system_prompt_and_next_turn_hit_the_prefix_cache(
+    client: openai.OpenAI, small_pool: Daemon
+) -> None:
+    first = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hi there."}]
+    a = chat(client, small_pool, first)
+    b = chat(client, small_pool, [first[0], {"role": "user", "content": "What is MLX?"}])
+    assert a.usage.prompt_tokens_details.cached_tokens == 0
+    assert b.usage.prompt_tokens_details.cached_tokens >= 32
+    turn2 = first + [{"role": "assistant", "content": a.choices[0].message.content},
+                     {"role": "user", "content": "And then?"}]  # fmt: skip
+    c = chat(client, small_pool, turn2)
+    assert c.usage.prompt_tokens_details.cached_tokens >= a.usage.prompt_tokens - 16
+    s = stats(small_pool)
+    assert s["prefix_cache_hits"] >= 2 and s["prefix_cache_hit_tokens"] >= 64
+    assert s["kv_block_size"] == 16 and s["kv_blocks_cached"] > 0
+    assert s["kv_blocks_used"] + s["kv_blocks_free"] == s["kv_blocks_total"]
+
+
+def test_a_prompt_beyond_the_pool_is_a_400(client: openai.OpenAI, small_pool: Daemon) -> None:
+    s = stats(small_pool)
+    pool_tokens = s["kv_blocks_total"] * s["kv_block_size"]
+    assert pool_tokens < 4096  # the model's own context is larger: the pool is the limit
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.completions.create(model=small_pool.model, prompt=[7] * (pool_tokens + 10),
+                                  max_tokens=4)  # fmt: skip
+    assert "context" in exc.value.message
+    assert chat(client, small_pool, [{"role": "user", "content": "still fine?"}]).choices
+
+
+def test_disconnect_frees_the_streams_blocks(small_pool: Daemon) -> None:
+    body = {"model": small_pool.model, "prompt": SYSTEM, "max_tokens": 200, "stream": True,
+            "ignore_eos": True}  # fmt: skip
+    url = f"{small_pool.base_url}/v1/completions"
+    with httpx.stream("POST", url, json=body, timeout=30) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")
+        during = stats(small_pool)
+    assert during["kv_blocks_used"] > during["kv_blocks_cached"]  # the stream holds blocks
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        s = stats(small_pool)
+        if s["kv_blocks_used"] == s["kv_blocks_cached"]:
+            break
+        time.sleep(0.1)
+    assert s["kv_blocks_used"] == s["kv_blocks_cached"], s  # only the prefix cache holds any
+    assert s["requests_cancelled"] >= 1

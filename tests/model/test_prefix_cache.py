@@ -1,0 +1,121 @@
+"""The paged engine on a real tiny model: prefix sharing, cache hits, eviction, preemption.
+
+The harness checks the pool's and the prefix cache's invariants after every step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mlxd.protocol.messages import Cancel
+from tests.model.test_engine import reference, sequences_hold_no_blocks
+
+pytestmark = pytest.mark.model
+
+SYSTEM = "You are a careful assistant. Answer briefly, in plain words, and cite nothing. " * 3
+QUESTIONS = ["What is MLX?", "Why is the sky blue?", "Name three prime numbers."]
+
+
+def live(h: Any, rid: str) -> Any:
+    sched = h.engine.scheduler
+    return next(s for s in sched.running + sched.prefilling if s.request_id == rid)
+
+
+def test_concurrent_requests_share_prefix_blocks_and_a_later_one_prefills_only_its_suffix(
+    harness_factory: Any,
+) -> None:
+    h = harness_factory(prefill_chunk=16, block_size=16)
+    sched = h.engine.scheduler
+    h.generate("a", SYSTEM + QUESTIONS[0], max_tokens=30, ignore_eos=True)
+    h.step(20)  # a's prompt is in, its blocks are indexed
+    assert h.results["a"].token_ids
+    h.generate("b", SYSTEM + QUESTIONS[1], max_tokens=30, ignore_eos=True)
+    h.step(1)
+    a, b = live(h, "a"), live(h, "b")
+    shared = [x for x, y in zip(a.block_ids, b.block_ids, strict=False) if x == y]
+    assert len(shared) >= 3, "the system prompt's full blocks are held once"
+    assert all(sched.pool.ref_count(x) == 3 for x in shared)  # a, b and the prefix cache
+    h.run()
+    cold_steps = h.results["a"].steps_to_first_token
+    h.steps = 0
+    h.generate("c", SYSTEM + QUESTIONS[2], max_tokens=5, ignore_eos=True)
+    h.run()
+    c = h.results["c"]
+    assert c.finished is not None and c.finished.usage.cached_tokens >= 3 * 16
+    assert c.finished.usage.cached_tokens < c.finished.usage.prompt_tokens
+    # 16 prompt tokens per step: the cold prompt took several steps, the suffix one or two
+    assert cold_steps >= 4 and c.steps_to_first_token <= 2, (cold_steps, c.steps_to_first_token)
+    r = sched.kv_report()
+    assert r.hits == 2 and r.misses == 1 and r.hit_tokens >= 2 * 3 * 16
+    assert h.results["b"].finished.usage.cached_tokens > 0
+    assert h.results["a"].finished.usage.cached_tokens == 0
+    assert sequences_hold_no_blocks(h)
+
+
+def test_outputs_are_the_same_with_and_without_prefix_hits(
+    harness_factory: Any, tiny_model: Path
+) -> None:
+    warm = harness_factory(block_size=16)
+    warm.generate("warmup", SYSTEM + "Hi.", max_tokens=4)
+    warm.run()
+    for i, q in enumerate(QUESTIONS):
+        warm.generate(str(i), SYSTEM + q, max_tokens=12, ignore_eos=True)
+    results = warm.run()
+    for i, q in enumerate(QUESTIONS):
+        assert results[str(i)].finished.usage.cached_tokens > 0
+        assert results[str(i)].token_ids == reference(tiny_model, SYSTEM + q, 12), q
+
+
+def test_multi_turn_prompt_reuses_the_previous_turn(harness_factory: Any) -> None:
+    h = harness_factory(block_size=16)
+    h.generate("t1", SYSTEM + QUESTIONS[0], max_tokens=20, ignore_eos=True)
+    first = h.run()["t1"]
+    h.generate("t2", SYSTEM + QUESTIONS[0] + first.text + " " + QUESTIONS[1], max_tokens=4)
+    cached = h.run()["t2"].finished.usage.cached_tokens
+    assert cached >= first.finished.usage.prompt_tokens - 16
+
+
+def test_a_full_pool_evicts_cached_blocks_never_blocks_in_use(harness_factory: Any) -> None:
+    # 12 blocks of 8 tokens: each prompt + output fits, but not all their blocks at once
+    h = harness_factory(num_blocks=12, block_size=8, max_num_seqs=2)
+    for i in range(6):
+        h.generate(f"r{i}", f"{i} " * 20 + QUESTIONS[i % 3], max_tokens=6, ignore_eos=True)
+    results = h.run()
+    assert all(len(r.token_ids) == 6 for r in results.values())
+    assert sequences_hold_no_blocks(h)
+    assert h.engine.scheduler.pool.num_free + h.engine.scheduler.radix.num_cached_blocks == 12
+
+
+def test_preemption_under_a_tiny_pool_gives_the_same_greedy_output(
+    harness_factory: Any,
+) -> None:
+    prompts = [f"{i} " * 6 + q for i, q in enumerate(QUESTIONS * 2)]
+
+    def run(**kw: Any) -> tuple[dict[str, list[int]], Any]:
+        h = harness_factory(max_num_seqs=6, **kw)
+        for i, p in enumerate(prompts):
+            h.generate(str(i), p, max_tokens=24, ignore_eos=True, seed=i)
+        h.generate("sampled", prompts[0], max_tokens=24, temperature=1.0, seed=7)
+        res = h.run()
+        assert all(r.finished is not None for r in res.values())
+        assert sequences_hold_no_blocks(h)
+        return {k: r.token_ids for k, r in res.items()}, h.engine.scheduler.kv_report()
+
+    roomy, roomy_report = run(num_blocks=256, block_size=8)
+    tight, tight_report = run(num_blocks=16, block_size=8)
+    assert roomy_report.preemptions == 0 and tight_report.preemptions > 0
+    assert tight == roomy
+
+
+def test_cancel_frees_blocks_at_once(harness_factory: Any) -> None:
+    h = harness_factory(block_size=8)
+    h.generate("a", SYSTEM, max_tokens=50, ignore_eos=True)
+    h.step(5)
+    before = h.engine.scheduler.kv_report()
+    assert before.blocks_used > before.blocks_cached
+    h.send(Cancel(request_id="a"))
+    h.step(1)
+    assert sequences_hold_no_blocks(h)
