@@ -78,12 +78,13 @@ class PagedStep:
     """Where one forward writes and reads KV, for every row of its batch.
 
     ``write_slots`` (B*L,) are the pool slots of the new tokens (row-major; left padding goes to
-    the scratch block); ``read_slots`` (B, Lk) are each row's slots after the write, padded to a
-    whole number of blocks; ``offset`` (B,) is the RoPE position of each row's first query.
+    the scratch block); ``read_blocks`` (B, W) are each row's block table, padded with the
+    scratch block to a common width (so each row reads W whole blocks, Lk = W * block_size
+    keys); ``offset`` (B,) is the RoPE position of each row's first query.
     """
 
     write_slots: mx.array
-    read_slots: mx.array
+    read_blocks: mx.array
     offset: mx.array
     mask: mx.array | None
 
@@ -105,12 +106,11 @@ class PagedStep:
         real = qpos >= ctx[:, None]
         block = mx.take_along_axis(table, mx.maximum(qpos, 0) // bs, axis=1)
         write = mx.where(real, block * bs + mx.maximum(qpos, 0) % bs, pool.scratch_block * bs)
-        read = (table[:, :, None] * bs + mx.arange(bs)[None, None, :]).reshape(len(new_lens), -1)
-        kpos = mx.arange(read.shape[1])[None, None, :]
+        kpos = mx.arange(width * bs)[None, None, :]
         mask = (kpos <= qpos[:, :, None]) & (kpos < total[:, None, None])
         # a padding query must still see one key, or its softmax row is all -inf (NaN)
         mask = mask | ((kpos == 0) & ~real[:, :, None])
-        return cls(write.reshape(-1).astype(mx.int32), read.astype(mx.int32),
+        return cls(write.reshape(-1).astype(mx.int32), table.astype(mx.int32),
                    (ctx - pad).astype(mx.int32), mask[:, None, :, :])  # fmt: skip
 
 
@@ -125,12 +125,16 @@ class PagedKVCache:
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         b, h, q, _ = keys.shape
+        bs = self.pool.block_size
         out = []
         for arrays, new in ((self.pool.keys, keys), (self.pool.values, values)):
             buf = arrays[self.layer]
             buf[self.step.write_slots] = new.transpose(0, 2, 1, 3).reshape(b * q, h, -1)
             arrays[self.layer] = buf
-            out.append(buf[self.step.read_slots].transpose(0, 2, 1, 3))
+            # Gather whole blocks (one index per block, not per token), then lay them out as
+            # each row's keys in order.
+            blocks = buf.reshape(-1, bs, h, buf.shape[-1])[self.step.read_blocks]
+            out.append(blocks.reshape(b, -1, h, buf.shape[-1]).transpose(0, 2, 1, 3))
         return out[0], out[1]
 
     def make_mask(
