@@ -344,7 +344,9 @@ class SchedulerSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class MemoryUsage:
-    """Bytes: model weights, KV caches, MLX active/peak/cached buffers."""
+    """Bytes: model weights, KV held by requests in flight (with the paged cache: their blocks;
+    the preallocated pool is described in ``StatusReply.kv_cache``), MLX active/peak/cached
+    buffers."""
 
     weights_bytes: int
     kv_bytes: int

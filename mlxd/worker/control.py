@@ -118,7 +118,7 @@ class Control:
         engine, sched = self.engine, self.engine.scheduler
         memory = MemoryUsage(
             weights_bytes=self.weights_bytes,
-            kv_bytes=engine.runner.kv_bytes,
+            kv_bytes=self._kv_bytes(),
             active_bytes=mx.get_active_memory(),
             peak_bytes=mx.get_peak_memory(),
             cache_bytes=mx.get_cache_memory(),
@@ -192,6 +192,13 @@ class Control:
 
     def _ack(self, request_id: str, message: str = "") -> Ack:
         return Ack(request_id=request_id, state=self.state, message=message)
+
+    def _kv_bytes(self) -> int:
+        """KV held by requests in flight (paged: their blocks; the pool is in ``kv_cache``)."""
+        sched, runner = self.engine.scheduler, self.engine.runner
+        if sched.pool is None:
+            return runner.kv_bytes
+        return sched.num_live_blocks() * runner.pool.bytes_per_block  # type: ignore[attr-defined]
 
     def _num_in_flight(self) -> int:
         s = self.engine.scheduler

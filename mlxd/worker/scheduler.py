@@ -247,6 +247,10 @@ class Scheduler:
         self.pool.release(seq.block_ids)
         seq.block_ids, seq.prefix_node, seq.num_computed = [], None, 0
 
+    def num_live_blocks(self) -> int:
+        """Distinct blocks that sequences in flight hold (shared prefix blocks count once)."""
+        return len({b for q in (self.prefilling, self.running) for s in q for b in s.block_ids})
+
     def kv_report(self) -> KVReport:
         c = self.counters
         if self.pool is None or self.radix is None:
