@@ -81,10 +81,8 @@ class AnthropicEndpoints:
             await stream.cancel()
             return Response(status_code=CLIENT_CLOSED_REQUEST, headers=headers)
         (result,) = results
-        if parsed.parse_tools:
-            result.text, result.tool_calls = split_tool_calls(
-                result.text, parsed.max_tool_calls, parsed.forced_tool_call
-            )
+        if (parser := parsed.new_tool_parser()) is not None:
+            result.text, result.tool_calls = split_tool_calls(result.text, parser)
         body = message_body(message_id, parsed.model, result, stream.usage)
         return JSONResponse(body, 200, headers)
 

@@ -121,8 +121,8 @@ class _Blocks:
     """Content blocks as they stream: a text block opens on text, each tool call is a block."""
 
     def __init__(self, parsed: ParsedRequest) -> None:
+        self._parser = parsed.new_tool_parser() or ToolCallParser()
         self._parse = parsed.parse_tools
-        self._parser = ToolCallParser(parsed.max_tool_calls, parsed.forced_tool_call)
         self._index = -1  # of the last block started
         self._is_open = False
         self._text_open = False

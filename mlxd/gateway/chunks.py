@@ -7,6 +7,7 @@ every choice has finished.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from mlxd.gateway.logprobs import chat_logprobs, completion_logprobs
@@ -64,8 +65,8 @@ class _Chunks:
 class ChatChunks(_Chunks):
     """Builds ``chat.completion.chunk`` objects; each choice's first carries ``delta.role``.
 
-    With ``tools``, text inside ``<tool_call>`` tags is held back and sent as
-    ``delta.tool_calls`` once each call is complete.
+    With ``new_parser`` (tools were given), text inside the model's tool-call markers is held
+    back and sent as ``delta.tool_calls`` once each call is complete.
     """
 
     object_name = "chat.completion.chunk"
@@ -77,14 +78,11 @@ class ChatChunks(_Chunks):
         created: int,
         n: int = 1,
         include_usage: bool = False,
-        tools: bool = False,
-        max_tool_calls: int | None = None,
-        forced_tool_call: bool = False,
+        new_parser: Callable[[], ToolCallParser | None] | None = None,
     ) -> None:
         super().__init__(completion_id, model, created, n, include_usage)
-        self._parsers = (
-            [ToolCallParser(max_tool_calls, forced_tool_call) for _ in range(n)] if tools else None
-        )
+        parsers = [new_parser() for _ in range(n)] if new_parser is not None else []
+        self._parsers = [p for p in parsers if p is not None] or None
 
     def head(self) -> list[dict[str, Any]]:
         return [self._chunk({"index": i, "delta": {"role": "assistant", "content": ""},

@@ -11,7 +11,7 @@ import itertools
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
@@ -52,8 +52,7 @@ class OpenRequest:
 
 
 def _chat_chunks(completion_id: str, model: str, created: int, p: ParsedRequest) -> ChunkFormat:
-    return ChatChunks(completion_id, model, created, p.n, p.include_usage, p.parse_tools,
-                      p.max_tool_calls, p.forced_tool_call)  # fmt: skip
+    return ChatChunks(completion_id, model, created, p.n, p.include_usage, p.new_tool_parser)
 
 
 def _text_chunks(completion_id: str, model: str, created: int, p: ParsedRequest) -> ChunkFormat:
@@ -141,11 +140,9 @@ class OpenAIEndpoints:
         if results is None:
             await stream.cancel()
             return Response(status_code=CLIENT_CLOSED_REQUEST, headers=headers)
-        if parsed.parse_tools:
-            for result in results:
-                result.text, result.tool_calls = split_tool_calls(
-                    result.text, parsed.max_tool_calls, parsed.forced_tool_call
-                )
+        for result in results:
+            if (parser := parsed.new_tool_parser()) is not None:
+                result.text, result.tool_calls = split_tool_calls(result.text, parser)
         body = build(completion_id, parsed.model, created, results, stream.usage)
         return JSONResponse(body, 200, headers)
 
@@ -160,6 +157,9 @@ class OpenAIEndpoints:
         tier = None if record.key is None else record.key.tier
         parsed = parse(body, request.headers.get("x-priority"), tier)
         worker = await self.pool.client(parsed.model)
+        if parsed.parse_tools and not parsed.forced_tool_call:
+            described = await worker.describe(self.config.chat_timeout_s)
+            parsed = replace(parsed, tool_format=described.tool_parser)
         deadline = time.monotonic() + timeout_s
         observer = self._track(record, parsed)
         base = parsed.to_generate(request_id, timeout_s)

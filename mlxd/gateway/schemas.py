@@ -12,6 +12,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from mlxd.errors import InvalidRequest
+from mlxd.gateway.tool_formats import tool_format
+from mlxd.gateway.toolcalls import ToolCallParser
 from mlxd.gateway.tools import ToolUse, message_tool_calls, parse_tool_use
 from mlxd.protocol.messages import (
     PRIORITIES,
@@ -67,6 +69,15 @@ class ParsedRequest:
     parse_tools: bool = False  # split tool calls out of the output
     max_tool_calls: int | None = None  # 1 when parallel_tool_calls is false
     forced_tool_call: bool = False  # the output is one call's JSON body (tool_choice)
+    tool_format: str | None = None  # the worker's tool parser (mlx-lm's name); None: JSON
+
+    def new_tool_parser(self) -> ToolCallParser | None:
+        """A parser for one choice's tool calls; ``None`` when calls are not parsed."""
+        if not self.parse_tools:
+            return None
+        tools = self.prompt.tools if isinstance(self.prompt, ChatPrompt) else None
+        fmt = tool_format(self.tool_format)
+        return ToolCallParser(self.max_tool_calls, self.forced_tool_call, fmt, tools)
 
     def to_generate(self, request_id: str, timeout_s: float | None) -> Generate:
         """The ``Generate`` message that starts this request on a worker."""

@@ -1,12 +1,9 @@
-"""Tool calls in model output: the Hermes / Qwen ``<tool_call>{json}</tool_call>`` format.
+"""Tool calls in model output, split from the content as it streams.
 
-This is the format of mlx-lm's ``json_tools`` parser (chosen by mlx-lm for chat templates that
-wrap ``tool_call.name`` in ``<tool_call>`` tags: Qwen 2.5/3, Hermes, our made models). mlx-lm's
-parser modules import the ``mlx_lm`` package (and with it MLX), which the gateway never loads, so
-the same few lines live here, with a streaming splitter around them.
-
-A call that does not parse (the model stopped mid-call, or wrote bad JSON) is handed back as
-ordinary content: output is never dropped.
+The markers and the parse function come from the model's ``ToolFormat`` (``tool_formats``):
+Hermes / Qwen ``<tool_call>{json}</tool_call>`` by default, or one of mlx-lm's parsers. A call
+that does not parse (the model stopped mid-call, or wrote bad JSON) is handed back as ordinary
+content: output is never dropped.
 """
 
 from __future__ import annotations
@@ -16,8 +13,10 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-TOOL_CALL_START = "<tool_call>"
-TOOL_CALL_END = "</tool_call>"
+from mlxd.gateway.tool_formats import JSON_TOOLS, ToolFormat
+
+TOOL_CALL_START = JSON_TOOLS.start
+TOOL_CALL_END = JSON_TOOLS.end
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,12 +37,26 @@ class ToolCall:
         return call if index is None else {"index": index, **call}
 
 
-def parse_call(body: str) -> ToolCall | None:
-    """The call in the text between the tags, or ``None`` if it is not ``{"name", "arguments"}``."""
+def parse_calls(
+    body: str, fmt: ToolFormat = JSON_TOOLS, tools: list[dict[str, Any]] | None = None
+) -> list[ToolCall] | None:
+    """The calls in the text between the markers, or ``None`` if it does not parse."""
     try:
-        data = json.loads(body.strip())
-    except ValueError:
-        return None
+        data = fmt.parse(body, tools)
+    except (ValueError, SyntaxError, TypeError, KeyError, IndexError, AttributeError):
+        return None  # mlx-lm's parsers raise these on text that is not a call
+    items = data if isinstance(data, list) else [data]
+    calls = [_call(item) for item in items]
+    return None if not calls or None in calls else calls  # type: ignore[return-value]
+
+
+def parse_call(body: str) -> ToolCall | None:
+    """The one JSON call ``{"name", "arguments"}`` in ``body``, or ``None``."""
+    calls = parse_calls(body)
+    return calls[0] if calls and len(calls) == 1 else None
+
+
+def _call(data: Any) -> ToolCall | None:
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
         return None
     args = data.get("arguments", data.get("parameters", {}))
@@ -66,17 +79,27 @@ class ToolCallParser:
     """Splits streamed text into content and tool calls.
 
     ``feed`` returns the content that is certainly not part of a call (it holds back a possible
-    start of ``<tool_call>``) and the calls completed so far; ``finish`` flushes the rest.
+    start marker) and the calls completed so far; ``finish`` flushes the rest.
 
     Args:
         max_calls: calls beyond this many are dropped (``parallel_tool_calls: false``).
-        forced: the whole output is one call's JSON body, without tags (``tool_choice``
+        forced: the whole output is one call's JSON body, without markers (``tool_choice``
             "required" or a named function, enforced by constrained decoding).
+        fmt: the model's tool-call format.
+        tools: the request's tools (some of mlx-lm's parsers type arguments by them).
     """
 
-    def __init__(self, max_calls: int | None = None, forced: bool = False) -> None:
+    def __init__(
+        self,
+        max_calls: int | None = None,
+        forced: bool = False,
+        fmt: ToolFormat = JSON_TOOLS,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> None:
         self.max_calls = max_calls
         self.forced = forced
+        self.fmt = JSON_TOOLS if forced else fmt
+        self.tools = tools
         self._buffer = ""
         self._in_call = forced
         self.num_calls = 0
@@ -86,27 +109,28 @@ class ToolCallParser:
         self._buffer += text
         content: list[str] = []
         calls: list[ToolCall] = []
+        start, end = self.fmt.start, self.fmt.end
         while True:
             if self._in_call:
-                end = self._buffer.find(TOOL_CALL_END)
-                if end < 0:
+                cut = self._buffer.find(end) if end else -1  # no end marker: runs to the end
+                if cut < 0:
                     break
-                self._close_call(self._buffer[:end], content, calls)
-                self._buffer = self._buffer[end + len(TOOL_CALL_END) :]
+                self._close_call(self._buffer[:cut], content, calls)
+                self._buffer = self._buffer[cut + len(end) :]
                 continue
-            start = self._buffer.find(TOOL_CALL_START)
-            if start < 0:
-                keep = _partial_suffix(self._buffer, TOOL_CALL_START)
+            cut = self._buffer.find(start)
+            if cut < 0:
+                keep = _partial_suffix(self._buffer, start)
                 content.append(self._buffer[: len(self._buffer) - keep])
                 self._buffer = self._buffer[len(self._buffer) - keep :]
                 break
-            content.append(self._buffer[:start])
-            self._buffer = self._buffer[start + len(TOOL_CALL_START) :]
+            content.append(self._buffer[:cut])
+            self._buffer = self._buffer[cut + len(start) :]
             self._in_call = True
         return "".join(content), calls
 
     def finish(self) -> tuple[str, list[ToolCall]]:
-        """The output ended: an unterminated call is parsed if it is complete JSON."""
+        """The output ended: an unterminated call is parsed if it is complete."""
         content: list[str] = []
         calls: list[ToolCall] = []
         if self._in_call:
@@ -120,22 +144,20 @@ class ToolCallParser:
         self, body: str, content: list[str], calls: list[ToolCall], terminated: bool = True
     ) -> None:
         self._in_call = False
-        call = parse_call(body)
-        if call is None and self.forced:
+        parsed = parse_calls(body, self.fmt, self.tools)
+        if parsed is None and self.forced:
             content.append(body)
-        elif call is None:
-            end = TOOL_CALL_END if terminated else ""
-            content.append(f"{TOOL_CALL_START}{body}{end}")
-        elif self.max_calls is None or self.num_calls < self.max_calls:
-            calls.append(call)
-            self.num_calls += 1
+        elif parsed is None:
+            end = self.fmt.end if terminated else ""
+            content.append(f"{self.fmt.start}{body}{end}")
+        for call in parsed or []:
+            if self.max_calls is None or self.num_calls < self.max_calls:
+                calls.append(call)
+                self.num_calls += 1
 
 
-def split_tool_calls(
-    text: str, max_calls: int | None = None, forced: bool = False
-) -> tuple[str, list[ToolCall]]:
-    """The content and the tool calls of a whole output (see ``ToolCallParser``)."""
-    parser = ToolCallParser(max_calls, forced)
+def split_tool_calls(text: str, parser: ToolCallParser) -> tuple[str, list[ToolCall]]:
+    """The content and the tool calls of a whole output, split by a fresh ``parser``."""
     content, calls = parser.feed(text)
     rest, more = parser.finish()
     return content + rest, calls + more

@@ -130,6 +130,7 @@ class WorkerClient:
         # Requests answered with one reply message (Embed, CountTokens): request_id -> future.
         self._replies: dict[str, asyncio.Future[Any]] = {}
         self._ping_ids = itertools.count()
+        self._described: Pong | None = None
 
     @property
     def in_flight(self) -> int:
@@ -178,6 +179,12 @@ class WorkerClient:
             ) from None
         finally:
             self._pings.pop(request_id, None)
+
+    async def describe(self, timeout_s: float) -> Pong:
+        """What the worker serves (model, context, tool parser): one ping, then cached."""
+        if self._described is None:
+            self._described = await self.ping(timeout_s)
+        return self._described
 
     async def open_stream(
         self, gen: Generate, observer: StreamObserver | None = None

@@ -151,6 +151,7 @@ class Pong:
     request_id: str
     model: str
     max_context: int
+    tool_parser: str | None = None  # mlx-lm's tool parser module for the model, if any
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -112,7 +112,8 @@ class Control:
 
     def _ping(self, msg: Ping) -> Pong:
         return Pong(request_id=msg.request_id, model=self.engine.name,
-                    max_context=self.engine.max_context)  # fmt: skip
+                    max_context=self.engine.max_context,
+                    tool_parser=self.engine.encoder.tool_parser)  # fmt: skip
 
     def _status(self, msg: GetStatus) -> StatusReply:
         engine, sched = self.engine, self.engine.scheduler

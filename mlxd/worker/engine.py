@@ -200,7 +200,8 @@ class Engine:
         self.channel.send(client, TokenCount(request_id=msg.request_id, num_tokens=num_tokens))
 
     def _on_ping(self, client: bytes, msg: Ping) -> None:
-        pong = Pong(request_id=msg.request_id, model=self.name, max_context=self.max_context)
+        pong = Pong(request_id=msg.request_id, model=self.name, max_context=self.max_context,
+                    tool_parser=self.encoder.tool_parser)  # fmt: skip
         self.channel.send(client, pong)
 
     # Internal helpers

@@ -32,6 +32,12 @@ class PromptEncoder:
     def eos_token_ids(self) -> set[int]:
         return set(self.tokenizer.eos_token_ids)
 
+    @property
+    def tool_parser(self) -> str | None:
+        """The name of mlx-lm's tool parser module for this tokenizer (e.g. "json_tools")."""
+        parse = getattr(self.tokenizer, "tool_parser", None)
+        return None if parse is None else str(parse.__module__).rsplit(".", 1)[-1]
+
     def new_detokenizer(self) -> Any:
         return self.tokenizer.detokenizer
 

@@ -105,6 +105,7 @@ class ScriptedWorker:
         reply: the canned completion text, streamed word by word.
         tick_s: seconds between ticks of a normal request.
         slow_tick_s: seconds between ticks of a ``SLOW`` request.
+        tool_parser: the mlx-lm tool parser its ``Pong`` names.
     """
 
     def __init__(
@@ -115,12 +116,14 @@ class ScriptedWorker:
         reply: str = DEFAULT_REPLY,
         tick_s: float = 0.002,
         slow_tick_s: float = 0.02,
+        tool_parser: str | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.model = model
         self.reply = reply
         self.tick_s = tick_s
         self.slow_tick_s = slow_tick_s
+        self.tool_parser = tool_parser
         self.generates: list[Generate] = []
         self.cancels: list[str] = []
         self.bad_frames = 0
@@ -204,7 +207,9 @@ class ScriptedWorker:
 
     def _handle(self, client: bytes, msg: Message) -> None:
         if isinstance(msg, Ping):
-            self._send(client, Pong(request_id=msg.request_id, model=self.model, max_context=4096))
+            pong = Pong(request_id=msg.request_id, model=self.model, max_context=4096,
+                        tool_parser=self.tool_parser)  # fmt: skip
+            self._send(client, pong)
         elif isinstance(msg, Generate):
             self._start(client, msg)
         elif isinstance(msg, CountTokens):

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import openai
+import pytest
+from conftest import Gateway, serve_config, start_gateway
 from scripted_worker import MODEL, ScriptedWorker
 
 from mlxd.protocol.messages import ChatPrompt
@@ -124,3 +127,36 @@ def test_required_tool_choice_streamed(client: openai.OpenAI, worker: ScriptedWo
     schema = json.loads(generate.sampling.response_format.schema or "")
     names = [s["properties"]["name"]["const"] for s in schema["anyOf"]]
     assert names == ["get_weather", "get_time"]
+
+
+QWEN3_CODER_REPLY = (
+    "On it. <tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+    "</function>\n</tool_call>"
+)
+
+
+@pytest.fixture(scope="module")
+def coder_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """A worker whose model uses mlx-lm's qwen3_coder tool parser (its Pong says so)."""
+    endpoint = f"ipc://{tmp_path_factory.mktemp('coder')}/w.sock"
+    coder = ScriptedWorker(endpoint, reply=QWEN3_CODER_REPLY, tool_parser="qwen3_coder")
+    coder.start()
+    gateway = start_gateway(serve_config(), {MODEL: endpoint})
+    yield gateway
+    gateway.stop()
+    coder.stop()
+
+
+def test_the_workers_tool_parser_is_used(coder_gateway: Gateway) -> None:
+    with openai.OpenAI(base_url=f"{coder_gateway.url}/v1", api_key="x", max_retries=0) as c:
+        ask = [{"role": "user", "content": "weather in Paris?"}]  # the worker's reply, no trigger
+        whole = c.chat.completions.create(model=MODEL, messages=ask, tools=TOOLS)  # type: ignore[arg-type]
+        chunks = list(c.chat.completions.create(model=MODEL, messages=ask, tools=TOOLS,  # type: ignore[arg-type]
+                                                stream=True))  # fmt: skip
+    assert whole.choices[0].message.content == "On it. "
+    (call,) = whole.choices[0].message.tool_calls or []
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    streamed = [t for ch in chunks for t in ch.choices[0].delta.tool_calls or []]
+    assert [t.function.name for t in streamed] == ["get_weather"]  # type: ignore[union-attr]
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == "On it. "

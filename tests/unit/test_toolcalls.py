@@ -1,10 +1,18 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
-from mlxd.gateway.toolcalls import ToolCallParser, split_tool_calls
+from mlxd.gateway.tool_formats import tool_format
+from mlxd.gateway.toolcalls import ToolCallParser
+from mlxd.gateway.toolcalls import split_tool_calls as _split
+
+
+def split_tool_calls(text: str) -> tuple[str, list[Any]]:
+    return _split(text, ToolCallParser())
+
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
@@ -65,3 +73,62 @@ def test_string_arguments_must_be_json() -> None:
 def test_max_calls_drops_the_rest() -> None:
     _, names = stream(CALL * 3, 4, max_calls=1)
     assert names == ["get_weather"]
+
+
+QWEN3_CODER = (
+    "Sure.<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+    "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"
+)
+DAYS_TOOL = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            },
+        },
+    }
+]
+
+
+@pytest.mark.parametrize("size", [1, 4, 1000])
+def test_mlx_lm_qwen3_coder_format_streams(size: int) -> None:
+    parser = ToolCallParser(fmt=tool_format("qwen3_coder"), tools=DAYS_TOOL)
+    content, calls = "", []
+    for i in range(0, len(QWEN3_CODER), size):
+        text, new = parser.feed(QWEN3_CODER[i : i + size])
+        content, calls = content + text, calls + new
+    text, new = parser.finish()
+    content, calls = content + text, calls + new
+    assert content == "Sure."
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris", "days": 3})
+    ]  # typed by the tool's schema
+
+
+def test_mlx_lm_format_without_end_marker_runs_to_the_end() -> None:
+    mistral = tool_format("mistral")
+    assert mistral.end == ""
+    text = 'Hi[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}'
+    content, calls = _split(text, ToolCallParser(fmt=mistral))
+    assert content == "Hi"
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris"})
+    ]
+
+
+def test_unknown_format_falls_back_to_json() -> None:
+    assert tool_format("no_such_parser").name == "json_tools"
+    assert tool_format("../etc").name == "json_tools"
+
+
+def test_loading_mlx_lm_formats_does_not_import_mlx() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; from mlxd.gateway.tool_formats import tool_format; "
+            "tool_format('qwen3_coder'); tool_format('mistral'); "
+            "sys.exit('mlx' in sys.modules or 'mlx_lm' in sys.modules)")  # fmt: skip
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
