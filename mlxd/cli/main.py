@@ -15,8 +15,10 @@ def main() -> None:
 
 def _register() -> None:
     from mlxd.cli.bench import bench_group
+    from mlxd.cli.keys import keys_command
     from mlxd.cli.make_model import make_model_command
     from mlxd.cli.ps import ps_command
+    from mlxd.cli.service import load_command, status_command, stop_command, unload_command
     from mlxd.cli.start import start_command
     from mlxd.cli.worker import worker_group
 
@@ -25,6 +27,11 @@ def _register() -> None:
     main.add_command(worker_group)
     main.add_command(bench_group)
     main.add_command(ps_command)
+    main.add_command(status_command)
+    main.add_command(stop_command)
+    main.add_command(load_command)
+    main.add_command(unload_command)
+    main.add_command(keys_command)
 
 
 _register()

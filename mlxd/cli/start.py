@@ -13,6 +13,8 @@ import click
 
 from mlxd.cli.api_keys import api_keys
 from mlxd.cli.config_file import ConfigFile, read_config_file
+from mlxd.cli.daemon_files import DaemonFiles, busy_message
+from mlxd.cli.detach import detach
 from mlxd.config import (
     DEFAULT_MODEL,
     CacheConfig,
@@ -124,6 +126,12 @@ def scheduler_config(opts: dict[str, object]) -> SchedulerConfig:
     metavar="DURATION",
     help="Unload a model's worker after this long idle (e.g. 300, 10m; 0 = never, the default).",
 )
+@click.option(
+    "--detach",
+    is_flag=True,
+    help="Run in the background: pidfile and log file in the data dir; returns once healthy.",
+)
+@click.option("--claim-data-dir", is_flag=True, hidden=True)  # set by --detach for its child
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8000, show_default=True, help="Port to listen on.")
 @click.option(
@@ -196,6 +204,10 @@ def start_command(models: tuple[str, ...], host: str, port: int, log_level: str,
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")  # fmt: skip
     try:
+        files = DaemonFiles(data_dir())
+        running = files.running()
+        if running is not None:  # checked first: before a default model is made
+            raise ConfigError(busy_message(files.directory, running))
         path = opts["config_file"]
         file = read_config_file(path) if isinstance(path, Path) else ConfigFile(models=())
         max_memory = opts["max_memory"] or file.max_memory
@@ -221,9 +233,21 @@ def start_command(models: tuple[str, ...], host: str, port: int, log_level: str,
             stream_stall_timeout_s=opts["stream_stall_timeout"],  # type: ignore[arg-type]
         )
         _check_port_free(host, port)
+        if opts["detach"]:
+            sys.exit(detach(files, _url(host, port)))
+        if opts["claim_data_dir"]:
+            files.claim(_url(host, port))
     except MlxdError as exc:
         raise click.ClickException(exc.message) from None
-    sys.exit(_serve(config, log_level))
+    try:
+        code = _serve(config, log_level)
+    finally:
+        files.release()
+    sys.exit(code)
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def _model_specs(models: tuple[str, ...], file: ConfigFile) -> tuple[ModelSpec, ...]:

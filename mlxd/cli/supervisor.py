@@ -108,7 +108,7 @@ class Supervisor:
         pid = w.proc.pid if w.proc is not None else None
         now = time.monotonic()
         return WorkerInfo(
-            state=w.state, pid=pid, restarts=w.restarts, last_error=w.last_error,
+            state=w.state, name=w.spec.name, pid=pid, restarts=w.restarts, last_error=w.last_error,
             memory_bytes=w.size.total_bytes, weights_bytes=w.size.weights_bytes,
             kv_bytes=w.size.kv_bytes, pinned=w.spec.pinned,
             keep_alive_s=self.config.keep_alive(w.spec), aliases=list(w.spec.aliases),

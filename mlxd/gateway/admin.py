@@ -84,7 +84,7 @@ class AdminEndpoints:
     async def daemon_status(self, request: Request) -> Response:
         """``GET /admin/status``: the daemon and the supervisor's view of every worker."""
         self._authorize(request)
-        models = [{"name": n, **asdict(self.pool.info(n))} for n in self.pool.names()]
+        models = [{**asdict(self.pool.info(n)), "name": n} for n in self.pool.names()]
         return JSONResponse({
             "pid": os.getpid(),
             "version": __version__,
@@ -104,7 +104,7 @@ class AdminEndpoints:
             raise InvalidRequest('send a JSON object like {"wait": false}', param="wait")
         name = request.path_params["name"]
         info = await self.pool.load(name, wait=wait)
-        return JSONResponse({"name": name, **asdict(info)})
+        return JSONResponse({**asdict(info), "name": info.name or name})
 
     async def unload(self, request: Request) -> Response:
         """``POST /admin/models/{name}/unload``: drain and stop the worker (it loads again on
@@ -112,7 +112,7 @@ class AdminEndpoints:
         self._authorize(request)
         name = request.path_params["name"]
         info = await self.pool.unload(name)
-        return JSONResponse({"name": name, **asdict(info)})
+        return JSONResponse({**asdict(info), "name": info.name or name})
 
     async def model_status(self, request: Request) -> Response:
         """``GET /admin/models/{name}/status``: the worker's StatusReply."""

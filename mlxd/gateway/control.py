@@ -34,6 +34,7 @@ class WorkerInfo:
     """
 
     state: str
+    name: str = ""  # the model's name (what an alias stands for)
     pid: int | None = None
     restarts: int = 0
     last_error: str = ""
