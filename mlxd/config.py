@@ -9,8 +9,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mlxd.errors import ConfigError
+
+if TYPE_CHECKING:
+    from mlxd.protocol.curve import CurveKeys
 
 DEFAULT_MODEL = "mlxd-default"
 API_KEY_TIERS = ("high", "normal", "low")  # the protocol's priorities, highest first
@@ -77,6 +81,7 @@ class WorkerConfig:
     parent_pid: int | None = None
     control_endpoint: str | None = None  # None: derived from ``endpoint`` (w0.ctl.sock)
     enable_test_faults: bool = False  # accept DebugCrash on the control socket (tests only)
+    curve_keys: CurveKeys | None = None  # required for tcp:// endpoints (mlxd.protocol.curve)
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -84,6 +89,9 @@ class WorkerConfig:
         for endpoint in (self.endpoint, self.control_endpoint or self.endpoint):
             if not endpoint.startswith(("ipc://", "tcp://", "inproc://")):
                 raise ConfigError(f"bad worker endpoint {endpoint!r}")
+            if endpoint.startswith("tcp://") and self.curve_keys is None:
+                raise ConfigError(f"{endpoint}: tcp:// workers need CURVE keys; make them with "
+                                  "`mlxd keys`")  # fmt: skip
         if self.max_context is not None and self.max_context < 2:
             raise ConfigError("--max-context must be >= 2")
 
@@ -95,7 +103,9 @@ class ModelSpec:
     ``aliases`` are more names for it. ``keep_alive_s``: seconds idle before its worker is
     unloaded (``0`` = never; ``None``: the daemon's ``--keep-alive``). ``pinned`` models are
     never unloaded to make room; ``preload`` ones start with the daemon, the others on their
-    first request. ``kv_cache_gb`` sizes its KV cache in the memory budget.
+    first request. ``kv_cache_gb`` sizes its KV cache in the memory budget. With ``endpoint``
+    the worker already runs elsewhere (`mlxd worker serve --bind tcp://…`) and is attached,
+    not spawned: it is pinged, never restarted, unloaded or counted in the budget.
     """
 
     name: str
@@ -105,6 +115,7 @@ class ModelSpec:
     pinned: bool = False
     preload: bool = True
     kv_cache_gb: float | None = None
+    endpoint: str | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.path:
@@ -163,6 +174,7 @@ class ServeConfig:
     max_memory_bytes: int | None = None  # every worker's weights + KV + headroom fit in this
     keep_alive_s: float = 0.0  # idle seconds before a worker is unloaded; 0 = never
     kv_cache_gb: float | None = None  # each model's KV budget unless its spec sets one
+    curve_keys: CurveKeys | None = field(default=None, repr=False)  # for tcp:// attached workers
 
     def __post_init__(self) -> None:
         if len({k.name for k in self.api_keys}) != len(self.api_keys):

@@ -26,6 +26,7 @@ from mlxd.config import (
     parse_memory,
 )
 from mlxd.errors import ConfigError, MlxdError
+from mlxd.protocol import curve
 
 STARTUP_FAILURE = 3
 
@@ -104,6 +105,14 @@ def scheduler_config(opts: dict[str, object]) -> SchedulerConfig:
     metavar="[NAME=]PATH_OR_REPO",
     help="A model to serve (repeatable): a local mlx-lm directory or a Hugging Face "
     "repo id, optionally named. Default: the built-in model, made on first start.",
+)
+@click.option(
+    "--worker",
+    "workers",
+    multiple=True,
+    metavar="NAME=ENDPOINT",
+    help="Attach a worker already running elsewhere (`mlxd worker serve --bind tcp://…`; "
+    "its control socket is the next port). tcp:// needs the keys from `mlxd keys`.",
 )
 @click.option(
     "--config",
@@ -212,8 +221,12 @@ def start_command(models: tuple[str, ...], host: str, port: int, log_level: str,
         file = read_config_file(path) if isinstance(path, Path) else ConfigFile(models=())
         max_memory = opts["max_memory"] or file.max_memory
         keep_alive = opts["keep_alive"]
+        attached = tuple(_parse_worker(w) for w in opts["workers"])  # type: ignore[attr-defined]
+        tcp = [str(s.endpoint) for s in attached if str(s.endpoint).startswith("tcp://")]
+        keys = curve.require(tcp[0], curve.load(curve.keys_dir(data_dir()))) if tcp else None
         config = ServeConfig(
-            models=_model_specs(models, file),
+            models=_model_specs(models, file, bool(attached)) + attached,
+            curve_keys=keys,
             max_memory_bytes=None if max_memory is None else parse_memory(str(max_memory)),
             keep_alive_s=file.keep_alive_s or 0.0
             if keep_alive is None
@@ -250,8 +263,9 @@ def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def _model_specs(models: tuple[str, ...], file: ConfigFile) -> tuple[ModelSpec, ...]:
-    if file.models:
+def _model_specs(models: tuple[str, ...], file: ConfigFile, attached: bool = False
+                 ) -> tuple[ModelSpec, ...]:  # fmt: skip
+    if file.models or attached:
         return (*file.models, *(_parse_model(m) for m in models))
     if not models:
         from mlxd.models.maker import ensure_default_model
@@ -271,6 +285,13 @@ def _parse_model(text: str) -> ModelSpec:
         raise ConfigError(f"bad --model {text!r}: use PATH, REPO_ID or NAME=PATH")
     local = Path(path).expanduser()
     return ModelSpec(name=name, path=str(local.resolve()) if local.exists() else path)
+
+
+def _parse_worker(text: str) -> ModelSpec:
+    name, _, endpoint = text.partition("=")
+    if not name or not endpoint.startswith(("tcp://", "ipc://")):
+        raise ConfigError(f"bad --worker {text!r}: use NAME=tcp://HOST:PORT")
+    return ModelSpec(name=name, path=endpoint, endpoint=endpoint)
 
 
 def _check_port_free(host: str, port: int) -> None:

@@ -33,6 +33,7 @@ from mlxd.cli.footprint import Footprint, footprint
 from mlxd.config import ModelSpec, SchedulerConfig, ServeConfig
 from mlxd.errors import (
     ConfigError,
+    InvalidRequest,
     MemoryBudgetExceeded,
     MlxdError,
     ModelNotFound,
@@ -46,6 +47,7 @@ from mlxd.protocol.messages import Shutdown
 log = logging.getLogger("mlxd.supervisor")
 
 HEARTBEAT_S = 2.0
+ATTACH_WAIT_S = 10.0  # at start, for --worker peers; the watcher keeps trying after that
 MAX_START_FAILURES = 3
 STOP_GRACE_S = 10.0
 
@@ -59,6 +61,7 @@ class WorkerProcess:
     client: WorkerClient
     control: ControlClient
     size: Footprint
+    attached: bool = False  # runs elsewhere (--worker): pinged, never spawned or unloaded
     proc: subprocess.Popen[bytes] | None = None
     state: str = "unloaded"  # unloaded | starting | ready | stopping | failed | stopped
     started_at: float = 0.0
@@ -138,7 +141,9 @@ class Supervisor:
         """
         worker = self._worker(name)
         async with self._lock:
-            if worker.state in ("unloaded", "stopped", "failed"):
+            if worker.attached:
+                pass  # nothing to start here: wait for its pong
+            elif worker.state in ("unloaded", "stopped", "failed"):
                 await self._make_room(worker)
                 worker.start_failures, worker.last_error = 0, ""
                 self._spawn(worker)
@@ -150,6 +155,9 @@ class Supervisor:
     async def unload(self, name: str, reason: str = "unloaded on request") -> WorkerInfo:
         """Stop ``name``'s worker gracefully (it drains first); it loads again on demand."""
         worker = self._worker(name)
+        if worker.attached:
+            raise InvalidRequest(f"{worker.spec.name!r} is an attached worker (--worker): stop "
+                                 "it on its own host")  # fmt: skip
         async with self._lock:
             await self._unload(worker, reason)
         return self.info(name)
@@ -158,7 +166,11 @@ class Supervisor:
         """Start the preloaded workers (within the budget) and wait until each is ready."""
         for worker in self.workers.values():
             await worker.client.start()
-        preload = [w for w in self.workers.values() if w.spec.preload or w.spec.pinned]
+        attached = [w for w in self.workers.values() if w.attached]
+        for worker in attached:
+            worker.state = "starting"  # until its first pong
+        preload = [w for w in self.workers.values()
+                   if (w.spec.preload or w.spec.pinned) and not w.attached]  # fmt: skip
         for worker in sorted(preload, key=lambda w: not w.spec.pinned):
             if self._fits(worker):
                 self._spawn(worker)
@@ -167,8 +179,9 @@ class Supervisor:
                                   + self._budget_text(worker))  # fmt: skip
             else:
                 log.warning("not preloading %s: %s", worker.spec.name, self._budget_text(worker))
-        spawned = [w for w in self.workers.values() if w.state == "starting"]
-        await asyncio.gather(*(self._await_ready(w) for w in spawned))
+        spawned = [w for w in self.workers.values() if w.state == "starting" and not w.attached]
+        await asyncio.gather(*(self._await_ready(w) for w in spawned),
+                             *(self._attach(w, ATTACH_WAIT_S) for w in attached))  # fmt: skip
         self._watcher = asyncio.create_task(self._watch(), name="supervisor")
 
     async def stop(self) -> None:
@@ -197,12 +210,14 @@ class Supervisor:
         return worker
 
     def _make_worker(self, spec: ModelSpec, index: int) -> WorkerProcess:
-        endpoint = f"ipc://{self.runtime_dir / f'w{index}.sock'}"
-        client = WorkerClient(spec.name, endpoint)
-        control = ControlClient(spec.name, control_endpoint(endpoint))
-        size = footprint(spec, self.config)
+        endpoint = spec.endpoint or f"ipc://{self.runtime_dir / f'w{index}.sock'}"
+        keys = self.config.curve_keys
+        client = WorkerClient(spec.name, endpoint, keys=keys)
+        control = ControlClient(spec.name, control_endpoint(endpoint), keys=keys)
+        attached = spec.endpoint is not None
+        size = Footprint(0, 0, 0) if attached else footprint(spec, self.config)
         return WorkerProcess(spec=spec, endpoint=endpoint, client=client, control=control,
-                             size=size)  # fmt: skip
+                             size=size, attached=attached)  # fmt: skip
 
     def _background(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -223,7 +238,7 @@ class Supervisor:
             return
         residents = [Resident(w.spec.name, w.size.total_bytes, w.last_used,
                               evictable=w.state == "ready" and not w.spec.pinned
-                              and not w.client.in_flight)
+                              and not w.client.in_flight and not w.attached)
                      for w in self._residents() if w is not worker]  # fmt: skip
         victims = evictions(worker.size.total_bytes, budget, residents)
         if victims is None:
@@ -348,7 +363,7 @@ class Supervisor:
 
     def _check_idle(self, worker: WorkerProcess) -> None:
         now = time.monotonic()
-        if worker.state != "ready":
+        if worker.state != "ready" or worker.attached:
             return
         if worker.client.in_flight:
             worker.last_used = now
@@ -363,7 +378,45 @@ class Supervisor:
             if worker.state == "ready" and not worker.client.in_flight and idle:
                 await self._unload(worker, f"idle for {keep_alive:g} s (keep-alive)")
 
+    async def _attach(self, worker: WorkerProcess, wait_s: float) -> None:
+        """Ping an attached worker until it answers (at most ``wait_s``): then it is ready."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                await worker.client.ping(timeout_s=1.0)
+            except WorkerUnavailable:
+                if time.monotonic() >= deadline:
+                    worker.last_error = f"no answer from {worker.endpoint}"
+                    return
+                continue
+            worker.state, worker.last_error = "ready", ""
+            worker.started_at = worker.last_pong = worker.last_used = time.monotonic()
+            worker.ready.set()
+            log.info("attached worker for %s at %s is ready", worker.spec.name, worker.endpoint)
+            return
+
+    async def _check_attached(self, worker: WorkerProcess) -> None:
+        if worker.state == "starting":
+            await self._attach(worker, 0.0)
+            return
+        interval = min(HEARTBEAT_S, self.config.heartbeat_timeout_s)
+        if worker.state != "ready" or time.monotonic() - worker.last_pong <= interval:
+            return
+        try:
+            await worker.client.ping(timeout_s=self.config.heartbeat_timeout_s)
+            worker.last_pong = time.monotonic()
+        except WorkerUnavailable:  # it cannot be restarted from here: fail and wait for it
+            log.error("attached worker for %s at %s stopped answering", worker.spec.name,
+                      worker.endpoint)  # fmt: skip
+            worker.state, worker.last_error = "starting", "stopped answering heartbeats"
+            worker.ready.clear()
+            worker.client.fail_all(WorkerUnavailable(
+                f"the attached worker for {worker.spec.name!r} stopped answering"))  # fmt: skip
+
     async def _check(self, worker: WorkerProcess) -> None:
+        if worker.attached:
+            await self._check_attached(worker)
+            return
         if worker.proc is None or worker.state in ("failed", "stopped", "stopping", "unloaded"):
             return
         if worker.proc.poll() is not None:

@@ -4,14 +4,16 @@ running daemon's workers through its admin endpoints (status, stats, drain, set.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
 
 from mlxd.cli.admin import AdminClient, format_bytes, print_json, with_admin_options
 from mlxd.cli.start import cache_config, scheduler_config, with_scheduler_options
-from mlxd.config import WorkerConfig
+from mlxd.config import WorkerConfig, data_dir
 from mlxd.errors import MlxdError
+from mlxd.protocol import curve
 
 
 @click.group("worker")
@@ -27,6 +29,13 @@ def worker_group() -> None:
 @click.option("--parent-pid", type=int, default=None, help="Exit when this process is gone.")
 @click.option("--log-level", default="INFO", show_default=True)
 @click.option(
+    "--keys",
+    "keys_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="CURVE keys for tcp:// (default: the data dir's, made by `mlxd keys`).",
+)
+@click.option(
     "--enable-test-faults",
     is_flag=True,
     envvar="MLXD_TEST_FAULTS",
@@ -35,12 +44,16 @@ def worker_group() -> None:
 )
 @with_scheduler_options
 def serve_command(model: str, name: str | None, endpoint: str, control: str | None,
-                  parent_pid: int | None, log_level: str, enable_test_faults: bool,
-                  **opts: object) -> None:  # fmt: skip
+                  parent_pid: int | None, log_level: str, keys_dir: Path | None,
+                  enable_test_faults: bool, **opts: object) -> None:  # fmt: skip
     """Load MODEL and serve it on ENDPOINT until SIGTERM."""
     from mlxd.worker.main import configure_logging, serve
 
     try:
+        endpoints = (endpoint, control or "")
+        keys = None
+        if any(e.startswith("tcp://") for e in endpoints):
+            keys = curve.load(keys_dir or curve.keys_dir(data_dir()))
         config = WorkerConfig(
             model=model,
             name=name or model,
@@ -51,6 +64,7 @@ def serve_command(model: str, name: str | None, endpoint: str, control: str | No
             parent_pid=parent_pid,
             control_endpoint=control,
             enable_test_faults=enable_test_faults,
+            curve_keys=keys,
         )
     except MlxdError as exc:
         raise click.ClickException(exc.message) from None

@@ -16,7 +16,7 @@ import zmq
 import zmq.asyncio
 
 from mlxd.errors import ProtocolError, WorkerUnavailable, error_from_code
-from mlxd.protocol import codec
+from mlxd.protocol import codec, curve
 from mlxd.protocol.messages import ControlReply, ControlRequest, Error
 
 log = logging.getLogger(__name__)
@@ -59,10 +59,15 @@ class ControlClient:
     """
 
     def __init__(
-        self, name: str, endpoint: str, context: zmq.asyncio.Context | None = None
+        self,
+        name: str,
+        endpoint: str,
+        context: zmq.asyncio.Context | None = None,
+        keys: curve.CurveKeys | None = None,
     ) -> None:
         self.name = name
         self.endpoint = endpoint
+        self._keys = curve.require(endpoint, keys)  # a tcp:// link without keys is refused
         self._context = context
         self._owns_context = context is None
         self._socket: zmq.asyncio.Socket | None = None
@@ -111,6 +116,8 @@ class ControlClient:
                 self._context = zmq.asyncio.Context()
             sock = self._context.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
+            if self._keys is not None:
+                curve.make_client(sock, self._keys)
             # No zmq.IMMEDIATE: with it, a reply from a worker that exits right after sending
             # (shutdown) can be lost. Stale commands are dropped by _disconnect instead.
             sock.connect(self.endpoint)

@@ -27,7 +27,7 @@ from mlxd.errors import (
     error_from_code,
 )
 from mlxd.gateway.control import ControlClient, WorkerInfo
-from mlxd.protocol import codec
+from mlxd.protocol import codec, curve
 from mlxd.protocol.channel import control_endpoint
 from mlxd.protocol.messages import (
     Cancel,
@@ -114,13 +114,19 @@ class WorkerClient:
         name: the model name this worker serves (for logs and errors).
         endpoint: the worker's ROUTER endpoint, e.g. ``ipc:///tmp/mlxd/model.sock``.
         context: a shared asyncio ZMQ context; when omitted the client owns (and terms) one.
+        keys: CURVE keys, required for ``tcp://`` (``ConfigError`` without them).
     """
 
     def __init__(
-        self, name: str, endpoint: str, context: zmq.asyncio.Context | None = None
+        self,
+        name: str,
+        endpoint: str,
+        context: zmq.asyncio.Context | None = None,
+        keys: curve.CurveKeys | None = None,
     ) -> None:
         self.name = name
         self.endpoint = endpoint
+        self._keys = curve.require(endpoint, keys)  # a tcp:// link without keys is refused
         self._owns_context = context is None
         self._context = context
         self._socket: zmq.asyncio.Socket | None = None
@@ -146,6 +152,8 @@ class WorkerClient:
         # Never drop frames silently: backpressure is the worker scheduler's queue limit.
         sock.setsockopt(zmq.SNDHWM, 0)
         sock.setsockopt(zmq.RCVHWM, 0)
+        if self._keys is not None:
+            curve.make_client(sock, self._keys)
         sock.connect(self.endpoint)
         self._socket = sock
         self._reader = asyncio.create_task(self._read_loop(), name=f"mlxd-reader-{self.name}")
@@ -364,13 +372,16 @@ class StaticPool:
 
     Args:
         endpoints: model name -> the worker's ROUTER endpoint.
+        keys: CURVE keys for ``tcp://`` endpoints.
     """
 
-    def __init__(self, endpoints: dict[str, str]) -> None:
+    def __init__(self, endpoints: dict[str, str], keys: curve.CurveKeys | None = None) -> None:
         self.endpoints = dict(endpoints)
+        self.keys = keys
         self._context: zmq.asyncio.Context | None = None
         self._clients: dict[str, WorkerClient] = {}
-        self._controls = {n: ControlClient(n, control_endpoint(e)) for n, e in endpoints.items()}
+        self._controls = {n: ControlClient(n, control_endpoint(e), keys=keys)
+                          for n, e in endpoints.items()}  # fmt: skip
 
     def names(self) -> list[str]:
         return list(self.endpoints)
@@ -411,7 +422,7 @@ class StaticPool:
     async def start(self) -> None:
         self._context = zmq.asyncio.Context()
         for name, endpoint in self.endpoints.items():
-            client = WorkerClient(name, endpoint, self._context)
+            client = WorkerClient(name, endpoint, self._context, self.keys)
             await client.start()
             self._clients[name] = client
 

@@ -12,7 +12,7 @@ import logging
 import zmq
 
 from mlxd.errors import ProtocolError
-from mlxd.protocol import codec
+from mlxd.protocol import codec, curve
 from mlxd.protocol.messages import Message
 
 log = logging.getLogger(__name__)
@@ -36,9 +36,12 @@ def control_endpoint(endpoint: str) -> str:
 class WorkerChannel:
     """A bound ROUTER socket. Synchronous: the worker's engine thread owns it."""
 
-    def __init__(self, endpoint: str, context: zmq.Context | None = None) -> None:  # type: ignore[type-arg]
+    def __init__(self, endpoint: str, context: zmq.Context | None = None,  # type: ignore[type-arg]
+                 keys: curve.CurveKeys | None = None) -> None:  # fmt: skip
         self.context = context or zmq.Context.instance()
+        self.keys = keys  # CURVE server keys for tcp:// (checked by curve.require)
         self.socket = self.context.socket(zmq.ROUTER)
+        self._secure(self.socket, endpoint)
         self.socket.setsockopt(zmq.LINGER, 0)
         # Token frames must never be dropped silently: backpressure is the scheduler's queue limit.
         self.socket.setsockopt(zmq.SNDHWM, 0)
@@ -53,6 +56,7 @@ class WorkerChannel:
         """Bind the control ROUTER; ``recv_ready`` then also wakes up for its messages."""
         sock = self.context.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
+        self._secure(sock, endpoint)
         sock.bind(endpoint)
         self.control = sock
         self.poller.register(sock, zmq.POLLIN)
@@ -79,6 +83,11 @@ class WorkerChannel:
         if self.control is not None:
             # A shutdown's Ack may still be in flight when the worker exits.
             self.control.close(linger=CONTROL_LINGER_MS)
+
+    def _secure(self, sock: zmq.Socket, endpoint: str) -> None:  # type: ignore[type-arg]
+        keys = curve.require(endpoint, self.keys)
+        if keys is not None:
+            curve.make_server(sock, keys)
 
     def _recv_all(self, sock: zmq.Socket, limit: int) -> list[Incoming]:  # type: ignore[type-arg]
         out: list[Incoming] = []

@@ -12,10 +12,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import zmq
 from mlx.utils import tree_flatten
 
 from mlxd.config import WorkerConfig
 from mlxd.errors import ConfigError
+from mlxd.protocol import curve
 from mlxd.protocol.channel import WorkerChannel, control_endpoint
 from mlxd.worker.block_pool import BlockPool
 from mlxd.worker.control import Control
@@ -36,15 +38,20 @@ DEFAULT_KV_FRACTION = 0.5  # of the memory the weights leave, when --kv-cache-gb
 
 def serve(config: WorkerConfig) -> int:
     """Run one worker until SIGTERM/SIGINT or its parent dies; return the exit code."""
+    auth = None
+    if config.curve_keys is not None:  # admit only clients holding our key (before any bind)
+        auth = curve.Authenticator(zmq.Context.instance(), config.curve_keys)
     try:
         model, tokenizer, max_context = _load(config)
-        channel = WorkerChannel(config.endpoint)
+        channel = WorkerChannel(config.endpoint, keys=config.curve_keys)
         channel.bind_control(config.control_endpoint or control_endpoint(config.endpoint))
         runner, pool, max_context = _runner(
             model, set(tokenizer.eos_token_ids), config, max_context
         )
     except Exception as exc:  # noqa: BLE001 - any load failure is a startup failure
         log.error("worker %s failed to start: %s", config.name, exc)
+        if auth is not None:
+            auth.stop()
         return STARTUP_FAILURE
     log.info("KV cache: %s", runner.kv_description)
     encoder = PromptEncoder(tokenizer, _vocab_size(model, tokenizer), max_tokens=max_context)
@@ -77,6 +84,8 @@ def serve(config: WorkerConfig) -> int:
         engine.run()
     finally:
         channel.close()
+        if auth is not None:
+            auth.stop()
         channel.context.term()  # waits (briefly) until a shutdown's Ack is out
     log.info("worker %s stopped", config.name)
     return EXIT_OK

@@ -1,0 +1,199 @@
+"""Workers over tcp:// with CURVE: `mlxd keys`, a worker process bound on TCP, right and wrong
+keys, and links without keys refused on both sides."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import zmq
+
+from mlxd.errors import ConfigError, WorkerUnavailable
+from mlxd.gateway.control import ControlClient
+from mlxd.gateway.workers import WorkerClient
+from mlxd.protocol import codec, curve
+from mlxd.protocol.messages import Finished, Generate, GetStatus, Ping, SamplingParams, TextPrompt
+from tests.e2e.conftest import free_port
+
+pytestmark = [pytest.mark.e2e]
+
+
+def mlxd(home: Path, *args: str, **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "mlxd", *args], capture_output=True, text=True,
+                          timeout=120, env=_env(home), **kw)  # type: ignore[call-overload]  # fmt: skip
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLXD_")}
+    return {**env, "MLXD_HOME": str(home)}
+
+
+def test_keys_are_private_and_never_silently_replaced(tmp_path: Path) -> None:
+    r = mlxd(tmp_path, "keys")
+    assert r.returncode == 0 and "public key:" in r.stdout, r.stderr
+    secret = tmp_path / "keys" / curve.SECRET_FILE
+    assert secret.stat().st_mode & 0o777 == 0o600
+    assert secret.parent.stat().st_mode & 0o777 == 0o700
+    keys = curve.load(secret.parent)
+    assert keys is not None and (tmp_path / "keys" / curve.PUBLIC_FILE).read_bytes().strip() == (
+        keys.public
+    )
+    again = mlxd(tmp_path, "keys")
+    assert again.returncode == 1 and "exists" in again.stderr
+    assert curve.load(secret.parent) == keys
+    secret.chmod(0o644)
+    with pytest.raises(ConfigError, match="readable by other users"):
+        curve.load(secret.parent)
+
+
+def test_tcp_without_keys_is_refused_on_both_sides(tiny_model: Path, tmp_path: Path) -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    r = mlxd(tmp_path, "worker", "serve", "--model", str(tiny_model), "--bind", endpoint)
+    assert r.returncode != 0 and "need CURVE keys" in r.stderr, r.stderr
+    with pytest.raises(ConfigError, match="CURVE keys"):
+        WorkerClient("m", endpoint)
+    with pytest.raises(ConfigError, match="CURVE keys"):
+        ControlClient("m", endpoint)
+
+
+@pytest.fixture(scope="module")
+def tcp_worker(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
+    home = tmp_path_factory.mktemp("tcp")
+    keys = curve.generate(curve.keys_dir(home))
+    port = free_port_pair()  # the control socket is the next port, as `--worker` expects
+    data, ctl = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}"
+    cmd = [sys.executable, "-m", "mlxd", "worker", "serve", "--model", str(tiny_model),
+           "--name", "m", "--bind", data, "--control", ctl, "--max-context", "256",
+           "--log-level", "WARNING"]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=_env(home))
+    try:
+        asyncio.run(_wait_pong(data, keys, proc))
+        yield data, ctl, keys, home
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def free_port_pair() -> int:
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise AssertionError("no two free ports in a row")
+
+
+def test_the_gateway_attaches_a_tcp_worker_with_the_keys(tcp_worker: tuple) -> None:
+    data, _, _, home = tcp_worker
+    port = free_port()
+    cmd = [sys.executable, "-m", "mlxd", "start", "--worker", f"m={data}", "--port", str(port),
+           "--log-level", "warning"]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=_env(home))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, "mlxd start failed"
+            try:
+                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        r = client.completions.create(model="m", prompt="hi", max_tokens=3)
+        assert r.usage is not None and r.usage.completion_tokens == 3
+        [info] = httpx.get(f"{base}/admin/status", timeout=10).json()["models"]
+        assert info["state"] == "ready" and info["pid"] is None and info["memory_bytes"] == 0
+        r2 = httpx.post(f"{base}/admin/models/m/unload", timeout=10)
+        assert r2.status_code == 400 and "attached" in r2.json()["error"]["message"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    no_keys = subprocess.run(cmd, capture_output=True, text=True, timeout=60,
+                             env=_env(home / "elsewhere"))  # fmt: skip
+    assert no_keys.returncode != 0 and "need CURVE keys" in no_keys.stderr
+
+
+async def _wait_pong(endpoint: str, keys: curve.CurveKeys, proc: subprocess.Popen) -> None:
+    client = WorkerClient("m", endpoint, keys=keys)
+    await client.start()
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, "the tcp worker exited"
+            try:
+                await client.ping(timeout_s=1.0)
+                return
+            except WorkerUnavailable:
+                assert time.monotonic() < deadline, "the tcp worker never answered"
+    finally:
+        await client.close()
+
+
+def test_a_client_with_the_keys_is_served(tcp_worker: tuple) -> None:
+    data, ctl, keys, _ = tcp_worker
+
+    async def main() -> None:
+        client = WorkerClient("m", data, keys=keys)
+        control = ControlClient("m", ctl, keys=keys)
+        await client.start()
+        try:
+            gen = Generate(request_id="r1", prompt=TextPrompt(text="hello"),
+                           sampling=SamplingParams(max_tokens=4, ignore_eos=True))  # fmt: skip
+            events = [e async for e in await client.open_stream(gen)]
+            assert isinstance(events[-1], Finished) and events[-1].usage.completion_tokens == 4
+            status = await control.request(GetStatus(request_id=control.next_id()), timeout_s=10)
+            assert status.state == "running"  # type: ignore[union-attr]
+        finally:
+            await client.close()
+            await control.close()
+
+    asyncio.run(main())
+
+
+def test_wrong_keys_and_plain_clients_are_refused(tcp_worker: tuple, tmp_path: Path) -> None:
+    data, _, keys, _ = tcp_worker
+    wrong = curve.generate(tmp_path / "other")
+
+    async def with_wrong_keys() -> None:
+        client = WorkerClient("m", data, keys=wrong)
+        await client.start()
+        try:
+            with pytest.raises(WorkerUnavailable):
+                await client.ping(timeout_s=2.0)
+        finally:
+            await client.close()
+
+    asyncio.run(with_wrong_keys())
+    assert not answers(data, None), "a client without CURVE got an answer"
+    # Knowing the worker's public key (curve.pub is not secret) is not enough: the ZAP handler
+    # admits only clients that hold the deployment's own keypair.
+    assert not answers(data, (keys.public, *zmq.curve_keypair())), "an unknown client key got in"
+    assert answers(data, (keys.public, keys.public, keys.secret)), "the control case failed"
+
+
+def answers(endpoint: str, creds: tuple[bytes, bytes, bytes] | None) -> bool:
+    """Whether a raw DEALER (server key, client public, client secret) gets a pong."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    if creds is not None:
+        sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = creds
+    sock.connect(endpoint)
+    sock.send_multipart(codec.encode(Ping(request_id="p")))
+    got = bool(sock.poll(3000))
+    sock.close()
+    ctx.term()
+    return got
