@@ -1,8 +1,9 @@
 """How much memory a model's worker will take, known before it starts (no MLX import).
 
 Weights: the sizes of the model's ``*.safetensors`` files (what MLX maps into memory). KV: the
-model's own ``kv_cache_gb`` or the daemon's, else what ``max_num_seqs`` full contexts need, at
-most ``DEFAULT_KV_BYTES``; its bytes per token come from ``config.json``. Headroom: activations,
+model's own ``kv_cache_gb`` or the daemon's (``--kv-cache-gb``), else what ``max_num_seqs`` full
+contexts need, at most ``DEFAULT_KV_BYTES``, its bytes per token from ``config.json``; under
+``--max-memory`` the worker's KV pool is then given exactly that size. Headroom: activations,
 the MLX buffer cache, Python and the tokenizer, measured as a fixed runtime cost plus a share.
 """
 
@@ -46,7 +47,8 @@ def footprint(spec: ModelSpec, config: ServeConfig) -> Footprint:
     if directory is None:
         log.warning("%s is not on this machine yet: its weights are not counted", spec.path)
     model_config = _read_config(directory)
-    kv_gb = spec.kv_cache_gb if spec.kv_cache_gb is not None else config.kv_cache_gb
+    budgets = (spec.kv_cache_gb, config.kv_cache_gb, config.cache.kv_cache_gb)
+    kv_gb = next((gb for gb in budgets if gb is not None), None)  # the model's, then global
     if kv_gb is not None:
         kv = int(kv_gb * 2**30)
     else:

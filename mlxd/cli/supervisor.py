@@ -330,6 +330,8 @@ class Supervisor:
         args += ["--kv-block-size", str(c.block_size), "--paged-kv" if c.paged else "--no-paged-kv"]
         budgets = (worker.spec.kv_cache_gb, self.config.kv_cache_gb, c.kv_cache_gb)
         kv_gb = next((gb for gb in budgets if gb is not None), None)  # the model's, then global
+        if kv_gb is None and self.config.max_memory_bytes is not None:
+            kv_gb = worker.size.kv_bytes / 2**30  # what the budget reserved: hold it to that
         if kv_gb is not None:
             args += ["--kv-cache-gb", str(kv_gb)]
         return args
