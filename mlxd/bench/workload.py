@@ -65,7 +65,8 @@ class WorkloadOptions:
     high_fraction: float = 0.25
 
     def num_sessions(self, level: int) -> int:
-        return max(level, self.requests_per_level)
+        # Every model gets a request at every level, so each has its own row even at level 1.
+        return max(level, self.requests_per_level, len(self.models))
 
 
 @dataclass

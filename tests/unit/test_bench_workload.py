@@ -58,6 +58,7 @@ def test_several_models_go_round_robin_one_group_each() -> None:
     (phase,) = phases("multi-model", WorkloadOptions(models=("a", "b"), prompt_tokens=4))
     reqs = [s.turns[0] for s in phase.make(4, 0)]
     assert [(r.model, r.group) for r in reqs] == [("a", "a"), ("b", "b")] * 2
+    assert [r.model for s in phase.make(1, 0) for r in s.turns] == ["a", "b"], "both at level 1"
 
 
 def test_render_turns_ids_into_text_in_place() -> None:
