@@ -11,7 +11,9 @@ for http in "$DIR"/http-*.json; do
   [ -f "$http" ] || continue
   tag="${http##*/http-}"; tag="${tag%.json}"
   # mlxd over HTTP vs in-process vs mlx_lm.server, same model and workload
-  plot "throughput-$tag.png" "$http" "$DIR/engine-$tag.json" "$DIR/mlx_lm_server-$tag.json"
+  case "$tag" in contiguous-*) continue ;; esac
+  plot "throughput-$tag.png" "$http" "$DIR/engine-$tag.json" "$DIR/mlx_lm_server-$tag.json" \
+    "$DIR/http-contiguous-$tag.json"
   plot "prefix-$tag.png" "$DIR/prefix-$tag.json" "$DIR/mlx_lm_server-prefix-$tag.json"
 done
 plot "models.png" "$DIR"/http-*.json

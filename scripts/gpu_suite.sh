@@ -10,14 +10,15 @@
 #   BUDGET_S=520   the whole suite; each leg gets min(its own bound, what is left)
 #   LEVELS=1,4,16,64,128  PROMPT=128  OUTPUT=128  RUNS=1  PREFIXES=500,2000,8000
 #   SIZE=qwen3-0.6b DTYPE=bfloat16  (the main model)   MODELS=/root/models  OUT=./out
-#   EXTRA_LEGS=1   Llama-3.2-1B bf16 and the 4-bit main model, when time is left
+#   EXTRA_LEGS=1   Llama-3.2-1B bf16 (EXTRA_SIZE) and the 4-bit main model, when time is left
 # Legs, most important first (legs.txt says which ran, their exit codes and seconds):
 #   1 mlxd over HTTP: throughput vs concurrency       http-$SIZE-$DTYPE.json
 #   2 mlxd over HTTP: shared-prefix TTFT cold vs hit  prefix-$SIZE-$DTYPE.json
 #   3 engine in-process (+ mlx-lm BatchGenerator)     engine-$SIZE-$DTYPE.json
 #   4 mlx_lm.server, same model and workload          mlx_lm_server-*.json, mlx_lm_server-prefix-*
 #   5 Llama-3.2-1B bf16 and $SIZE 4-bit over HTTP     http-llama-3.2-1b-bfloat16.json, http-*-q4.json
-#   6 worker over ZeroMQ alone; decode step contiguous vs paged cache (suite.txt)
+#     and, when mlxd has --no-paged-kv, the contiguous cache over HTTP  http-contiguous-*.json
+#   6 worker over ZeroMQ alone; engine paged vs contiguous (scripts/bench_paged.py)  zmq*.json, paged*.json
 # A leg cut by its time bound still leaves the levels it finished (JSON "complete": false).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -71,9 +72,13 @@ model() {
   fi
   echo "$dir"
 }
-start_mlxd() {  # start_mlxd MODEL_DIR
-  "$PY" -m mlxd start --model "bench=$1" --port "$PORT" --log-level warning \
-    --max-num-seqs "$MAX_SEQS" --max-queued 1024 >> "$OUT/mlxd.log" 2>&1 &
+# A new port for every server: the last one's port has connections in TIME_WAIT, and
+# `mlxd start` refuses a port it cannot bind without SO_REUSEADDR.
+new_port() { PORT=$(( PORT + 1 )); }
+start_mlxd() {  # start_mlxd MODEL_DIR [MLXD START OPTIONS...]
+  local m=$1; shift; new_port
+  "$PY" -m mlxd start --model "bench=$m" --port "$PORT" --log-level warning \
+    --max-num-seqs "$MAX_SEQS" --max-queued 1024 "$@" >> "$OUT/mlxd.log" 2>&1 &
   SERVER=$!
   wait_up "http://127.0.0.1:$PORT/health" "$(bound 120)" || { log "mlxd did not start"; stop_server; return 1; }
 }
@@ -114,6 +119,7 @@ run "engine $TAG" 120 "$PY" -m mlxd bench engine --model "$M" --concurrency "$LE
 
 # 4: mlx-lm's own server, same model, same prompts (as text), same levels.
 if [ "$(left)" -gt 60 ]; then
+  new_port
   "$PY" -m mlx_lm.server --model "$M" --port "$PORT" --decode-concurrency "$MAX_SEQS" \
     --log-level WARNING >> "$OUT/mlx_lm_server.log" 2>&1 &
   SERVER=$!
@@ -131,8 +137,17 @@ fi
 
 # 5: other shapes, while time is left.
 if [ "$EXTRA_LEGS" = 1 ]; then
-  [ "$(left)" -gt 90 ] && throughput_leg llama-3.2-1b bfloat16
+  [ "$(left)" -gt 90 ] && throughput_leg "${EXTRA_SIZE:-llama-3.2-1b}" bfloat16
   [ "$(left)" -gt 60 ] && throughput_leg "$SIZE" "$DTYPE" 4
+fi
+
+# 5b: the contiguous KV cache over HTTP, against the paged default (when this mlxd has both).
+if [ "$(left)" -gt 60 ] && "$PY" -m mlxd start --help 2>/dev/null | grep -q -- --no-paged-kv; then
+  if start_mlxd "$M" --no-paged-kv; then
+    bench_http "mlxd http contiguous $TAG" 120 "http-contiguous-$TAG.json" bench \
+      --concurrency "$LEVELS" --label "mlxd --no-paged-kv"
+    stop_server
+  fi
 fi
 
 # 6: where the time goes: the worker without the gateway, and the paged cache's decode step.
@@ -143,5 +158,7 @@ if [ "$(left)" -gt 45 ]; then
   for c in 1 64; do run "zmq c=$c" 40 "$PY" scripts/bench_zmq.py ipc:///tmp/suite.sock $c > "$OUT/zmq$c.json"; done
   stop_server
 fi
-for b in 16 64; do run "paged decode b=$b" 40 "$PY" scripts/bench_paged.py "$M" $b 128 128 32; done
+for b in 16 64; do
+  run "paged vs contiguous b=$b" 60 "$PY" scripts/bench_paged.py "$M" $b 128 128 32 > "$OUT/paged$b.json"
+done
 log "done in $(( SECONDS - T0 ))s; legs:"; cat "$OUT/legs.txt" >&2
