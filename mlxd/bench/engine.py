@@ -40,16 +40,35 @@ class _Recorder:
         return []
 
 
-def new_engine(model: Any, tokenizer: Any, sched: SchedulerConfig, max_context: int) -> Any:
-    """An engine whose channel records token timings (see ``engine_level``)."""
+def new_engine(
+    model: Any,
+    tokenizer: Any,
+    sched: SchedulerConfig,
+    max_context: int,
+    paged: bool = True,
+    block_size: int = 32,
+) -> Any:
+    """An engine whose channel records token timings (see ``engine_level``): on the paged KV
+    cache (the daemon's default; a pool for ``max_num_seqs`` full contexts) or the contiguous
+    one."""
+    from mlxd.worker.block_pool import BlockPool
     from mlxd.worker.engine import Engine
     from mlxd.worker.model_runner import ModelRunner
+    from mlxd.worker.paged_cache import KVPool
+    from mlxd.worker.paged_runner import PagedModelRunner
     from mlxd.worker.scheduler import Scheduler
     from mlxd.worker.tokenizer import PromptEncoder
 
     encoder = PromptEncoder(tokenizer, vocab_size=model.args.vocab_size)
-    return Engine(name="bench", runner=ModelRunner(model, encoder.eos_token_ids),
-                  scheduler=Scheduler(sched), encoder=encoder, channel=_Recorder(0.0, {}),  # type: ignore[arg-type]
+    eos = encoder.eos_token_ids
+    if not paged:
+        runner, pool = ModelRunner(model, eos), None
+    else:
+        num_blocks = sched.max_num_seqs * -(-max_context // block_size) + 64
+        runner = PagedModelRunner(model, eos, KVPool.for_model(model, num_blocks, block_size))
+        pool = BlockPool(num_blocks, block_size)
+    return Engine(name="bench", runner=runner, scheduler=Scheduler(sched, pool=pool),
+                  encoder=encoder, channel=_Recorder(0.0, {}),  # type: ignore[arg-type]
                   max_context=max_context)  # fmt: skip
 
 

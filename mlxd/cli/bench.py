@@ -237,6 +237,13 @@ def run_command(**o: Any) -> None:
 @click.option("--model", "model_path", required=True, help="Local mlx-lm directory or repo id.")
 @click.option("--prefill-chunk", default=1024, show_default=True)
 @click.option(
+    "--paged-kv/--no-paged-kv",
+    default=True,
+    show_default=True,
+    help="The paged KV cache (the daemon's default) or the contiguous one.",
+)
+@click.option("--kv-block-size", default=32, show_default=True)
+@click.option(
     "--compare-mlx-lm/--no-compare-mlx-lm",
     default=True,
     show_default=True,
@@ -246,6 +253,8 @@ def run_command(**o: Any) -> None:
 def engine_command(
     model_path: str,
     prefill_chunk: int,
+    paged_kv: bool,
+    kv_block_size: int,
     compare_mlx_lm: bool,
     concurrency: str,
     prompt_tokens: int,
@@ -268,16 +277,19 @@ def engine_command(
     yard: list[dict[str, Any]] = []
     payload = report.meta(kind="engine", label=label, model=model_path,
                           prompt_tokens=prompt_tokens, max_tokens=max_tokens, complete=False,
-                          prefill_chunk=prefill_chunk, rows=rows, mlx_lm=yard)  # fmt: skip
+                          prefill_chunk=prefill_chunk, paged_kv=paged_kv,
+                          kv_block_size=kv_block_size, rows=rows, mlx_lm=yard)  # fmt: skip
     write_partial = _partial_writer(payload, json_path)
     for level in _ints(concurrency, "--concurrency"):
         bar = Progress(f"engine c={level}", 1)
         prompts = make_prompts(level, prompt_tokens, seed=level)
         sched = SchedulerConfig(max_num_seqs=level, max_queued=level, prefill_chunk=prefill_chunk)
-        engine = new_engine(model, tokenizer, sched, prompt_tokens + max_tokens + 8)
+        context = prompt_tokens + max_tokens + 8
+        engine = new_engine(model, tokenizer, sched, context, paged_kv, kv_block_size)
         # Each run is preceded by a short one of the same shape: kernel compilation for new
-        # batch sizes happens once and is not what we measure.
-        engine_level(engine, prompts, 16)
+        # batch sizes happens once and is not what we measure. Other prompts: the same ones
+        # would hit the prefix cache.
+        engine_level(engine, make_prompts(level, prompt_tokens, seed=level + 10_000), 16)
         rows.append(engine_level(engine, prompts, max_tokens))
         del engine
         gc.collect()  # the previous level's KV buffers go back to MLX's cache

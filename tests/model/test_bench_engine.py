@@ -1,0 +1,36 @@
+"""`mlxd bench engine` in-process on the tiny model: both KV caches give the same statistics."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from mlxd.cli.main import main
+
+pytestmark = pytest.mark.model
+
+
+@pytest.mark.parametrize("cache", ["--paged-kv", "--no-paged-kv"])
+def test_bench_engine_reports_every_level(tiny_model: Path, tmp_path: Path, cache: str) -> None:
+    out = tmp_path / "engine.json"
+    args = ["bench", "engine", "--model", str(tiny_model), "--concurrency", "1,3",
+            "--prompt-tokens", "8", "--max-tokens", "4", "--no-compare-mlx-lm", cache,
+            "--json", str(out)]  # fmt: skip
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert (
+        data["kind"] == "engine"
+        and data["complete"]
+        and data["paged_kv"] == (cache == "--paged-kv")
+    )
+    rows = data["rows"]
+    assert [(r["concurrency"], r["ok"], r["output_tokens"]) for r in rows] == [
+        (1, 1, 4),
+        (3, 3, 12),
+    ]
+    assert rows[0]["speedup"] == 1.0 and all(r["ttft_p50_ms"] > 0 for r in rows)
+    assert result.stdout.splitlines()[0].split()[:2] == ["conc", "ok"]
