@@ -33,6 +33,8 @@ class PagedModelRunner(ModelRunner):
     def prefill(self, chunks: list[PrefillChunk]) -> list[TokenEvent]:
         """Run this step's chunks; rows whose prefill is done join the decode batch."""
         joined = []
+        if self._pending is not None:
+            mx.eval(self._pending)  # the decode step in flight holds the pool (_before_launch)
         for group in _pack(chunks):
             logits = self._forward(group)
             last = [i for i, c in enumerate(group) if c.is_last]
@@ -81,6 +83,13 @@ class PagedModelRunner(ModelRunner):
         for seq in rows:
             seq.num_computed += 1
         return PagedKVCache.for_step(self.pool, step)  # type: ignore[return-value]
+
+    def _before_launch(self, prev: mx.array) -> None:
+        # MLX reuses an array's buffer for an update only if nothing else holds it; a step still
+        # in flight holds the pool, and the write would copy the whole pool (every layer, every
+        # step: ~10 ms at B=64 on an H100 with a 15 GB pool). So the next step is built while
+        # the previous one runs (the host-heavy part still overlaps) and launched once it is done.
+        mx.eval(prev)
 
     def _filter_cache(self, keep: list[int]) -> None:
         pass  # rows own no K/V here; their blocks go back to the pool through the scheduler
