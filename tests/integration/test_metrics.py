@@ -146,3 +146,21 @@ def test_admin_key_guards_metrics_from_remote_clients(make_gateway: Callable[...
 
 def test_without_an_admin_key_metrics_are_open(http: httpx.Client) -> None:
     assert http.get("/metrics", headers=REMOTE).status_code == 200
+
+
+def test_n_choices_count_as_one_request_with_summed_tokens(
+    http: httpx.Client, oai: openai.OpenAI
+) -> None:
+    before = scrape(http)
+    oai.chat.completions.create(model=MODEL, messages=HELLO, n=3)  # type: ignore[arg-type]
+    for _ in oai.chat.completions.create(model=MODEL, messages=HELLO, n=3, stream=True):  # type: ignore[arg-type]
+        pass
+    after = scrape(http)
+    ok = {"model": MODEL, "endpoint": CHAT, "status": "200"}
+    grown = value(after, "mlxd_requests_total", **ok) - value(before, "mlxd_requests_total", **ok)
+    assert grown == 2
+    for name, per_request in [("mlxd_prompt_tokens_total", 1),
+                              ("mlxd_completion_tokens_total", 3 * REPLY_TOKENS)]:  # fmt: skip
+        grown = value(after, name, model=MODEL) - value(before, name, model=MODEL)
+        assert grown == 2 * per_request, name
+    assert value(after, "mlxd_requests_in_flight", model=MODEL) == 0
