@@ -117,8 +117,10 @@ def make_gateway(worker: ScriptedWorker) -> Iterator[Callable[..., Gateway]]:
     the module (``import conftest`` is ambiguous across tiers, so this is a fixture)."""
     started: list[Gateway] = []
 
-    def make(**overrides: Any) -> Gateway:
-        started.append(start_gateway(serve_config(**overrides), {MODEL: worker.endpoint}))
+    def make(endpoint: str | None = None, **overrides: Any) -> Gateway:
+        # ``endpoint``: serve another ScriptedWorker than the session's.
+        endpoints = {MODEL: endpoint or worker.endpoint}
+        started.append(start_gateway(serve_config(**overrides), endpoints))
         return started[-1]
 
     yield make

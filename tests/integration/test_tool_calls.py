@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import openai
 import pytest
-from conftest import Gateway, serve_config, start_gateway
 from scripted_worker import MODEL, ScriptedWorker
 
 from mlxd.protocol.messages import ChatPrompt
+
+if TYPE_CHECKING:
+    from conftest import Gateway
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}}}}]  # fmt: skip
@@ -136,14 +139,14 @@ QWEN3_CODER_REPLY = (
 
 
 @pytest.fixture(scope="module")
-def coder_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+def coder_gateway(
+    tmp_path_factory: pytest.TempPathFactory, make_gateway: Callable[..., Gateway]
+) -> Iterator[Gateway]:
     """A worker whose model uses mlx-lm's qwen3_coder tool parser (its Pong says so)."""
     endpoint = f"ipc://{tmp_path_factory.mktemp('coder')}/w.sock"
     coder = ScriptedWorker(endpoint, reply=QWEN3_CODER_REPLY, tool_parser="qwen3_coder")
     coder.start()
-    gateway = start_gateway(serve_config(), {MODEL: endpoint})
-    yield gateway
-    gateway.stop()
+    yield make_gateway(endpoint)
     coder.stop()
 
 
