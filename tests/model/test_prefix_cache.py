@@ -119,3 +119,38 @@ def test_cancel_frees_blocks_at_once(harness_factory: Any) -> None:
     h.send(Cancel(request_id="a"))
     h.step(1)
     assert sequences_hold_no_blocks(h)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_other_architectures_through_the_paged_engine_equal_mlx_lm(
+    arch: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    from mlxd.models.maker import make_model
+    from tests.model.conftest import Harness
+
+    path = make_model(tmp_path_factory.mktemp(arch) / arch, arch=arch, size="tiny",
+                      progress=lambda _: None)  # fmt: skip
+    h = Harness(path, block_size=8, prefill_chunk=16)
+    try:
+        prompts = [SYSTEM + q for q in QUESTIONS[:2]] + ["hello"]
+        h.generate("0", prompts[0], max_tokens=10, ignore_eos=True)
+        h.run()  # its blocks are in the prefix cache now
+        for i, p in enumerate(prompts[1:], start=1):
+            h.generate(str(i), p, max_tokens=10, ignore_eos=True)
+        results = h.run()
+        for i, p in enumerate(prompts):
+            assert results[str(i)].token_ids == reference(path, p, 10), (arch, p)
+        assert results["1"].finished.usage.cached_tokens > 0  # the shared system prompt
+    finally:
+        h.close()
+
+
+def test_flush_cache_drops_unreferenced_prefix_blocks(harness_factory: Any) -> None:
+    h = harness_factory(block_size=8)
+    h.generate("a", SYSTEM, max_tokens=4)
+    h.run()
+    sched = h.engine.scheduler
+    cached = sched.radix.num_cached_blocks
+    assert cached > 0
+    assert sched.flush_prefix_cache() == cached
+    assert sched.radix.num_cached_blocks == 0 and sched.pool.num_free == sched.pool.num_blocks
