@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.e2e.conftest import child_pids, free_port
@@ -35,7 +36,8 @@ def test_detach_status_load_unload_ps_stop(tiny_model: Path, tmp_path: Path) -> 
     home, port = tmp_path / "home", free_port()
     config = tmp_path / "mlxd.toml"
     config.write_text(f'[models.a]\npath = "{tiny_model}"\n'
-                      f'[models.b]\npath = "{tiny_model}"\npreload = false\n')  # fmt: skip
+                      f'[models.b]\npath = "{tiny_model}"\npreload = false\n'
+                      f'[models.bad]\npath = "/nonexistent/model"\npreload = false\n')  # fmt: skip
     r = mlxd(home, "start", "--detach", "--config", str(config), "--port", str(port),
              "--max-context", "512")  # fmt: skip
     assert r.returncode == 0, r.stderr
@@ -53,17 +55,28 @@ def test_detach_status_load_unload_ps_stop(tiny_model: Path, tmp_path: Path) -> 
         assert f"running at {url} (pid {pid}" in status.stdout
         data = json.loads(mlxd(home, "status", "--json").stdout)
         assert data["running"] and data["detached"] and data["pid"] == pid
-        assert {m["name"]: m["state"] for m in data["models"]} == {"a": "ready", "b": "unloaded"}
+        states = {m["name"]: m["state"] for m in data["models"]}
+        assert states == {"a": "ready", "b": "unloaded", "bad": "unloaded"}
 
         load = mlxd(home, "load", "b")
         assert load.returncode == 0 and load.stdout.startswith("b: ready"), load.stderr
         ps = mlxd(home, "ps", "--url", url)
         assert [line.split()[:2] for line in ps.stdout.splitlines()[1:]] == [
-            ["a", "running"], ["b", "running"]]  # fmt: skip
+            ["a", "running"], ["b", "running"], ["bad", "unloaded"]]  # fmt: skip
         unload = mlxd(home, "unload", "b", "--json")
         assert unload.returncode == 0 and json.loads(unload.stdout)["state"] == "unloaded"
         missing = mlxd(home, "load", "nope")
         assert missing.returncode == 1 and "does not exist" in missing.stderr
+
+        # A worker that keeps failing at start is reported failed after its retries, not retried
+        # forever; requests for it get a 503 that says why.
+        bad = mlxd(home, "load", "bad")
+        assert bad.returncode == 1 and "bad did not load: failed" in bad.stderr, bad.stderr
+        [info] = [m for m in json.loads(mlxd(home, "status", "--json").stdout)["models"]
+                  if m["name"] == "bad"]  # fmt: skip
+        assert info["state"] == "failed" and "exited with code" in info["last_error"]
+        r = httpx.post(f"{url}/v1/completions", json={"model": "bad", "prompt": "x"}, timeout=30)
+        assert r.status_code == 503 and "failed" in r.json()["error"]["message"]
     finally:
         workers = child_pids(pid)
         stop = mlxd(home, "stop")
