@@ -69,14 +69,18 @@ def test_tcp_without_keys_is_refused_on_both_sides(tiny_model: Path, tmp_path: P
 def tcp_worker(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
     home = tmp_path_factory.mktemp("tcp")
     keys = curve.generate(curve.keys_dir(home))
-    port = free_port_pair()  # the control socket is the next port, as `--worker` expects
-    data, ctl = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}"
-    cmd = [sys.executable, "-m", "mlxd", "worker", "serve", "--model", str(tiny_model),
-           "--name", "m", "--bind", data, "--control", ctl, "--max-context", "256",
-           "--log-level", "WARNING"]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=_env(home))
+    for _ in range(3):  # another process may take a free port before the worker binds it
+        port = free_port_pair()  # the control socket is the next port, as `--worker` expects
+        data, ctl = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}"
+        cmd = [sys.executable, "-m", "mlxd", "worker", "serve", "--model", str(tiny_model),
+               "--name", "m", "--bind", data, "--control", ctl, "--max-context", "256",
+               "--log-level", "WARNING"]  # fmt: skip
+        proc = subprocess.Popen(cmd, env=_env(home))
+        if asyncio.run(_wait_pong(data, keys, proc)):
+            break
+    else:
+        raise AssertionError("the tcp worker did not start (three tries)")
     try:
-        asyncio.run(_wait_pong(data, keys, proc))
         yield data, ctl, keys, home
     finally:
         proc.terminate()
@@ -126,18 +130,19 @@ def test_the_gateway_attaches_a_tcp_worker_with_the_keys(tcp_worker: tuple) -> N
     assert no_keys.returncode != 0 and "need CURVE keys" in no_keys.stderr
 
 
-async def _wait_pong(endpoint: str, keys: curve.CurveKeys, proc: subprocess.Popen) -> None:
+async def _wait_pong(endpoint: str, keys: curve.CurveKeys, proc: subprocess.Popen) -> bool:
+    """True once the worker answers a ping; False if it exited (e.g. its port was taken)."""
     client = WorkerClient("m", endpoint, keys=keys)
     await client.start()
     try:
         deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, "the tcp worker exited"
+        while proc.poll() is None:
             try:
                 await client.ping(timeout_s=1.0)
-                return
+                return True
             except WorkerUnavailable:
                 assert time.monotonic() < deadline, "the tcp worker never answered"
+        return False
     finally:
         await client.close()
 
