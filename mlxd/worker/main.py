@@ -132,14 +132,16 @@ def _runner(
 
 
 def _kv_budget(model: Any, config: WorkerConfig, most_useful: int) -> int:
-    """Bytes for the KV pool: ``--kv-cache-gb``, or a share of the memory the weights leave,
-    at most what ``max_num_seqs`` full contexts take."""
+    """Bytes for the KV pool: ``--kv-cache-gb``, or a share of the device memory the weights
+    leave, at most what ``max_num_seqs`` full contexts take."""
     if config.cache.kv_cache_gb is not None:
         return int(config.cache.kv_cache_gb * 2**30)
     import mlx.core as mx
 
     info = mx.device_info()
-    total = info.get("max_recommended_working_set_size") or info.get("memory_size")
+    # Metal: the recommended working set; CUDA: the device's memory; CPU: none (physical RAM)
+    total = (info.get("max_recommended_working_set_size") or info.get("memory_size")
+             or info.get("total_memory"))  # fmt: skip
     if not isinstance(total, int):
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     weights = sum(int(v.nbytes) for _, v in tree_flatten(model.parameters()))
