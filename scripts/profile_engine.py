@@ -1,12 +1,14 @@
 """Profile the in-process engine at one concurrency level (host time vs device wait).
 
 python scripts/profile_engine.py MODEL_DIR [CONCURRENCY] [MAX_TOKENS]
+PAGED=0: the contiguous cache.
 """
 
 from __future__ import annotations
 
 import cProfile
 import io
+import os
 import pstats
 import sys
 
@@ -24,7 +26,7 @@ def main() -> None:
     model, tok = mlx_lm.load(path)[:2]
     prompts = make_prompts(level, 128, seed=level)
     sched = SchedulerConfig(max_num_seqs=level, max_queued=level)
-    engine = new_engine(model, tok, sched, 128 + max_tokens + 8)
+    engine = new_engine(model, tok, sched, 128 + max_tokens + 8, os.environ.get("PAGED") != "0")
     engine_level(engine, prompts, 16)
     prof = cProfile.Profile()
     prof.enable()
@@ -32,7 +34,7 @@ def main() -> None:
     prof.disable()
     print({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()})
     out = io.StringIO()
-    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(30)
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(25)
     print(out.getvalue())
 
 
