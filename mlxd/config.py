@@ -169,6 +169,7 @@ class ServeConfig:
     log_prompts: bool = False
     admin_key: str | None = field(default=None, repr=False)  # guards /admin/* (and /metrics)
     heartbeat_timeout_s: float = 10.0  # a worker silent this long is killed and restarted
+    step_timeout_s: float = 300.0  # an engine stuck in one step this long is killed and restarted
     drain_timeout_s: float = 10.0  # on SIGTERM, how long in-flight requests may still run
     stream_stall_timeout_s: float = 30.0  # a stream whose client reads nothing this long is cut
     max_memory_bytes: int | None = None  # every worker's weights + KV + headroom fit in this
@@ -187,6 +188,8 @@ class ServeConfig:
             raise ConfigError("--port must be in 0..65535")
         if self.heartbeat_timeout_s <= 0:
             raise ConfigError("--heartbeat-timeout must be > 0 seconds")
+        if self.step_timeout_s <= 0:
+            raise ConfigError("--step-timeout must be > 0 seconds")
         if self.stream_stall_timeout_s <= 0:
             raise ConfigError("--stream-stall-timeout must be > 0 seconds")
         if self.drain_timeout_s < 0:

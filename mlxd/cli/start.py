@@ -186,6 +186,14 @@ def scheduler_config(opts: dict[str, object]) -> SchedulerConfig:
     help="Seconds a worker may leave a ping unanswered before it is killed and restarted.",
 )
 @click.option(
+    "--step-timeout",
+    type=float,
+    default=300.0,
+    show_default=True,
+    help="Seconds one engine step may run (first kernel compiles included) before the worker "
+    "is taken for hung, killed and restarted.",
+)
+@click.option(
     "--drain-timeout",
     type=float,
     default=10.0,
@@ -241,6 +249,7 @@ def start_command(models: tuple[str, ...], host: str, port: int, log_level: str,
             log_prompts=bool(opts["log_prompts"]),
             admin_key=opts["admin_key"],  # type: ignore[arg-type]
             heartbeat_timeout_s=opts["heartbeat_timeout"],  # type: ignore[arg-type]
+            step_timeout_s=opts["step_timeout"],  # type: ignore[arg-type]
             drain_timeout_s=opts["drain_timeout"],  # type: ignore[arg-type]
             max_body_bytes=opts["max_body_bytes"],  # type: ignore[arg-type]
             stream_stall_timeout_s=opts["stream_stall_timeout"],  # type: ignore[arg-type]
@@ -296,6 +305,8 @@ def _parse_worker(text: str) -> ModelSpec:
 
 def _check_port_free(host: str, port: int) -> None:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        # As uvicorn binds: a port whose last connections linger in TIME_WAIT is free to it.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as exc:

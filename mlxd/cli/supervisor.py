@@ -2,8 +2,11 @@
 
 Shaped like uvicorn's multiprocess supervisor, but on the gateway's event loop: one watcher task
 checks each worker's process and heartbeat every half second. A worker that exits (exception,
-SIGKILL, native abort) or stops answering pings has its in-flight requests failed at once and is
-restarted with backoff; one that keeps dying at start is marked failed and not retried forever.
+SIGKILL, native abort), stops answering pings, or whose engine is stuck in one step past
+``--step-timeout`` has its in-flight requests failed at once and is restarted with backoff; one
+that keeps dying at start is marked failed and not retried forever. Pings go to the worker's
+control thread, not its engine thread, so a slow step (first CUDA kernel compiles, a long
+prefill) is told apart from a hang.
 
 It is also the model pool: every configured model has a worker slot, loaded at start
 (``preload``) or by its first request. Each worker reserves its ``Footprint`` against
@@ -42,7 +45,7 @@ from mlxd.errors import (
 from mlxd.gateway.control import ControlClient, WorkerInfo
 from mlxd.gateway.workers import WorkerClient
 from mlxd.protocol.channel import control_endpoint
-from mlxd.protocol.messages import Shutdown
+from mlxd.protocol.messages import Ping, Pong, Shutdown
 
 log = logging.getLogger("mlxd.supervisor")
 
@@ -60,6 +63,7 @@ class WorkerProcess:
     endpoint: str
     client: WorkerClient
     control: ControlClient
+    heartbeat: ControlClient  # its own socket: an admin command in flight never delays a ping
     size: Footprint
     attached: bool = False  # runs elsewhere (--worker): pinged, never spawned or unloaded
     proc: subprocess.Popen[bytes] | None = None
@@ -199,6 +203,7 @@ class Supervisor:
             worker.client.fail_all(WorkerUnavailable("the server is shutting down"))
             await worker.client.close()
             await worker.control.close()
+            await worker.heartbeat.close()
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
 
     # Internal helpers
@@ -214,10 +219,11 @@ class Supervisor:
         keys = self.config.curve_keys
         client = WorkerClient(spec.name, endpoint, keys=keys)
         control = ControlClient(spec.name, control_endpoint(endpoint), keys=keys)
+        heartbeat = ControlClient(spec.name, control_endpoint(endpoint), keys=keys)
         attached = spec.endpoint is not None
         size = Footprint(0, 0, 0) if attached else footprint(spec, self.config)
         return WorkerProcess(spec=spec, endpoint=endpoint, client=client, control=control,
-                             size=size, attached=attached)  # fmt: skip
+                             heartbeat=heartbeat, size=size, attached=attached)  # fmt: skip
 
     def _background(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -404,16 +410,13 @@ class Supervisor:
         interval = min(HEARTBEAT_S, self.config.heartbeat_timeout_s)
         if worker.state != "ready" or time.monotonic() - worker.last_pong <= interval:
             return
-        try:
-            await worker.client.ping(timeout_s=self.config.heartbeat_timeout_s)
-            worker.last_pong = time.monotonic()
-        except WorkerUnavailable:  # it cannot be restarted from here: fail and wait for it
-            log.error("attached worker for %s at %s stopped answering", worker.spec.name,
-                      worker.endpoint)  # fmt: skip
-            worker.state, worker.last_error = "starting", "stopped answering heartbeats"
+        why = await self._liveness(worker)
+        if why:  # it cannot be restarted from here: fail and wait for it
+            log.error("attached worker for %s at %s %s", worker.spec.name, worker.endpoint, why)
+            worker.state, worker.last_error = "starting", why
             worker.ready.clear()
             worker.client.fail_all(WorkerUnavailable(
-                f"the attached worker for {worker.spec.name!r} stopped answering"))  # fmt: skip
+                f"the attached worker for {worker.spec.name!r} {why}"))  # fmt: skip
 
     async def _check(self, worker: WorkerProcess) -> None:
         if worker.attached:
@@ -429,14 +432,26 @@ class Supervisor:
             await self._heartbeat(worker)
 
     async def _heartbeat(self, worker: WorkerProcess) -> None:
+        why = await self._liveness(worker)
+        if why and worker.proc is not None and worker.proc.poll() is None:
+            log.error("worker for %s %s; killing it", worker.spec.name, why)
+            worker.last_error = why
+            self._kill(worker)
+
+    async def _liveness(self, worker: WorkerProcess) -> str:
+        """Ping ``worker``'s control thread: "" if it is well, else why it is not."""
+        ping = Ping(request_id=worker.heartbeat.next_id())
         try:
-            await worker.client.ping(timeout_s=self.config.heartbeat_timeout_s)
-            worker.last_pong = time.monotonic()
+            pong = await worker.heartbeat.request(ping, timeout_s=self.config.heartbeat_timeout_s)
         except WorkerUnavailable:
-            if worker.proc is not None and worker.proc.poll() is None:
-                log.error("worker for %s stopped answering; killing it", worker.spec.name)
-                worker.last_error = "stopped answering heartbeats"
-                self._kill(worker)
+            return "stopped answering heartbeats"
+        except MlxdError as exc:  # it answered, so it is alive; say what it said
+            log.warning("worker for %s answered a ping with: %s", worker.spec.name, exc.message)
+            pong = None
+        worker.last_pong = time.monotonic()
+        if isinstance(pong, Pong) and pong.busy_s > self.config.step_timeout_s:
+            return f"has been stuck in one engine step for {pong.busy_s:.0f} s"
+        return ""
 
     def _on_exit(self, worker: WorkerProcess) -> None:
         if worker.proc is None or worker.state in ("stopping", "unloaded"):

@@ -1,25 +1,27 @@
 """The worker's side of the data plane: a ZMQ ROUTER that speaks the codec.
 
 Every gateway connection is a DEALER; the ROUTER sees its identity first on each frame set, and
-replies go back to that identity. A second ROUTER, the control socket, takes admin commands; one
-poller watches both so the engine thread owns every socket.
+replies go back to that identity. A second ROUTER, the control socket, takes admin commands on
+a thread of its own (``ControlRelay``: pings are answered there, even in the middle of a long
+step) and hands the rest to the engine thread over an inproc pair; one poller watches the data
+socket and that pair, so the engine thread owns both.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import zmq
 
 from mlxd.errors import ProtocolError
 from mlxd.protocol import codec, curve
+from mlxd.protocol.control_relay import ControlRelay
 from mlxd.protocol.messages import Message
 
 log = logging.getLogger(__name__)
 
 Incoming = tuple[bytes, Message | ProtocolError]
-
-CONTROL_LINGER_MS = 500
 
 
 def control_endpoint(endpoint: str) -> str:
@@ -51,15 +53,18 @@ class WorkerChannel:
         self.poller = zmq.Poller()
         self.poller.register(self.socket, zmq.POLLIN)
         self.control: zmq.Socket | None = None  # type: ignore[type-arg]
+        self._relay: ControlRelay | None = None
 
-    def bind_control(self, endpoint: str) -> None:
-        """Bind the control ROUTER; ``recv_ready`` then also wakes up for its messages."""
-        sock = self.context.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
-        self._secure(sock, endpoint)
-        sock.bind(endpoint)
-        self.control = sock
-        self.poller.register(sock, zmq.POLLIN)
+    def bind_control(
+        self, endpoint: str, answer: Callable[[Message], Message | None] = lambda msg: None
+    ) -> None:
+        """Bind the control socket on its relay thread, which replies to what ``answer`` answers
+        (on that thread) and passes the rest on; ``recv_ready`` also wakes up for those."""
+        relay = ControlRelay(self.context, endpoint, answer=answer,
+                             secure=lambda sock: self._secure(sock, endpoint))  # fmt: skip
+        self._relay, self.control = relay, relay.engine_side
+        self.poller.register(relay.engine_side, zmq.POLLIN)
+        relay.start()
 
     def recv_ready(self, timeout_ms: int, limit: int = 1024) -> list[Incoming]:
         """Everything that arrives within ``timeout_ms`` (at most ``limit`` frame sets)."""
@@ -80,9 +85,8 @@ class WorkerChannel:
 
     def close(self) -> None:
         self.socket.close(linger=0)
-        if self.control is not None:
-            # A shutdown's Ack may still be in flight when the worker exits.
-            self.control.close(linger=CONTROL_LINGER_MS)
+        if self._relay is not None:
+            self._relay.close()
 
     def _secure(self, sock: zmq.Socket, endpoint: str) -> None:  # type: ignore[type-arg]
         keys = curve.require(endpoint, self.keys)

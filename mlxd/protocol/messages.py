@@ -152,6 +152,9 @@ class Pong:
     model: str
     max_context: int
     tool_parser: str | None = None  # mlx-lm's tool parser module for the model, if any
+    # Seconds the engine thread has spent in its current loop iteration (one step) when the
+    # control thread answered: a slow step is busy, not hung; only a stuck one grows without end.
+    busy_s: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -329,6 +332,19 @@ class DebugCrash:
     request_id: str
 
 
+@dataclass(frozen=True, kw_only=True)
+class DebugSleep:
+    """Test-only: the engine thread blocks for ``seconds``, then acks, as a step that takes long
+    (first CUDA kernel compiles, a huge prefill chunk) or a stuck one would.
+
+    Refused like ``DebugCrash`` unless the worker runs with test faults enabled.
+    """
+
+    TAG: ClassVar[str] = "debug_sleep"
+    request_id: str
+    seconds: float
+
+
 # Worker -> admin
 
 
@@ -427,18 +443,18 @@ class Ack:
 
 ControlRequest = (
     Ping | GetStatus | GetStats | Drain | Pause | Resume | FlushCache | SetConfig | Shutdown
-    | DebugCrash
+    | DebugCrash | DebugSleep
 )  # fmt: skip
 ControlReply = Pong | StatusReply | StatsReply | Ack | Error
 
 Message = (
     Generate | Cancel | Ping | Pong | TokenDelta | Finished | Error | Events | Embed | Embeddings
     | CountTokens | TokenCount | GetStatus | GetStats | Drain | Pause | Resume | FlushCache
-    | SetConfig | Shutdown | DebugCrash | StatusReply | StatsReply | Ack
+    | SetConfig | Shutdown | DebugCrash | DebugSleep | StatusReply | StatsReply | Ack
 )  # fmt: skip
 
 MESSAGE_TYPES: tuple[type, ...] = (
     Generate, Cancel, Ping, Pong, TokenDelta, Finished, Error, Events, Embed, Embeddings,
     CountTokens, TokenCount, GetStatus, GetStats, Drain, Pause, Resume, FlushCache, SetConfig,
-    Shutdown, DebugCrash, StatusReply, StatsReply, Ack,
+    Shutdown, DebugCrash, DebugSleep, StatusReply, StatsReply, Ack,
 )  # fmt: skip

@@ -1,8 +1,10 @@
 """The worker's control plane: admin commands on the control socket, answered between steps.
 
-``Control.poll`` runs on the engine thread (``Engine.run`` calls it every iteration), so the
-handlers may read and change the engine, the scheduler and MLX state without locks. Every
-request gets exactly one reply: the answer, an ``Ack``, or a typed ``Error``.
+Pings never get here: the control socket's relay thread answers them at once (see
+``protocol/control_relay.py``). ``Control.poll`` runs on the engine thread (``Engine.run`` calls
+it every iteration), so the handlers may read and change the engine, the scheduler and MLX state
+without locks. Every request gets exactly one reply: the answer, an ``Ack``, or a typed
+``Error``.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +25,7 @@ from mlxd.protocol.messages import (
     Ack,
     ControlReply,
     DebugCrash,
+    DebugSleep,
     Drain,
     Error,
     FlushCache,
@@ -53,7 +57,8 @@ class Control:
     Args:
         engine: the engine to report on and steer (its channel has a control socket bound).
         model_path: what the worker loaded, for ``status``.
-        enable_test_faults: accept ``DebugCrash`` (fault tests only); refused otherwise.
+        enable_test_faults: accept ``DebugCrash`` and ``DebugSleep`` (fault tests only); refused
+            otherwise.
     """
 
     def __init__(
@@ -75,6 +80,7 @@ class Control:
         }
         if enable_test_faults:
             self._handlers[DebugCrash] = self._crash
+            self._handlers[DebugSleep] = self._sleep
 
     # Public API
 
@@ -110,10 +116,8 @@ class Control:
             raise ProtocolError(f"the control socket does not accept {type(msg).__name__} messages")
         return handler(msg)
 
-    def _ping(self, msg: Ping) -> Pong:
-        return Pong(request_id=msg.request_id, model=self.engine.name,
-                    max_context=self.engine.max_context,
-                    tool_parser=self.engine.encoder.tool_parser)  # fmt: skip
+    def _ping(self, msg: Ping) -> Pong:  # a channel bound without a ping answer sends them here
+        return self.engine.pong(msg)
 
     def _status(self, msg: GetStatus) -> StatusReply:
         engine, sched = self.engine, self.engine.scheduler
@@ -188,6 +192,12 @@ class Control:
         log.critical("debug_crash %r: aborting (test faults are enabled)", msg.request_id)
         logging.shutdown()
         os.abort()
+
+    def _sleep(self, msg: DebugSleep) -> ControlReply:
+        log.warning("debug_sleep %r: blocking the engine thread for %g s", msg.request_id,
+                    msg.seconds)  # fmt: skip
+        time.sleep(msg.seconds)
+        return self._ack(msg.request_id)
 
     # Internal helpers
 

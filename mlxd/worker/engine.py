@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -85,6 +86,8 @@ class Engine:
         self.draining = False  # refuse new requests, finish the rest
         self.exit_when_drained = False
         self._outbox: dict[bytes, list[Event]] = {}
+        # When the engine thread last started a loop iteration; the control thread reads it.
+        self._loop_at = time.monotonic()
         self._handlers: dict[type, Callable[[bytes, Any], None]] = {
             Generate: self._on_generate,
             Cancel: self._on_cancel,
@@ -95,6 +98,7 @@ class Engine:
 
     def run(self) -> None:
         while not self.should_exit:
+            self._loop_at = time.monotonic()
             busy = self.scheduler.has_work() and not self.paused
             for client, msg in self.channel.recv_ready(timeout_ms=0 if busy else 50):
                 self.dispatch(client, msg)
@@ -200,9 +204,13 @@ class Engine:
         self.channel.send(client, TokenCount(request_id=msg.request_id, num_tokens=num_tokens))
 
     def _on_ping(self, client: bytes, msg: Ping) -> None:
-        pong = Pong(request_id=msg.request_id, model=self.name, max_context=self.max_context,
-                    tool_parser=self.encoder.tool_parser)  # fmt: skip
-        self.channel.send(client, pong)
+        self.channel.send(client, self.pong(msg))
+
+    def pong(self, msg: Ping) -> Pong:
+        """The answer to a ping. Safe on any thread: it reads fields set once, and a float."""
+        busy_s = max(0.0, time.monotonic() - self._loop_at)
+        return Pong(request_id=msg.request_id, model=self.name, max_context=self.max_context,
+                    tool_parser=self.encoder.tool_parser, busy_s=round(busy_s, 3))  # fmt: skip
 
     # Internal helpers
 

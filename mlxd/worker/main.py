@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from mlxd.config import WorkerConfig
 from mlxd.errors import ConfigError
 from mlxd.protocol import curve
 from mlxd.protocol.channel import WorkerChannel, control_endpoint
+from mlxd.protocol.messages import Message, Ping
 from mlxd.worker.block_pool import BlockPool
 from mlxd.worker.control import Control
 from mlxd.worker.embedder import Embedder
@@ -44,7 +46,6 @@ def serve(config: WorkerConfig) -> int:
     try:
         model, tokenizer, max_context = _load(config)
         channel = WorkerChannel(config.endpoint, keys=config.curve_keys)
-        channel.bind_control(config.control_endpoint or control_endpoint(config.endpoint))
         runner, pool, max_context = _runner(
             model, set(tokenizer.eos_token_ids), config, max_context
         )
@@ -71,6 +72,15 @@ def serve(config: WorkerConfig) -> int:
     engine.control = Control(
         engine, model_path=config.model, enable_test_faults=config.enable_test_faults
     )
+    try:  # pings are answered on the control thread, so a long step never looks like a hang
+        channel.bind_control(config.control_endpoint or control_endpoint(config.endpoint),
+                             answer=_answer_pings(engine))  # fmt: skip
+    except zmq.ZMQError as exc:
+        log.error("worker %s failed to start: control socket: %s", config.name, exc)
+        channel.close()
+        if auth is not None:
+            auth.stop()
+        return STARTUP_FAILURE
     _install_signal_handlers(engine)
     # Everything alive now lives as long as the worker: keep the cyclic GC from rescanning it
     # (the model's modules, the tokenizer) in the middle of decode steps.
@@ -89,6 +99,13 @@ def serve(config: WorkerConfig) -> int:
         channel.context.term()  # waits (briefly) until a shutdown's Ack is out
     log.info("worker %s stopped", config.name)
     return EXIT_OK
+
+
+def _answer_pings(engine: Engine) -> Callable[[Message], Message | None]:
+    def answer(msg: Message) -> Message | None:
+        return engine.pong(msg) if isinstance(msg, Ping) else None
+
+    return answer
 
 
 def _load(config: WorkerConfig) -> tuple[Any, Any, int]:

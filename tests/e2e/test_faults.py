@@ -1,4 +1,5 @@
-"""Worker faults during active streams: SIGKILL, SIGSTOP (a hang) and a native abort.
+"""Worker faults during active streams: SIGKILL, SIGSTOP (a hang), a native abort and an engine
+stuck in one step; and a long step (a first CUDA compile, say), which is no fault at all.
 
 Two models run in one daemon; faults hit model ``a`` while ``b`` keeps serving. The streams on
 ``a`` must end with a clean error event within seconds, and ``a``'s worker must come back with
@@ -22,19 +23,21 @@ import zmq
 
 from mlxd.protocol import codec
 from mlxd.protocol.channel import control_endpoint
-from mlxd.protocol.messages import DebugCrash
+from mlxd.protocol.messages import Ack, DebugCrash, DebugSleep
 from tests.e2e.conftest import Daemon, start_daemon, stop_daemon
 
 pytestmark = [pytest.mark.e2e]
 
 NUM_STREAMS = 3
 ERROR_WITHIN_S = 15.0  # SIGSTOP: up to 2 s between pings + a 2 s heartbeat timeout, with slack
+STEP_TIMEOUT_S = 8.0  # stuck: 8 s + up to 2 s until the ping that sees it, with slack
 
 
 @pytest.fixture(scope="module")
 def pair(tiny_model: Path) -> Iterator[Daemon]:
     d = start_daemon(tiny_model, "--model", f"b={tiny_model}", "--heartbeat-timeout", "2",
-                     "--max-context", "4096", name="a", env={"MLXD_TEST_FAULTS": "1"})  # fmt: skip
+                     "--step-timeout", str(STEP_TIMEOUT_S), "--max-context", "4096", name="a",
+                     env={"MLXD_TEST_FAULTS": "1"})  # fmt: skip
     yield d
     if d.proc.poll() is None:
         stop_daemon(d)
@@ -92,13 +95,27 @@ def wait_ready(d: Daemon, name: str, restarts: int, timeout: float = 90) -> dict
     raise AssertionError(f"{name} did not come back: {model_info(d, name)}")
 
 
-def crash(d: Daemon) -> None:
-    ctx = zmq.Context.instance()
-    sock = ctx.socket(zmq.DEALER)
+def send_control(d: Daemon, msg: DebugCrash | DebugSleep, reply_within_s: float = 0) -> object:
+    """Send ``msg`` to worker ``a``'s control socket; wait for its reply if asked to."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 1000)
     sock.connect(control_endpoint(d.worker_endpoint("a")))
-    sock.send_multipart(codec.encode(DebugCrash(request_id="boom")))
-    sock.close()
+    try:
+        sock.send_multipart(codec.encode(msg))
+        if not reply_within_s:
+            return None
+        assert sock.poll(int(reply_within_s * 1000)), f"no reply to {msg}"
+        return codec.decode(sock.recv_multipart())
+    finally:
+        sock.close()
+
+
+def crash(d: Daemon) -> None:
+    send_control(d, DebugCrash(request_id="boom"))
+
+
+def stuck(d: Daemon) -> None:
+    send_control(d, DebugSleep(request_id="stuck", seconds=120))
 
 
 def sigkill(d: Daemon) -> None:
@@ -109,7 +126,7 @@ def sigstop(d: Daemon) -> None:
     os.kill(d.worker_pid("a"), signal.SIGSTOP)
 
 
-@pytest.mark.parametrize("fault", [sigkill, sigstop, crash], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("fault", [sigkill, sigstop, crash, stuck], ids=lambda f: f.__name__)
 def test_fault_fails_streams_cleanly_and_the_worker_comes_back(
     pair: Daemon, fault: Callable[[Daemon], None]
 ) -> None:
@@ -128,6 +145,21 @@ def test_fault_fails_streams_cleanly_and_the_worker_comes_back(
     metrics = httpx.get(f"{pair.base_url}/metrics", timeout=10).text
     assert f'mlxd_worker_restarts_total{{model="a"}} {after["restarts"]}.0' in metrics
     assert complete(pair, "a") == "length"
+
+
+def test_a_step_longer_than_the_heartbeat_timeout_is_not_taken_for_a_hang(pair: Daemon) -> None:
+    """The engine thread blocks for longer than two ping rounds (2 s apart, 2 s timeout): the
+    control thread still answers, so the worker lives and its streams finish."""
+    before = wait_ready(pair, "a", restarts=0)
+    with ThreadPoolExecutor(NUM_STREAMS) as pool:
+        futures = open_streams(pair, "a", 300, pool)
+        reply = send_control(pair, DebugSleep(request_id="slow", seconds=5.5), reply_within_s=30)
+        assert isinstance(reply, Ack), reply
+        results = [f.result(timeout=60) for f in futures]
+    assert all(r["finish_reason"] == "length" and r["error"] is None for r in results), results
+    after = model_info(pair, "a")
+    assert (after["pid"], after["restarts"], after["state"]) == (
+        before["pid"], before["restarts"], "ready"), after  # fmt: skip
 
 
 def test_sigterm_drains_streams_in_flight_then_exits(tiny_model: Path) -> None:

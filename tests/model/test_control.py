@@ -24,6 +24,7 @@ from mlxd.protocol.messages import (
     PROTOCOL_VERSION,
     Ack,
     DebugCrash,
+    DebugSleep,
     Drain,
     Error,
     Generate,
@@ -49,13 +50,19 @@ pytestmark = pytest.mark.model
 class Admin:
     """A DEALER on the harness engine's control socket, and optionally the engine's own loop."""
 
-    def __init__(self, h: Harness, model_path: Path) -> None:
+    def __init__(self, h: Harness, model_path: Path, *, relay_pings: bool = False,
+                 test_faults: bool = False) -> None:  # fmt: skip
         from mlxd.worker.control import Control
 
         self.h = h
         endpoint = f"inproc://ctl-{uuid.uuid4().hex}"
-        h.channel.bind_control(endpoint)
-        self.control = Control(h.engine, model_path=str(model_path))
+        if relay_pings:  # as the worker binds it: the control thread answers pings itself
+            h.channel.bind_control(endpoint, answer=lambda m: h.engine.pong(m)
+                                   if isinstance(m, Ping) else None)  # fmt: skip
+        else:
+            h.channel.bind_control(endpoint)
+        self.control = Control(h.engine, model_path=str(model_path),
+                               enable_test_faults=test_faults)  # fmt: skip
         h.engine.control = self.control
         self.sock = h.ctx.socket(zmq.DEALER)
         self.sock.connect(endpoint)
@@ -236,3 +243,30 @@ def test_debug_crash_is_refused_unless_test_faults_are_enabled(admin: Admin) -> 
     reply = admin.ask(DebugCrash(request_id="boom"))
     assert isinstance(reply, Error) and reply.code == "protocol_error"
     assert isinstance(admin.ask(Ping(request_id="p")), Pong)  # still serving
+
+
+def test_pings_are_answered_while_the_engine_thread_is_blocked(
+    harness_factory: Any, tiny_model: Path
+) -> None:
+    """A step that takes long (first CUDA compiles) must not look like a hang: the control
+    thread answers at once, and says how long the engine has been busy."""
+    admin = Admin(harness_factory(max_num_seqs=4), tiny_model, relay_pings=True, test_faults=True)
+    try:
+        admin.start_loop()
+        admin.sock.send_multipart(codec.encode(DebugSleep(request_id="z", seconds=2.0)))
+        time.sleep(1.0)
+        sent = time.monotonic()
+        admin.sock.send_multipart(codec.encode(Ping(request_id="p")))
+        assert admin.sock.poll(500), "no pong while the engine thread was blocked"
+        pong = codec.decode(admin.sock.recv_multipart())
+        assert isinstance(pong, Pong) and pong.request_id == "p", pong
+        assert time.monotonic() - sent < 0.5 and 0.7 < pong.busy_s < 2.0, pong
+        assert admin.sock.poll(5000)
+        ack = codec.decode(admin.sock.recv_multipart())
+        assert isinstance(ack, Ack) and ack.request_id == "z", ack
+        admin.sock.send_multipart(codec.encode(Ping(request_id="q")))  # idle again: not busy
+        assert admin.sock.poll(2000)
+        pong = codec.decode(admin.sock.recv_multipart())
+        assert isinstance(pong, Pong) and pong.busy_s < 0.5, pong
+    finally:
+        admin.close()
