@@ -72,8 +72,8 @@ model() {
   fi
   echo "$dir"
 }
-# A new port for every server: the last one's port has connections in TIME_WAIT, and
-# `mlxd start` refuses a port it cannot bind without SO_REUSEADDR.
+# A new port for every server: mlx_lm.server's port may linger in TIME_WAIT, and mlxd before
+# commit "start: SO_REUSEADDR" refused such a port.
 new_port() { PORT=$(( PORT + 1 )); }
 start_mlxd() {  # start_mlxd MODEL_DIR [MLXD START OPTIONS...]
   local m=$1; shift; new_port

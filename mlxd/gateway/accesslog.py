@@ -22,6 +22,7 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mlxd.config import ApiKey
+from mlxd.gateway.body import CLIENT_CLOSED_REQUEST
 from mlxd.protocol.messages import ChatPrompt, Prompt, TextPrompt, Usage
 
 log = logging.getLogger("mlxd.access")
@@ -29,7 +30,6 @@ log = logging.getLogger("mlxd.access")
 REQUEST_ID_HEADER = "X-Request-Id"
 MAX_LOGGED_ID_CHARS = 128
 _REQUEST_ID_KEY = REQUEST_ID_HEADER.lower().encode("latin-1")
-_CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first"
 
 
 @dataclass(slots=True, eq=False)
@@ -135,7 +135,7 @@ class AccessLog:
 
     def _finish(self, record: RequestRecord, scope: Scope) -> None:
         record.end = time.perf_counter()
-        record.status = record.status or _CLIENT_CLOSED_REQUEST
+        record.status = record.status or CLIENT_CLOSED_REQUEST
         record.endpoint = self._endpoint(scope)
         if self.on_finish is not None:
             self.on_finish(record)

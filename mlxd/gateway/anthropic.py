@@ -23,8 +23,9 @@ from mlxd.gateway import schemas
 from mlxd.gateway.accesslog import REQUEST_ID_HEADER, record_of
 from mlxd.gateway.anthropic_events import error_type, message_body, message_events
 from mlxd.gateway.anthropic_schemas import parse_count_tokens, parse_messages
+from mlxd.gateway.body import CLIENT_CLOSED_REQUEST, read_body
 from mlxd.gateway.collect import collect_while_connected, first_while_connected
-from mlxd.gateway.openai import CLIENT_CLOSED_REQUEST, OpenAIEndpoints, _read_body
+from mlxd.gateway.openai import OpenAIEndpoints
 from mlxd.gateway.streaming import EventStreamResponse
 from mlxd.gateway.toolcalls import split_tool_calls
 from mlxd.protocol.messages import CountTokens
@@ -88,7 +89,7 @@ class AnthropicEndpoints:
 
     async def _count_tokens(self, request: Request) -> Response:
         record = record_of(request)
-        body = schemas.parse_json(await _read_body(request, self.api.config.max_body_bytes))
+        body = schemas.parse_json(await read_body(request, self.api.config.max_body_bytes))
         parsed = parse_count_tokens(body)
         worker = await self.api.pool.client(parsed.model)
         record.model = parsed.model

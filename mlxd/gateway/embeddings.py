@@ -19,7 +19,8 @@ from mlxd.config import ServeConfig
 from mlxd.errors import InvalidRequest
 from mlxd.gateway import schemas
 from mlxd.gateway.accesslog import REQUEST_ID_HEADER, record_of
-from mlxd.gateway.openai import MAX_REQUEST_ID_CHARS, _read_body
+from mlxd.gateway.body import read_body
+from mlxd.gateway.openai import MAX_REQUEST_ID_CHARS
 from mlxd.gateway.workers import WorkerPool
 from mlxd.protocol.messages import Embed, Embeddings, TextPrompt, TokenPrompt
 
@@ -43,7 +44,7 @@ class EmbeddingsEndpoint:
     async def create(self, request: Request) -> Response:
         """``POST /v1/embeddings``."""
         record = record_of(request)
-        body = schemas.parse_json(await _read_body(request, self.config.max_body_bytes))
+        body = schemas.parse_json(await read_body(request, self.config.max_body_bytes))
         model, inputs, encoding = parse_embeddings(body)
         worker = await self.pool.client(model)
         record.model = model

@@ -15,13 +15,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
-from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from mlxd.config import ServeConfig
 from mlxd.gateway import responses, schemas
 from mlxd.gateway.accesslog import REQUEST_ID_HEADER, RequestRecord, loggable_prompt, record_of
+from mlxd.gateway.body import CLIENT_CLOSED_REQUEST, read_body
 from mlxd.gateway.choices import Choices, generates
 from mlxd.gateway.chunks import ChatChunks, TextChunks
 from mlxd.gateway.collect import collect_while_connected, first_while_connected
@@ -34,7 +34,6 @@ from mlxd.gateway.workers import StreamObserver, WorkerPool
 from mlxd.protocol.messages import Usage
 
 MAX_REQUEST_ID_CHARS = 128
-CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first"
 
 _Builder = Callable[[str, str, int, list[ChoiceResult], Usage], dict[str, Any]]
 _Parser = Callable[[Any, str | None, str | None], ParsedRequest]  # body, X-Priority, key tier
@@ -153,7 +152,7 @@ class OpenAIEndpoints:
         """
         record = record_of(request)
         client_id, request_id = self._request_ids(record)
-        body = schemas.parse_json(await _read_body(request, self.config.max_body_bytes))
+        body = schemas.parse_json(await read_body(request, self.config.max_body_bytes))
         tier = None if record.key is None else record.key.tier
         parsed = parse(body, request.headers.get("x-priority"), tier)
         worker = await self.pool.client(parsed.model)
@@ -184,22 +183,3 @@ class OpenAIEndpoints:
         return {"id": name, "object": "model", "created": self.created, "owned_by": "mlxd",
                 "state": info.state, "loaded": info.state == "ready",
                 "aliases": info.aliases}  # fmt: skip
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The request body, or a 413 as soon as it is known to exceed ``limit`` bytes."""
-    length = request.headers.get("content-length", "")
-    if length.isdigit() and int(length) > limit:
-        raise HTTPException(413, f"The request body exceeds {limit} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise HTTPException(413, f"The request body exceeds {limit} bytes")
-            chunks.append(chunk)
-    except ClientDisconnect:
-        # Nobody will read the answer; an HTTP error keeps uvicorn from logging a traceback.
-        raise HTTPException(CLIENT_CLOSED_REQUEST, "The client closed the request") from None
-    return b"".join(chunks)
