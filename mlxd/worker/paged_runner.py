@@ -1,9 +1,11 @@
 """The model runner on the paged KV cache: every sequence's K/V lives in the block pool.
 
 Prefill chunks (whole prompts, parts of long ones, resumed sequences, suffixes after a prefix
-hit) run together in left-padded forwards over their block tables; decode builds one
-``PagedStep`` per step for the whole batch, shared by every layer. Rows join and leave the
-batch without copying any K/V: only block tables change, and the scheduler owns those.
+hit) run together in left-padded forwards over their block tables, writing the pool. Decode
+steps only read it: their new K/V go to a ``DecodeTail`` that is flushed into the pool before
+the next prefill and every few steps, so decode steps pipeline (see ``decode_tail``). Rows join
+and leave the batch without copying any K/V: only block tables change, and the scheduler owns
+those.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from mlxd.worker.decode_tail import FLUSH_EVERY, DecodeTail, decode_caches
 from mlxd.worker.model_runner import ModelRunner, TokenEvent
 from mlxd.worker.paged_cache import KVPool, PagedKVCache, PagedStep
 from mlxd.worker.scheduler import PrefillChunk
@@ -27,6 +30,7 @@ class PagedModelRunner(ModelRunner):
     def __init__(self, model: Any, eos_token_ids: set[int], pool: KVPool) -> None:
         super().__init__(model, eos_token_ids)
         self.pool = pool
+        self.tail = DecodeTail(self.num_layers)
 
     # Public API
 
@@ -34,7 +38,8 @@ class PagedModelRunner(ModelRunner):
         """Run this step's chunks; rows whose prefill is done join the decode batch."""
         joined = []
         if self._pending is not None:
-            mx.eval(self._pending)  # the decode step in flight holds the pool (_before_launch)
+            mx.eval(self._pending)  # a decode step in flight holds the pool: writes would copy it
+        self.tail.flush(self.pool)  # prefill reads the pool (prefix hits) and must see it all
         for group in _pack(chunks):
             logits = self._forward(group)
             last = [i for i, c in enumerate(group) if c.is_last]
@@ -75,24 +80,28 @@ class PagedModelRunner(ModelRunner):
         logits: mx.array = self.model(mx.array(rows), cache=PagedKVCache.for_step(self.pool, step))
         return logits[:, -1, :]
 
+    def reset(self) -> list[Sequence]:
+        self.tail = DecodeTail(self.num_layers)
+        return super().reset()
+
     def _decode_cache(self, rows: list[Sequence]) -> list[Any]:
+        if self.tail.length >= FLUSH_EVERY:
+            # The one pipeline bubble in FLUSH_EVERY steps: the pool may be written only once
+            # the step in flight is done with it.
+            if self._pending is not None:
+                mx.eval(self._pending)
+            self.tail.flush(self.pool)
         # The scheduler made room (reserve_decode): each row writes its next token at
         # position num_computed, inside its block table.
-        tables = [s.block_ids for s in rows]
-        step = PagedStep.build(tables, [s.num_computed for s in rows], [1] * len(rows), self.pool)
+        caches = decode_caches(self.pool, self.tail, [s.block_ids for s in rows],
+                               [s.num_computed for s in rows])  # fmt: skip
         for seq in rows:
             seq.num_computed += 1
-        return PagedKVCache.for_step(self.pool, step)  # type: ignore[return-value]
-
-    def _before_launch(self, prev: mx.array) -> None:
-        # MLX reuses an array's buffer for an update only if nothing else holds it; a step still
-        # in flight holds the pool, and the write would copy the whole pool (every layer, every
-        # step: ~10 ms at B=64 on an H100 with a 15 GB pool). So the next step is built while
-        # the previous one runs (the host-heavy part still overlaps) and launched once it is done.
-        mx.eval(prev)
+        return caches  # type: ignore[return-value]
 
     def _filter_cache(self, keep: list[int]) -> None:
-        pass  # rows own no K/V here; their blocks go back to the pool through the scheduler
+        # Rows own no K/V but their tail; their blocks go back to the pool through the scheduler.
+        self.tail.keep(keep, len(self.rows))
 
 
 def _pack(chunks: list[PrefillChunk]) -> list[list[PrefillChunk]]:

@@ -22,11 +22,16 @@ PROMPTS = [
 
 
 def reference(model_path: Path, prompt: str, max_tokens: int) -> list[int]:
+    _, tok = load_model(model_path)
+    return reference_ids(model_path, tok.encode(prompt), max_tokens)
+
+
+def reference_ids(model_path: Path, ids: list[int], max_tokens: int) -> list[int]:
+    """mlx-lm's greedy tokens after the prompt ``ids`` (``generate_step``, one sequence)."""
     import mlx.core as mx
     from mlx_lm.generate import generate_step
 
-    model, tok = load_model(model_path)
-    ids = tok.encode(prompt)
+    model, _ = load_model(model_path)
     out = []
     for token, _ in generate_step(mx.array(ids), model, max_tokens=max_tokens):
         out.append(int(token))

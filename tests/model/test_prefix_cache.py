@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from mlxd.protocol.messages import Cancel
-from tests.model.test_engine import reference, sequences_hold_no_blocks
+from mlxd.protocol.messages import Cancel, Generate, SamplingParams, TextPrompt, TokenPrompt
+from tests.model.conftest import Result
+from tests.model.test_engine import reference, reference_ids, sequences_hold_no_blocks
 
 pytestmark = pytest.mark.model
 
@@ -154,3 +155,36 @@ def test_flush_cache_drops_unreferenced_prefix_blocks(harness_factory: Any) -> N
     assert cached > 0
     assert sched.flush_prefix_cache() == cached
     assert sched.radix.num_cached_blocks == 0 and sched.pool.num_free == sched.pool.num_blocks
+
+
+def test_long_decodes_with_rows_leaving_and_joining_equal_mlx_lm(
+    harness_factory: Any, tiny_model: Path
+) -> None:
+    """Decode steps write their K/V to the decode tail, which reaches the pool every few steps,
+    before each prefill, and (for rows that left) at the next flush. Greedy outputs over many
+    flushes, and a later prefix hit on blocks that a departed row's decode wrote, match mlx-lm."""
+    h = harness_factory(block_size=8)
+    asks = {"a": (SYSTEM + QUESTIONS[0], 45), "b": (QUESTIONS[1], 21), "c": (QUESTIONS[2], 33)}
+    for rid in ("a", "b"):
+        h.generate(rid, asks[rid][0], max_tokens=asks[rid][1], ignore_eos=True)
+    h.step(10)
+    h.generate("c", asks["c"][0], max_tokens=asks["c"][1], ignore_eos=True)  # joins mid-decode
+    results = h.run()
+    for rid, (prompt, n) in asks.items():
+        assert results[rid].token_ids == reference(tiny_model, prompt, n), rid
+    # b left while a and c decoded on: its last blocks reached the pool as a deferred write.
+    # Its next turn, as token ids, hits every full block of b's prompt and output.
+    b_ids = h.engine.encoder.encode(TextPrompt(text=asks["b"][0])) + results["b"].token_ids
+    follow = b_ids + h.engine.encoder.encode(TextPrompt(text=" Why?"))
+    h.results["d"] = Result()
+    h.send(
+        Generate(
+            request_id="d",
+            prompt=TokenPrompt(token_ids=follow),
+            sampling=SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True),
+        )
+    )
+    d = h.run()["d"]
+    assert d.finished.usage.cached_tokens == len(b_ids) // 8 * 8 > len(b_ids) - 8 > 12, d
+    assert d.token_ids == reference_ids(tiny_model, follow, 8)
+    assert sequences_hold_no_blocks(h)
