@@ -106,14 +106,17 @@ class TailKVCache:
     """One layer's cache for one decode step: reads the pool's blocks and the tail, writes only
     the tail."""
 
-    def __init__(self, pool: KVPool, tail: DecodeTail, layer: int, read_blocks: mx.array,
-                 offset: mx.array, mask: mx.array) -> None:  # fmt: skip
+    def __init__(
+        self, pool: KVPool, tail: DecodeTail, layer: int, read_blocks: mx.array,
+        offset: mx.array, mask: mx.array | None, pool_len: int | None,
+    ) -> None:  # fmt: skip
         self.pool = pool
         self.tail = tail
         self.layer = layer
         self.read_blocks = read_blocks
         self.offset = offset
         self.mask = mask
+        self.pool_len = pool_len  # every row's pool tokens, when they are the same
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         b, h, _, _ = keys.shape
@@ -126,7 +129,10 @@ class TailKVCache:
             tails[self.layer] = tail
             buf = arrays[self.layer]
             blocks = buf.reshape(-1, bs, h, buf.shape[-1])[self.read_blocks]
-            cached = blocks.reshape(b, -1, h, buf.shape[-1]).transpose(0, 2, 1, 3)
+            cached = blocks.reshape(b, -1, h, buf.shape[-1])
+            if self.pool_len is not None:
+                cached = cached[:, : self.pool_len]
+            cached = cached.transpose(0, 2, 1, 3)
             out.append(mx.concatenate([cached, tail], axis=2))
         return out[0], out[1]
 
@@ -140,18 +146,27 @@ def decode_caches(pool: KVPool, tail: DecodeTail, block_tables: list[list[int]],
                   positions: list[int]) -> list[TailKVCache]:  # fmt: skip
     """The caches of one decode step: row ``b`` writes its token at ``positions[b]`` (inside its
     block table) into the tail, and reads its first ``positions[b] - tail.length`` tokens from
-    the pool, then the tail."""
+    the pool, then the tail.
+
+    When every row has as many tokens, each reads exactly those and needs no mask, as in the
+    contiguous cache: a masked attention cannot use the fused single-query kernel on every
+    backend (on CUDA it costs about twice as much per layer).
+    """
     bs, t = pool.block_size, tail.length
     in_pool = [p - t for p in positions]
+    same = in_pool[0] if all(n == in_pool[0] for n in in_pool) else None
     width = max(1, max(-(-n // bs) for n in in_pool))
     table = mx.array([tb[:width] + [pool.scratch_block] * (width - len(tb[:width]))
                       for tb in block_tables])  # fmt: skip
     slots = mx.array([[tb[p // bs] * bs + p % bs] for tb, p in zip(block_tables, positions,
                                                                      strict=True)])  # fmt: skip
     tail.append_slots(slots)
-    kpos = mx.arange(width * bs)[None, :]
-    mask = mx.concatenate([kpos < mx.array(in_pool)[:, None],
-                           mx.ones((len(positions), t + 1), dtype=mx.bool_)], axis=1)  # fmt: skip
+    mask = None
+    if same is None:
+        kpos = mx.arange(width * bs)[None, :]
+        in_tail = mx.ones((len(positions), t + 1), dtype=mx.bool_)
+        mask = mx.concatenate([kpos < mx.array(in_pool)[:, None], in_tail], axis=1)
+        mask = mask[:, None, None, :]
     offset = mx.array(positions)
-    return [TailKVCache(pool, tail, i, table, offset, mask[:, None, None, :])
+    return [TailKVCache(pool, tail, i, table, offset, mask, same)
             for i in range(len(pool.keys))]  # fmt: skip

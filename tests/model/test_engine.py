@@ -59,6 +59,19 @@ def test_batched_greedy_equals_single_mlx_lm(
         assert results[str(i)].token_ids == reference(tiny_model, p, 12), p
 
 
+@pytest.mark.parametrize("paged", [True, False], ids=["paged", "contiguous"])
+def test_rows_of_one_length_decode_unmasked_and_equal_mlx_lm(
+    harness_factory: Any, tiny_model: Path, paged: bool
+) -> None:
+    """Rows with as many tokens each attend without a mask (the fused kernel's case)."""
+    h = harness_factory(paged=paged, block_size=16)  # 24 prompt tokens: a partial block
+    for i in range(3):
+        h.generate(str(i), PROMPTS[1], max_tokens=20, ignore_eos=True)
+    results = h.run()
+    expected = reference(tiny_model, PROMPTS[1], 20)
+    assert all(results[str(i)].token_ids == expected for i in range(3))
+
+
 def test_join_mid_generation_gets_tokens_before_others_finish(harness_factory: Any) -> None:
     h = harness_factory()
     h.generate("long", PROMPTS[1], max_tokens=40, ignore_eos=True)
