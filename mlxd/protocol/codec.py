@@ -47,7 +47,10 @@ def decode(frames: list[bytes]) -> Message:
         raise ProtocolError(f"expected 2 frames, got {len(frames)}")
     version, body = bytes(frames[0]), bytes(frames[1])
     if version != PROTOCOL_VERSION:
-        raise ProtocolError(f"unsupported protocol version {version[:32]!r}")
+        raise ProtocolError(
+            f"unsupported protocol version {version[:32]!r} (this side speaks "
+            f"{PROTOCOL_VERSION!r}: gateway and worker from different mlxd versions?)"
+        )
     if len(body) > MAX_FRAME_BYTES:
         raise ProtocolError("frame too large")
     try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-PROTOCOL_VERSION = b"mlxd/1"
+PROTOCOL_VERSION = b"mlxd/2"  # mlxd/2: Pong.busy_s, debug_sleep
 
 PRIORITIES = ("high", "normal", "low")
 
