@@ -88,17 +88,28 @@ bench_http() {  # bench_http NAME MAX_S JSON MODEL_NAME [ARGS...]
     --prompt-tokens "$PROMPT" --max-tokens "$OUTPUT" --runs "$RUNS" --timeout 120 \
     --json "$OUT/$json" "$@"
 }
+# prime MODEL_NAME [ARGS...]: one unmeasured request of 80 tokens and a batch of 64, so the
+# first CUDA kernel compiles of a fresh machine (26 s seen) land in no measured level: a
+# level's own 16-token warm-up does not reach the shapes of longer decodes.
+prime() {
+  local m=$1; shift
+  run "prime $m" 90 "$PY" -m mlxd bench run --url "http://127.0.0.1:$PORT" --model "$m" \
+    --prompt-tokens "$PROMPT" --max-tokens 80 --concurrency 1,64 --warmup-tokens 0 \
+    --timeout 120 --json /tmp/prime.json "$@" > /dev/null
+}
 throughput_leg() {  # throughput_leg SIZE DTYPE [BITS]: mlxd over HTTP on one model
   local m tag="$1-$2${3:+-q$3}"
   m=$(model "$@") || return 1
   start_mlxd "$m" || return 1
+  prime bench
   bench_http "mlxd http $tag" 150 "http-$tag.json" bench --concurrency "$LEVELS" --label "mlxd $tag"
   stop_server
 }
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo 'no nvidia-smi'
   "$PY" -c "import mlx.core as mx, mlx_lm; print('mlx', mx.__version__, mx.default_device(), 'mlx-lm', mlx_lm.__version__)"
-  git log -1 --format='commit %h %cd' 2>/dev/null || true; date -u
+  # the device's copy of .git can be stale: the caller passes the commit it runs
+  echo "commit ${MLXD_COMMIT:-$(git log -1 --format=%h 2>/dev/null)}"; date -u
   echo "LEVELS=$LEVELS PROMPT=$PROMPT OUTPUT=$OUTPUT RUNS=$RUNS PREFIXES=$PREFIXES SIZE=$SIZE DTYPE=$DTYPE"
 } | tee "$OUT/machine.txt"
 : > "$OUT/legs.txt"
@@ -107,6 +118,7 @@ M=$(model "$SIZE" "$DTYPE") || { log "cannot make the main model"; exit 1; }
 
 # 1-2: mlxd over HTTP, one daemon for throughput and shared prefix.
 if start_mlxd "$M"; then
+  prime bench
   bench_http "mlxd http $TAG" 150 "http-$TAG.json" bench --concurrency "$LEVELS" --label "mlxd"
   bench_http "mlxd prefix $TAG" 90 "prefix-$TAG.json" bench --scenario shared-prefix \
     --prefix-tokens "$PREFIXES" --concurrency 1,8 --max-tokens 16 --label "mlxd"
@@ -124,6 +136,7 @@ if [ "$(left)" -gt 60 ]; then
     --log-level WARNING >> "$OUT/mlx_lm_server.log" 2>&1 &
   SERVER=$!
   if wait_up "http://127.0.0.1:$PORT/v1/models" "$(bound 120)"; then
+    prime "$M" --text-prompts-from "$M"
     bench_http "mlx_lm.server $TAG" 150 "mlx_lm_server-$TAG.json" "$M" --text-prompts-from "$M" \
       --concurrency "$LEVELS" --label "mlx_lm.server"
     bench_http "mlx_lm.server prefix $TAG" 60 "mlx_lm_server-prefix-$TAG.json" "$M" \
@@ -144,6 +157,7 @@ fi
 # 5b: the contiguous KV cache over HTTP, against the paged default (when this mlxd has both).
 if [ "$(left)" -gt 60 ] && "$PY" -m mlxd start --help 2>/dev/null | grep -q -- --no-paged-kv; then
   if start_mlxd "$M" --no-paged-kv; then
+    prime bench
     bench_http "mlxd http contiguous $TAG" 120 "http-contiguous-$TAG.json" bench \
       --concurrency "$LEVELS" --label "mlxd --no-paged-kv"
     stop_server
