@@ -52,6 +52,19 @@ def one(b: int, ctx: int) -> dict[str, float | int]:
         blocks = pool.reshape(-1, BS, H_KV, D)[table]
         return blocks.reshape(b, -1, H_KV, D).transpose(0, 2, 1, 3)
 
+    def gather_u64(pool: mx.array) -> mx.array:
+        # the same bytes as 8-byte elements: a quarter of the index arithmetic per byte
+        blocks = pool.view(mx.uint64).reshape(-1, BS, H_KV, D // 4)[table]
+        return blocks.view(DTYPE).reshape(b, -1, H_KV, D).transpose(0, 2, 1, 3)
+
+    def gather_rows(pool: mx.array) -> mx.array:
+        rows = pool.view(mx.uint64).reshape(-1, BS * H_KV * D // 4)
+        blocks = mx.take(rows, table.reshape(-1), axis=0)
+        return blocks.view(DTYPE).reshape(b, -1, H_KV, D).transpose(0, 2, 1, 3)
+
+    def layers(fn: Callable[[mx.array], mx.array]) -> list[mx.array]:
+        return [mx.contiguous(fn(p)) for _ in range(14) for p in (pool_k, pool_v)]
+
     def write() -> mx.array:
         pool_k[slots] = new.transpose(0, 2, 1, 3).reshape(b, H_KV, D)
         return pool_k
@@ -67,6 +80,17 @@ def one(b: int, ctx: int) -> dict[str, float | int]:
         "pool_write_ms": timed(write),
         "gather_kv_ms": timed(lambda: [mx.contiguous(gather(p)) for p in (pool_k, pool_v)]),
         "gather_view_kv_ms": timed(lambda: [gather(pool_k), gather(pool_v)]),
+        "eval_overhead_ms": timed(lambda: q + 1),
+        "gather_u64_kv_ms": timed(lambda: [mx.contiguous(gather_u64(p)) for p in (pool_k, pool_v)]),
+        "gather_rows_kv_ms": timed(
+            lambda: [mx.contiguous(gather_rows(p)) for p in (pool_k, pool_v)]
+        ),  # fmt: skip
+        "gather_28_layers_ms": timed(lambda: layers(gather)),
+        "gather_u64_28_layers_ms": timed(lambda: layers(gather_u64)),
+        "gather_rows_28_layers_ms": timed(lambda: layers(gather_rows)),
+        "same_u64": bool(
+            mx.array_equal(mx.contiguous(gather(pool_k)), mx.contiguous(gather_u64(pool_k))).item()
+        ),  # fmt: skip
         "sdpa_gathered_boolmask_ms": timed(lambda: sdpa(q, kg, vg, scale=scale, mask=bool_mask)),
         "sdpa_contig_boolmask_ms": timed(lambda: sdpa(q, kc, vc, scale=scale, mask=bool_mask)),
         "sdpa_contig_addmask_ms": timed(lambda: sdpa(q, kc, vc, scale=scale, mask=add_mask)),

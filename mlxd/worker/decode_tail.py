@@ -22,7 +22,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from mlxd.worker.paged_cache import KVPool
+from mlxd.worker.paged_cache import KVPool, gather_blocks
 
 FLUSH_EVERY = 16  # steps; the tail costs B * T * (K+V bytes per token) of memory at most
 
@@ -119,7 +119,6 @@ class TailKVCache:
         self.pool_len = pool_len  # every row's pool tokens, when they are the same
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        b, h, _, _ = keys.shape
         bs = self.pool.block_size
         out = []
         for arrays, tails, new in ((self.pool.keys, self.tail.keys, keys),
@@ -127,9 +126,7 @@ class TailKVCache:
             tail = new if tails[self.layer] is None else mx.concatenate(
                 [tails[self.layer], new], axis=2)  # fmt: skip
             tails[self.layer] = tail
-            buf = arrays[self.layer]
-            blocks = buf.reshape(-1, bs, h, buf.shape[-1])[self.read_blocks]
-            cached = blocks.reshape(b, -1, h, buf.shape[-1])
+            cached = gather_blocks(arrays[self.layer], bs, self.read_blocks)
             if self.pool_len is not None:
                 cached = cached[:, : self.pool_len]
             cached = cached.transpose(0, 2, 1, 3)

@@ -74,3 +74,23 @@ def test_copy_block_duplicates_every_layer(arch_model: Any) -> None:
     pool.copy_block(4, 6)
     for keys in pool.keys:
         assert mx.array_equal(keys[16:20], keys[24:28])
+
+
+SHAPES = [("bfloat16", 8, 128, 32), ("float32", 2, 5, 3), ("float16", 1, 3, 1)]
+
+
+@pytest.mark.parametrize(("dtype", "heads", "dim", "block"), SHAPES)
+def test_gather_blocks_equals_indexing_element_wise(
+    dtype: str, heads: int, dim: int, block: int
+) -> None:
+    """Blocks moved as wide words (8, 4, 2 or 1 bytes, whatever divides a block) are the same
+    values as indexing the (blocks, block, heads, dim) view."""
+    import mlx.core as mx
+
+    from mlxd.worker.paged_cache import gather_blocks
+
+    num_blocks = 7
+    buf = mx.random.normal((num_blocks * block, heads, dim)).astype(getattr(mx, dtype))
+    table = mx.array([[3, 0, 6], [1, 1, 5]])
+    expected = buf.reshape(num_blocks, block, heads, dim)[table].reshape(2, -1, heads, dim)
+    assert mx.array_equal(gather_blocks(buf, block, table), expected).item()
