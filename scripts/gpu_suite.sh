@@ -11,6 +11,7 @@
 #   LEVELS=1,4,16,64,128  PROMPT=128  OUTPUT=128  RUNS=1  PREFIXES=500,2000,8000
 #   SIZE=qwen3-0.6b DTYPE=bfloat16  (the main model)   MODELS=/root/models  OUT=./out
 #   EXTRA_LEGS=1   Llama-3.2-1B bf16 (EXTRA_SIZE) and the 4-bit main model, when time is left
+#   PEERS=1        mlx_lm.server legs (0: mlxd only, e.g. to re-measure a change)
 # Legs, most important first (legs.txt says which ran, their exit codes and seconds):
 #   1 mlxd over HTTP: throughput vs concurrency       http-$SIZE-$DTYPE.json
 #   2 mlxd over HTTP: shared-prefix TTFT cold vs hit  prefix-$SIZE-$DTYPE.json
@@ -130,7 +131,7 @@ run "engine $TAG" 120 "$PY" -m mlxd bench engine --model "$M" --concurrency "$LE
   --prompt-tokens "$PROMPT" --max-tokens "$OUTPUT" --json "$OUT/engine-$TAG.json" --label "mlxd engine"
 
 # 4: mlx-lm's own server, same model, same prompts (as text), same levels.
-if [ "$(left)" -gt 60 ]; then
+if [ "${PEERS:-1}" = 1 ] && [ "$(left)" -gt 60 ]; then
   new_port
   "$PY" -m mlx_lm.server --model "$M" --port "$PORT" --decode-concurrency "$MAX_SEQS" \
     --log-level WARNING >> "$OUT/mlx_lm_server.log" 2>&1 &
