@@ -81,6 +81,7 @@ class WorkerConfig:
     parent_pid: int | None = None
     control_endpoint: str | None = None  # None: derived from ``endpoint`` (w0.ctl.sock)
     enable_test_faults: bool = False  # accept DebugCrash on the control socket (tests only)
+    buffer_cache_bytes: int | None = None  # cap on MLX's cache of freed buffers (None: default)
     curve_keys: CurveKeys | None = None  # required for tcp:// endpoints (mlxd.protocol.curve)
 
     def __post_init__(self) -> None:
@@ -94,6 +95,8 @@ class WorkerConfig:
                                   "`mlxd keys`")  # fmt: skip
         if self.max_context is not None and self.max_context < 2:
             raise ConfigError("--max-context must be >= 2")
+        if self.buffer_cache_bytes is not None and self.buffer_cache_bytes < 0:
+            raise ConfigError("--buffer-cache-gb must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)

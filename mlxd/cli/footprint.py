@@ -39,6 +39,12 @@ class Footprint:
         return self.weights_bytes + self.kv_bytes + self.headroom_bytes
 
 
+def buffer_cache_bytes(size: Footprint) -> int:
+    """The cap on a worker's MLX buffer cache under ``--max-memory``: the headroom's share for
+    activations and cached buffers (the headroom less the fixed runtime), at least 64 MiB."""
+    return max(64 * 2**20, size.headroom_bytes - RUNTIME_BYTES)
+
+
 def footprint(spec: ModelSpec, config: ServeConfig) -> Footprint:
     """``spec``'s footprint under ``config`` (its scheduler, context and KV settings)."""
     directory = model_dir(spec.path)

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxd.cli.budget import Resident, evictions
-from mlxd.cli.footprint import Footprint, footprint
+from mlxd.cli.footprint import Footprint, buffer_cache_bytes, footprint
 from mlxd.config import ModelSpec, SchedulerConfig, ServeConfig
 from mlxd.errors import (
     ConfigError,
@@ -340,6 +340,8 @@ class Supervisor:
             kv_gb = worker.size.kv_bytes / 2**30  # what the budget reserved: hold it to that
         if kv_gb is not None:
             args += ["--kv-cache-gb", str(kv_gb)]
+        if self.config.max_memory_bytes is not None:  # hold the buffer cache to the reservation
+            args += ["--buffer-cache-gb", str(buffer_cache_bytes(worker.size) / 2**30)]
         return args
 
     async def _await_ready(self, worker: WorkerProcess) -> None:

@@ -42,10 +42,18 @@ def worker_group() -> None:
     hidden=True,
     help="Accept the debug_crash control command (fault-injection tests only).",
 )
+@click.option(
+    "--buffer-cache-gb",
+    type=float,
+    default=None,
+    help="Cap on MLX's cache of freed buffers, so the worker stays within its memory "
+    "reservation (default: MLX's; `mlxd start --max-memory` sets it from the reservation).",
+)
 @with_scheduler_options
 def serve_command(model: str, name: str | None, endpoint: str, control: str | None,
                   parent_pid: int | None, log_level: str, keys_dir: Path | None,
-                  enable_test_faults: bool, **opts: object) -> None:  # fmt: skip
+                  enable_test_faults: bool, buffer_cache_gb: float | None,
+                  **opts: object) -> None:  # fmt: skip
     """Load MODEL and serve it on ENDPOINT until SIGTERM."""
     from mlxd.worker.main import configure_logging, serve
 
@@ -65,6 +73,7 @@ def serve_command(model: str, name: str | None, endpoint: str, control: str | No
             control_endpoint=control,
             enable_test_faults=enable_test_faults,
             curve_keys=keys,
+            buffer_cache_bytes=None if buffer_cache_gb is None else int(buffer_cache_gb * 2**30),
         )
     except MlxdError as exc:
         raise click.ClickException(exc.message) from None
@@ -150,7 +159,9 @@ def _show_status(r: dict[str, Any]) -> None:
                      f"{r['num_waiting']} waiting"),
         ("memory", f"weights {format_bytes(m['weights_bytes'])}, kv {format_bytes(m['kv_bytes'])}"
                    f", active {format_bytes(m['active_bytes'])}, peak "
-                   f"{format_bytes(m['peak_bytes'])}, cache {format_bytes(m['cache_bytes'])}"),
+                   f"{format_bytes(m['peak_bytes'])}, cache {format_bytes(m['cache_bytes'])}"
+                   + (f" (cap {format_bytes(m['cache_limit_bytes'])})"
+                      if m.get("cache_limit_bytes") is not None else "")),
         ("scheduler", " ".join(f"{k}={v}" for k, v in knobs.items())),
         ("max_context", str(r["max_context"])),
         ("kv cache", r.get("kv_cache") or "?"),

@@ -370,6 +370,7 @@ class MemoryUsage:
     active_bytes: int
     peak_bytes: int
     cache_bytes: int
+    cache_limit_bytes: int | None = None  # the cap on ``cache_bytes`` (None: MLX's default)
 
 
 @dataclass(frozen=True, kw_only=True)

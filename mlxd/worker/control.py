@@ -62,10 +62,12 @@ class Control:
     """
 
     def __init__(
-        self, engine: Engine, *, model_path: str, enable_test_faults: bool = False
-    ) -> None:
+        self, engine: Engine, *, model_path: str, enable_test_faults: bool = False,
+        cache_limit_bytes: int | None = None,
+    ) -> None:  # fmt: skip
         self.engine = engine
         self.model_path = model_path
+        self.cache_limit_bytes = cache_limit_bytes
         self.weights_bytes = _weights_bytes(engine.runner.model)
         self._handlers: dict[type, Callable[[Any], ControlReply]] = {
             Ping: self._ping,
@@ -127,6 +129,7 @@ class Control:
             active_bytes=mx.get_active_memory(),
             peak_bytes=mx.get_peak_memory(),
             cache_bytes=mx.get_cache_memory(),
+            cache_limit_bytes=self.cache_limit_bytes,
         )
         return StatusReply(
             request_id=msg.request_id,

@@ -43,6 +43,10 @@ def serve(config: WorkerConfig) -> int:
     auth = None
     if config.curve_keys is not None:  # admit only clients holding our key (before any bind)
         auth = curve.Authenticator(zmq.Context.instance(), config.curve_keys)
+    if config.buffer_cache_bytes is not None:
+        import mlx.core as mx
+
+        mx.set_cache_limit(config.buffer_cache_bytes)  # before loading: loads use the cache too
     try:
         model, tokenizer, max_context = _load(config)
         channel = WorkerChannel(config.endpoint, keys=config.curve_keys)
@@ -70,7 +74,10 @@ def serve(config: WorkerConfig) -> int:
         embedder=Embedder(model),
     )
     engine.control = Control(
-        engine, model_path=config.model, enable_test_faults=config.enable_test_faults
+        engine,
+        model_path=config.model,
+        enable_test_faults=config.enable_test_faults,
+        cache_limit_bytes=config.buffer_cache_bytes,
     )
     try:  # pings are answered on the control thread, so a long step never looks like a hang
         channel.bind_control(config.control_endpoint or control_endpoint(config.endpoint),

@@ -100,6 +100,17 @@ def test_models_lists_configured_models_with_their_state(pool: Daemon, tiny_mode
     assert models(pool)["a"]["memory_bytes"] == size_of(tiny_model)
 
 
+def test_under_the_budget_each_worker_caps_its_buffer_cache_to_its_headroom(pool: Daemon) -> None:
+    """What MLX keeps of freed buffers counts against the reservation: the worker is told so."""
+    from mlxd.cli.footprint import RUNTIME_BYTES
+
+    info = models(pool)["a"]
+    headroom = info["memory_bytes"] - info["weights_bytes"] - info["kv_bytes"]
+    status = httpx.get(f"{pool.base_url}/admin/models/a/status", timeout=10).json()
+    limit = status["memory"]["cache_limit_bytes"]
+    assert limit is not None and abs(limit - max(64 * 2**20, headroom - RUNTIME_BYTES)) <= 1
+
+
 def test_two_models_serve_concurrent_requests(pool: Daemon) -> None:
     with ThreadPoolExecutor(4) as ex:
         results = list(ex.map(lambda m: chat(pool, m, 16), ["a", "b", "a", "b"]))
