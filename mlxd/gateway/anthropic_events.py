@@ -90,11 +90,14 @@ async def message_events(
     """The SSE events of one streamed message; the request is cancelled on any exit."""
     blocks = _Blocks(parsed)
     try:
-        # Usage is known only at the end: message_delta carries the totals (the SDK takes them).
+        # The prompt's usage comes with the first event; message_delta carries the totals.
+        prompt = first.prompt if isinstance(first, TokenDelta) else first.usage
+        prompt = prompt or Usage(prompt_tokens=0, completion_tokens=0)
         start: dict[str, Any] = {
             "id": message_id, "type": "message", "role": "assistant", "model": parsed.model,
             "content": [], "stop_reason": None, "stop_sequence": None,
-            "usage": usage_body(Usage(prompt_tokens=0, completion_tokens=0)),
+            "usage": usage_body(Usage(prompt_tokens=prompt.prompt_tokens, completion_tokens=0,
+                                      cached_tokens=prompt.cached_tokens)),
         }  # fmt: skip
         yield event("message_start", {"message": start})
         item: TokenDelta | Finished | None = first

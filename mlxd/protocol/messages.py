@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-PROTOCOL_VERSION = b"mlxd/2"  # mlxd/2: Pong.busy_s, debug_sleep
+PROTOCOL_VERSION = b"mlxd/2"  # mlxd/2: Pong.busy_s, debug_sleep, TokenDelta.prompt, cache limit
 
 PRIORITIES = ("high", "normal", "low")
 
@@ -182,6 +182,9 @@ class TokenDelta:
     """New output of one request: the text that is now final and the token ids behind it.
 
     ``logprobs`` is set when the request asked for them: one entry per id in ``token_ids``.
+    ``prompt`` is set on a request's first delta only: its prompt and cached tokens (and
+    ``completion_tokens`` 0), so a stream can report them before it ends (Anthropic's
+    ``message_start``).
     """
 
     TAG: ClassVar[str] = "token_delta"
@@ -189,6 +192,7 @@ class TokenDelta:
     text: str
     token_ids: list[int]
     logprobs: list[TokenLogprob] | None = None
+    prompt: Usage | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

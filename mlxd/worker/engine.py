@@ -315,9 +315,12 @@ class Engine:
         ids = seq.output_ids[seq.num_sent_tokens :]
         if not ids and not seq.text:
             return
-        delta = TokenDelta(
-            request_id=seq.request_id, text=seq.text, token_ids=ids, logprobs=self._logprobs(seq)
-        )
+        prompt = None
+        if seq.num_sent_tokens == 0:  # the first delta says what the prompt cost
+            prompt = Usage(prompt_tokens=seq.num_prompt_tokens, completion_tokens=0,
+                           cached_tokens=seq.num_cached)  # fmt: skip
+        delta = TokenDelta(request_id=seq.request_id, text=seq.text, token_ids=ids,
+                           logprobs=self._logprobs(seq), prompt=prompt)  # fmt: skip
         self._outbox.setdefault(seq.client, []).append(delta)
         seq.text = ""
         seq.num_sent_tokens = seq.num_output_tokens

@@ -53,7 +53,10 @@ def test_streamed_forced_tool_use_on_a_random_model(daemon: Daemon) -> None:
         extra_body={"temperature": 0},
         tool_choice={"type": "tool", "name": "get_weather"},
     ) as stream:  # fmt: skip
+        starts = [e.message.usage for e in stream if e.type == "message_start"]
         final = stream.get_final_message()
+    # message_start already reports the prompt's tokens, as Anthropic's API does
+    assert len(starts) == 1 and prompt_tokens(starts[0]) == prompt_tokens(final.usage)
     assert [b.type for b in final.content] == ["tool_use"]
     assert set(final.content[0].input) == {"city"}  # type: ignore[union-attr, arg-type]
     assert final.stop_reason == "tool_use" and prompt_tokens(final.usage) > 30

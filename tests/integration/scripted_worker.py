@@ -289,7 +289,12 @@ class ScriptedWorker:
                 piece, active.matched_stop = piece[: piece.index(hit)], hit
                 active.pieces.clear()
             active.emitted.append(piece)
-            events.append(TokenDelta(request_id=rid, text=piece, token_ids=[len(active.emitted)]))
+            prompt = None
+            if len(active.emitted) == 1:  # as the worker does: the first delta has the prompt's
+                prompt = Usage(prompt_tokens=active.prompt_tokens, completion_tokens=0,
+                               cached_tokens=active.cached_tokens)  # fmt: skip
+            events.append(TokenDelta(request_id=rid, text=piece, token_ids=[len(active.emitted)],
+                                     prompt=prompt))  # fmt: skip
         if not active.pieces and active.error_code is None:
             self._active.pop(rid)
             usage = Usage(prompt_tokens=active.prompt_tokens, completion_tokens=len(active.emitted),
