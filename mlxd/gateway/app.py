@@ -29,6 +29,7 @@ from mlxd.gateway.embeddings import EmbeddingsEndpoint
 from mlxd.gateway.metrics import Metrics
 from mlxd.gateway.openai import OpenAIEndpoints
 from mlxd.gateway.ratelimit import RateLimiter
+from mlxd.gateway.worker_metrics import WorkerMetrics
 from mlxd.gateway.workers import WorkerPool
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,8 @@ def build_app(config: ServeConfig, pool: WorkerPool, metrics: Metrics | None = N
         metrics: served at ``/metrics``; pass one to add sources (``Metrics.add_source``).
     """
     metrics = Metrics(pool) if metrics is None else metrics
+    workers = WorkerMetrics(pool)  # queue depth, running sequences, KV blocks, prefix cache
+    metrics.add_source(workers.collect)
     api = OpenAIEndpoints(config, pool, metrics)
     anthropic = AnthropicEndpoints(api)
     routes = [
@@ -64,9 +67,11 @@ def build_app(config: ServeConfig, pool: WorkerPool, metrics: Metrics | None = N
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await pool.start()
+        await workers.start()
         try:
             yield
         finally:
+            await workers.stop()
             await pool.stop()
 
     admin_key = getattr(config, "admin_key", None)  # ServeConfig grows it with the admin API

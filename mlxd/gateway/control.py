@@ -74,6 +74,10 @@ class ControlClient:
         self._lock = asyncio.Lock()
         self._ids = itertools.count()
 
+    def sibling(self) -> ControlClient:
+        """Another client of the same worker, with its own connection (and lock)."""
+        return ControlClient(self.name, self.endpoint, keys=self._keys)
+
     def next_id(self) -> str:
         """A fresh request id for the next control message."""
         return f"ctl-{next(self._ids)}"

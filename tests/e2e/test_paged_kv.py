@@ -64,6 +64,39 @@ def test_shared_system_prompt_and_next_turn_hit_the_prefix_cache(
     assert s["kv_blocks_used"] + s["kv_blocks_free"] == s["kv_blocks_total"]
 
 
+def test_metrics_show_the_workers_kv_blocks_prefix_cache_and_queue(
+    client: openai.OpenAI, small_pool: Daemon
+) -> None:
+    """/metrics carries what the worker's stats say (polled every 2 s from its control socket)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    first = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hello."}]
+    chat(client, small_pool, first)
+    chat(client, small_pool, [first[0], {"role": "user", "content": "Why?"}])  # a hit
+    s = stats(small_pool)
+    labels = {"model": small_pool.model}
+    deadline = time.monotonic() + 15
+    while True:
+        text = httpx.get(f"{small_pool.base_url}/metrics", timeout=10).text
+        samples = {(x.name, tuple(sorted(x.labels.items()))): x.value
+                   for f in text_string_to_metric_families(text) for x in f.samples}  # fmt: skip
+        hits = samples.get(("mlxd_worker_prefix_cache_hits_total", tuple(labels.items())), 0)
+        if hits >= s["prefix_cache_hits"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert hits >= s["prefix_cache_hits"] >= 1
+
+    def kv(state: str) -> float:
+        return samples[("mlxd_kv_blocks", (("model", small_pool.model), ("state", state)))]
+
+    assert kv("total") == s["kv_blocks_total"] and kv("used") + kv("free") == kv("total")
+    assert kv("cached") > 0
+    key = tuple(labels.items())
+    assert samples[("mlxd_queue_depth", key)] == 0 and samples[("mlxd_running_sequences", key)] == 0
+    assert 0 < samples[("mlxd_prefix_cache_hit_rate", key)] <= 1
+    assert ("mlxd_worker_preemptions_total", key) in samples
+
+
 def test_a_prompt_beyond_the_pool_is_a_400(client: openai.OpenAI, small_pool: Daemon) -> None:
     s = stats(small_pool)
     pool_tokens = s["kv_blocks_total"] * s["kv_block_size"]
