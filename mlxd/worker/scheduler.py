@@ -94,6 +94,8 @@ class Scheduler:
             chunks.append(chunk)
         while budget > 0 and self.waiting and self._num_slots_used() < self.config.max_num_seqs:
             seq = self._best_waiting()
+            if self._prefix_in_flight(seq):
+                break  # next step its prefix is cached: reuse it rather than compute it twice
             if not self._allocate_prompt(seq):
                 break  # the best waiting request does not fit yet; nothing jumps ahead of it
             self.waiting.remove(seq)
@@ -172,6 +174,20 @@ class Scheduler:
         self.config = replace(self.config, **changes)  # type: ignore[arg-type]
 
     # Internal helpers
+
+    def _prefix_in_flight(self, seq: Sequence) -> bool:
+        """Whether a sequence being prefilled starts with ``seq``'s first full block, which the
+        prefix cache does not hold yet (``n > 1`` choices, a burst of requests with one system
+        prompt): its blocks are indexed when its prompt is done, and ``seq`` can share them."""
+        if self.pool is None or self.radix is None:
+            return False
+        bs = self.pool.block_size
+        first = seq.prefill_ids[:bs]
+        if len(seq.prefill_ids) <= bs:
+            return False  # no full block to share: at least one prompt token is computed anyway
+        if not any(o.prefill_ids[:bs] == first for o in self.prefilling):
+            return False
+        return self.radix.match_prefix(seq.prefill_ids, max_blocks=1).num_blocks == 0
 
     def _num_slots_used(self) -> int:
         return len(self.running) + len(self.prefilling)

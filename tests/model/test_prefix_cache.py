@@ -188,3 +188,22 @@ def test_long_decodes_with_rows_leaving_and_joining_equal_mlx_lm(
     assert d.finished.usage.cached_tokens == len(b_ids) // 8 * 8 > len(b_ids) - 8 > 12, d
     assert d.token_ids == reference_ids(tiny_model, follow, 8)
     assert sequences_hold_no_blocks(h)
+
+
+def test_identical_prompts_arriving_together_share_their_blocks(
+    harness_factory: Any, tiny_model: Path
+) -> None:
+    """``n > 1`` choices or a burst with one system prompt: the first copy prefills, the others
+    wait for it one step and then hold its blocks instead of computing them again."""
+    h = harness_factory(block_size=8)
+    for i in range(3):
+        h.generate(str(i), SYSTEM + QUESTIONS[0], max_tokens=6, ignore_eos=True)
+    h.step(3)
+    seqs = [live(h, str(i)) for i in range(3)]
+    shared = set(seqs[0].block_ids) & set(seqs[1].block_ids) & set(seqs[2].block_ids)
+    assert len(shared) >= 3 and all(h.engine.scheduler.pool.ref_count(b) == 4 for b in shared)
+    results = h.run()
+    expected = reference(tiny_model, SYSTEM + QUESTIONS[0], 6)
+    assert all(results[str(i)].token_ids == expected for i in range(3))
+    cached = sorted(results[str(i)].finished.usage.cached_tokens for i in range(3))
+    assert cached[0] == 0 and cached[1] == cached[2] >= 3 * 8, cached
