@@ -85,10 +85,6 @@ class DecodeTail:
         self._deferred = []
         self._clear()
 
-    @property
-    def is_empty(self) -> bool:
-        return self.length == 0 and not self._deferred
-
     def _clear(self) -> None:
         self.length = 0
         self.keys = [None] * self.num_layers

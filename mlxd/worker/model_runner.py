@@ -114,7 +114,6 @@ class ModelRunner:
         assert prev is not None, "decode_step needs at least one row"
         sample_rows = [self._sample_row(s, e) for s, e in zip(rows, emitted, strict=True)]
         logits = self.model(prev[:, None], cache=self._decode_cache(rows))[:, -1, :]
-        self._before_launch(prev)
         events = None
         if any(s.grammar is not None for s in rows):
             # A grammar mask needs the previous token: read it while the forward pass runs.
@@ -146,10 +145,6 @@ class ModelRunner:
 
     def _decode_cache(self, rows: list[Sequence]) -> list[Any]:
         return self._batch  # type: ignore[return-value]
-
-    def _before_launch(self, prev: mx.array) -> None:
-        """Called between building a decode step and launching it (the paged runner waits
-        here for the previous step, so its KV writes can reuse the pool's buffers)."""
 
     def _filter_cache(self, keep: list[int]) -> None:
         for layer in self._batch:
