@@ -14,7 +14,6 @@ import random
 import sys
 from typing import Any
 
-import mlx.core as mx
 import mlx_lm
 
 from mlxd.bench.engine import engine_level
@@ -22,7 +21,7 @@ from mlxd.config import SchedulerConfig
 from mlxd.worker.block_pool import BlockPool
 from mlxd.worker.engine import Engine
 from mlxd.worker.model_runner import ModelRunner
-from mlxd.worker.paged_cache import KVPool, PagedKVCache
+from mlxd.worker.paged_cache import KVPool
 from mlxd.worker.paged_runner import PagedModelRunner
 from mlxd.worker.scheduler import Scheduler
 from mlxd.worker.tokenizer import PromptEncoder
@@ -43,20 +42,6 @@ def engine(model: Any, tok: Any, paged: bool, n: int, context: int, block: int) 
                   channel=_Recorder(0.0, {}), max_context=context)  # type: ignore[arg-type]  # fmt: skip
 
 
-def _slot_gather(self: PagedKVCache, keys: mx.array, values: mx.array) -> Any:
-    """The first version's read, for comparison: one gather index per token, not per block."""
-    b, h, q, _ = keys.shape
-    bs = self.pool.block_size
-    slots = (self.step.read_blocks[:, :, None] * bs + mx.arange(bs)).reshape(b, -1)
-    out = []
-    for arrays, new in ((self.pool.keys, keys), (self.pool.values, values)):
-        buf = arrays[self.layer]
-        buf[self.step.write_slots] = new.transpose(0, 2, 1, 3).reshape(b * q, h, -1)
-        arrays[self.layer] = buf
-        out.append(buf[slots].transpose(0, 2, 1, 3))
-    return out[0], out[1]
-
-
 def main() -> None:
     path = sys.argv[1]
     defaults = ["64", "128", "128", "32"]
@@ -65,11 +50,7 @@ def main() -> None:
     rng = random.Random(0)
     prompts = [[rng.randrange(10, 1000) for _ in range(plen)] for _ in range(n)]
     result: dict[str, Any] = {"concurrency": n, "prompt": plen, "output": out, "block": block}
-    block_gather = PagedKVCache.update_and_fetch
-    for name, paged in (("contiguous", False), ("paged_token_gather", True), ("paged", True)):
-        PagedKVCache.update_and_fetch = (
-            _slot_gather if name == "paged_token_gather" else block_gather
-        )  # type: ignore[method-assign]
+    for name, paged in (("contiguous", False), ("paged", True)):
         eng = engine(model, tok, paged, n, max(plen + out, PREFIX) + 8, block)
         engine_level(eng, prompts[: min(n, 4)], 8)  # warm-up: kernels compile once
         s = engine_level(eng, [[t + 1 for t in p] for p in prompts], out)
@@ -81,9 +62,6 @@ def main() -> None:
             result["prefix_tokens"] = len(prefix)
     result["paged_vs_contiguous_tok_s"] = result["paged_tok_s"] / result["contiguous_tok_s"]
     result["paged_vs_contiguous_itl"] = result["contiguous_itl_p50_ms"] / result["paged_itl_p50_ms"]
-    result["token_gather_vs_contiguous_tok_s"] = (
-        result["paged_token_gather_tok_s"] / result["contiguous_tok_s"]
-    )
     print(json.dumps(result))
 
 
