@@ -16,30 +16,10 @@ from typing import Any
 
 import mlx_lm
 
-from mlxd.bench.engine import engine_level
+from mlxd.bench.engine import engine_level, new_engine
 from mlxd.config import SchedulerConfig
-from mlxd.worker.block_pool import BlockPool
-from mlxd.worker.engine import Engine
-from mlxd.worker.model_runner import ModelRunner
-from mlxd.worker.paged_cache import KVPool
-from mlxd.worker.paged_runner import PagedModelRunner
-from mlxd.worker.scheduler import Scheduler
-from mlxd.worker.tokenizer import PromptEncoder
 
 PREFIX = int(os.environ.get("PREFIX", "2000"))
-
-
-def engine(model: Any, tok: Any, paged: bool, n: int, context: int, block: int) -> Engine:
-    from mlxd.bench.engine import _Recorder
-
-    enc = PromptEncoder(tok, vocab_size=model.args.vocab_size)
-    blocks = n * (-(-context // block)) + 64
-    pool = BlockPool(blocks, block) if paged else None
-    runner = (PagedModelRunner(model, enc.eos_token_ids, KVPool.for_model(model, blocks, block))
-              if paged else ModelRunner(model, enc.eos_token_ids))  # fmt: skip
-    sched = Scheduler(SchedulerConfig(max_num_seqs=n, max_queued=4 * n), pool=pool)
-    return Engine(name="bench", runner=runner, scheduler=sched, encoder=enc,
-                  channel=_Recorder(0.0, {}), max_context=context)  # type: ignore[arg-type]  # fmt: skip
 
 
 def main() -> None:
@@ -51,7 +31,8 @@ def main() -> None:
     prompts = [[rng.randrange(10, 1000) for _ in range(plen)] for _ in range(n)]
     result: dict[str, Any] = {"concurrency": n, "prompt": plen, "output": out, "block": block}
     for name, paged in (("contiguous", False), ("paged", True)):
-        eng = engine(model, tok, paged, n, max(plen + out, PREFIX) + 8, block)
+        config = SchedulerConfig(max_num_seqs=n, max_queued=4 * n)
+        eng = new_engine(model, tok, config, max(plen + out, PREFIX) + 8, paged, block)
         engine_level(eng, prompts[: min(n, 4)], 8)  # warm-up: kernels compile once
         s = engine_level(eng, [[t + 1 for t in p] for p in prompts], out)
         result[f"{name}_tok_s"], result[f"{name}_itl_p50_ms"] = s["output_tok_s"], s["itl_p50_ms"]
