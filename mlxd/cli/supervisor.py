@@ -219,7 +219,7 @@ class Supervisor:
         keys = self.config.curve_keys
         client = WorkerClient(spec.name, endpoint, keys=keys)
         control = ControlClient(spec.name, control_endpoint(endpoint), keys=keys)
-        heartbeat = ControlClient(spec.name, control_endpoint(endpoint), keys=keys)
+        heartbeat = control.sibling()  # its own connection: a ping never queues behind a command
         attached = spec.endpoint is not None
         size = Footprint(0, 0, 0) if attached else footprint(spec, self.config)
         return WorkerProcess(spec=spec, endpoint=endpoint, client=client, control=control,
