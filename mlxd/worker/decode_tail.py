@@ -149,8 +149,7 @@ def decode_caches(pool: KVPool, tail: DecodeTail, block_tables: list[list[int]],
     in_pool = [p - t for p in positions]
     same = in_pool[0] if all(n == in_pool[0] for n in in_pool) else None
     width = max(1, max(-(-n // bs) for n in in_pool))
-    table = mx.array([tb[:width] + [pool.scratch_block] * (width - len(tb[:width]))
-                      for tb in block_tables])  # fmt: skip
+    table = mx.array([(tb + [pool.scratch_block] * width)[:width] for tb in block_tables])
     slots = mx.array([[tb[p // bs] * bs + p % bs] for tb, p in zip(block_tables, positions,
                                                                      strict=True)])  # fmt: skip
     tail.append_slots(slots)
