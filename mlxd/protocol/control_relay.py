@@ -39,7 +39,8 @@ class ControlRelay:
         endpoint: where to bind the control socket.
         answer: called on the relay thread with each decoded message; a reply it returns is sent
             at once, ``None`` passes the message on to the engine thread. It must only read
-            state that the engine thread can change under it (a float, a string).
+            state that is safe to read while the engine thread changes it (fields set once,
+            a float).
         secure: applies CURVE server keys to the ROUTER (tcp:// endpoints) before it binds.
     """
 
