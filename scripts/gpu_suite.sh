@@ -12,6 +12,8 @@
 #   SIZE=qwen3-0.6b DTYPE=bfloat16  (the main model)   MODELS=/root/models  OUT=./out
 #   EXTRA_LEGS=1   Llama-3.2-1B bf16 (EXTRA_SIZE) and the 4-bit main model, when time is left
 #   PEERS=1        mlx_lm.server legs (0: mlxd only, e.g. to re-measure a change)
+#   LEGS="http prefix engine peers extra contiguous zmq paged"  the legs to run (default: all)
+#   EXTRA_SIZE=llama-3.2-1b  the other bf16 shape of leg 5 (none: only the 4-bit main model)
 # Legs, most important first (legs.txt says which ran, their exit codes and seconds):
 #   1 mlxd over HTTP: throughput vs concurrency       http-$SIZE-$DTYPE.json
 #   2 mlxd over HTTP: shared-prefix TTFT cold vs hit  prefix-$SIZE-$DTYPE.json
@@ -33,6 +35,8 @@ MODELS="${MODELS:-/root/models}"; OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT" "$MODE
 MAX_SEQS="${MAX_SEQS:-128}"; PORT="${PORT:-8123}"
 T0=$SECONDS
 SERVER=""
+LEGS=" ${LEGS:-http prefix engine peers extra contiguous zmq paged} "
+want() { [[ "$LEGS" == *" $1 "* ]]; }
 
 log() { echo "== $(( SECONDS - T0 ))s $*" | tee -a "$OUT/suite.txt" >&2; }
 left() { echo $(( BUDGET_S - (SECONDS - T0) )); }
@@ -118,20 +122,22 @@ TAG="$SIZE-$DTYPE"
 M=$(model "$SIZE" "$DTYPE") || { log "cannot make the main model"; exit 1; }
 
 # 1-2: mlxd over HTTP, one daemon for throughput and shared prefix.
-if start_mlxd "$M"; then
+if { want http || want prefix; } && start_mlxd "$M"; then
   prime bench
-  bench_http "mlxd http $TAG" 150 "http-$TAG.json" bench --concurrency "$LEVELS" --label "mlxd"
-  bench_http "mlxd prefix $TAG" 90 "prefix-$TAG.json" bench --scenario shared-prefix \
-    --prefix-tokens "$PREFIXES" --concurrency 1,8 --max-tokens 16 --label "mlxd"
+  want http && bench_http "mlxd http $TAG" 150 "http-$TAG.json" bench --concurrency "$LEVELS" \
+    --label "mlxd"
+  want prefix && bench_http "mlxd prefix $TAG" 90 "prefix-$TAG.json" bench \
+    --scenario shared-prefix --prefix-tokens "$PREFIXES" --concurrency 1,8 --max-tokens 16 \
+    --label "mlxd"
   stop_server
 fi
 
 # 3: the engine in-process, the gateway's cost as a ratio; mlx-lm's BatchGenerator alongside.
-run "engine $TAG" 120 "$PY" -m mlxd bench engine --model "$M" --concurrency "$LEVELS" \
+want engine && run "engine $TAG" 120 "$PY" -m mlxd bench engine --model "$M" --concurrency "$LEVELS" \
   --prompt-tokens "$PROMPT" --max-tokens "$OUTPUT" --json "$OUT/engine-$TAG.json" --label "mlxd engine"
 
 # 4: mlx-lm's own server, same model, same prompts (as text), same levels.
-if [ "${PEERS:-1}" = 1 ] && [ "$(left)" -gt 60 ]; then
+if want peers && [ "${PEERS:-1}" = 1 ] && [ "$(left)" -gt 60 ]; then
   new_port
   "$PY" -m mlx_lm.server --model "$M" --port "$PORT" --decode-concurrency "$MAX_SEQS" \
     --log-level WARNING >> "$OUT/mlx_lm_server.log" 2>&1 &
@@ -150,13 +156,14 @@ if [ "${PEERS:-1}" = 1 ] && [ "$(left)" -gt 60 ]; then
 fi
 
 # 5: other shapes, while time is left.
-if [ "$EXTRA_LEGS" = 1 ]; then
-  [ "$(left)" -gt 90 ] && throughput_leg "${EXTRA_SIZE:-llama-3.2-1b}" bfloat16
+if want extra && [ "$EXTRA_LEGS" = 1 ]; then
+  EXTRA_SIZE="${EXTRA_SIZE:-llama-3.2-1b}"
+  [ "$EXTRA_SIZE" != none ] && [ "$(left)" -gt 90 ] && throughput_leg "$EXTRA_SIZE" bfloat16
   [ "$(left)" -gt 60 ] && throughput_leg "$SIZE" "$DTYPE" 4
 fi
 
 # 5b: the contiguous KV cache over HTTP, against the paged default (when this mlxd has both).
-if [ "$(left)" -gt 60 ] && "$PY" -m mlxd start --help 2>/dev/null | grep -q -- --no-paged-kv; then
+if want contiguous && [ "$(left)" -gt 60 ] && "$PY" -m mlxd start --help 2>/dev/null | grep -q -- --no-paged-kv; then
   if start_mlxd "$M" --no-paged-kv; then
     prime bench
     bench_http "mlxd http contiguous $TAG" 120 "http-contiguous-$TAG.json" bench \
@@ -166,14 +173,14 @@ if [ "$(left)" -gt 60 ] && "$PY" -m mlxd start --help 2>/dev/null | grep -q -- -
 fi
 
 # 6: where the time goes: the worker without the gateway, and the paged cache's decode step.
-if [ "$(left)" -gt 45 ]; then
+if want zmq && [ "$(left)" -gt 45 ]; then
   "$PY" -m mlxd worker serve --model "$M" --bind ipc:///tmp/suite.sock --max-num-seqs "$MAX_SEQS" \
     --log-level WARNING >> "$OUT/worker.log" 2>&1 &
   SERVER=$!; sleep 10
   for c in 1 64; do run "zmq c=$c" 40 "$PY" scripts/bench_zmq.py ipc:///tmp/suite.sock $c > "$OUT/zmq$c.json"; done
   stop_server
 fi
-for b in 16 64; do
+want paged && for b in 16 64; do
   run "paged vs contiguous b=$b" 60 "$PY" scripts/bench_paged.py "$M" $b 128 128 32 > "$OUT/paged$b.json"
 done
 log "done in $(( SECONDS - T0 ))s; legs:"; cat "$OUT/legs.txt" >&2
