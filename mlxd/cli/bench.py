@@ -271,8 +271,10 @@ def engine_command(
     from mlxd.bench.stats import add_speedup
     from mlxd.bench.workload import make_prompts
     from mlxd.config import SchedulerConfig
+    from mlxd.worker.quantized import batch_as_rows, restore
 
     model, tokenizer = mlx_lm.load(model_path)[:2]
+    quantized = batch_as_rows(model)  # as the worker serves it
     rows: list[dict[str, Any]] = []
     yard: list[dict[str, Any]] = []
     payload = report.meta(kind="engine", label=label, model=model_path,
@@ -296,8 +298,10 @@ def engine_command(
         if compare_mlx_lm:
             ref = mlx_lm_single if level == 1 else mlx_lm_batch_level
             arg = prompts[0] if level == 1 else prompts
+            restore(quantized)  # mlx-lm on its own layers
             ref(model, arg, 16)  # type: ignore[arg-type]
             yard.append(ref(model, arg, max_tokens))  # type: ignore[arg-type]
+            quantized = batch_as_rows(model)
         bar.advance()
         bar.close()
         write_partial(add_speedup(rows))

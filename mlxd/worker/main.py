@@ -26,6 +26,7 @@ from mlxd.worker.control import Control
 from mlxd.worker.embedder import Embedder
 from mlxd.worker.engine import Engine
 from mlxd.worker.model_runner import ModelRunner, check_model_supported
+from mlxd.worker.quantized import batch_as_rows
 from mlxd.worker.scheduler import Scheduler
 from mlxd.worker.tokenizer import PromptEncoder
 
@@ -124,6 +125,8 @@ def _load(config: WorkerConfig) -> tuple[Any, Any, int]:
         raise ConfigError(f"model {config.model!r} is not a local directory (offline)")
     model, tokenizer = mlx_lm.load(config.model)[:2]
     check_model_supported(model)
+    if quantized := batch_as_rows(model):
+        log.info("%d quantized layers take each batch as rows of one matrix", len(quantized))
     max_context = config.max_context or _model_context(model)
     log.info("loaded %s in %.1f s", config.model, time.monotonic() - started)
     return model, tokenizer, max_context
