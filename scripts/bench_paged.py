@@ -2,7 +2,9 @@
 
     python scripts/bench_paged.py MODEL_DIR [CONCURRENCY=64] [PROMPT=128] [OUTPUT=128] [BLOCK=32]
 
-Prints one JSON line: output tok/s and inter-token p50 (the decode step) of each, their ratios,
+Three engines: contiguous, paged (decode reads a view of the batch) and gathered (paged, no view
+budget: decode gathers the pool's blocks every step). Prints one JSON line: output tok/s and
+inter-token p50 (the decode step) of each, their ratios,
 and the prefix cache's effect: TTFT of a $PREFIX-token (2000) prompt cold, then with it cached.
 """
 
@@ -30,9 +32,11 @@ def main() -> None:
     rng = random.Random(0)
     prompts = [[rng.randrange(10, 1000) for _ in range(plen)] for _ in range(n)]
     result: dict[str, Any] = {"concurrency": n, "prompt": plen, "output": out, "block": block}
-    for name, paged in (("contiguous", False), ("paged", True)):
+    # paged: decode reads its view of the batch; gathered: the pool's blocks every step
+    variants = (("contiguous", False, None), ("paged", True, None), ("gathered", True, 0))
+    for name, paged, view in variants:
         config = SchedulerConfig(max_num_seqs=n, max_queued=4 * n)
-        eng = new_engine(model, tok, config, max(plen + out, PREFIX) + 8, paged, block)
+        eng = new_engine(model, tok, config, max(plen + out, PREFIX) + 8, paged, block, view)
         engine_level(eng, prompts[: min(n, 4)], 8)  # warm-up: kernels compile once
         s = engine_level(eng, [[t + 1 for t in p] for p in prompts], out)
         result[f"{name}_tok_s"], result[f"{name}_itl_p50_ms"] = s["output_tok_s"], s["itl_p50_ms"]
@@ -43,6 +47,7 @@ def main() -> None:
             result["prefix_tokens"] = len(prefix)
     result["paged_vs_contiguous_tok_s"] = result["paged_tok_s"] / result["contiguous_tok_s"]
     result["paged_vs_contiguous_itl"] = result["contiguous_itl_p50_ms"] / result["paged_itl_p50_ms"]
+    result["gathered_vs_contiguous_tok_s"] = result["gathered_tok_s"] / result["contiguous_tok_s"]
     print(json.dumps(result))
 
 

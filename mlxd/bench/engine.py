@@ -47,10 +47,12 @@ def new_engine(
     max_context: int,
     paged: bool = True,
     block_size: int = 32,
+    max_view_tokens: int | None = None,
 ) -> Any:
     """An engine whose channel records token timings (see ``engine_level``): on the paged KV
     cache (the daemon's default; a pool for ``max_num_seqs`` full contexts) or the contiguous
-    one."""
+    one. ``max_view_tokens`` bounds decode's read view (default: the pool's tokens; 0: decode
+    gathers the pool's blocks every step)."""
     from mlxd.worker.block_pool import BlockPool
     from mlxd.worker.engine import Engine
     from mlxd.worker.model_runner import ModelRunner
@@ -65,7 +67,8 @@ def new_engine(
         runner, pool = ModelRunner(model, eos), None
     else:
         num_blocks = sched.max_num_seqs * -(-max_context // block_size) + 64
-        runner = PagedModelRunner(model, eos, KVPool.for_model(model, num_blocks, block_size))
+        pool_kv = KVPool.for_model(model, num_blocks, block_size)
+        runner = PagedModelRunner(model, eos, pool_kv, max_view_tokens)
         pool = BlockPool(num_blocks, block_size)
     return Engine(name="bench", runner=runner, scheduler=Scheduler(sched, pool=pool),
                   encoder=encoder, channel=_Recorder(0.0, {}),  # type: ignore[arg-type]

@@ -37,6 +37,9 @@ STARTUP_FAILURE = 3
 
 DEFAULT_CONTEXT = 4096
 DEFAULT_KV_FRACTION = 0.5  # of the memory the weights leave, when --kv-cache-gb is not given
+# Of the KV budget, the share decode's read view may hold (a copy of the batch's K/V that makes
+# each step read one contiguous array; see worker/decode_tail.py). The pool gets the rest.
+VIEW_SHARE = 0.2
 
 
 def serve(config: WorkerConfig) -> int:
@@ -145,8 +148,10 @@ def _runner(
     bs = config.cache.block_size
     per_token = KVPool.bytes_per_token(model)
     per_block = per_token * bs
-    budget = _kv_budget(model, config, per_token * config.scheduler.max_num_seqs * max_context)
-    num_blocks = budget // per_block
+    most_useful = per_token * config.scheduler.max_num_seqs * max_context
+    budget = _kv_budget(model, config, int(most_useful / (1 - VIEW_SHARE)))
+    view_bytes = int(budget * VIEW_SHARE)
+    num_blocks = (budget - view_bytes) // per_block
     if num_blocks < 2:
         raise ConfigError(f"--kv-cache-gb {config.cache.kv_cache_gb} holds no KV blocks; "
                           f"one block of {bs} tokens takes {per_block} bytes")  # fmt: skip
@@ -155,7 +160,8 @@ def _runner(
                     max_context)  # fmt: skip
         max_context = num_blocks * bs
     pool = KVPool.for_model(model, num_blocks=num_blocks, block_size=bs)
-    return PagedModelRunner(model, eos_token_ids, pool), BlockPool(num_blocks, bs), max_context
+    runner = PagedModelRunner(model, eos_token_ids, pool, max_view_tokens=view_bytes // per_token)
+    return runner, BlockPool(num_blocks, bs), max_context
 
 
 def _kv_budget(model: Any, config: WorkerConfig, most_useful: int) -> int:

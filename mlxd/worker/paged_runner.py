@@ -14,7 +14,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from mlxd.worker.decode_tail import FLUSH_EVERY, DecodeTail, decode_caches
+from mlxd.worker.decode_tail import DecodeTail, decode_caches
 from mlxd.worker.model_runner import ModelRunner, TokenEvent
 from mlxd.worker.paged_cache import KVPool, PagedKVCache, PagedStep
 from mlxd.worker.scheduler import PrefillChunk
@@ -27,10 +27,16 @@ _MAX_PAD_RATIO = 2
 class PagedModelRunner(ModelRunner):
     """``ModelRunner`` whose caches are views of a ``KVPool`` through each row's block table."""
 
-    def __init__(self, model: Any, eos_token_ids: set[int], pool: KVPool) -> None:
+    def __init__(
+        self, model: Any, eos_token_ids: set[int], pool: KVPool, max_view_tokens: int | None = None
+    ) -> None:
+        """``max_view_tokens``: rows x columns decode's read view may hold (see ``decode_tail``);
+        by default as many tokens as the pool."""
         super().__init__(model, eos_token_ids)
         self.pool = pool
-        self.tail = DecodeTail(self.num_layers)
+        self.max_view_tokens = pool.num_blocks * pool.block_size if max_view_tokens is None else (
+            max_view_tokens)  # fmt: skip
+        self.tail = DecodeTail(self.num_layers, self.max_view_tokens)
 
     # Public API
 
@@ -52,7 +58,10 @@ class PagedModelRunner(ModelRunner):
             rows = [self._sample_row(s, emitted=True) for s in seqs]
             first, lp = self._sample(logits, seqs, rows)
             joined.append((seqs, first, lp))
-        return self._join(joined) if joined else []
+        if not joined:
+            return []
+        self.tail.restart()  # new rows' tokens are in the pool only: the next step starts there
+        return self._join(joined)
 
     @property
     def kv_bytes(self) -> int:
@@ -61,8 +70,10 @@ class PagedModelRunner(ModelRunner):
     @property
     def kv_description(self) -> str:
         p = self.pool
+        view = self.max_view_tokens * p.nbytes // (p.num_blocks + 1) // p.block_size
         return (f"paged: {p.num_blocks} blocks of {p.block_size} tokens "
-                f"({p.nbytes / 2**30:.2f} GiB)")  # fmt: skip
+                f"({p.nbytes / 2**30:.2f} GiB), decode view up to {self.max_view_tokens} tokens "
+                f"({view / 2**30:.2f} GiB)")  # fmt: skip
 
     # Internal helpers
 
@@ -81,13 +92,13 @@ class PagedModelRunner(ModelRunner):
         return logits[:, -1, :]
 
     def reset(self) -> list[Sequence]:
-        self.tail = DecodeTail(self.num_layers)
+        self.tail = DecodeTail(self.num_layers, self.max_view_tokens)
         return super().reset()
 
     def _decode_cache(self, rows: list[Sequence]) -> list[Any]:
-        if self.tail.length >= FLUSH_EVERY:
-            # The one pipeline bubble in FLUSH_EVERY steps: the pool may be written only once
-            # the step in flight is done with it.
+        if self.tail.due():
+            # The one pipeline bubble in FLUSH_EVERY (or VIEW_STEP) steps: the pool may be
+            # written only once the step in flight is done with it.
             if self._pending is not None:
                 mx.eval(self._pending)
             self.tail.flush(self.pool)

@@ -54,7 +54,7 @@ class Harness:
 
     def __init__(
         self, model_path: Path, clock: Any = None, paged: bool = True, num_blocks: int = 256,
-        block_size: int = 16, **sched: Any,
+        block_size: int = 16, max_view_tokens: int | None = None, **sched: Any,
     ) -> None:  # fmt: skip
         from mlxd.worker.block_pool import BlockPool
         from mlxd.worker.engine import Engine
@@ -69,7 +69,7 @@ class Harness:
         pool = BlockPool(num_blocks, block_size) if paged else None
         runner = (
             PagedModelRunner(model, encoder.eos_token_ids,
-                             KVPool.for_model(model, num_blocks, block_size))
+                             KVPool.for_model(model, num_blocks, block_size), max_view_tokens)
             if paged else ModelRunner(model, encoder.eos_token_ids)
         )  # fmt: skip
         self.ctx = zmq.Context()

@@ -12,6 +12,10 @@ from tests.model.conftest import load_model
 
 pytestmark = pytest.mark.model
 
+# How decode reads K/V: the paged pool through a read view (default), the pool's blocks gathered
+# every step (no view budget), or the contiguous cache.
+KV_MODES = {"view": {}, "gathered": {"max_view_tokens": 0}, "contiguous": {"paged": False}}
+
 PROMPTS = [
     "hello world",
     "The quick brown fox jumps over the lazy dog, again and again and again",
@@ -46,12 +50,12 @@ def sequences_hold_no_blocks(h: Any) -> bool:
     )
 
 
-@pytest.mark.parametrize("paged", [True, False], ids=["paged", "contiguous"])
+@pytest.mark.parametrize("kv", KV_MODES)
 @pytest.mark.parametrize("prefill_chunk", [16, 512], ids=["chunked", "one-padded-batch"])
 def test_batched_greedy_equals_single_mlx_lm(
-    harness_factory: Any, tiny_model: Path, prefill_chunk: int, paged: bool
+    harness_factory: Any, tiny_model: Path, prefill_chunk: int, kv: str
 ) -> None:
-    h = harness_factory(prefill_chunk=prefill_chunk, paged=paged)
+    h = harness_factory(prefill_chunk=prefill_chunk, **KV_MODES[kv])
     for i, p in enumerate(PROMPTS):
         h.generate(str(i), p, max_tokens=12, ignore_eos=True)
     results = h.run()
@@ -59,12 +63,12 @@ def test_batched_greedy_equals_single_mlx_lm(
         assert results[str(i)].token_ids == reference(tiny_model, p, 12), p
 
 
-@pytest.mark.parametrize("paged", [True, False], ids=["paged", "contiguous"])
+@pytest.mark.parametrize("kv", KV_MODES)
 def test_rows_of_one_length_decode_unmasked_and_equal_mlx_lm(
-    harness_factory: Any, tiny_model: Path, paged: bool
+    harness_factory: Any, tiny_model: Path, kv: str
 ) -> None:
     """Rows with as many tokens each attend without a mask (the fused kernel's case)."""
-    h = harness_factory(paged=paged, block_size=16)  # 24 prompt tokens: a partial block
+    h = harness_factory(block_size=16, **KV_MODES[kv])  # 24 prompt tokens: a partial block
     for i in range(3):
         h.generate(str(i), PROMPTS[1], max_tokens=20, ignore_eos=True)
     results = h.run()

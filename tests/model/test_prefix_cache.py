@@ -14,6 +14,9 @@ from mlxd.protocol.messages import Cancel, Generate, SamplingParams, TextPrompt,
 from tests.model.conftest import Result
 from tests.model.test_engine import reference, reference_ids, sequences_hold_no_blocks
 
+# The paged pool read through a view (default) or gathered every step (no view budget).
+VIEW = {"view": {}, "gathered": {"max_view_tokens": 0}}
+
 pytestmark = pytest.mark.model
 
 SYSTEM = "You are a careful assistant. Answer briefly, in plain words, and cite nothing. " * 3
@@ -90,13 +93,14 @@ def test_a_full_pool_evicts_cached_blocks_never_blocks_in_use(harness_factory: A
     assert h.engine.scheduler.pool.num_free + h.engine.scheduler.radix.num_cached_blocks == 12
 
 
+@pytest.mark.parametrize("kv", VIEW)
 def test_preemption_under_a_tiny_pool_gives_the_same_greedy_output(
-    harness_factory: Any,
+    harness_factory: Any, kv: str
 ) -> None:
     prompts = [f"{i} " * 6 + q for i, q in enumerate(QUESTIONS * 2)]
 
     def run(**kw: Any) -> tuple[dict[str, list[int]], Any]:
-        h = harness_factory(max_num_seqs=6, **kw)
+        h = harness_factory(max_num_seqs=6, **kw, **VIEW[kv])
         for i, p in enumerate(prompts):
             h.generate(str(i), p, max_tokens=24, ignore_eos=True, seed=i)
         h.generate("sampled", prompts[0], max_tokens=24, temperature=1.0, seed=7)
@@ -157,13 +161,14 @@ def test_flush_cache_drops_unreferenced_prefix_blocks(harness_factory: Any) -> N
     assert sched.radix.num_cached_blocks == 0 and sched.pool.num_free == sched.pool.num_blocks
 
 
+@pytest.mark.parametrize("kv", VIEW)
 def test_long_decodes_with_rows_leaving_and_joining_equal_mlx_lm(
-    harness_factory: Any, tiny_model: Path
+    harness_factory: Any, tiny_model: Path, kv: str
 ) -> None:
     """Decode steps write their K/V to the decode tail, which reaches the pool every few steps,
     before each prefill, and (for rows that left) at the next flush. Greedy outputs over many
     flushes, and a later prefix hit on blocks that a departed row's decode wrote, match mlx-lm."""
-    h = harness_factory(block_size=8)
+    h = harness_factory(block_size=8, **VIEW[kv])
     asks = {"a": (SYSTEM + QUESTIONS[0], 45), "b": (QUESTIONS[1], 21), "c": (QUESTIONS[2], 33)}
     for rid in ("a", "b"):
         h.generate(rid, asks[rid][0], max_tokens=asks[rid][1], ignore_eos=True)
@@ -207,3 +212,48 @@ def test_identical_prompts_arriving_together_share_their_blocks(
     assert all(results[str(i)].token_ids == expected for i in range(3))
     cached = sorted(results[str(i)].finished.usage.cached_tokens for i in range(3))
     assert cached[0] == 0 and cached[1] == cached[2] >= 3 * 8, cached
+
+
+def test_a_read_view_grows_or_hands_decode_back_to_the_pool_and_equals_mlx_lm(
+    harness_factory: Any, tiny_model: Path
+) -> None:
+    """Decode reads a view of the batch's K/V that grows every 64 columns; where its budget
+    does not allow growing, the batch goes on reading the pool's blocks. Both equal mlx-lm."""
+    asks = {"a": QUESTIONS[0], "b": QUESTIONS[1] + " " + QUESTIONS[2]}  # different lengths
+    for budget, after_first_fill in ((None, True), (200, False)):
+        h = harness_factory(block_size=8, max_view_tokens=budget)
+        for rid, prompt in asks.items():
+            h.generate(rid, prompt, max_tokens=150, ignore_eos=True)
+        h.step(10)
+        tail = h.engine.runner.tail
+        assert tail.view and tail.keys[0].shape[2] < tail.base + 64 + 1
+        h.step(70)  # past the view's first 64 columns
+        assert tail.view is after_first_fill
+        results = h.run()
+        for rid, prompt in asks.items():
+            assert results[rid].token_ids == reference(tiny_model, prompt, 150), (budget, rid)
+
+
+def test_decode_reads_a_view_only_within_its_budget_and_padding() -> None:
+    import mlx.core as mx
+
+    from mlxd.worker.decode_tail import VIEW_STEP, DecodeTail
+    from mlxd.worker.paged_cache import KVPool
+
+    pool = KVPool(2, 16, 8, 2, 4, 4, mx.float32)  # 2 layers, 16 blocks of 8 tokens
+
+    def started(positions: list[int], budget: int) -> DecodeTail:
+        tables = [[2 * i, 2 * i + 1, 8 + i, 12 + i] for i in range(len(positions))]
+        tail = DecodeTail(2, budget)
+        tail.start(pool, tables, positions)
+        return tail
+
+    roomy = 2 * (16 + VIEW_STEP)
+    assert started([12, 12], roomy).view  # one length: base is exactly it
+    assert started([12, 12], roomy).base == 12
+    assert started([9, 14], roomy).view and started([9, 14], roomy).base == 16
+    assert not started([12, 12], roomy - 9).view  # over budget
+    assert started([30, 1], 10_000).view  # a block of padding per row is the gather's too
+    gathered = started([30, 1, 1, 1], 10_000)  # rows padded to over twice their tokens
+    assert not gathered.view and gathered.base == 0
+    assert gathered.keys[0].shape == (4, 2, 16, 4)  # the decoded tokens only, until a flush
