@@ -26,7 +26,7 @@ class _ConfigFailure(click.ClickException):
     "--size",
     default="tiny",
     show_default=True,
-    help="tiny, small, or a real shape such as qwen3-0.6b or llama-3.2-1b.",
+    help="tiny, small, deep (tiny with 28 layers), or a real shape such as qwen3-0.6b.",
 )
 @click.option(
     "--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Directory to create."

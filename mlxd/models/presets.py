@@ -1,7 +1,9 @@
 """Architecture presets: (arch, size) -> an mlx-lm ``config.json`` dict.
 
-``tiny`` and ``small`` exist for every arch and use the trained tokenizer's vocabulary, so they
-run fast on a CPU. The named sizes copy the true dimensions of released checkpoints, vocabulary
+``tiny``, ``small`` and ``deep`` exist for every arch and use the trained tokenizer's
+vocabulary, so they run fast on a CPU. ``deep`` is ``tiny`` with Qwen3-0.6B's 28 layers: as many
+kernels per decode step as the real model and little arithmetic, a CPU stand-in for a GPU's
+launch-bound small-batch decode. The named sizes copy the true dimensions of released checkpoints, vocabulary
 included, so random weights cost the same compute as the real model.
 """
 
@@ -82,6 +84,7 @@ _GENERIC_SHAPES: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 8192,
     },
 }
+_GENERIC_SHAPES["deep"] = {**_GENERIC_SHAPES["tiny"], "num_hidden_layers": 28}
 
 # Llama 3.2 stretches an 8k-trained rope to 128k. Real shapes only: transformers warns when
 # max_position_embeddings is below the original 8192, as it is for tiny.
