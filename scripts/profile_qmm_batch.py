@@ -1,6 +1,6 @@
 """Quantized matmul of a decode batch, (B, 1, K) as given vs flattened to (B, K): time per call.
 
-    python scripts/profile_qmm_batch.py [K=3072] [N=8192] [BATCHES=1,8,64,128]
+python scripts/profile_qmm_batch.py [K=3072] [N=8192] [BATCHES=1,8,64,128]
 """
 
 from __future__ import annotations

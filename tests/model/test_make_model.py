@@ -153,7 +153,9 @@ def test_llama_real_shape_uses_llama3_rope() -> None:
 
 
 def test_unknown_preset_lists_valid_choices() -> None:
-    with pytest.raises(ConfigError, match=r"valid: .*--arch qwen3 --size tiny\|small\|deep\|qwen3-0.6b"):
+    with pytest.raises(
+        ConfigError, match=r"valid: .*--arch qwen3 --size tiny\|small\|deep\|qwen3-0.6b"
+    ):
         model_config("qwen2", "qwen3-0.6b")
 
 
