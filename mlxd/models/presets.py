@@ -3,8 +3,8 @@
 ``tiny``, ``small`` and ``deep`` exist for every arch and use the trained tokenizer's
 vocabulary, so they run fast on a CPU. ``deep`` is ``tiny`` with Qwen3-0.6B's 28 layers: as many
 kernels per decode step as the real model and little arithmetic, a CPU stand-in for a GPU's
-launch-bound small-batch decode. The named sizes copy the true dimensions of released checkpoints, vocabulary
-included, so random weights cost the same compute as the real model.
+launch-bound small-batch decode. The named sizes copy the true dimensions of released
+checkpoints, vocabulary included, so random weights cost the same compute as the real model.
 """
 
 from __future__ import annotations
