@@ -55,7 +55,9 @@ class ControlClient:
     Args:
         name: the model name (for errors).
         endpoint: the worker's control endpoint, e.g. ``ipc:///tmp/mlxd-x/w0.ctl.sock``.
-        context: a shared asyncio ZMQ context; when omitted the client owns (and terms) one.
+        context: the asyncio ZMQ context; by default the process's shared one. Control traffic
+            is light: one context's I/O thread serves every worker's control clients, where a
+            context per client cost two threads and a handful of descriptors each.
     """
 
     def __init__(
@@ -69,14 +71,13 @@ class ControlClient:
         self.endpoint = endpoint
         self._keys = curve.require(endpoint, keys)  # a tcp:// link without keys is refused
         self._context = context
-        self._owns_context = context is None
         self._socket: zmq.asyncio.Socket | None = None
         self._lock = asyncio.Lock()
         self._ids = itertools.count()
 
     def sibling(self) -> ControlClient:
         """Another client of the same worker, with its own connection (and lock)."""
-        return ControlClient(self.name, self.endpoint, keys=self._keys)
+        return ControlClient(self.name, self.endpoint, self._context, keys=self._keys)
 
     def next_id(self) -> str:
         """A fresh request id for the next control message."""
@@ -108,16 +109,13 @@ class ControlClient:
 
     async def close(self) -> None:
         self._disconnect()
-        if self._owns_context and self._context is not None:
-            self._context.term()
-            self._context = None
 
     # Internal helpers
 
     def _connect(self) -> zmq.asyncio.Socket:
         if self._socket is None:
             if self._context is None:
-                self._context = zmq.asyncio.Context()
+                self._context = zmq.asyncio.Context.instance()
             sock = self._context.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             if self._keys is not None:

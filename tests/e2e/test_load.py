@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.e2e.conftest import Daemon, start_daemon, stop_daemon
@@ -103,6 +104,7 @@ def settled(pid: int, fds: int | None = None) -> tuple[int, float]:
 def test_500_streaming_clients(loaded: Daemon) -> None:
     warmup = asyncio.run(wave(loaded, 200))  # the first wave grows pools and caches for good
     assert set(warmup) <= {"ok", "429", "503"}, warmup
+    wait_for_metrics_poller(loaded)  # its control connection is part of the baseline
     pid = loaded.proc.pid  # the gateway runs in the `mlxd start` process
     base_fds, base_rss = settled(pid)
     host, port = loaded.base_url.removeprefix("http://").split(":")
@@ -129,6 +131,18 @@ def test_500_streaming_clients(loaded: Daemon) -> None:
           f"{_percentile(latencies, 50):.1f} ms, p95 {_percentile(latencies, 95):.0f} ms, max "
           f"{max(latencies):.0f} ms over {len(latencies)} probes; fds {base_fds}->{fds}, "
           f"rss {base_rss:.0f}->{rss:.0f} MiB")  # fmt: skip
+
+
+def wait_for_metrics_poller(d: Daemon) -> None:
+    """Until /metrics shows the worker's gauges: the gateway's poller (every 2 s) has opened
+    its own control connection to the worker, whose file descriptors stay open from then on."""
+    deadline = time.monotonic() + 15
+    while (
+        f'mlxd_running_sequences{{model="{d.model}"}}'
+        not in httpx.get(f"{d.base_url}/metrics", timeout=10).text
+    ):
+        assert time.monotonic() < deadline, "the metrics poller never reached the worker"
+        time.sleep(0.2)
 
 
 def _percentile(values: list[float], pct: float) -> float:
