@@ -55,7 +55,7 @@ def new_engine(
     gathers the pool's blocks every step)."""
     from mlxd.worker.block_pool import BlockPool
     from mlxd.worker.engine import Engine
-    from mlxd.worker.model_runner import ModelRunner
+    from mlxd.worker.model_runner import ModelRunner, check_model_supported
     from mlxd.worker.paged_cache import KVPool
     from mlxd.worker.paged_runner import PagedModelRunner
     from mlxd.worker.scheduler import Scheduler
@@ -63,7 +63,7 @@ def new_engine(
 
     encoder = PromptEncoder(tokenizer, vocab_size=model.args.vocab_size)
     eos = encoder.eos_token_ids
-    if not paged:
+    if not paged or not check_model_supported(model):  # sliding windows: contiguous, as served
         runner, pool = ModelRunner(model, eos), None
     else:
         num_blocks = sched.max_num_seqs * -(-max_context // block_size) + 64

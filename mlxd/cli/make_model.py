@@ -39,10 +39,16 @@ class _ConfigFailure(click.ClickException):
     default=None,
     help="Quantize to 4 or 8 bits (group size 64).",
 )
+@click.option(
+    "--sliding-window",
+    type=int,
+    default=None,
+    help="Every other layer attends to only this many recent tokens (llama, mistral).",
+)
 @click.option("--seed", default=0, show_default=True, help="Same seed, same weights.")
 @click.option("--force", is_flag=True, help="Overwrite --out if it exists.")
-def make_model_command(arch: str, size: str, out_dir: Path, dtype: str,
-                       quantize_bits: str | None, seed: int, force: bool) -> None:  # fmt: skip
+def make_model_command(arch: str, size: str, out_dir: Path, dtype: str, quantize_bits: str | None,
+                       sliding_window: int | None, seed: int, force: bool) -> None:  # fmt: skip
     """Make a model with random weights for tests and benchmarks; no network needed."""
     if out_dir.exists() and not force:
         raise click.ClickException(f"{out_dir} already exists (use --force to overwrite)")
@@ -56,6 +62,7 @@ def make_model_command(arch: str, size: str, out_dir: Path, dtype: str,
             size=size,
             dtype=dtype,
             quantize_bits=None if quantize_bits is None else int(quantize_bits),
+            sliding_window=sliding_window,
             seed=seed,
             overwrite=force,
         )

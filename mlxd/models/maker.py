@@ -58,6 +58,7 @@ def make_model(
     size: str = "tiny",
     dtype: str = "float32",
     quantize_bits: int | None = None,
+    sliding_window: int | None = None,
     seed: int = 0,
     overwrite: bool = False,
     progress: Progress | None = None,
@@ -70,6 +71,9 @@ def make_model(
         size: A preset size of that architecture, e.g. ``tiny`` or ``qwen3-0.6b``.
         dtype: ``float32``, ``bfloat16`` or ``float16``.
         quantize_bits: 4 or 8 to quantize (affine, group size 64); None keeps ``dtype``.
+        sliding_window: every other layer attends to only this many recent tokens (llama and
+            mistral, as Gemma-style interleaved attention; mlx-lm gives those layers a
+            rotating cache). None: every layer attends to the whole context.
         seed: The same seed gives the same weights, hence the same greedy output.
         overwrite: Replace ``out_dir`` if it exists, instead of raising.
         progress: Receives one line per long step; default prints to stderr.
@@ -83,6 +87,8 @@ def make_model(
     report = progress or _print_stderr
     config = model_config(arch, size)
     _check_options(dtype, quantize_bits)
+    if sliding_window is not None:
+        _interleave_sliding_window(config, arch, sliding_window)
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
         raise ConfigError(f"{out_dir} already exists (use --force to overwrite)")
@@ -158,6 +164,16 @@ def _build(
     report("saving weights")
     save_model(out_dir, model, donate_model=True)
     save_config(config, out_dir / "config.json")
+
+
+def _interleave_sliding_window(config: dict[str, Any], arch: str, window: int) -> None:
+    if arch not in ("llama", "mistral"):
+        raise ConfigError(f"--sliding-window needs --arch llama or mistral, not {arch}")
+    if window < 1:
+        raise ConfigError("--sliding-window must be at least 1 token")
+    config["sliding_window"] = window
+    kinds = ("sliding_attention", "full_attention")
+    config["layer_types"] = [kinds[i % 2] for i in range(config["num_hidden_layers"])]
 
 
 def _build_model(config: dict[str, Any]) -> nn.Module:

@@ -47,10 +47,13 @@ class SequenceKVCache:
     def make_mask(
         self, N: int, return_array: bool = False, window_size: int | None = None
     ) -> mx.array | str | None:
+        if window_size is not None and self.offset + N > window_size:
+            # Some key is outside some query's window (a later chunk sees earlier ones' keys).
+            return create_causal_mask(N, offset=self.offset, window_size=window_size)
         if N == 1:
             return None
-        if return_array or (window_size is not None and N > window_size):
-            return create_causal_mask(N, offset=self.offset, window_size=window_size)
+        if return_array:
+            return create_causal_mask(N, offset=self.offset)
         return "causal"
 
     @property

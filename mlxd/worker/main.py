@@ -127,7 +127,6 @@ def _load(config: WorkerConfig) -> tuple[Any, Any, int]:
     if not Path(config.model).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
         raise ConfigError(f"model {config.model!r} is not a local directory (offline)")
     model, tokenizer = mlx_lm.load(config.model)[:2]
-    check_model_supported(model)
     if quantized := batch_as_rows(model):
         log.info("%d quantized layers take each batch as rows of one matrix", len(quantized))
     max_context = config.max_context or _model_context(model)
@@ -138,8 +137,16 @@ def _load(config: WorkerConfig) -> tuple[Any, Any, int]:
 def _runner(
     model: Any, eos_token_ids: set[int], config: WorkerConfig, max_context: int
 ) -> tuple[ModelRunner, BlockPool | None, int]:
-    """The paged runner with its block pool, or the contiguous one (``--no-paged-kv``). The
-    context is capped to what the pool holds, so any one request fits alone."""
+    """The paged runner with its block pool, or the contiguous one (``--no-paged-kv``, or a
+    model with sliding-window layers). The context is capped to what the pool holds, so any one
+    request fits alone."""
+    paged_ok = check_model_supported(model)  # raises for models the engine cannot serve
+    if config.cache.paged and not paged_ok:
+        log.warning("%s has sliding-window layers: served with the contiguous KV cache (no "
+                    "paged pool, prefix cache or preemption; its memory grows with the context, "
+                    "not the window)", config.name)  # fmt: skip
+        note = "sliding-window model"
+        return ModelRunner(model, eos_token_ids, kv_note=note), None, max_context
     if not config.cache.paged:
         return ModelRunner(model, eos_token_ids), None, max_context
     from mlxd.worker.paged_cache import KVPool

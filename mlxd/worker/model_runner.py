@@ -26,26 +26,37 @@ TokenEvent = tuple[Sequence, int]
 _Group = tuple[list[Sequence], mx.array, list[BatchKVCache], StepLogprobs | None]
 
 
-def check_model_supported(model: Any) -> None:
-    """Refuse models whose layers need a cache other than a plain KV cache (sliding windows,
-    SSM state): the batching engine does not serve those yet."""
-    if not hasattr(model, "make_cache"):
-        return
-    from mlx_lm.models.cache import KVCache
+def check_model_supported(model: Any) -> bool:
+    """Whether the paged KV cache can serve ``model``; refuses models the engine cannot serve.
 
-    kinds = {type(c).__name__ for c in model.make_cache() if type(c) is not KVCache}
-    if kinds:
+    Sliding-window layers (mlx-lm gives them a ``RotatingKVCache``) are served by the contiguous
+    cache, which keeps every token and masks those outside the window: the same attention, but
+    memory grows with the context, not the window. The paged cache does not mask windows yet.
+    Other caches (SSM or hybrid state) are refused.
+
+    Raises:
+        ConfigError: a layer needs a cache the engine does not support.
+    """
+    if not hasattr(model, "make_cache"):
+        return True
+    from mlx_lm.models.cache import KVCache, RotatingKVCache
+
+    kinds = {type(c) for c in model.make_cache()} - {KVCache}
+    if kinds - {RotatingKVCache}:
+        names = ", ".join(sorted(k.__name__ for k in kinds))
         raise ConfigError(
-            f"this model needs {', '.join(sorted(kinds))} caches, which mlxd's batching engine "
-            "does not support yet"
+            f"this model needs {names} caches, which mlxd's batching engine does not support yet"
         )
+    return not kinds
 
 
 class ModelRunner:
     """Owns the decode batch: its rows, their KV caches and their not-yet-read tokens."""
 
-    def __init__(self, model: Any, eos_token_ids: set[int]) -> None:
+    def __init__(self, model: Any, eos_token_ids: set[int], kv_note: str = "") -> None:
+        """``kv_note``: why this model decodes on the contiguous cache, for status."""
         self.model = model
+        self.kv_note = kv_note
         self.eos_token_ids = sorted(eos_token_ids)
         self.num_layers = len(model.layers)
         self.rows: list[Sequence] = []
@@ -134,7 +145,8 @@ class ModelRunner:
 
     @property
     def kv_description(self) -> str:
-        return "contiguous (one left-padded cache per decode batch)"
+        why = f"; {self.kv_note}" if self.kv_note else ""
+        return f"contiguous (one left-padded cache per decode batch{why})"
 
     @property
     def kv_bytes(self) -> int:

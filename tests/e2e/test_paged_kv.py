@@ -125,3 +125,30 @@ def test_disconnect_frees_the_streams_blocks(small_pool: Daemon) -> None:
         time.sleep(0.1)
     assert s["kv_blocks_used"] == s["kv_blocks_cached"], s  # only the prefix cache holds any
     assert s["requests_cancelled"] >= 1
+
+
+def test_a_sliding_window_model_is_served_on_the_contiguous_cache_and_says_so(
+    tmp_path: Path,
+) -> None:
+    """The paged cache does not mask windows: such a model is served on the contiguous cache,
+    which does, and both the daemon's output and the worker's status say so."""
+    from mlxd.models.maker import make_model
+
+    model_dir = make_model(tmp_path / "swa", arch="llama", size="tiny", sliding_window=8,
+                           progress=lambda line: None)  # fmt: skip
+    log_path = tmp_path / "daemon.log"
+    with log_path.open("wb") as log:
+        d = start_daemon(model_dir, "--max-context", "256", stderr=log)
+        try:
+            with openai.OpenAI(base_url=f"{d.base_url}/v1", api_key="unused",
+                               max_retries=0) as client:  # fmt: skip
+                out = client.completions.create(model=d.model, prompt="one two three four five "
+                                                "six seven eight nine ten", max_tokens=24,
+                                                temperature=0)  # fmt: skip
+            assert out.usage.completion_tokens > 0
+            r = httpx.get(f"{d.base_url}/admin/models/{d.model}/status", timeout=30)
+            assert r.status_code == 200, r.text
+            assert "contiguous" in r.json()["kv_cache"] and "sliding-window" in r.json()["kv_cache"]
+        finally:
+            stop_daemon(d)
+    assert "has sliding-window layers: served with the contiguous KV cache" in log_path.read_text()
