@@ -303,8 +303,13 @@ def test_random_schedules_decode_the_same_in_every_kv_mode(harness_factory: Any,
     preempted: list[int] = []
     expected = run(paged=False, num_blocks=256)
     assert len(expected) >= 7
-    for kw, seen in (({}, {"view"}), ({"max_view_tokens": 300}, {"view", "gathered"}),
-                     ({"max_view_tokens": 0}, {"gathered"}), ({"num_blocks": 24}, None)):  # fmt: skip
+    cases: list[tuple[dict[str, Any], set[str] | None]] = [
+        ({}, {"view"}),
+        ({"max_view_tokens": 300}, {"view", "gathered"}),  # hands over when the view is full
+        ({"max_view_tokens": 0}, {"gathered"}),
+        ({"num_blocks": 24}, None),  # preempts
+    ]
+    for kw, seen in cases:
         modes.clear()
         assert run(**kw) == expected, kw
         assert seen is None or seen <= modes, (kw, modes)
