@@ -18,6 +18,10 @@ if TYPE_CHECKING:
 
 DEFAULT_MODEL = "mlxd-default"
 API_KEY_TIERS = ("high", "normal", "low")  # the protocol's priorities, highest first
+# Of a paged worker's KV budget, the share decode's read view may hold (a copy of the batch's
+# K/V that makes each step read one contiguous array; see worker/decode_tail.py); the pool
+# gets the rest, so the budget caps both.
+VIEW_SHARE = 0.2
 
 
 def data_dir(environ: Mapping[str, str] | None = None) -> Path:

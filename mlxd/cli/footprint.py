@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlxd.config import ModelSpec, ServeConfig
+from mlxd.config import VIEW_SHARE, ModelSpec, ServeConfig
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,8 @@ def footprint(spec: ModelSpec, config: ServeConfig) -> Footprint:
             model_config.get("max_position_embeddings") or DEFAULT_CONTEXT
         )
         most_useful = kv_bytes_per_token(model_config) * config.scheduler.max_num_seqs * context
+        if config.cache.paged:  # as the worker sizes it: the pool plus decode's view
+            most_useful = int(most_useful / (1 - VIEW_SHARE))
         kv = min(most_useful, DEFAULT_KV_BYTES)
     headroom = RUNTIME_BYTES + int(HEADROOM_SHARE * (weights + kv))
     return Footprint(weights, kv, headroom)

@@ -16,7 +16,7 @@ from typing import Any
 import zmq
 from mlx.utils import tree_flatten
 
-from mlxd.config import WorkerConfig
+from mlxd.config import VIEW_SHARE, WorkerConfig
 from mlxd.errors import ConfigError
 from mlxd.protocol import curve
 from mlxd.protocol.channel import WorkerChannel, control_endpoint
@@ -37,9 +37,6 @@ STARTUP_FAILURE = 3
 
 DEFAULT_CONTEXT = 4096
 DEFAULT_KV_FRACTION = 0.5  # of the memory the weights leave, when --kv-cache-gb is not given
-# Of the KV budget, the share decode's read view may hold (a copy of the batch's K/V that makes
-# each step read one contiguous array; see worker/decode_tail.py). The pool gets the rest.
-VIEW_SHARE = 0.2
 
 
 def serve(config: WorkerConfig) -> int:

@@ -65,7 +65,10 @@ class PagedModelRunner(ModelRunner):
 
     @property
     def kv_bytes(self) -> int:
-        return self.pool.nbytes
+        """The pool, and decode's view or buffers as they stand (their graph may be unevaluated:
+        then the size they will have)."""
+        buffers = [b for b in self.tail.keys + self.tail.values if b is not None]
+        return self.pool.nbytes + sum(b.nbytes for b in buffers)
 
     @property
     def kv_description(self) -> str:

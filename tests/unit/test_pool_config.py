@@ -10,7 +10,14 @@ import pytest
 from mlxd.cli.budget import Resident, evictions
 from mlxd.cli.config_file import read_config_file
 from mlxd.cli.footprint import RUNTIME_BYTES, footprint, kv_bytes_per_token
-from mlxd.config import ModelSpec, ServeConfig, parse_duration, parse_memory
+from mlxd.config import (
+    VIEW_SHARE,
+    CacheConfig,
+    ModelSpec,
+    ServeConfig,
+    parse_duration,
+    parse_memory,
+)
 from mlxd.errors import ConfigError
 
 
@@ -109,7 +116,10 @@ def test_footprint_counts_safetensors_kv_and_headroom(tmp_path: Path) -> None:
     spec = ModelSpec(name="m", path=str(tmp_path))
     size = footprint(spec, ServeConfig(models=(spec,), max_context=100))
     assert size.weights_bytes == 1024
-    assert size.kv_bytes == 512 * 64 * 100  # bytes/token x max_num_seqs x context
+    # bytes/token x max_num_seqs x context in the pool, and decode's view beside it (paged)
+    assert size.kv_bytes == int(512 * 64 * 100 / (1 - VIEW_SHARE))
+    contiguous = ServeConfig(models=(spec,), max_context=100, cache=CacheConfig(paged=False))
+    assert footprint(spec, contiguous).kv_bytes == 512 * 64 * 100
     assert size.headroom_bytes == RUNTIME_BYTES + (1024 + size.kv_bytes) // 10
     pinned_kv = ModelSpec(name="m", path=str(tmp_path), kv_cache_gb=1.0)
     assert footprint(pinned_kv, ServeConfig(models=(spec,))).kv_bytes == 2**30
