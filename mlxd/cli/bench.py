@@ -271,10 +271,11 @@ def engine_command(
     from mlxd.bench.stats import add_speedup
     from mlxd.bench.workload import make_prompts
     from mlxd.config import SchedulerConfig
+    from mlxd.worker.output_head import last_position_only
     from mlxd.worker.quantized import batch_as_rows, restore
 
     model, tokenizer = mlx_lm.load(model_path)[:2]
-    quantized = batch_as_rows(model)  # as the worker serves it
+    quantized, whole_head = batch_as_rows(model), last_position_only(model)  # as the worker does
     rows: list[dict[str, Any]] = []
     yard: list[dict[str, Any]] = []
     payload = report.meta(kind="engine", label=label, model=model_path,
@@ -298,10 +299,11 @@ def engine_command(
         if compare_mlx_lm:
             ref = mlx_lm_single if level == 1 else mlx_lm_batch_level
             arg = prompts[0] if level == 1 else prompts
-            restore(quantized)  # mlx-lm on its own layers
+            whole_head()  # mlx-lm on the model as it made it
+            restore(quantized)
             ref(model, arg, 16)  # type: ignore[arg-type]
             yard.append(ref(model, arg, max_tokens))  # type: ignore[arg-type]
-            quantized = batch_as_rows(model)
+            quantized, whole_head = batch_as_rows(model), last_position_only(model)
         bar.advance()
         bar.close()
         write_partial(add_speedup(rows))

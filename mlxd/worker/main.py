@@ -26,6 +26,7 @@ from mlxd.worker.control import Control
 from mlxd.worker.embedder import Embedder
 from mlxd.worker.engine import Engine
 from mlxd.worker.model_runner import ModelRunner, check_model_supported
+from mlxd.worker.output_head import last_position_only
 from mlxd.worker.quantized import batch_as_rows
 from mlxd.worker.scheduler import Scheduler
 from mlxd.worker.tokenizer import PromptEncoder
@@ -126,6 +127,7 @@ def _load(config: WorkerConfig) -> tuple[Any, Any, int]:
     model, tokenizer = mlx_lm.load(config.model)[:2]
     if quantized := batch_as_rows(model):
         log.info("%d quantized layers take each batch as rows of one matrix", len(quantized))
+    last_position_only(model)  # the engine samples each row's last position, and nothing else
     max_context = config.max_context or _model_context(model)
     log.info("loaded %s in %.1f s", config.model, time.monotonic() - started)
     return model, tokenizer, max_context

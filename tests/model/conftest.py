@@ -59,12 +59,14 @@ class Harness:
         from mlxd.worker.block_pool import BlockPool
         from mlxd.worker.engine import Engine
         from mlxd.worker.model_runner import ModelRunner
+        from mlxd.worker.output_head import last_position_only
         from mlxd.worker.paged_cache import KVPool
         from mlxd.worker.paged_runner import PagedModelRunner
         from mlxd.worker.scheduler import Scheduler
         from mlxd.worker.tokenizer import PromptEncoder
 
         model, tokenizer = load_model(model_path)
+        last_position_only(model)  # as the worker serves it (mlx-lm reads the last one too)
         encoder = PromptEncoder(tokenizer, vocab_size=model.args.vocab_size)
         pool = BlockPool(num_blocks, block_size) if paged else None
         runner = (
