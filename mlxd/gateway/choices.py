@@ -58,13 +58,13 @@ class Choices:
     async def __anext__(self) -> TokenDelta | Finished:
         if self.is_done:
             raise StopAsyncIteration
-        item = await self._queue.get()
-        if isinstance(item, BaseException):
-            raise item
-        event = item[1]
-        if isinstance(event, Finished):
-            self._finished.append(event)
-        return event
+        return self._take(await self._queue.get())
+
+    def next_ready(self) -> TokenDelta | Finished | None:
+        """The next event if one is already waiting, else ``None`` (never waits)."""
+        if self.is_done or self._queue.empty():
+            return None
+        return self._take(self._queue.get_nowait())
 
     @property
     def is_done(self) -> bool:
@@ -87,6 +87,14 @@ class Choices:
         await asyncio.gather(*self._pumps, return_exceptions=True)
         for stream in self.streams:
             await stream.cancel()
+
+    def _take(self, item: _Item) -> TokenDelta | Finished:
+        if isinstance(item, BaseException):
+            raise item
+        event = item[1]
+        if isinstance(event, Finished):
+            self._finished.append(event)
+        return event
 
     async def _pump(self, index: int, stream: RequestStream) -> None:
         try:
