@@ -72,3 +72,25 @@ def test_quantized_rows_see_two_dimensional_inputs(q4_model: nn.Module) -> None:
 def test_plain_models_are_left_alone(tiny_model: Path) -> None:
     model = mlx_lm.load(str(tiny_model))[0]
     assert batch_as_rows(model) == []
+
+
+def test_a_quantized_model_decodes_a_batch_as_mlx_lm_decodes_each_prompt(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Through the engine, batched and with its layers taking rows, greedy output of a 4-bit
+    model is mlx-lm's one prompt at a time."""
+    from tests.model.conftest import Harness, load_model
+    from tests.model.test_engine import PROMPTS, reference
+
+    path = make_model(tmp_path_factory.mktemp("q4-engine") / "m", arch="qwen3", size="tiny",
+                      quantize_bits=4, progress=lambda line: None)  # fmt: skip
+    assert batch_as_rows(load_model(path)[0])  # the harness and the reference share it
+    h = Harness(path)
+    try:
+        for i, prompt in enumerate(PROMPTS):
+            h.generate(str(i), prompt, max_tokens=12, ignore_eos=True)
+        results = h.run()
+    finally:
+        h.close()
+    for i, prompt in enumerate(PROMPTS):
+        assert results[str(i)].token_ids == reference(path, prompt, 12), prompt
