@@ -63,7 +63,7 @@ def new_engine(
 
     encoder = PromptEncoder(tokenizer, vocab_size=model.args.vocab_size)
     eos = encoder.eos_token_ids
-    if not paged or not check_model_supported(model):  # sliding windows: contiguous, as served
+    if not paged or check_model_supported(model):  # windows, recurrent state: as served
         runner, pool = ModelRunner(model, eos), None
     else:
         num_blocks = sched.max_num_seqs * -(-max_context // block_size) + 64

@@ -21,7 +21,12 @@ class _ConfigFailure(click.ClickException):
 # --arch and --size are plain strings: presets.py owns the valid pairs and names them all in one
 # line, where click.Choice would print a multi-line usage block.
 @click.command("make-model")
-@click.option("--arch", default="qwen3", show_default=True, help="qwen3, llama, qwen2 or mistral.")
+@click.option(
+    "--arch",
+    default="qwen3",
+    show_default=True,
+    help="qwen3, llama, qwen2, mistral or mamba (state-space).",
+)
 @click.option(
     "--size",
     default="tiny",

@@ -15,7 +15,7 @@ from typing import Any
 from mlxd.errors import ConfigError
 from mlxd.models.tokenizer_maker import EOS_TOKEN_ID, PAD_TOKEN_ID, TRAINED_VOCAB_SIZE
 
-ARCHS = ("qwen3", "llama", "qwen2", "mistral")
+ARCHS = ("qwen3", "llama", "qwen2", "mistral", "mamba")
 
 # Fields every checkpoint of the arch shares. transformers_version >= 5 tells transformers the
 # tokenizer needs no Mistral regex fix (it warns on model_type mistral otherwise).
@@ -26,6 +26,18 @@ _COMMON: dict[str, Any] = {
     "transformers_version": "5.0.0",
 }
 _ARCH_BASE: dict[str, dict[str, Any]] = {
+    # A state-space model: recurrent state per layer instead of a KV cache (mlx-lm's
+    # ArraysCache); the generic shapes' attention fields are ignored.
+    "mamba": {
+        "model_type": "mamba",
+        "architectures": ["MambaForCausalLM"],
+        "state_size": 16,
+        "conv_kernel": 4,
+        "time_step_rank": 8,
+        "use_bias": False,
+        "use_conv_bias": True,
+        "tie_word_embeddings": True,
+    },
     "qwen3": {
         "model_type": "qwen3",
         "architectures": ["Qwen3ForCausalLM"],

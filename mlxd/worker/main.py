@@ -139,13 +139,11 @@ def _runner(
     """The paged runner with its block pool, or the contiguous one (``--no-paged-kv``, or a
     model with sliding-window layers). The context is capped to what the pool holds, so any one
     request fits alone."""
-    paged_ok = check_model_supported(model)  # raises for models the engine cannot serve
-    if config.cache.paged and not paged_ok:
-        log.warning("%s has sliding-window layers: served with the contiguous KV cache (no "
-                    "paged pool, prefix cache or preemption; its memory grows with the context, "
-                    "not the window)", config.name)  # fmt: skip
-        note = "sliding-window model"
-        return ModelRunner(model, eos_token_ids, kv_note=note), None, max_context
+    why = check_model_supported(model)  # raises for models the engine cannot serve
+    if config.cache.paged and why:
+        log.warning("%s has %s: served with the contiguous KV cache (no paged pool, prefix "
+                    "cache or preemption)", config.name, why)  # fmt: skip
+        return ModelRunner(model, eos_token_ids, kv_note=why), None, max_context
     if not config.cache.paged:
         return ModelRunner(model, eos_token_ids), None, max_context
     from mlxd.worker.paged_cache import KVPool

@@ -12,7 +12,7 @@ from typing import Any
 import mlx.core as mx
 
 from mlxd.errors import ConfigError
-from mlxd.worker import grammar, logprobs
+from mlxd.worker import grammar, logprobs, state_cache
 from mlxd.worker.kv_cache import BatchKVCache, SequenceKVCache
 from mlxd.worker.logprobs import StepLogprobs
 from mlxd.worker.sampling import SampleRow, needs_history, sample
@@ -23,31 +23,34 @@ log = logging.getLogger(__name__)
 
 TokenEvent = tuple[Sequence, int]
 # rows, first tokens, their KV, the first tokens' logprobs
-_Group = tuple[list[Sequence], mx.array, list[BatchKVCache], StepLogprobs | None]
+_Group = tuple[list[Sequence], mx.array, list[Any], StepLogprobs | None]
 
 
-def check_model_supported(model: Any) -> bool:
-    """Whether the paged KV cache can serve ``model``; refuses models the engine cannot serve.
+def check_model_supported(model: Any) -> str:
+    """Why the paged KV cache cannot serve ``model`` ("" when it can); refuses models the engine
+    cannot serve at all.
 
-    Sliding-window layers (mlx-lm gives them a ``RotatingKVCache``) are served by the contiguous
-    cache, which keeps every token and masks those outside the window: the same attention, but
-    memory grows with the context, not the window. The paged cache does not mask windows yet.
-    Other caches (SSM or hybrid state) are refused.
+    Sliding-window layers (mlx-lm's ``RotatingKVCache``) and state-space layers (its
+    ``ArraysCache``: Mamba-style recurrent state, alone or in hybrids) are served by the
+    contiguous runner: it keeps every token of a windowed layer and masks those outside the
+    window (the same attention; memory grows with the context, not the window), and batches
+    recurrent state by rows. The paged cache handles neither yet.
 
     Raises:
         ConfigError: a layer needs a cache the engine does not support.
     """
     if not hasattr(model, "make_cache"):
-        return True
-    from mlx_lm.models.cache import KVCache, RotatingKVCache
+        return ""
+    from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
     kinds = {type(c) for c in model.make_cache()} - {KVCache}
-    if kinds - {RotatingKVCache}:
+    if kinds - {RotatingKVCache, ArraysCache}:
         names = ", ".join(sorted(k.__name__ for k in kinds))
         raise ConfigError(
             f"this model needs {names} caches, which mlxd's batching engine does not support yet"
         )
-    return not kinds
+    named = ((RotatingKVCache, "sliding-window layers"), (ArraysCache, "state-space layers"))
+    return " and ".join(why for kind, why in named if kind in kinds)
 
 
 class ModelRunner:
@@ -60,11 +63,14 @@ class ModelRunner:
         self.eos_token_ids = sorted(eos_token_ids)
         self.num_layers = len(model.layers)
         self.rows: list[Sequence] = []
-        self._batch = [BatchKVCache() for _ in range(self.num_layers)]
+        # Layers with recurrent state (state_cache.py) rather than K/V; their prompts run alone.
+        self._state_layers = {i for i, c in enumerate(_model_caches(model))
+                              if state_cache.is_state_cache(c)}  # fmt: skip
+        self._batch: list[Any] = self._new_caches(batch=True)
         self._pending: mx.array | None = None  # last sampled token of each row
         self._pending_lp: StepLogprobs | None = None  # their logprobs, for the rows that ask
         self._emitted: list[bool] = []  # whether that token was already handed out
-        self._prefill: dict[Sequence, list[SequenceKVCache]] = {}
+        self._prefill: dict[Sequence, list[Any]] = {}
 
     # Public API
 
@@ -74,18 +80,19 @@ class ModelRunner:
         Whole prompts go through one left-padded forward (one launch, one join); a prompt split
         across steps runs alone until its last chunk. Returns each joined sequence's first token.
         """
-        whole = [c for c in chunks if c.start == 0 and c.is_last]
+        padded = not self._state_layers  # recurrent state must not see padding
+        whole = [c for c in chunks if c.start == 0 and c.is_last and padded]
         groups = [self._prefill_whole(whole)] if whole else []
         for chunk in chunks:
-            if not (chunk.start == 0 and chunk.is_last):
+            if chunk not in whole:
                 group = self._prefill_part(chunk)
                 if group is not None:
                     groups.append(group)
         if not groups:
             return []
         for _, _, caches, _ in groups:
-            for layer, part in zip(self._batch, caches, strict=True):
-                layer.extend(part)
+            self._batch = [_extend(layer, part) for layer, part in zip(self._batch, caches,
+                                                                        strict=True)]  # fmt: skip
         return self._join([(seqs, first, lp) for seqs, first, _, lp in groups])
 
     def remove(self, seqs: set[Sequence]) -> None:
@@ -140,7 +147,7 @@ class ModelRunner:
         lost = self.rows + list(self._prefill)
         self.rows, self._emitted, self._pending, self._prefill = [], [], None, {}
         self._pending_lp = None
-        self._batch = [BatchKVCache() for _ in range(self.num_layers)]
+        self._batch = self._new_caches(batch=True)
         return lost
 
     @property
@@ -150,8 +157,8 @@ class ModelRunner:
 
     @property
     def kv_bytes(self) -> int:
-        single = sum(c.nbytes for cs in self._prefill.values() for c in cs)
-        return single + sum(c.nbytes for c in self._batch)
+        single = sum(_nbytes(c) for cs in self._prefill.values() for c in cs)
+        return single + sum(_nbytes(c) for c in self._batch)
 
     # Internal helpers (the cache hooks are what the paged runner replaces)
 
@@ -159,8 +166,18 @@ class ModelRunner:
         return self._batch  # type: ignore[return-value]
 
     def _filter_cache(self, keep: list[int]) -> None:
-        for layer in self._batch:
-            layer.filter(keep)
+        for i, layer in enumerate(self._batch):
+            if state_cache.is_state_cache(layer):
+                self._batch[i] = state_cache.keep_rows(layer, keep)
+            else:
+                layer.filter(keep)
+
+    def _new_caches(self, batch: bool) -> list[Any]:
+        """Empty caches for every layer: the decode batch's (``batch``) or one sequence's."""
+        caches = _model_caches(self.model) if self._state_layers else []
+        return [caches[i] if i in self._state_layers else
+                (BatchKVCache() if batch else SequenceKVCache())
+                for i in range(self.num_layers)]  # fmt: skip
 
     def _join(
         self, groups: list[tuple[list[Sequence], mx.array, StepLogprobs | None]]
@@ -191,14 +208,15 @@ class ModelRunner:
 
     def _prefill_part(self, chunk: PrefillChunk) -> _Group | None:
         seq = chunk.seq
-        caches = self._prefill.setdefault(seq, [SequenceKVCache() for _ in range(self.num_layers)])
+        caches = self._prefill.setdefault(seq, self._new_caches(batch=False))
         tokens = mx.array(seq.prompt_ids[chunk.start : chunk.end])[None]
         logits = self.model(tokens, cache=caches)
         if not chunk.is_last:
-            mx.eval([c.keys for c in caches])  # keep the lazy graph one chunk deep
+            mx.eval([_arrays(c) for c in caches])  # keep the lazy graph one chunk deep
             return None
         first, lp = self._sample(logits[:, -1, :], [seq], [self._sample_row(seq, emitted=True)])
-        return [seq], first, [BatchKVCache.from_single(c) for c in self._prefill.pop(seq)], lp
+        single = self._prefill.pop(seq)
+        return [seq], first, [_to_batch(c) for c in single], lp
 
     @staticmethod
     def _sample(
@@ -244,3 +262,31 @@ class ModelRunner:
             lp.attach(dict(out))
         grammar.advance(out)
         return out
+
+
+# Layer caches: our K/V caches, or mlx-lm's recurrent state (state_cache.py)
+
+
+def _model_caches(model: Any) -> list[Any]:
+    return model.make_cache() if hasattr(model, "make_cache") else []
+
+
+def _extend(batch: Any, part: Any) -> Any:
+    if state_cache.is_state_cache(batch):
+        return state_cache.extend(batch, part)
+    batch.extend(part)
+    return batch
+
+
+def _to_batch(single: Any) -> Any:
+    """One prefilled sequence's cache as a batch of one row."""
+    return BatchKVCache.from_single(single) if isinstance(single, SequenceKVCache) else single
+
+
+def _nbytes(cache: Any) -> int:
+    return state_cache.nbytes(cache) if state_cache.is_state_cache(cache) else int(cache.nbytes)
+
+
+def _arrays(cache: Any) -> Any:
+    return [c for c in cache.cache if c is not None] if state_cache.is_state_cache(cache) else (
+        cache.keys)  # fmt: skip

@@ -127,15 +127,23 @@ def test_disconnect_frees_the_streams_blocks(small_pool: Daemon) -> None:
     assert s["requests_cancelled"] >= 1
 
 
-def test_a_sliding_window_model_is_served_on_the_contiguous_cache_and_says_so(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("arch", "extra", "why"),
+    [
+        ("llama", {"sliding_window": 8}, "sliding-window layers"),
+        ("mamba", {}, "state-space layers"),
+    ],
+    ids=["sliding-window", "state-space"],
+)
+def test_models_the_paged_cache_cannot_hold_are_served_contiguous_and_say_so(
+    tmp_path: Path, arch: str, extra: dict[str, Any], why: str
 ) -> None:
-    """The paged cache does not mask windows: such a model is served on the contiguous cache,
-    which does, and both the daemon's output and the worker's status say so."""
+    """The paged cache neither masks windows nor holds recurrent state: such models are served
+    on the contiguous runner, and both the daemon's output and the worker's status say so."""
     from mlxd.models.maker import make_model
 
-    model_dir = make_model(tmp_path / "swa", arch="llama", size="tiny", sliding_window=8,
-                           progress=lambda line: None)  # fmt: skip
+    model_dir = make_model(tmp_path / arch, arch=arch, size="tiny", progress=lambda line: None,
+                           **extra)  # fmt: skip
     log_path = tmp_path / "daemon.log"
     with log_path.open("wb") as log:
         d = start_daemon(model_dir, "--max-context", "256", stderr=log)
@@ -148,7 +156,7 @@ def test_a_sliding_window_model_is_served_on_the_contiguous_cache_and_says_so(
             assert out.usage.completion_tokens > 0
             r = httpx.get(f"{d.base_url}/admin/models/{d.model}/status", timeout=30)
             assert r.status_code == 200, r.text
-            assert "contiguous" in r.json()["kv_cache"] and "sliding-window" in r.json()["kv_cache"]
+            assert "contiguous" in r.json()["kv_cache"] and why in r.json()["kv_cache"]
         finally:
             stop_daemon(d)
-    assert "has sliding-window layers: served with the contiguous KV cache" in log_path.read_text()
+    assert f"has {why}: served with the contiguous KV cache" in log_path.read_text()

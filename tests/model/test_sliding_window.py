@@ -1,5 +1,5 @@
 """Models with sliding-window layers decode on the contiguous cache, equal to mlx-lm's rotating
-cache; models with other state are refused."""
+cache; caches the engine does not know are refused."""
 
 from __future__ import annotations
 
@@ -31,19 +31,20 @@ def test_sliding_window_layers_use_rotating_caches_in_mlx_lm(swa_model: Path) ->
     model = mlx_lm.load(str(swa_model))[0]
     kinds = [type(c).__name__ for c in model.make_cache()]
     assert kinds == ["RotatingKVCache", "KVCache"]
-    assert check_model_supported(model) is False  # served, not on the paged cache
+    assert check_model_supported(model) == "sliding-window layers"  # not on the paged cache
 
 
-def test_plain_models_go_paged_and_state_space_models_are_refused(tiny_model: Path) -> None:
-    from mlx_lm.models import mamba
+def test_plain_models_go_paged_and_unknown_caches_are_refused(tiny_model: Path) -> None:
+    from mlx_lm.models.cache import ChunkedKVCache
 
-    assert check_model_supported(mlx_lm.load(str(tiny_model))[0]) is True
-    args = mamba.ModelArgs(model_type="mamba", vocab_size=64, hidden_size=16,
-                           intermediate_size=32, state_size=4, num_hidden_layers=2,
-                           conv_kernel=4, use_bias=False, use_conv_bias=True,
-                           time_step_rank=4)  # fmt: skip
-    with pytest.raises(ConfigError, match="ArraysCache caches"):
-        check_model_supported(mamba.Model(args))
+    assert check_model_supported(mlx_lm.load(str(tiny_model))[0]) == ""
+
+    class ChunkedAttention:  # the cache kind is all the check reads
+        def make_cache(self) -> list[Any]:
+            return [ChunkedKVCache(16)]
+
+    with pytest.raises(ConfigError, match="ChunkedKVCache caches"):
+        check_model_supported(ChunkedAttention())
 
 
 @pytest.mark.parametrize("prefill_chunk", [16, 512], ids=["chunked", "one-padded-batch"])

@@ -1,0 +1,50 @@
+"""State-space (Mamba) models: recurrent state per row in the contiguous runner, prompts
+prefilled one at a time; greedy output equals mlx-lm's one prompt at a time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import mlx_lm
+import pytest
+
+from mlxd.models.maker import make_model
+from mlxd.protocol.messages import Cancel
+from mlxd.worker.model_runner import check_model_supported
+from tests.model.conftest import Harness
+from tests.model.test_engine import PROMPTS, reference
+
+pytestmark = pytest.mark.model
+
+
+@pytest.fixture(scope="module")
+def mamba_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_model(tmp_path_factory.mktemp("mamba") / "m", arch="mamba", size="tiny",
+                      progress=lambda line: None)  # fmt: skip
+
+
+def test_state_space_models_are_served_on_the_contiguous_runner(mamba_model: Path) -> None:
+    model = mlx_lm.load(str(mamba_model))[0]
+    assert {type(c).__name__ for c in model.make_cache()} == {"ArraysCache"}
+    assert check_model_supported(model) == "state-space layers"
+
+
+@pytest.mark.parametrize("prefill_chunk", [16, 512], ids=["chunked", "whole"])
+def test_batched_state_space_decode_equals_mlx_lm(mamba_model: Path, prefill_chunk: int) -> None:
+    """Rows join mid-decode, one is cancelled and leaves, the others keep their state."""
+    h = Harness(mamba_model, paged=False, prefill_chunk=prefill_chunk)
+    try:
+        for i, prompt in enumerate(PROMPTS[:3]):
+            h.generate(str(i), prompt, max_tokens=24, ignore_eos=True)
+        h.generate("gone", PROMPTS[4], max_tokens=24, ignore_eos=True)
+        h.step(5)
+        h.send(Cancel(request_id="gone"))
+        h.generate("3", PROMPTS[3], max_tokens=24, ignore_eos=True)  # joins a running batch
+        results: dict[str, Any] = h.run()
+        assert h.engine.runner.kv_bytes == 0  # every row's state went with it
+    finally:
+        h.close()
+    for i, prompt in enumerate(PROMPTS[:4]):
+        assert results[str(i)].token_ids == reference(mamba_model, prompt, 24), prompt
+    assert len(results["gone"].token_ids) < 24
