@@ -25,7 +25,7 @@ class _ConfigFailure(click.ClickException):
     "--arch",
     default="qwen3",
     show_default=True,
-    help="qwen3, llama, qwen2, mistral or mamba (state-space).",
+    help="qwen3, llama, qwen2, mistral, mamba (state-space) or lfm2 (hybrid).",
 )
 @click.option(
     "--size",

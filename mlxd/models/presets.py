@@ -15,7 +15,7 @@ from typing import Any
 from mlxd.errors import ConfigError
 from mlxd.models.tokenizer_maker import EOS_TOKEN_ID, PAD_TOKEN_ID, TRAINED_VOCAB_SIZE
 
-ARCHS = ("qwen3", "llama", "qwen2", "mistral", "mamba")
+ARCHS = ("qwen3", "llama", "qwen2", "mistral", "mamba", "lfm2")
 
 # Fields every checkpoint of the arch shares. transformers_version >= 5 tells transformers the
 # tokenizer needs no Mistral regex fix (it warns on model_type mistral otherwise).
@@ -28,6 +28,19 @@ _COMMON: dict[str, Any] = {
 _ARCH_BASE: dict[str, dict[str, Any]] = {
     # A state-space model: recurrent state per layer instead of a KV cache (mlx-lm's
     # ArraysCache); the generic shapes' attention fields are ignored.
+    # A hybrid: short-convolution layers with recurrent state between attention layers
+    # (``layer_types`` alternate, see model_config).
+    "lfm2": {
+        "model_type": "lfm2",
+        "architectures": ["Lfm2ForCausalLM"],
+        "norm_eps": 1e-5,
+        "conv_bias": False,
+        "conv_L_cache": 3,
+        "block_multiple_of": 32,
+        "block_ffn_dim_multiplier": 1.0,
+        "block_auto_adjust_ff_dim": False,
+        "tie_word_embeddings": True,
+    },
     "mamba": {
         "model_type": "mamba",
         "architectures": ["MambaForCausalLM"],
@@ -182,7 +195,12 @@ def model_config(arch: str, size: str) -> dict[str, Any]:
     shape = _GENERIC_SHAPES.get(size) or _REAL_SHAPES.get(arch, {}).get(size)
     if arch not in _ARCH_BASE or shape is None:
         raise ConfigError(f"unknown model preset {arch}/{size}; valid: {_valid_choices()}")
-    return copy.deepcopy({**_COMMON, **_ARCH_BASE[arch], **shape})
+    config = copy.deepcopy({**_COMMON, **_ARCH_BASE[arch], **shape})
+    if arch == "lfm2":  # its block size is the hidden size; layers alternate conv / attention
+        config["block_dim"] = config["hidden_size"]
+        kinds = ("conv", "full_attention")
+        config["layer_types"] = [kinds[i % 2] for i in range(config["num_hidden_layers"])]
+    return config
 
 
 def _valid_choices() -> str:
