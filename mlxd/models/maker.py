@@ -25,7 +25,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.utils import MODEL_REMAPPING, quantize_model, save_config, save_model
 
 from mlxd.errors import ConfigError
-from mlxd.models.presets import model_config
+from mlxd.models.presets import alternate_layer_types, model_config
 from mlxd.models.tokenizer_maker import make_tokenizer
 
 DTYPES: dict[str, mx.Dtype] = {
@@ -172,8 +172,7 @@ def _interleave_sliding_window(config: dict[str, Any], arch: str, window: int) -
     if window < 1:
         raise ConfigError("--sliding-window must be at least 1 token")
     config["sliding_window"] = window
-    kinds = ("sliding_attention", "full_attention")
-    config["layer_types"] = [kinds[i % 2] for i in range(config["num_hidden_layers"])]
+    alternate_layer_types(config, "sliding_attention", "full_attention")
 
 
 def _build_model(config: dict[str, Any]) -> nn.Module:

@@ -198,10 +198,15 @@ def model_config(arch: str, size: str) -> dict[str, Any]:
     config = copy.deepcopy({**_COMMON, **_ARCH_BASE[arch], **shape})
     if arch == "lfm2":  # its block size is the hidden size; layers alternate conv / attention
         config["block_dim"] = config["hidden_size"]
-        kinds = ("conv", "full_attention")
-        config["layer_types"] = [kinds[i % 2] for i in range(config["num_hidden_layers"])]
+        alternate_layer_types(config, "conv", "full_attention")
     return config
 
 
 def _valid_choices() -> str:
     return "; ".join(f"--arch {arch} --size {'|'.join(sizes(arch))}" for arch in ARCHS)
+
+
+def alternate_layer_types(config: dict[str, Any], first: str, second: str) -> None:
+    """``config["layer_types"]``: ``first``, ``second``, ``first``, … for every layer."""
+    kinds = (first, second)
+    config["layer_types"] = [kinds[i % 2] for i in range(config["num_hidden_layers"])]
