@@ -137,8 +137,8 @@ def _runner(
     model: Any, eos_token_ids: set[int], config: WorkerConfig, max_context: int
 ) -> tuple[ModelRunner, BlockPool | None, int]:
     """The paged runner with its block pool, or the contiguous one (``--no-paged-kv``, or a
-    model with sliding-window layers). The context is capped to what the pool holds, so any one
-    request fits alone."""
+    model the pool cannot hold: sliding-window or state-space layers). The context is capped to
+    what the pool holds, so any one request fits alone."""
     why = check_model_supported(model)  # raises for models the engine cannot serve
     if config.cache.paged and why:
         log.warning("%s has %s: served with the contiguous KV cache (no paged pool, prefix "

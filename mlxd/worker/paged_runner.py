@@ -73,7 +73,7 @@ class PagedModelRunner(ModelRunner):
     @property
     def kv_description(self) -> str:
         p = self.pool
-        view = self.max_view_tokens * p.nbytes // (p.num_blocks + 1) // p.block_size
+        view = self.max_view_tokens * p.bytes_per_block // p.block_size
         return (f"paged: {p.num_blocks} blocks of {p.block_size} tokens "
                 f"({p.nbytes / 2**30:.2f} GiB), decode view up to {self.max_view_tokens} tokens "
                 f"({view / 2**30:.2f} GiB)")  # fmt: skip
