@@ -15,9 +15,7 @@ import statistics
 import sys
 from typing import Any
 
-import mlx_lm
-
-from mlxd.bench.engine import engine_level, new_engine
+from mlxd.bench.engine import engine_level, load_served, new_engine
 from mlxd.bench.workload import make_prompts
 from mlxd.config import SchedulerConfig
 
@@ -31,7 +29,7 @@ MODES: dict[str, dict[str, Any]] = {
 def main() -> None:
     path = sys.argv[1]
     level, out, reps = (int(x) for x in (sys.argv[2:] + ["1", "128", "5"][len(sys.argv) - 2 :]))
-    model, tok = mlx_lm.load(path)[:2]
+    model, tok = load_served(path)
     runs: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
     for rep in range(reps):
         for mode, kw in MODES.items():

@@ -15,8 +15,7 @@ import sys
 import time
 from dataclasses import replace
 
-import mlx_lm
-
+from mlxd.bench.engine import load_served
 from mlxd.protocol.messages import JsonFormat, SamplingParams
 from mlxd.worker.grammar import Grammar
 from mlxd.worker.model_runner import ModelRunner
@@ -64,7 +63,7 @@ def main() -> None:
     path = sys.argv[1]
     batch = int(sys.argv[2]) if len(sys.argv) > 2 else 16
     steps = int(sys.argv[3]) if len(sys.argv) > 3 else 48
-    model, tokenizer = mlx_lm.load(path)[:2]
+    model, tokenizer = load_served(path)
     encoder = PromptEncoder(tokenizer, vocab_size=model.args.vocab_size)
 
     # Rounds interleave the scenarios, so load from other processes hits them all alike.

@@ -12,7 +12,7 @@
 #   SIZE=qwen3-0.6b DTYPE=bfloat16  (the main model)   MODELS=/root/models  OUT=./out
 #   EXTRA_LEGS=1   Llama-3.2-1B bf16 (EXTRA_SIZE) and the 4-bit main model, when time is left
 #   PEERS=1        mlx_lm.server legs (0: mlxd only, e.g. to re-measure a change)
-#   LEGS="http prefix engine peers extra contiguous zmq paged"  the legs to run (default: all)
+#   LEGS="http prefix engine peers extra contiguous zmq paged hit"  the legs to run (default: all)
 #   EXTRA_SIZE=llama-3.2-1b  the other bf16 shape of leg 5 (none: only the 4-bit main model)
 # Legs, most important first (legs.txt says which ran, their exit codes and seconds):
 #   1 mlxd over HTTP: throughput vs concurrency       http-$SIZE-$DTYPE.json
@@ -22,6 +22,7 @@
 #   5 Llama-3.2-1B bf16 and $SIZE 4-bit over HTTP     http-llama-3.2-1b-bfloat16.json, http-*-q4.json
 #     and, when mlxd has --no-paged-kv, the contiguous cache over HTTP  http-contiguous-*.json
 #   6 worker over ZeroMQ alone; engine paged vs contiguous (scripts/bench_paged.py)  zmq*.json, paged*.json
+#     and where a prefix hit's TTFT goes, in-process (scripts/profile_prefix_hit.py)  prefix_hit.json
 # A leg cut by its time bound still leaves the levels it finished (JSON "complete": false).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +36,7 @@ MODELS="${MODELS:-/root/models}"; OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT" "$MODE
 MAX_SEQS="${MAX_SEQS:-128}"; PORT="${PORT:-8123}"
 T0=$SECONDS
 SERVER=""
-LEGS=" ${LEGS:-http prefix engine peers extra contiguous zmq paged} "
+LEGS=" ${LEGS:-http prefix engine peers extra contiguous zmq paged hit} "
 want() { [[ "$LEGS" == *" $1 "* ]]; }
 
 log() { echo "== $(( SECONDS - T0 ))s $*" | tee -a "$OUT/suite.txt" >&2; }
@@ -183,4 +184,6 @@ fi
 want paged && for b in 16 64; do
   run "paged vs contiguous b=$b" 60 "$PY" scripts/bench_paged.py "$M" $b 128 128 32 > "$OUT/paged$b.json"
 done
+want hit && run "prefix hit in-process" 90 "$PY" scripts/profile_prefix_hit.py "$M" 2000 128,16 5 \
+  > "$OUT/prefix_hit.json"
 log "done in $(( SECONDS - T0 ))s; legs:"; cat "$OUT/legs.txt" >&2

@@ -15,9 +15,7 @@ import json
 import random
 import sys
 
-import mlx_lm
-
-from mlxd.bench.engine import engine_level, new_engine
+from mlxd.bench.engine import engine_level, load_served, new_engine
 from mlxd.config import SchedulerConfig
 from mlxd.protocol.messages import Generate, SamplingParams, TokenPrompt
 
@@ -35,7 +33,7 @@ def main() -> None:
     path = sys.argv[1]
     n, prefix_len, suffix_len, out = (int(x) for x in (sys.argv[2:] + ["32", "2000", "40", "64"]
                                                           [len(sys.argv) - 2:]))  # fmt: skip
-    model, tok = mlx_lm.load(path)[:2]
+    model, tok = load_served(path)
     rng = random.Random(0)
     prefix = [rng.randrange(10, 1000) for _ in range(prefix_len)]
     total = prefix_len + suffix_len + out

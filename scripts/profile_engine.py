@@ -12,9 +12,7 @@ import os
 import pstats
 import sys
 
-import mlx_lm
-
-from mlxd.bench.engine import engine_level, new_engine
+from mlxd.bench.engine import engine_level, load_served, new_engine
 from mlxd.bench.workload import make_prompts
 from mlxd.config import SchedulerConfig
 
@@ -23,7 +21,7 @@ def main() -> None:
     path = sys.argv[1]
     level = int(sys.argv[2]) if len(sys.argv) > 2 else 64
     max_tokens = int(sys.argv[3]) if len(sys.argv) > 3 else 256
-    model, tok = mlx_lm.load(path)[:2]
+    model, tok = load_served(path)
     prompts = make_prompts(level, 128, seed=level)
     sched = SchedulerConfig(max_num_seqs=level, max_queued=level)
     engine = new_engine(model, tok, sched, 128 + max_tokens + 8, os.environ.get("PAGED") != "0")

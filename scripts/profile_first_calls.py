@@ -31,8 +31,8 @@ def main() -> None:
         b, n = (int(x) for x in shape.split("x"))
         tokens = mx.random.randint(10, 1000, (b, n))
         cache = make_prompt_cache(model)
-        prefill_ms = timed(lambda: model(tokens, cache=cache)[:, -1, :])
-        decode_ms = timed(lambda: model(tokens[:, :1], cache=cache)[:, -1, :])
+        prefill_ms = timed(lambda t=tokens, c=cache: model(t, cache=c)[:, -1, :])
+        decode_ms = timed(lambda t=tokens, c=cache: model(t[:, :1], cache=c)[:, -1, :])
         print(json.dumps({"shape": shape, "prefill_ms": round(prefill_ms, 1),
                           "decode_ms": round(decode_ms, 1)}), flush=True)  # fmt: skip
 

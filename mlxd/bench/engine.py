@@ -40,6 +40,20 @@ class _Recorder:
         return []
 
 
+def load_served(path: str) -> tuple[Any, Any]:
+    """``path``'s model and tokenizer as the worker serves them: quantized layers take a batch as
+    rows of one matrix, and only each row's last position is projected to the vocabulary."""
+    import mlx_lm
+
+    from mlxd.worker.output_head import last_position_only
+    from mlxd.worker.quantized import batch_as_rows
+
+    model, tokenizer = mlx_lm.load(path)[:2]
+    batch_as_rows(model)
+    last_position_only(model)
+    return model, tokenizer
+
+
 def new_engine(
     model: Any,
     tokenizer: Any,
