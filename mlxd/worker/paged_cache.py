@@ -54,12 +54,17 @@ class KVPool:
         return per_slot * self.block_size
 
     def copy_block(self, src: int, dst: int) -> None:
-        """Copy one block's K/V in every layer (copy-on-write of a shared partial block)."""
+        """Copy one block's K/V in every layer (copy-on-write of a shared partial block).
+
+        The block is taken out and evaluated before it is written back: a write whose source is
+        a slice of the same array cannot update that array in place, so MLX would copy every
+        layer's whole pool."""
         s, d, n = src * self.block_size, dst * self.block_size, self.block_size
-        for arrays in (self.keys, self.values):
-            for i, a in enumerate(arrays):
-                a[d : d + n] = a[s : s + n]
-                arrays[i] = a
+        arrays = self.keys + self.values
+        blocks = [mx.take(a, mx.arange(s, s + n), axis=0) for a in arrays]
+        mx.eval(blocks)
+        for a, block in zip(arrays, blocks, strict=True):
+            a[d : d + n] = block  # in place: the pool's lists hold these same array objects
 
 
 def gather_blocks(buf: mx.array, block_size: int, table: mx.array) -> mx.array:

@@ -76,6 +76,20 @@ def test_copy_block_duplicates_every_layer(arch_model: Any) -> None:
         assert mx.array_equal(keys[16:20], keys[24:28])
 
 
+def test_copy_block_updates_the_pool_in_place() -> None:
+    import mlx.core as mx
+
+    from mlxd.worker.paged_cache import KVPool
+
+    pool = KVPool(4, 512, 32, 4, 64, 64, mx.float16)  # 64 MiB
+    mx.eval(pool.keys, pool.values)
+    mx.reset_peak_memory()
+    before = mx.get_active_memory()
+    pool.copy_block(3, 7)
+    mx.eval(pool.keys, pool.values)
+    assert mx.get_peak_memory() - before < pool.nbytes // 16  # a block per layer, not the pool
+
+
 SHAPES = [("bfloat16", 8, 128, 32), ("float32", 2, 5, 3), ("float16", 1, 3, 1)]
 
 
