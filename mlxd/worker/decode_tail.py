@@ -108,7 +108,12 @@ class DecodeTail:
         kept = set(rows)
         gone_rows = [i for i in range(num_rows) if i not in kept]
         if gone_rows and self.length and self.slots is not None:
-            self._deferred.append(self._write(mx.array(gone_rows)))
+            write = self._write(mx.array(gone_rows))
+            # Computed now, so the write holds its own rows' tokens: unevaluated, it would hold
+            # the whole buffer, and every row leaving before a flush would keep one alive (at
+            # 128 streams, one view of all the batch's K/V each).
+            mx.async_eval(write[0], *write[1], *write[2])
+            self._deferred.append(write)
         if not rows:
             self.slots, self.length = None, 0
             self.restart()

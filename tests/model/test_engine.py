@@ -204,3 +204,29 @@ def _generate(rid: str, priority: str, at: list[float]) -> Any:
 
     return Generate(request_id=rid, prompt=TextPrompt(text="hi"), priority=priority,
                     sampling=SamplingParams(max_tokens=2, temperature=0.0))  # fmt: skip
+
+
+def test_rows_leaving_one_by_one_hold_no_copies_of_the_view(harness_factory: Any) -> None:
+    """Rows that finish between two flushes keep only their own unflushed tokens, not the
+    decode view they were cut from (each such view is all the batch's K/V)."""
+    import mlx.core as mx
+
+    from mlxd.worker.decode_tail import VIEW_STEP
+    from mlxd.worker.paged_cache import KVPool
+
+    h = harness_factory(num_blocks=512, max_num_seqs=24, max_queued=24)
+    n = 24
+    for i in range(n):  # one prompt length, so the batch decodes through a view
+        h.generate(str(i), "hello world " * 8, max_tokens=8 + 2 * i, ignore_eos=True)
+    while len(h.engine.runner.rows) < n:
+        h.step()
+    tail = h.engine.runner.tail
+    h.step()
+    assert tail.view
+    view_bytes = n * (tail.base + VIEW_STEP) * KVPool.bytes_per_token(h.engine.runner.model)
+    mx.eval(h.engine.runner.pool.keys)
+    mx.reset_peak_memory()
+    before = mx.get_active_memory()
+    h.run()  # a row leaves every other step, all within one view
+    assert all(r.finished for r in h.results.values())
+    assert mx.get_peak_memory() - before < 2 * view_bytes
