@@ -129,6 +129,7 @@ class Engine:
         chunks = self.scheduler.schedule_prefill()
         if chunks:
             self._prefill(chunks)
+            self._flush()  # first tokens go now, not after the decode step is built and launched
         if self.runner.rows:
             if self.runner.needs_sync():
                 self._accept(self.runner.sync())
