@@ -130,6 +130,7 @@ class Engine:
         if chunks:
             self._prefill(chunks)
             self._flush()  # first tokens go now, not after the decode step is built and launched
+            self._retire()  # done at their first token: no decode step for them
         if self.runner.rows:
             if self.runner.needs_sync():
                 self._accept(self.runner.sync())
