@@ -86,6 +86,13 @@ class MemoryBudgetExceeded(WorkerUnavailable):
     code = "memory_budget_exceeded"
 
 
+class OutOfMemory(WorkerUnavailable):
+    """The device ran out of memory for a request, and again when it was computed once more
+    with a smaller batch."""
+
+    code = "out_of_memory"
+
+
 class ProtocolError(MlxdError):
     status_code = 500
     type = "server_error"
@@ -118,6 +125,7 @@ _BY_CODE: dict[str, type[MlxdError]] = {
         RateLimited,
         WorkerUnavailable,
         MemoryBudgetExceeded,
+        OutOfMemory,
         ProtocolError,
         InternalError,
         ConfigError,

@@ -12,6 +12,7 @@ from mlxd.errors import (
     InternalError,
     InvalidRequest,
     MlxdError,
+    OutOfMemory,
     ProtocolError,
     RequestTimeout,
     WorkerUnavailable,
@@ -52,6 +53,11 @@ if TYPE_CHECKING:
     from mlxd.worker.control import Control
 
 log = logging.getLogger(__name__)
+
+OOM_RETRIES = 2  # times a request is computed again after the device ran out of memory
+# How MLX's backends word running out of memory (CUDA, Metal, the CPU allocator).
+_OOM_WORDS = ("out of memory", "insufficient memory", "outofmemory", "unable to allocate",
+              "maximum allowed buffer size")  # fmt: skip
 
 
 class Engine:
@@ -260,9 +266,9 @@ class Engine:
             firsts = self.runner.prefill(chunks)
         except (RuntimeError, ValueError) as exc:  # MLX reports failures as these
             log.exception("prefill failed for %s", [c.seq.request_id for c in chunks])
-            for chunk in chunks:
-                self._fail(chunk.seq, InternalError(f"prefill failed: {exc}"))
-            self.runner.remove({c.seq for c in chunks})
+            seqs = [c.seq for c in chunks]
+            self.runner.remove(set(seqs))
+            self._recover(seqs, exc, "prefill")
             return
         for chunk in chunks:
             self.scheduler.complete_chunk(chunk)
@@ -284,11 +290,32 @@ class Engine:
         try:
             events = self.runner.decode_step()
         except (RuntimeError, ValueError) as exc:
-            log.exception("decode step failed; failing the batch")
-            for seq in self.runner.reset():
-                self._fail(seq, InternalError(f"decode failed: {exc}"))
+            log.exception("decode step failed")
+            self._recover(self.runner.reset(), exc, "decode")
             return
         self._accept(events)
+
+    def _recover(self, seqs: list[Sequence], exc: Exception, what: str) -> None:
+        """After a failed step: its sequences fail, unless the device ran out of memory. Then
+        they wait to be computed again from their tokens (their streams pause, as after a
+        preemption; at most ``OOM_RETRIES`` times each), with a batch half as large as the one
+        that failed, so that one request too many costs a pause, not every stream."""
+        if not any(word in str(exc).lower() for word in _OOM_WORDS):
+            for seq in seqs:
+                self._fail(seq, InternalError(f"{what} failed: {exc}"))
+            return
+        in_flight = len(self.scheduler.running) + len(self.scheduler.prefilling)
+        limit = max(1, min(self.scheduler.config.max_num_seqs, in_flight // 2))
+        self.scheduler.update_config(max_num_seqs=limit)
+        log.warning("out of device memory in %s: %d requests computed again, max_num_seqs now "
+                    "%d (mlxd worker set raises it)", what, len(seqs), limit)  # fmt: skip
+        for seq in seqs:
+            if seq.num_oom_retries >= OOM_RETRIES:
+                self._fail(seq, OutOfMemory(f"out of device memory ({what}): {exc}"))
+                continue
+            seq.num_oom_retries += 1
+            self.scheduler.requeue(seq)
+        self.runner.free_memory()
 
     def _accept(self, events: list[TokenEvent]) -> None:
         self.stats.on_tokens(events)

@@ -142,6 +142,10 @@ class ModelRunner:
         self._emitted = [False] * len(rows)
         return events if events is not None else self._collect(prev, rows, emitted, prev_lp)
 
+    def free_memory(self) -> None:
+        """Give MLX's cache of freed buffers back to the device (after running out of memory)."""
+        mx.clear_cache()
+
     def reset(self) -> list[Sequence]:
         """Forget the whole batch (after a failed step); returns the sequences that were in it."""
         lost = self.rows + list(self._prefill)
@@ -198,9 +202,10 @@ class ModelRunner:
 
     def _prefill_whole(self, chunks: list[PrefillChunk]) -> _Group:
         seqs = [c.seq for c in chunks]
-        width = max(s.num_prompt_tokens for s in seqs)
-        pads = [width - s.num_prompt_tokens for s in seqs]
-        tokens = mx.array([[0] * p + s.prompt_ids for s, p in zip(seqs, pads, strict=True)])
+        # prefill_ids: the prompt, and the output so far when computing a sequence again
+        width = max(s.num_prefill_tokens for s in seqs)
+        pads = [width - s.num_prefill_tokens for s in seqs]
+        tokens = mx.array([[0] * p + s.prefill_ids for s, p in zip(seqs, pads, strict=True)])
         caches = [BatchKVCache.for_prefill(pads) for _ in range(self.num_layers)]
         logits = self.model(tokens, cache=caches)[:, -1, :]
         first, lp = self._sample(logits, seqs, [self._sample_row(s, emitted=True) for s in seqs])
@@ -209,7 +214,7 @@ class ModelRunner:
     def _prefill_part(self, chunk: PrefillChunk) -> _Group | None:
         seq = chunk.seq
         caches = self._prefill.setdefault(seq, self._new_caches(batch=False))
-        tokens = mx.array(seq.prompt_ids[chunk.start : chunk.end])[None]
+        tokens = mx.array(seq.prefill_ids[chunk.start : chunk.end])[None]
         logits = self.model(tokens, cache=caches)
         if not chunk.is_last:
             mx.eval([_arrays(c) for c in caches])  # keep the lazy graph one chunk deep

@@ -238,12 +238,17 @@ class Scheduler:
         """Whom to preempt: the lowest priority, then the most recent arrival."""
         return max(self.running + self.prefilling, key=lambda s: (s.priority, s.arrival))
 
-    def _preempt(self, seq: Sequence) -> None:
+    def requeue(self, seq: Sequence) -> None:
+        """Queue ``seq`` again to recompute its prompt and output so far, keeping none of its
+        blocks: the step that failed may have left their K/V incomplete."""
+        self._preempt(seq, cache=False)
+
+    def _preempt(self, seq: Sequence, cache: bool = True) -> None:
         """Free ``seq``'s blocks and queue it again to recompute its prompt and output so far."""
         for queue in (self.prefilling, self.running):
             if seq in queue:
                 queue.remove(seq)
-        self._free_blocks(seq, cache=True)
+        self._free_blocks(seq, cache=cache)
         seq.num_resumed = seq.num_output_tokens
         seq.num_prefilled = 0
         seq.num_preemptions += 1

@@ -46,6 +46,7 @@ class Sequence:
     prefix_node: Any = None
     num_resumed: int = 0
     num_preemptions: int = 0
+    num_oom_retries: int = 0  # times computed again after the device ran out of memory
     finish_reason: str | None = None
     detok: Any = None
     text: str = ""

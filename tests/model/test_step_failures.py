@@ -1,0 +1,88 @@
+"""A forward that fails inside MLX: out of device memory, the batch shrinks and every stream
+goes on; any other failure errors only the requests in that step."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.model.test_engine import KV_MODES, PROMPTS, reference
+
+pytestmark = pytest.mark.model
+
+CUDA_OOM = "cudaMallocAsync(&data, size, stream) failed: out of memory"
+
+
+class FailingModel:
+    """The outermost edge: the model raises as MLX does when ``fails(tokens)`` says so."""
+
+    def __init__(self, model: Any, fails: Callable[[Any], bool], message: str) -> None:
+        self.model, self.fails, self.message = model, fails, message
+        self.failures = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+    def __call__(self, tokens: Any, cache: Any = None) -> Any:
+        if self.fails(tokens):
+            self.failures += 1
+            raise RuntimeError(self.message)
+        return self.model(tokens, cache=cache)
+
+
+def decode_of(rows: int) -> Callable[[Any], bool]:
+    """A decode step (one token per row) of at least ``rows`` rows."""
+    return lambda tokens: tokens.shape[1] == 1 and tokens.shape[0] >= rows
+
+
+def inject(h: Any, fails: Callable[[Any], bool], message: str = CUDA_OOM) -> FailingModel:
+    model = FailingModel(h.engine.runner.model, fails, message)
+    h.engine.runner.model = model
+    return model
+
+
+@pytest.mark.parametrize("kv", ["view", "contiguous"])
+def test_out_of_memory_in_decode_shrinks_the_batch_and_every_stream_completes(
+    harness_factory: Any, tiny_model: Path, kv: str
+) -> None:
+    h = harness_factory(max_num_seqs=4, **KV_MODES[kv])
+    model = inject(h, decode_of(rows=2))  # only one row at a time fits
+    for i, p in enumerate(PROMPTS[:4]):
+        h.generate(str(i), p, max_tokens=10, ignore_eos=True)
+    results = h.run()
+    assert model.failures == 2  # 4 rows, then 2: the batch halves each time
+    assert h.engine.scheduler.config.max_num_seqs == 1
+    for i, p in enumerate(PROMPTS[:4]):
+        assert results[str(i)].error is None
+        assert results[str(i)].token_ids == reference(tiny_model, p, 10), p  # no token lost
+
+
+def test_out_of_memory_that_persists_errors_each_request_after_its_retries(
+    harness_factory: Any,
+) -> None:
+    h = harness_factory(max_num_seqs=2)
+    inject(h, decode_of(rows=1))
+    h.generate("a", PROMPTS[0], max_tokens=10, ignore_eos=True)
+    h.generate("b", PROMPTS[1], max_tokens=10, ignore_eos=True)
+    results = h.run()
+    for rid in "ab":
+        assert results[rid].error is not None and results[rid].error.code == "out_of_memory"
+        assert results[rid].finished is None
+    assert h.engine.runner.rows == [] and not h.engine.scheduler.has_work()
+
+
+def test_other_failures_error_that_step_only_and_the_engine_goes_on(
+    harness_factory: Any, tiny_model: Path
+) -> None:
+    h = harness_factory(max_num_seqs=8)
+    model = inject(h, decode_of(rows=1), message="[gather] invalid index")
+    h.generate("bad", PROMPTS[0], max_tokens=10, ignore_eos=True)
+    h.run()
+    assert h.results["bad"].error is not None and h.results["bad"].error.code == "internal_error"
+    assert model.failures == 1 and h.engine.scheduler.config.max_num_seqs == 8  # not retried
+    model.fails = lambda tokens: False
+    h.generate("next", PROMPTS[2], max_tokens=6, ignore_eos=True)
+    assert h.run()["next"].token_ids == reference(tiny_model, PROMPTS[2], 6)
