@@ -99,12 +99,18 @@ class PagedStep:
     the scratch block); ``read_blocks`` (B, W) are each row's block table, padded with the
     scratch block to a common width (so each row reads W whole blocks, Lk = W * block_size
     keys); ``offset`` (B,) is the RoPE position of each row's first query.
+
+    When every row has as many cached and as many new tokens (always, for one request), rows
+    read exactly their ``read_len`` keys and attend with the "causal" mask, as mlx-lm's own
+    cache does, so such a forward runs the attention mlx-lm runs and builds no mask array.
+    Otherwise ``mask`` says which keys each query sees.
     """
 
     write_slots: mx.array
     read_blocks: mx.array
     offset: mx.array
     mask: mx.array | None
+    read_len: int | None = None  # uniform rows: the keys each row reads (then causal, no mask)
 
     @classmethod
     def build(
@@ -115,6 +121,7 @@ class PagedStep:
         in a query window of ``max(new_lens)`` (shorter rows are left-padded)."""
         bs, q_len = pool.block_size, max(new_lens)
         width = max(len(t) for t in block_tables)
+        uniform = len(set(new_lens)) == 1 and len(set(context_lens)) == 1
         table = mx.array([t + [pool.scratch_block] * (width - len(t)) for t in block_tables])
         ctx = mx.array(context_lens)
         pad = q_len - mx.array(new_lens)
@@ -124,12 +131,14 @@ class PagedStep:
         real = qpos >= ctx[:, None]
         block = mx.take_along_axis(table, mx.maximum(qpos, 0) // bs, axis=1)
         write = mx.where(real, block * bs + mx.maximum(qpos, 0) % bs, pool.scratch_block * bs)
+        write, table = write.reshape(-1).astype(mx.int32), table.astype(mx.int32)
+        if uniform:
+            return cls(write, table, ctx.astype(mx.int32), None, context_lens[0] + q_len)
         kpos = mx.arange(width * bs)[None, None, :]
         mask = (kpos <= qpos[:, :, None]) & (kpos < total[:, None, None])
         # a padding query must still see one key, or its softmax row is all -inf (NaN)
         mask = mask | ((kpos == 0) & ~real[:, :, None])
-        return cls(write.reshape(-1).astype(mx.int32), table.astype(mx.int32),
-                   (ctx - pad).astype(mx.int32), mask[:, None, :, :])  # fmt: skip
+        return cls(write, table, (ctx - pad).astype(mx.int32), mask[:, None, :, :])
 
 
 class PagedKVCache:
@@ -151,13 +160,22 @@ class PagedKVCache:
             arrays[self.layer] = buf
             # Whole blocks (one index per block, not per token), laid out as each row's keys.
             blocks = gather_blocks(buf, bs, self.step.read_blocks)
+            if self.step.read_len is not None:
+                blocks = blocks[:, : self.step.read_len]
             out.append(blocks.transpose(0, 2, 1, 3))
         return out[0], out[1]
 
     def make_mask(
         self, N: int, return_array: bool = False, window_size: int | None = None
-    ) -> mx.array | None:
-        return self.step.mask
+    ) -> mx.array | str | None:
+        n = self.step.read_len
+        if n is None:
+            return self.step.mask
+        if N == 1:
+            return None  # one query sees every key it reads
+        if return_array:  # the model wants an array: the causal one, bottom-right aligned
+            return mx.arange(n)[None, :] <= mx.arange(n - N, n)[:, None]
+        return "causal"
 
     @staticmethod
     def for_step(pool: KVPool, step: PagedStep) -> list[PagedKVCache]:
