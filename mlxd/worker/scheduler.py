@@ -125,6 +125,11 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
 
+    def requeue(self, seq: Sequence) -> None:
+        """Queue ``seq`` again to recompute its prompt and output so far, keeping none of its
+        blocks: the step that failed may have left their K/V incomplete."""
+        self._preempt(seq, cache=False)
+
     def reserve_decode(self, rows: list[Sequence]) -> list[Sequence]:
         """Give every row room for the token its next decode step writes, preempting sequences
         when the pool is out of blocks. Returns the preempted sequences (they wait again)."""
@@ -237,11 +242,6 @@ class Scheduler:
     def _victim(self) -> Sequence:
         """Whom to preempt: the lowest priority, then the most recent arrival."""
         return max(self.running + self.prefilling, key=lambda s: (s.priority, s.arrival))
-
-    def requeue(self, seq: Sequence) -> None:
-        """Queue ``seq`` again to recompute its prompt and output so far, keeping none of its
-        blocks: the step that failed may have left their K/V incomplete."""
-        self._preempt(seq, cache=False)
 
     def _preempt(self, seq: Sequence, cache: bool = True) -> None:
         """Free ``seq``'s blocks and queue it again to recompute its prompt and output so far."""
