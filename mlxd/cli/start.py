@@ -7,7 +7,9 @@ import signal
 import socket
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
@@ -29,6 +31,7 @@ from mlxd.errors import ConfigError, MlxdError
 from mlxd.protocol import curve
 
 STARTUP_FAILURE = 3
+F = TypeVar("F", bound=Callable[..., Any])  # a command function, as click's decorators keep it
 
 scheduler_options = [
     click.option(
@@ -81,7 +84,7 @@ scheduler_options = [
 ]
 
 
-def with_scheduler_options(fn):  # type: ignore[no-untyped-def]
+def with_scheduler_options(fn: F) -> F:
     for option in reversed(scheduler_options):
         fn = option(fn)
     return fn

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -62,7 +62,7 @@ class WorkerMetrics:
 
     def collect(self) -> Iterator[Metric]:
         latest = self._latest
-        gauges = {
+        gauges: dict[str, tuple[str, Callable[[_Snapshot], float]]] = {
             "queue_depth": ("Requests waiting for a worker's batch.",
                             lambda s: s.status.num_waiting),
             "running_sequences": ("Sequences in a worker's decode batch.",

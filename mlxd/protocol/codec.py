@@ -14,7 +14,7 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-import msgpack
+import msgpack  # type: ignore[import-untyped]
 
 from mlxd.errors import InvalidRequest, ProtocolError
 from mlxd.protocol import messages
