@@ -94,6 +94,13 @@ class DecodeTail:
         self.values = [None] * self.num_layers
         self.view, self.base, self.in_pool, self.cols = False, 0, [], 0
 
+    def drop_batch(self) -> None:
+        """Forget the batch's buffers and unflushed tokens (after a failed step: its rows are
+        computed again and keep none of their blocks). The deferred writes of rows that left
+        before stay for the next flush: their blocks may already be in the prefix cache."""
+        self.slots, self.length = None, 0
+        self.restart()
+
     def append_slots(self, slots: mx.array) -> None:
         """Record where this step's new tokens (one per row, ``(B, 1)``) go in the pool."""
         self.slots = slots if self.slots is None else mx.concatenate([self.slots, slots], axis=1)
@@ -115,8 +122,7 @@ class DecodeTail:
             mx.async_eval(write[0], *write[1], *write[2])
             self._deferred.append(write)
         if not rows:
-            self.slots, self.length = None, 0
-            self.restart()
+            self.drop_batch()
             return
         idx = mx.array(rows)
         self.slots = None if self.slots is None else self.slots[idx]

@@ -95,7 +95,7 @@ class PagedModelRunner(ModelRunner):
         return logits[:, -1, :]
 
     def reset(self) -> list[Sequence]:
-        self.tail = DecodeTail(self.num_layers, self.max_view_tokens)
+        self.tail.drop_batch()
         return super().reset()
 
     def _decode_cache(self, rows: list[Sequence]) -> list[Any]:

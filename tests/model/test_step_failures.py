@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.model.test_engine import KV_MODES, PROMPTS, reference
+from tests.model.test_engine import KV_MODES, PROMPTS, reference, reference_ids
 
 pytestmark = pytest.mark.model
 
@@ -86,3 +86,31 @@ def test_other_failures_error_that_step_only_and_the_engine_goes_on(
     model.fails = lambda tokens: False
     h.generate("next", PROMPTS[2], max_tokens=6, ignore_eos=True)
     assert h.run()["next"].token_ids == reference(tiny_model, PROMPTS[2], 6)
+
+
+def test_a_failed_step_keeps_the_tokens_of_rows_that_left_before_it(
+    harness_factory: Any, tiny_model: Path
+) -> None:
+    """A row that finished hands its decoded tokens to the next flush and its blocks to the
+    prefix cache; a later failed step must not lose that write, or a request continuing the
+    finished one reads blocks that were never filled."""
+    from mlxd.protocol.messages import Generate, SamplingParams, TokenPrompt
+    from tests.model.conftest import Result, load_model
+
+    h = harness_factory(block_size=16)
+    model = inject(h, lambda tokens: False)
+    h.generate("a", PROMPTS[1], max_tokens=20, ignore_eos=True)  # 24 + 20 tokens: 2 full blocks
+    h.generate("b", PROMPTS[1], max_tokens=40, ignore_eos=True)  # goes on decoding after "a"
+    while h.results["a"].finished is None:
+        h.step()
+    model.fails = lambda tokens: tokens.shape[1] == 1 and model.failures == 0
+    h.run()
+    assert model.failures == 1 and h.results["b"].error is None
+    ids = load_model(tiny_model)[1].encode(PROMPTS[1]) + h.results["a"].token_ids
+    h.results["c"] = Result()
+    sampling = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    h.send(Generate(request_id="c", prompt=TokenPrompt(token_ids=ids), sampling=sampling))
+    results = h.run()
+    finished = results["c"].finished
+    assert finished is not None and finished.usage.cached_tokens == 32  # "a"'s decoded tokens too
+    assert results["c"].token_ids == reference_ids(tiny_model, ids, 8)
