@@ -104,6 +104,11 @@ class PagedStep:
     read exactly their ``read_len`` keys and attend with the "causal" mask, as mlx-lm's own
     cache does, so such a forward runs the attention mlx-lm runs and builds no mask array.
     Otherwise ``mask`` says which keys each query sees.
+
+    When no row has cached tokens (``fresh``: new prompts), attention reads the step's own
+    keys, left-padded as the queries are, and not the pool: the pool is written but not read
+    back (on an H100, a 128-token prompt's forward on Qwen3-0.6B took 7.1 ms so, against 10.6
+    ms reading its blocks back, and 7.8 ms through mlx-lm's own cache).
     """
 
     write_slots: mx.array
@@ -111,6 +116,7 @@ class PagedStep:
     offset: mx.array
     mask: mx.array | None
     read_len: int | None = None  # uniform rows: the keys each row reads (then causal, no mask)
+    fresh: bool = False  # nothing cached: keys are the step's own, not read from the pool
 
     @classmethod
     def build(
@@ -132,8 +138,15 @@ class PagedStep:
         block = mx.take_along_axis(table, mx.maximum(qpos, 0) // bs, axis=1)
         write = mx.where(real, block * bs + mx.maximum(qpos, 0) % bs, pool.scratch_block * bs)
         write, table = write.reshape(-1).astype(mx.int32), table.astype(mx.int32)
+        fresh = not any(context_lens)
         if uniform:
-            return cls(write, table, ctx.astype(mx.int32), None, context_lens[0] + q_len)
+            return cls(write, table, ctx.astype(mx.int32), None, context_lens[0] + q_len, fresh)
+        if fresh:  # keys are the step's own, left-padded: key j is query j of the same row
+            kpos = mx.arange(q_len)[None, None, :]
+            qcol = mx.arange(q_len)[None, :, None]
+            mask = (kpos <= qcol) & (kpos >= pad[:, None, None])
+            mask = mask | ((kpos == 0) & ~real[:, :, None])  # padding queries see one key
+            return cls(write, table, (ctx - pad).astype(mx.int32), mask[:, None], fresh=True)
         kpos = mx.arange(width * bs)[None, None, :]
         mask = (kpos <= qpos[:, :, None]) & (kpos < total[:, None, None])
         # a padding query must still see one key, or its softmax row is all -inf (NaN)
@@ -158,6 +171,9 @@ class PagedKVCache:
             buf = arrays[self.layer]
             buf[self.step.write_slots] = new.transpose(0, 2, 1, 3).reshape(b * q, h, -1)
             arrays[self.layer] = buf
+            if self.step.fresh:
+                out.append(new)
+                continue
             # Whole blocks (one index per block, not per token), laid out as each row's keys.
             blocks = gather_blocks(buf, bs, self.step.read_blocks)
             if self.step.read_len is not None:

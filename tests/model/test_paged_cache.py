@@ -108,3 +108,33 @@ def test_gather_blocks_equals_indexing_element_wise(
     table = mx.array([[3, 0, 6], [1, 1, 5]])
     expected = buf.reshape(num_blocks, block, heads, dim)[table].reshape(2, -1, heads, dim)
     assert mx.array_equal(gather_blocks(buf, block, table), expected).item()
+
+
+def test_new_prompts_attend_to_their_own_keys_and_a_hit_reads_the_pool(
+    arch_model: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prefill with nothing cached writes the pool but does not read it back (uniform rows or
+    not); one that continues cached tokens gathers them."""
+    import mlx.core as mx
+
+    from mlxd.worker import paged_cache
+    from mlxd.worker.paged_cache import KVPool, PagedKVCache, PagedStep
+
+    reads: list[int] = []
+    gather = paged_cache.gather_blocks
+    monkeypatch.setattr(paged_cache, "gather_blocks", lambda *a: reads.append(1) or gather(*a))
+    pool = KVPool.for_model(arch_model, num_blocks=32, block_size=4)
+
+    def forward(tables: list[list[int]], ctx: list[int], prompts: list[list[int]]) -> mx.array:
+        width = max(len(p) for p in prompts)
+        rows = [[0] * (width - len(p)) + p for p in prompts]
+        step = PagedStep.build(tables, ctx, [len(p) for p in prompts], pool)
+        return arch_model(mx.array(rows), cache=PagedKVCache.for_step(pool, step))[:, -1]
+
+    mx.eval(forward([[1, 2]], [0], [PROMPTS[0]]))
+    mx.eval(forward([[3, 4], [5]], [0, 0], PROMPTS[:2]))
+    assert reads == []
+    got = forward([[1, 2, 6]], [7], [[11, 12]])  # continues PROMPTS[0], cached in blocks 1, 2
+    assert len(reads) == 2 * len(pool.keys)  # K and V of every layer
+    ref = reference_logits(arch_model, PROMPTS[0] + [11], [12])[-1]
+    assert mx.allclose(got[0], ref, atol=1e-4, rtol=1e-4)
