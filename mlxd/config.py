@@ -39,7 +39,7 @@ class SchedulerConfig:
 
     max_num_seqs: int = 64
     max_queued: int = 256
-    prefill_chunk: int = 1024
+    prefill_chunk: int = 2048
     stream_interval: int = 1
     aging_s: float = 10.0
 

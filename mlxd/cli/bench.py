@@ -11,6 +11,7 @@ import click
 
 from mlxd.bench import report
 from mlxd.bench.workload import SCENARIOS
+from mlxd.config import SchedulerConfig
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -235,7 +236,7 @@ def run_command(**o: Any) -> None:
 
 @bench_group.command("engine")
 @click.option("--model", "model_path", required=True, help="Local mlx-lm directory or repo id.")
-@click.option("--prefill-chunk", default=1024, show_default=True)
+@click.option("--prefill-chunk", default=SchedulerConfig().prefill_chunk, show_default=True)
 @click.option(
     "--paged-kv/--no-paged-kv",
     default=True,
@@ -270,7 +271,6 @@ def engine_command(
     from mlxd.bench.progress import Progress
     from mlxd.bench.stats import add_speedup
     from mlxd.bench.workload import make_prompts
-    from mlxd.config import SchedulerConfig
     from mlxd.worker.output_head import last_position_only
     from mlxd.worker.quantized import batch_as_rows, restore
 

@@ -33,29 +33,36 @@ from mlxd.protocol import curve
 STARTUP_FAILURE = 3
 F = TypeVar("F", bound=Callable[..., Any])  # a command function, as click's decorators keep it
 
+_SCHED = SchedulerConfig()  # the options' defaults are the config's
 scheduler_options = [
     click.option(
-        "--max-num-seqs", default=64, show_default=True, help="Most sequences decoded together."
+        "--max-num-seqs",
+        default=_SCHED.max_num_seqs,
+        show_default=True,
+        help="Most sequences decoded together.",
     ),
     click.option(
         "--max-queued",
-        default=256,
+        default=_SCHED.max_queued,
         show_default=True,
         help="Most requests waiting; beyond it clients get 429.",
     ),
     click.option(
         "--prefill-chunk",
-        default=1024,
+        default=_SCHED.prefill_chunk,
         show_default=True,
         help="Prompt tokens per step, so long prompts never stall running streams.",
     ),
     click.option(
-        "--stream-interval", default=1, show_default=True, help="Send output every N tokens."
+        "--stream-interval",
+        default=_SCHED.stream_interval,
+        show_default=True,
+        help="Send output every N tokens.",
     ),
     click.option(
         "--priority-aging",
         "aging_s",
-        default=10.0,
+        default=_SCHED.aging_s,
         show_default=True,
         help="Seconds of waiting that raise a request by one priority level.",
     ),
