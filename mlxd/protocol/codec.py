@@ -69,16 +69,20 @@ def to_wire(value: Any) -> Any:
         return [to_wire(v) for v in value]
     if cls is dict:
         return {k: to_wire(v) for k, v in value.items()}
-    if dataclasses.is_dataclass(value):
-        tag, names = _layout(cls)  # type: ignore[arg-type]
-        out: dict[str, Any] = {"type": tag} if tag is not None else {}
-        for name in names:
-            out[name] = to_wire(getattr(value, name))
-        return out
-    return value
+    layout = _LAYOUTS.get(cls)
+    if layout is None:
+        if not dataclasses.is_dataclass(value):
+            return value
+        layout = _LAYOUTS[cls] = _layout(cls)  # type: ignore[arg-type]
+    tag, names = layout
+    out: dict[str, Any] = {"type": tag} if tag is not None else {}
+    for name in names:
+        out[name] = to_wire(getattr(value, name))
+    return out
 
 
 _PLAIN = frozenset({str, int, float, bool, bytes, type(None)})
+_LAYOUTS: dict[type, tuple[str | None, tuple[str, ...]]] = {}  # dataclass -> (tag, field names)
 
 
 def from_wire(obj: Any) -> Any:
@@ -129,6 +133,9 @@ def _dataclass_converter(cls: type) -> Converter:
         for f in dataclasses.fields(cls)
     ]
     allowed = {name for name, _ in fields} | {"type"}
+    # Field converters are looked up on first use, not here: a message may nest its own type.
+    # Looking them up per value cost more than the rest of decoding (hashing union hints).
+    resolved: list[tuple[str, bool, Converter]] = []
 
     def convert(value: Any, path: str) -> Any:
         if not isinstance(value, dict):
@@ -136,12 +143,12 @@ def _dataclass_converter(cls: type) -> Converter:
         if not allowed.issuperset(value):
             extra = sorted(map(str, set(value) - allowed))[0]
             raise ProtocolError(f"{path or cls.__name__}: unknown field {extra!r}")
+        if len(resolved) < len(fields):
+            resolved[:] = [(name, req, _converter(hints[name])) for name, req in fields]
         kwargs = {}
-        for name, required in fields:
+        for name, required, field in resolved:
             if name in value:
-                kwargs[name] = _converter(hints[name])(
-                    value[name], f"{path}.{name}" if path else name
-                )
+                kwargs[name] = field(value[name], f"{path}.{name}" if path else name)
             elif required:
                 raise ProtocolError(f"{f'{path}.{name}' if path else name}: missing field")
         return cls(**kwargs)
