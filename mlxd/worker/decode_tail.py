@@ -131,8 +131,8 @@ class DecodeTail:
         self.in_pool = [self.in_pool[i] for i in rows] if self.view else []
 
     def flush(self, pool: KVPool) -> None:
-        """Write the deferred tokens, then the current ones, into ``pool`` (lazily: the caller
-        makes sure no step in flight still reads the pool). Older writes go first, so a block
+        """Write the deferred tokens, then the current ones, into ``pool`` (the caller makes
+        sure no step in flight still reads the pool). Older writes go first, so a block
         that changed hands ends with its new owner's tokens. Without a view, the buffers are
         dropped: the next step reads those tokens from the pool."""
         writes = list(self._deferred)
@@ -142,6 +142,13 @@ class DecodeTail:
             for layer in range(self.num_layers):
                 pool.keys[layer][slots] = keys[layer]
                 pool.values[layer][slots] = values[layer]
+        if writes:
+            # Written now, while the device is idle anyway (the caller waited for the step in
+            # flight): a pending write holds the buffers it copies from, and a batch decoding
+            # through its view reads the pool again only when the batch changes, so every
+            # flush kept one whole view alive (memory grew with the square of the output).
+            # Not async: a pool write still in flight would make the next one copy the pool.
+            mx.eval(pool.keys, pool.values)
         self._deferred = []
         self.slots, self.length = None, 0
         if self.started and not self.view:

@@ -107,8 +107,10 @@ class PagedStep:
 
     When no row has cached tokens (``fresh``: new prompts), attention reads the step's own
     keys, left-padded as the queries are, and not the pool: the pool is written but not read
-    back (on an H100, a 128-token prompt's forward on Qwen3-0.6B took 7.1 ms so, against 10.6
-    ms reading its blocks back, and 7.8 ms through mlx-lm's own cache).
+    back. (On an H100, a 128-token prompt's forward on Qwen3-0.6B took 1.42x what it takes
+    through mlx-lm's own cache when it read its blocks back, 0.80x since: docs/PERFORMANCE.md.)
+    The write is not needed for the first token, so it runs with the next step that reads the
+    pool (MLX evaluates lazily; a prefix hit on these blocks reads them through it too).
     """
 
     write_slots: mx.array

@@ -230,3 +230,61 @@ def test_rows_leaving_one_by_one_hold_no_copies_of_the_view(harness_factory: Any
     h.run()  # a row leaves every other step, all within one view
     assert all(r.finished for r in h.results.values())
     assert mx.get_peak_memory() - before < 2 * view_bytes
+
+
+def test_a_long_decode_holds_one_view_not_one_per_flush(harness_factory: Any) -> None:
+    """Flushes write the pool while the batch keeps decoding through its view: the writes are
+    done then, and do not keep each flush's view alive until the batch changes."""
+    import mlx.core as mx
+
+    from mlxd.worker.decode_tail import VIEW_STEP
+    from mlxd.worker.paged_cache import KVPool
+
+    h = harness_factory(num_blocks=512, max_num_seqs=8, max_queued=8)
+    n, out = 8, 6 * VIEW_STEP
+    for i in range(n):  # no request joins or leaves: one batch, one view, many flushes
+        h.generate(str(i), "hello world " * 8, max_tokens=out, ignore_eos=True)
+    while len(h.engine.runner.rows) < n:
+        h.step()
+    tail = h.engine.runner.tail
+    h.step()
+    assert tail.view
+    mx.eval(h.engine.runner.pool.keys)
+    before = mx.get_active_memory()
+    final_view = n * (tail.base + out + VIEW_STEP) * KVPool.bytes_per_token(h.engine.runner.model)
+    most = 0
+    while h.engine.runner.rows and tail.view:
+        h.step()
+        most = max(most, mx.get_active_memory() - before)
+    assert all(r.finished for r in h.results.values())
+    assert most < 1.5 * final_view  # one view at a time (3x when each flush kept its own)
+
+
+def test_prompts_that_end_at_their_first_token_leave_no_pending_pool_writes(
+    harness_factory: Any,
+) -> None:
+    """New prompts write the pool without reading it back; requests that need no decode step
+    must not leave those writes pending, each holding its prompt's K/V, one on top of the
+    other."""
+    import mlx.core as mx
+
+    from mlxd.protocol.messages import Generate, SamplingParams, TokenPrompt
+    from mlxd.worker.paged_cache import KVPool
+    from tests.model.conftest import Result
+
+    h = harness_factory(num_blocks=512, max_num_seqs=4, max_queued=64)
+    prompt = [10 + i % 500 for i in range(256)]
+
+    def first_token_only(rid: str, ids: list[int]) -> None:
+        h.results[rid] = Result()
+        h.send(Generate(request_id=rid, prompt=TokenPrompt(token_ids=ids),
+                        sampling=SamplingParams(max_tokens=1, temperature=0.0)))  # fmt: skip
+        h.run()
+
+    first_token_only("warm", prompt)
+    mx.eval(h.engine.runner.pool.keys, h.engine.runner.pool.values)
+    before = mx.get_active_memory()
+    for i in range(32):
+        first_token_only(str(i), [t + i for t in prompt])
+    kv = len(prompt) * KVPool.bytes_per_token(h.engine.runner.model)
+    assert mx.get_active_memory() - before < 4 * kv  # 32 prompts' K/V would be 32x
