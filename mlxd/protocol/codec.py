@@ -73,7 +73,7 @@ def to_wire(value: Any) -> Any:
     if layout is None:
         if not dataclasses.is_dataclass(value):
             return value
-        layout = _LAYOUTS[cls] = _layout(cls)  # type: ignore[arg-type]
+        layout = _LAYOUTS[cls] = _layout(cls)
     tag, names = layout
     out: dict[str, Any] = {"type": tag} if tag is not None else {}
     for name in names:
@@ -104,7 +104,6 @@ def from_wire(obj: Any) -> Any:
 Converter = Callable[[Any, str], Any]
 
 
-@functools.cache
 def _layout(cls: type) -> tuple[str | None, tuple[str, ...]]:
     return getattr(cls, "TAG", None), tuple(f.name for f in dataclasses.fields(cls))
 

@@ -131,10 +131,11 @@ class DecodeTail:
         self.in_pool = [self.in_pool[i] for i in rows] if self.view else []
 
     def flush(self, pool: KVPool) -> None:
-        """Write the deferred tokens, then the current ones, into ``pool`` (the caller makes
-        sure no step in flight still reads the pool). Older writes go first, so a block
-        that changed hands ends with its new owner's tokens. Without a view, the buffers are
-        dropped: the next step reads those tokens from the pool."""
+        """Write the deferred tokens, then the current ones, into ``pool``, and evaluate every
+        write the pool holds (the caller makes sure no step in flight still reads the pool).
+        Older writes go first, so a block that changed hands ends with its new owner's tokens.
+        Without a view, the buffers are dropped: the next step reads those tokens from the
+        pool."""
         writes = list(self._deferred)
         if self.length and self.slots is not None:
             writes.append(self._write())
@@ -142,13 +143,14 @@ class DecodeTail:
             for layer in range(self.num_layers):
                 pool.keys[layer][slots] = keys[layer]
                 pool.values[layer][slots] = values[layer]
-        if writes:
-            # Written now, while the device is idle anyway (the caller waited for the step in
-            # flight): a pending write holds the buffers it copies from, and a batch decoding
-            # through its view reads the pool again only when the batch changes, so every
-            # flush kept one whole view alive (memory grew with the square of the output).
-            # Not async: a pool write still in flight would make the next one copy the pool.
-            mx.eval(pool.keys, pool.values)
+        # Every write is done here, while the device is idle anyway (the caller waited for the
+        # step in flight): a pending write holds the buffers it copies from, and a batch
+        # decoding through its view reads the pool again only when the batch changes, so every
+        # flush kept one whole view alive (memory grew with the square of the output). This
+        # includes a prefill's writes of new prompts, which nothing reads back: requests done
+        # at their first token would otherwise stack theirs. Not async: a pool write still in
+        # flight would make the next one copy the pool.
+        mx.eval(pool.keys, pool.values)
         self._deferred = []
         self.slots, self.length = None, 0
         if self.started and not self.view:

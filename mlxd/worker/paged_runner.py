@@ -45,10 +45,9 @@ class PagedModelRunner(ModelRunner):
         joined = []
         if self._pending is not None:
             mx.eval(self._pending)  # a decode step in flight holds the pool: writes would copy it
-        self.tail.flush(self.pool)  # prefill reads the pool (prefix hits) and must see it all
-        # New prompts write the pool without reading it back, so the last prefill's writes may
-        # still be pending (when no decode step read them since): in before these go on top.
-        mx.eval(self.pool.keys, self.pool.values)
+        # Prefill reads the pool (prefix hits) and must see it all; the flush also completes
+        # the last prefill's writes, so these go on top of evaluated arrays.
+        self.tail.flush(self.pool)
         for group in _pack(chunks):
             logits = self._forward(group)
             last = [i for i, c in enumerate(group) if c.is_last]
