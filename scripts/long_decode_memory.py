@@ -12,18 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import time
 
 import httpx
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from soak import free_port, wait_healthy  # scripts/ is on the path of a script run
 
 
 async def stream(client: httpx.AsyncClient, url: str, i: int, tokens: int) -> None:
@@ -58,13 +52,7 @@ def main() -> None:
     daemon = subprocess.Popen([sys.executable, "-m", "mlxd", "start", "--model", f"m={model}",
                                "--port", str(port), "--log-level", "warning"])  # fmt: skip
     try:
-        for _ in range(240):
-            try:
-                if httpx.get(f"{url}/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        wait_healthy(url, daemon)
         asyncio.run(watch(url, streams, tokens, every_s))
     finally:
         daemon.terminate()

@@ -39,7 +39,7 @@ def main() -> int:
     args = _parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = args.model or _make_tiny_model()
-    port = _free_port()
+    port = free_port()
     log = (args.out / "daemon.log").open("wb")
     cmd = [sys.executable, "-m", "mlxd", "start", "--port", str(port), "--log-level", "warning",
            "--max-context", "1024", "--heartbeat-timeout", "5"]  # fmt: skip
@@ -48,7 +48,7 @@ def main() -> int:
     daemon = subprocess.Popen(cmd, stderr=log)
     base = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(base, daemon)
+        wait_healthy(base, daemon)
         report = asyncio.run(Soak(args, base, daemon.pid).run())
     finally:
         workers = _children(daemon.pid)
@@ -263,13 +263,13 @@ def _make_tiny_model() -> str:
     return str(make_model(out, arch="qwen3", size="tiny", progress=lambda line: None))
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def _wait_healthy(base: str, daemon: subprocess.Popen[bytes]) -> None:
+def wait_healthy(base: str, daemon: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         if daemon.poll() is not None:
