@@ -90,8 +90,12 @@ def new_engine(
 
 
 def engine_level(engine: Any, prompts: list[list[int]], max_tokens: int) -> dict[str, float | int]:
-    """All ``prompts`` submitted at once to ``engine``; returns the summary."""
+    """All ``prompts`` submitted at once to ``engine``; returns the summary, with the engine's
+    own decode step time (as a served worker reports it in ``mlxd worker stats``)."""
+    from mlxd.worker.stats import Stats
+
     timings: dict[str, RequestTiming] = {}
+    engine.stats = Stats(engine.clock)  # this level's steps only
     t0 = time.perf_counter()
     engine.channel = _Recorder(t0, timings)
     sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
@@ -101,7 +105,10 @@ def engine_level(engine: Any, prompts: list[list[int]], max_tokens: int) -> dict
                                        sampling=sampling))  # fmt: skip
     while engine.scheduler.has_work():
         engine.step()
-    return summarize(len(prompts), list(timings.values()))
+    step = engine.stats.reply("bench")
+    return {**summarize(len(prompts), list(timings.values())),
+            "step_p50_ms": round(step.decode_step.p50_ms, 2),
+            "step_rows_mean": round(step.decode_rows_mean, 1)}  # fmt: skip
 
 
 def mlx_lm_batch_level(model: Any, prompts: list[list[int]], max_tokens: int) -> dict[str, float]:

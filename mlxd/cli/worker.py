@@ -179,6 +179,8 @@ def _show_stats(r: dict[str, Any]) -> None:
                          f"{r['output_tps_total']:.1f} (since start)"),
         ("ttft", _latency(r["ttft"])),
         ("inter-token", _latency(r["itl"])),
+        ("decode step", _latency(r["decode_step"])
+         + (f", {r['decode_rows_mean']:.1f} rows" if r["decode_step"]["num_samples"] else "")),
         ("preemptions", str(r["preemptions"])),
         ("prefix cache", f"{r['prefix_cache_hits']} hits, {r.get('prefix_cache_misses', 0)} "
                          f"misses, {r['prefix_cache_hit_tokens']} tokens"),

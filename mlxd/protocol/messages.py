@@ -434,6 +434,9 @@ class StatsReply:
     kv_blocks_used: int = 0  # referenced by a sequence or the prefix cache
     kv_blocks_free: int = 0
     kv_blocks_cached: int = 0  # indexed by the prefix cache (some may be in use too)
+    decode_steps: int = 0
+    decode_step: LatencySummary = LatencySummary(num_samples=0, p50_ms=0.0, p95_ms=0.0, p99_ms=0.0)
+    decode_rows_mean: float = 0.0  # rows per decode step, over the samples of ``decode_step``
 
 
 @dataclass(frozen=True, kw_only=True)

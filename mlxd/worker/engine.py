@@ -112,7 +112,9 @@ class Engine:
                 self.control.poll()
             if self.scheduler.has_work() and not self.paused:
                 self.step()
-            elif self.exit_when_drained and not self.scheduler.has_work():
+                continue
+            self.stats.on_idle()
+            if self.exit_when_drained and not self.scheduler.has_work():
                 self.should_exit = True
 
     def dispatch(self, client: bytes, msg: Message | ProtocolError) -> None:
@@ -132,6 +134,7 @@ class Engine:
         """One scheduling iteration: expire, retire, prefill a chunk budget, decode once."""
         self._expire()
         self._retire()
+        decoded = 0
         chunks = self.scheduler.schedule_prefill()
         if chunks:
             self._prefill(chunks)
@@ -143,9 +146,11 @@ class Engine:
                 self._retire()
             self._reserve()
             if self.runner.rows:
+                decoded = len(self.runner.rows)
                 self._decode()
         self._retire()  # free what finished now, not one step later
         self._flush()
+        self.stats.on_step(decoded)
 
     # Message handlers
 

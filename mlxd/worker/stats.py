@@ -66,6 +66,10 @@ class Stats:
         self.output_tokens = 0
         self._ttft_ms: deque[float] = deque(maxlen=max_samples)
         self._itl_ms: deque[float] = deque(maxlen=max_samples)
+        self.decode_steps = 0
+        self._step_ms: deque[float] = deque(maxlen=max_samples)
+        self._step_rows: deque[int] = deque(maxlen=max_samples)
+        self._last_step: float | None = None  # when the last step that decoded ended
         self._last_token: dict[Sequence, float] = {}  # only sequences that are in flight
         self._buckets: deque[list[int]] = deque()  # [second, tokens], at most window_s + 1
 
@@ -99,6 +103,24 @@ class Stats:
             self._last_token[seq] = now
         if num:
             self._count(num, now)
+
+    def on_step(self, rows: int) -> None:
+        """A scheduling step ended having decoded ``rows`` rows (0: none). Each decode step that
+        directly follows another is one sample: the time from the end of one to the end of the
+        next, everything between them included (prefill chunks, messages, the serving loop)."""
+        if not rows:
+            self._last_step = None
+            return
+        now = self.clock()
+        self.decode_steps += 1
+        if self._last_step is not None:
+            self._step_ms.append((now - self._last_step) * 1000.0)
+            self._step_rows.append(rows)
+        self._last_step = now
+
+    def on_idle(self) -> None:
+        """The worker went a loop without a step (no work, or paused): no decode step spans it."""
+        self._last_step = None
 
     def on_finish(self, seq: Sequence, reason: str) -> None:
         """``reason``: "stop"/"length" (finished), "cancelled" or "error"."""
@@ -143,6 +165,9 @@ class Stats:
             output_tps_total=self.output_tokens / uptime if uptime > 0 else 0.0,
             ttft=summarize(self._ttft_ms),
             itl=summarize(self._itl_ms),
+            decode_steps=self.decode_steps,
+            decode_step=summarize(self._step_ms),
+            decode_rows_mean=sum(self._step_rows) / len(self._step_rows) if self._step_rows else 0.0,
             preemptions=kv.preemptions,
             prefix_cache_hits=kv.hits,
             prefix_cache_hit_tokens=kv.hit_tokens,

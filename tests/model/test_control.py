@@ -131,6 +131,9 @@ def test_status_and_stats_after_requests(admin: Admin) -> None:
     assert stats.prompt_tokens == sum(u.prompt_tokens for u in usage)
     assert stats.ttft.num_samples == 2 and stats.ttft.p50_ms > 0
     assert stats.itl.num_samples == 8 and stats.output_tps_total > 0
+    # 6 and 4 tokens, the first from prefill: at least 5 decode steps, one after another
+    assert stats.decode_steps >= 5 and stats.decode_step.num_samples == stats.decode_steps - 1
+    assert stats.decode_step.p50_ms > 0 and 1 <= stats.decode_rows_mean <= 2
 
 
 def test_set_max_num_seqs_applies_live(admin: Admin) -> None:

@@ -42,6 +42,25 @@ def test_first_token_is_ttft_and_later_tokens_are_inter_token(clock: Clock) -> N
     assert reply.output_tokens == 4
 
 
+def test_a_decode_step_is_timed_from_the_step_before_it_and_idle_time_is_not_a_step(
+    clock: Clock,
+) -> None:
+    stats = Stats(clock)
+    for now, rows in [(100.0, 4), (100.01, 4), (100.03, 2), (100.04, 0), (100.5, 2), (100.51, 2)]:
+        clock.now = now
+        stats.on_step(rows)  # a prefill-only step (0 rows) breaks the chain
+    clock.now = 101.0
+    stats.on_idle()
+    clock.now = 102.0
+    stats.on_step(8)  # the first after idling: a step, but no sample
+    reply = stats.reply("s")
+    assert reply.decode_steps == 6
+    assert reply.decode_step.num_samples == 3
+    assert reply.decode_step.p99_ms == pytest.approx(20.0)
+    assert reply.decode_step.p50_ms == pytest.approx(10.0)
+    assert reply.decode_rows_mean == pytest.approx((4 + 2 + 2) / 3)
+
+
 def test_finished_sequences_are_not_counted(clock: Clock) -> None:
     stats = Stats(clock)
     a = _seq("a", arrival=100.0)
