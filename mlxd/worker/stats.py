@@ -167,7 +167,7 @@ class Stats:
             itl=summarize(self._itl_ms),
             decode_steps=self.decode_steps,
             decode_step=summarize(self._step_ms),
-            decode_rows_mean=sum(self._step_rows) / len(self._step_rows) if self._step_rows else 0.0,
+            decode_rows_mean=_mean(self._step_rows),
             preemptions=kv.preemptions,
             prefix_cache_hits=kv.hits,
             prefix_cache_hit_tokens=kv.hit_tokens,
@@ -190,6 +190,10 @@ class Stats:
         self._buckets.append([second, num])
         while self._buckets[0][0] <= second - self.window_s:
             self._buckets.popleft()
+
+
+def _mean(values: deque[int]) -> float:
+    return sum(values) / len(values) if values else 0.0
 
 
 def summarize(samples: Iterable[float]) -> LatencySummary:
