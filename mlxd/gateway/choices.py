@@ -11,18 +11,18 @@ import asyncio
 from dataclasses import replace
 
 from mlxd.errors import MlxdError, RequestTimeout
-from mlxd.gateway.workers import RequestStream, StreamObserver, WorkerClient
+from mlxd.gateway.workers import MAX_BUFFERED_EVENTS, RequestStream, StreamObserver, WorkerClient
 from mlxd.protocol.messages import Finished, Generate, TokenDelta, Usage
 
-# Events waiting for a client that reads slower than the worker writes: past this many the
-# choices are cancelled, so a stalled reader costs bounded memory and frees its sequences.
-MAX_BUFFERED_EVENTS = 1024
 _SEED_SPAN = 2**64  # seeds wrap within the signed 64-bit range the API accepts
 _Item = tuple[int, TokenDelta | Finished] | BaseException
 
 
 class Choices:
     """Async iterator over the events of ``n`` streams; done once every choice finished.
+
+    One choice (the usual request) is read straight from its stream; several are merged into
+    one queue by a task per choice.
 
     Args:
         streams: one stream per choice, in choice order.
@@ -34,7 +34,12 @@ class Choices:
         self._index = {s.request_id: i for i, s in enumerate(streams)}
         self._finished: list[Finished] = []
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
-        self._pumps = [asyncio.ensure_future(self._pump(i, s)) for i, s in enumerate(streams)]
+        self._only = streams[0] if len(streams) == 1 else None
+        self._pumps = (
+            []
+            if self._only
+            else [asyncio.ensure_future(self._pump(i, s)) for i, s in enumerate(streams)]
+        )
 
     @classmethod
     async def open(
@@ -58,11 +63,18 @@ class Choices:
     async def __anext__(self) -> TokenDelta | Finished:
         if self.is_done:
             raise StopAsyncIteration
+        if self._only is not None:
+            return self._note(await anext(self._only))
         return self._take(await self._queue.get())
 
     def next_ready(self) -> TokenDelta | Finished | None:
         """The next event if one is already waiting, else ``None`` (never waits)."""
-        if self.is_done or self._queue.empty():
+        if self.is_done:
+            return None
+        if self._only is not None:
+            event = self._only.next_ready()
+            return None if event is None else self._note(event)
+        if self._queue.empty():
             return None
         return self._take(self._queue.get_nowait())
 
@@ -91,7 +103,9 @@ class Choices:
     def _take(self, item: _Item) -> TokenDelta | Finished:
         if isinstance(item, BaseException):
             raise item
-        event = item[1]
+        return self._note(item[1])
+
+    def _note(self, event: TokenDelta | Finished) -> TokenDelta | Finished:
         if isinstance(event, Finished):
             self._finished.append(event)
         return event

@@ -44,6 +44,11 @@ class ChunkFormat(Protocol):
         """The chunks for new text of choice ``index`` (and its tokens' logprobs, if asked)."""
         ...
 
+    def text_frame(self, index: int, text: str) -> bytes | None:
+        """The SSE frame of ``delta(index, text)`` with no logprobs, or ``None`` when this format
+        cannot make it directly (text held back for tool calls): then ``delta`` is used."""
+        ...
+
     def finish(self, index: int, finished: Finished) -> list[dict[str, Any]]:
         """The last chunks of choice ``index``: remaining text and its ``finish_reason``."""
         ...
@@ -95,6 +100,9 @@ async def sse_events(
 ) -> AsyncGenerator[bytes, None]:
     """SSE frames for ``stream``, starting from its already received ``first`` event.
 
+    Events that are already waiting go out together, in one write: a gateway that falls behind
+    catches up in fewer, larger sends instead of falling further behind.
+
     An error after the headers went out becomes a ``data: {"error": ...}`` event before
     ``[DONE]``. On any exit (including cancellation when the client disconnects) every choice
     still running is cancelled on the worker.
@@ -104,9 +112,23 @@ async def sse_events(
             yield sse(chunk)
         event: TokenDelta | Finished | None = first
         while True:
-            for frame in _frames(stream, fmt, event):
-                yield frame
-            if isinstance(event, Finished) and stream.is_done:
+            frames = _frames(stream, fmt, event)
+            error: MlxdError | None = None
+            while not _ends(stream, event):
+                try:
+                    waiting = stream.next_ready()
+                except MlxdError as exc:  # after the frames before it
+                    error = exc
+                    break
+                if waiting is None:
+                    break
+                event = waiting
+                frames += _frames(stream, fmt, event)
+            if frames:
+                yield b"".join(frames)
+            if error is not None:
+                raise error
+            if _ends(stream, event):
                 break
             event = await next_event(stream, deadline, keepalive_s)
         for chunk in fmt.tail(stream.usage):
@@ -120,11 +142,19 @@ async def sse_events(
     yield DONE
 
 
+def _ends(stream: Choices, event: TokenDelta | Finished | None) -> bool:
+    return isinstance(event, Finished) and stream.is_done
+
+
 def _frames(stream: Choices, fmt: ChunkFormat, event: TokenDelta | Finished | None) -> list[bytes]:
     if event is None:
         return [KEEPALIVE]
     if isinstance(event, Finished):
         return [sse(c) for c in fmt.finish(stream.index(event), event)]
+    if event.logprobs is None and event.text:
+        frame = fmt.text_frame(stream.index(event), event.text)
+        if frame is not None:
+            return [frame]
     if event.text or event.logprobs:
         return [sse(c) for c in fmt.delta(stream.index(event), event.text, event.logprobs)]
     return []

@@ -52,6 +52,9 @@ log = logging.getLogger(__name__)
 _Item = TokenDelta | Finished | Error | MlxdError
 # Called with each event as it is taken from the queue (timing metrics); must be cheap.
 StreamObserver = Callable[[TokenDelta | Finished], None]
+# Events waiting for a client that reads slower than the worker writes: past this many the
+# request is cancelled, so a stalled reader costs bounded memory and frees its sequence.
+MAX_BUFFERED_EVENTS = 1024
 
 
 class RequestStream:
@@ -63,13 +66,19 @@ class RequestStream:
     """
 
     def __init__(
-        self, client: WorkerClient, request_id: str, observer: StreamObserver | None = None
+        self,
+        client: WorkerClient,
+        request_id: str,
+        observer: StreamObserver | None = None,
+        max_buffered: int = MAX_BUFFERED_EVENTS,
     ) -> None:
         self.request_id = request_id
         self._client = client
         self._observer = observer
+        self._max_buffered = max_buffered
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._is_done = False
+        self._cancelled = False  # the worker was told to stop (cancel, or a client too slow)
 
     def __aiter__(self) -> RequestStream:
         return self
@@ -77,7 +86,15 @@ class RequestStream:
     async def __anext__(self) -> TokenDelta | Finished:
         if self._is_done:
             raise StopAsyncIteration
-        item = await self._queue.get()
+        return self._take(await self._queue.get())
+
+    def next_ready(self) -> TokenDelta | Finished | None:
+        """The next event if one is already waiting, else ``None`` (never waits)."""
+        if self._is_done or self._queue.empty():
+            return None
+        return self._take(self._queue.get_nowait())
+
+    def _take(self, item: _Item) -> TokenDelta | Finished:
         if self._observer is not None and isinstance(item, TokenDelta | Finished):
             self._observer(item)
         if isinstance(item, TokenDelta):
@@ -101,9 +118,20 @@ class RequestStream:
             return
         self._is_done = True
         self._client._unregister(self.request_id)
-        await self._client._send(Cancel(request_id=self.request_id))
+        if not self._cancelled:
+            self._cancelled = True
+            await self._client._send(Cancel(request_id=self.request_id))
 
     def _put(self, item: _Item) -> None:
+        if self._queue.qsize() >= self._max_buffered and not isinstance(item, MlxdError):
+            # The client reads slower than the worker writes: the stream ends (after what it
+            # holds) and the worker stops the request, so a stalled reader costs bounded memory.
+            self._client._unregister(self.request_id)
+            self._client._cancel_soon(self.request_id)
+            self._cancelled = True
+            item = RequestTimeout(
+                f"the client read too slowly: over {self._max_buffered} events waited"
+            )
         self._queue.put_nowait(item)
 
 
@@ -136,6 +164,7 @@ class WorkerClient:
         # Requests answered with one reply message (Embed, CountTokens): request_id -> future.
         self._replies: dict[str, asyncio.Future[Any]] = {}
         self._ping_ids = itertools.count()
+        self._background: set[asyncio.Future[None]] = set()
         self._described: Pong | None = None
 
     @property
@@ -265,6 +294,20 @@ class WorkerClient:
 
     def _unregister(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
+
+    def _cancel_soon(self, request_id: str) -> None:
+        """Send a Cancel from synchronous code (routing an event); failures are only logged:
+        a worker that cannot be reached has no request to stop."""
+
+        async def send() -> None:
+            try:
+                await self._send(Cancel(request_id=request_id))
+            except MlxdError as exc:
+                log.debug("cancel of %r not sent: %s", request_id, exc.message)
+
+        task = asyncio.ensure_future(send())
+        self._background.add(task)  # held until done: the loop keeps only weak references
+        task.add_done_callback(self._background.discard)
 
     async def _send(self, msg: Message) -> None:
         if self._socket is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -126,6 +127,24 @@ def test_sse_keepalive_then_timeout(worker: ScriptedWorker) -> None:
 
     with_client(worker.endpoint, body)
     assert worker.wait_cancel("keepalive") is not None
+
+
+def test_sse_sends_the_events_already_waiting_in_one_write(worker: ScriptedWorker) -> None:
+    async def body(client: WorkerClient) -> None:
+        stream = Choices([await client.open_stream(generate("burst"))])
+        first = await anext(stream)
+        await asyncio.sleep(0.3)  # the rest of the reply (and Finished) arrives meanwhile
+        fmt = ChatChunks("chatcmpl-1", MODEL, 0)
+        frames = [f async for f in sse_events(stream, first, fmt, time.monotonic() + 10)]
+        role, burst, done = frames  # the role chunk, everything else at once, [DONE]
+        assert b'"role":"assistant"' in role and done == DONE
+        words = DEFAULT_REPLY.split()
+        assert burst.count(b"data: ") == len(words) + 1  # each word's chunk, then finish_reason
+        text = "".join(json.loads(line[6:])["choices"][0]["delta"].get("content", "")
+                       for line in burst.decode().split("\n\n") if line)  # fmt: skip
+        assert text == DEFAULT_REPLY
+
+    with_client(worker.endpoint, body)
 
 
 def test_static_pool_unknown_model(worker: ScriptedWorker) -> None:
