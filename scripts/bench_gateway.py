@@ -23,6 +23,7 @@ import json
 import multiprocessing as mp
 import os
 import resource
+import signal
 import socket
 import sys
 import tempfile
@@ -53,6 +54,7 @@ def main() -> int:
     _pin(gateway=False)  # the worker and this client share what the gateway does not use
     worker.start()
     gateway.start()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stopped early: still stop both
     target = Target(base_url=f"http://127.0.0.1:{port}", endpoint=endpoint)
     try:
         _wait_up(target)
