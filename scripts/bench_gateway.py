@@ -9,7 +9,8 @@ gateway's and the client's CPU per token and the tok/s and inter-token gaps the 
 against what the worker sent.
 
     .venv/bin/python scripts/bench_gateway.py [STREAMS] [TOKENS] [STEP_MS] [ROUNDS] [ENDPOINT]
-    .venv/bin/python scripts/bench_gateway.py 64 256 10 3 chat
+                                              [CLIENT_PROCS]
+    .venv/bin/python scripts/bench_gateway.py 64 256 10 3 chat 1
 
 The last line is JSON. A gateway that keeps up delivers the worker's rate (STREAMS x 1000 /
 STEP_MS tok/s) with inter-token p50 = STEP_MS; one that falls behind shows it in both.
@@ -17,7 +18,6 @@ STEP_MS tok/s) with inter-token p50 = STEP_MS; one that falls behind shows it in
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import multiprocessing as mp
@@ -34,7 +34,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mlxd.bench.http import Target, run_sessions  # noqa: E402
+from mlxd.bench.clients import ClientPool  # noqa: E402
+from mlxd.bench.http import Target  # noqa: E402
 from mlxd.bench.stats import summarize  # noqa: E402
 from mlxd.bench.workload import Request, Session  # noqa: E402
 
@@ -42,9 +43,9 @@ MODEL = "bench"
 
 
 def main() -> int:
-    args = sys.argv[1:] + ["64", "256", "10", "3", "chat"][len(sys.argv[1:]) :]
+    args = sys.argv[1:] + ["64", "256", "10", "3", "chat", "1"][len(sys.argv[1:]) :]
     streams, tokens, step_ms, rounds = (int(a) for a in args[:4])
-    endpoint = args[4]
+    endpoint, procs = args[4], int(args[5])
     ipc = f"ipc://{tempfile.mkdtemp(prefix='mlxd-gw-')}/worker.sock"
     port = _free_port()
     ctx = mp.get_context("spawn")
@@ -58,29 +59,37 @@ def main() -> int:
     target = Target(base_url=f"http://127.0.0.1:{port}", endpoint=endpoint)
     try:
         _wait_up(target)
-        _level(target, streams, 16, ours)  # warm-up: connections, first-call costs
-        results = [_level(target, streams, tokens, ours) for _ in range(rounds)]
+        with ClientPool(procs) as clients:
+            _level(clients, target, streams, 16, ours)  # warm-up: connections, first calls
+            results = [_level(clients, target, streams, tokens, ours) for _ in range(rounds)]
     finally:
         gateway.terminate()
         worker.terminate()
     sent = streams * 1000 / step_ms
     print(f"worker sends {sent:.0f} tok/s ({streams} streams, one token each per {step_ms} ms)")
-    print("round  tok/s  itl p50  itl p99  gateway us/tok  gateway cpu  client us/tok")
+    print(
+        "round  tok/s  ttft p50  ttft p99  itl p50  itl p99  gateway us/tok  gateway cpu  "
+        "client us/tok"
+    )
     for i, r in enumerate(results, 1):
-        print(f"{i:5}  {r['tok_s']:5.0f}  {r['itl_p50_ms']:7.1f}  {r['itl_p99_ms']:7.1f}  "
+        print(f"{i:5}  {r['tok_s']:5.0f}  {r['ttft_p50_ms']:8.1f}  {r['ttft_p99_ms']:8.1f}  "
+              f"{r['itl_p50_ms']:7.1f}  {r['itl_p99_ms']:7.1f}  "
               f"{r['gateway_us_per_token']:14.1f}  {r['gateway_cpu_share']:10.0%}  "
               f"{r['client_us_per_token']:13.1f}")  # fmt: skip
     print(json.dumps({"streams": streams, "tokens": tokens, "step_ms": step_ms,
-                      "endpoint": endpoint, "worker_tok_s": sent, "rounds": results}))  # fmt: skip
+                      "endpoint": endpoint, "client_procs": procs, "worker_tok_s": sent,
+                      "rounds": results}))  # fmt: skip
     return 0
 
 
-def _level(target: Target, streams: int, tokens: int, gateway_cpu: Any) -> dict[str, float]:
+def _level(
+    clients: ClientPool, target: Target, streams: int, tokens: int, gateway_cpu: Any
+) -> dict[str, float]:
     sessions = [Session(turns=[Request(user="hi", max_tokens=tokens, model=MODEL)])
                 for _ in range(streams)]  # fmt: skip
     gateway_cpu.send("cpu")
     g0, c0, t0 = gateway_cpu.recv(), _cpu(), time.perf_counter()
-    timings = asyncio.run(run_sessions(target, streams, sessions))
+    timings = clients.run(target, streams, sessions)
     wall = time.perf_counter() - t0
     gateway_cpu.send("cpu")
     g1, c1 = gateway_cpu.recv(), _cpu()
@@ -93,9 +102,12 @@ def _level(target: Target, streams: int, tokens: int, gateway_cpu: Any) -> dict[
         "tok_s": round(float(row["output_tok_s"]), 1),
         "itl_p50_ms": round(float(row["itl_p50_ms"]), 2),
         "itl_p99_ms": round(float(row["itl_p99_ms"]), 2),
+        "ttft_p50_ms": round(float(row["ttft_p50_ms"]), 2),
+        "ttft_p99_ms": round(float(row["ttft_p99_ms"]), 2),
         "gateway_us_per_token": round((g1 - g0) / n * 1e6, 1),
         "gateway_cpu_share": round((g1 - g0) / wall, 3),
-        "client_us_per_token": round((c1 - c0) / n * 1e6, 1),
+        # this process's CPU: the client's only when it runs here (CLIENT_PROCS 1)
+        "client_us_per_token": round((c1 - c0) / n * 1e6, 1) if clients.procs == 1 else 0.0,
     }
 
 

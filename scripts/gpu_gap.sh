@@ -5,7 +5,9 @@
 #   loaded   the same, while scripts/bench_gateway.py runs the real gateway and client beside
 #            it at the same token rate (no model): does their CPU slow the engine's steps?
 #   http     the daemon over HTTP, then its worker's own decode step p50 (`mlxd worker stats`)
+#   http1    the same with the load from one client process (--client-procs 1)
 #   smallkv  the same with --kv-cache-gb SMALL_KV (a pool as small as the engine bench's)
+# Served legs also give the gateway's own mean TTFT over the level (from /metrics).
 # Results: $OUT/gap.txt (one line per leg and round) and the JSON of every leg.
 #   bash scripts/gpu_gap.sh            (after .gpuB/install.sh; knobs below)
 #   CONC=64 OUTPUT=256 PROMPT=128 ROUNDS=2 SMALL_KV=6 SIZE=qwen3-0.6b DTYPE=bfloat16
@@ -17,7 +19,7 @@ export PYTHONPATH="$PWD:${PYTHONPATH:-}"
 PY="${PY:-python3}"
 CONC="${CONC:-64}"; OUTPUT="${OUTPUT:-256}"; PROMPT="${PROMPT:-128}"; ROUNDS="${ROUNDS:-2}"
 SMALL_KV="${SMALL_KV:-6}"; SIZE="${SIZE:-qwen3-0.6b}"; DTYPE="${DTYPE:-bfloat16}"
-STEP_MS="${STEP_MS:-8}"; LEGS=" ${LEGS:-engine loaded http smallkv} "
+STEP_MS="${STEP_MS:-8}"; LEGS=" ${LEGS:-engine loaded http http1 smallkv} "
 MODELS="${MODELS:-/root/models}"; OUT="${OUT:-$PWD/out}"; PORT="${PORT:-8300}"
 mkdir -p "$OUT" "$MODELS"
 M="$MODELS/$SIZE-$DTYPE"
@@ -52,8 +54,12 @@ engine() {  # engine NAME ROUND
     --max-tokens "$OUTPUT" --no-compare-mlx-lm --json "$OUT/$1-$2.json" > "$OUT/$1-$2.log" 2>&1 \
     && row "$1" "$2" "$OUT/$1-$2.json"
 }
-served() {  # served NAME ROUND [MLXD START OPTIONS]
-  local name=$1 rnd=$2 url; shift 2; PORT=$(( PORT + 1 )); url="http://127.0.0.1:$PORT"
+# ttft_sum URL: "sum count" of the gateway's TTFT histogram
+ttft_sum() {
+  curl -sf "$1/metrics" | awk '/^mlxd_time_to_first_token_seconds_sum/ {s=$2} /^mlxd_time_to_first_token_seconds_count/ {c=$2} END {print s+0, c+0}'
+}
+served() {  # served NAME ROUND CLIENT_PROCS [MLXD START OPTIONS]
+  local name=$1 rnd=$2 procs=$3 url before after; shift 3; PORT=$(( PORT + 1 )); url="http://127.0.0.1:$PORT"
   "$PY" -m mlxd start --model "bench=$M" --port "$PORT" --log-level warning --max-num-seqs 128 \
     --max-queued 1024 "$@" >> "$OUT/mlxd.log" 2>&1 &
   SERVER=$!
@@ -62,8 +68,14 @@ served() {  # served NAME ROUND [MLXD START OPTIONS]
   "$PY" -m mlxd bench run --url "$url" --model bench --prompt-tokens "$PROMPT" --max-tokens 80 \
     --concurrency "$CONC" --warmup-tokens 0 --json /tmp/prime.json > /dev/null 2>&1
   "$PY" -m mlxd bench run --url "$url" --model bench --prompt-tokens "$PROMPT" \
+    --max-tokens 16 --concurrency "$CONC" --warmup-tokens 0 --client-procs "$procs" \
+    --json /tmp/warm.json > /dev/null 2>&1  # the level's own warm-up, outside the TTFT sums
+  before=$(ttft_sum "$url")
+  "$PY" -m mlxd bench run --url "$url" --model bench --prompt-tokens "$PROMPT" \
     --max-tokens "$OUTPUT" --concurrency "$CONC" --timeout 120 --json "$OUT/$name-$rnd.json" \
-    > "$OUT/$name-$rnd.log" 2>&1
+    --warmup-tokens 0 --client-procs "$procs" > "$OUT/$name-$rnd.log" 2>&1
+  after=$(ttft_sum "$url")
+  echo "$before $after" | awk '{n=$4-$2; if (n>0) printf "         gateway TTFT mean %.1f ms over %d requests\n", ($3-$1)/n*1000, n}' >> "$OUT/gap.txt"
   "$PY" -m mlxd worker stats bench --url "$url" --json > "$OUT/$name-$rnd-stats.json" 2>&1
   local step
   step=$("$PY" -c "import json,sys; s=json.load(open(sys.argv[1])); print(f\"{s['decode_step']['p50_ms']:.2f} (rows {s['decode_rows_mean']:.1f})\")" "$OUT/$name-$rnd-stats.json" 2>/dev/null)
@@ -81,7 +93,8 @@ for rnd in $(seq "$ROUNDS"); do
     kill -0 "$LOAD" 2>/dev/null || { echo "         (the synthetic load had stopped)" >> "$OUT/gap.txt"; tail -3 "$OUT/load-$rnd.log" >> "$OUT/gap.txt"; }
     stop
   fi
-  want http && served http "$rnd"
-  want smallkv && served smallkv "$rnd" --kv-cache-gb "$SMALL_KV"
+  want http && served http "$rnd" 0
+  want http1 && served http1 "$rnd" 1
+  want smallkv && served smallkv "$rnd" 0 --kv-cache-gb "$SMALL_KV"
 done
 cat "$OUT/cpu.txt"

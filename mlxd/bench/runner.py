@@ -3,12 +3,12 @@ each level after a short unmeasured warm-up of the same shape."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from mlxd.bench.http import Target, run_sessions
+from mlxd.bench.clients import ClientPool
+from mlxd.bench.http import Target
 from mlxd.bench.progress import Progress
 from mlxd.bench.stats import RequestTiming, add_speedup, summarize_groups
 from mlxd.bench.workload import Phase, Session, WorkloadOptions, phases, render
@@ -28,6 +28,7 @@ class Plan:
             the server's kernels for the level's batch shapes, which is not what we measure.
         to_text: turns token-id prompts into text (chat, multi-turn, string-only servers).
         seed: the prompts' seed; rerun against the same server with another one.
+        client_procs: client processes the load comes from (see ``clients.ClientPool``).
     """
 
     scenario: str
@@ -36,6 +37,7 @@ class Plan:
     warmup_tokens: int = 16
     to_text: Callable[[list[int]], str] | None = None
     seed: int = 0
+    client_procs: int = 1
 
     def seed_for(self, level: int, run: int) -> int:
         # Unique per level and run: a prompt repeated across levels would hit a prefix cache.
@@ -53,44 +55,51 @@ def run_benchmark(
     ``on_level`` gets the rows so far after each level, so a run cut short (a time limit on
     the GPU machine) still leaves the levels it finished."""
     rows: list[dict[str, Any]] = []
-    for phase in phases(plan.scenario, opts):
-        if phase.prime is not None:
-            _run(target, 1, [phase.prime], plan, f"{phase.name} prime")
-        for level in plan.levels:
-            rows += _level(target, phase, level, plan)
-            if on_level is not None:
-                on_level(add_speedup(rows))
+    with ClientPool(plan.client_procs) as clients:
+        for phase in phases(plan.scenario, opts):
+            if phase.prime is not None:
+                _run(clients, target, 1, [phase.prime], plan, f"{phase.name} prime")
+            for level in plan.levels:
+                rows += _level(clients, target, phase, level, plan)
+                if on_level is not None:
+                    on_level(add_speedup(rows))
     return add_speedup(rows)
 
 
 # Internal helpers
 
 
-def _level(target: Target, phase: Phase, level: int, plan: Plan) -> list[dict[str, Any]]:
+def _level(
+    clients: ClientPool, target: Target, phase: Phase, level: int, plan: Plan
+) -> list[dict[str, Any]]:
     tag = phase.name
     if plan.warmup_tokens:
         warm = [
             _first_turn(s, plan.warmup_tokens)
             for s in phase.make(level, plan.seed_for(level, _WARMUP_SEED))
         ]
-        _run(target, level, warm, plan, f"{tag} c={level} warm-up".strip())
+        _run(clients, target, level, warm, plan, f"{tag} c={level} warm-up".strip())
     runs = []
     for i in range(plan.runs):
         label = f"{tag} c={level} run {i + 1}/{plan.runs}".strip()
-        runs.append(_run(target, level, phase.make(level, plan.seed_for(level, i)), plan, label))
+        sessions = phase.make(level, plan.seed_for(level, i))
+        runs.append(_run(clients, target, level, sessions, plan, label))
     return summarize_groups(level, runs, phase.tags)
 
 
 def _run(
-    target: Target, level: int, sessions: list[Session], plan: Plan, label: str
+    clients: ClientPool,
+    target: Target,
+    level: int,
+    sessions: list[Session],
+    plan: Plan,
+    label: str,
 ) -> list[RequestTiming]:
     if plan.to_text is not None:
         render(sessions, plan.to_text)
     bar = Progress(label, sum(len(s.turns) for s in sessions))
     try:
-        return asyncio.run(
-            run_sessions(target, level, sessions, lambda t: bar.advance(t.error is not None))
-        )
+        return clients.run(target, level, sessions, lambda t: bar.advance(t.error is not None))
     finally:
         bar.close()
 

@@ -179,6 +179,14 @@ def with_output_options(fn: _F) -> _F:
 @click.option("--api-key", default=None, help="Sent as 'Authorization: Bearer KEY'.")
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds per request.")
 @click.option("--seed", default=0, show_default=True, help="Prompt seed.")
+@click.option(
+    "--client-procs",
+    default=0,
+    type=click.IntRange(min=0),
+    help="Client processes the load comes from, each with its share of the streams (0: one "
+    "per 4 CPUs, at most 8). One process alone staggers a burst of requests by its own CPU "
+    "time per request.",
+)
 @with_output_options
 def run_command(**o: Any) -> None:
     """Load URL's OpenAI API at each concurrency level and report tok/s and latency.
@@ -193,6 +201,7 @@ def run_command(**o: Any) -> None:
       priority-mix   X-Priority high/low (--high-fraction); rows per priority; set
                      --concurrency above the server's --max-num-seqs so requests queue
     """
+    from mlxd.bench.clients import auto_client_procs
     from mlxd.bench.http import Target, check_reachable
     from mlxd.bench.runner import Plan, run_benchmark
     from mlxd.bench.workload import WorkloadOptions, tokenizer_text, words
@@ -222,12 +231,14 @@ def run_command(**o: Any) -> None:
         o["warmup_tokens"],
         to_text,
         o["seed"],
+        o["client_procs"] or auto_client_procs(),
     )
     payload = report.meta(
         kind="http", label=o["label"], url=o["url"], models=list(o["models"]),
         model=",".join(o["models"]), scenario=o["scenario"], endpoint=o["endpoint"],
         stream=o["stream"], prompt_tokens=o["prompt_tokens"], max_tokens=o["max_tokens"],
-        runs=o["runs"], text_prompts=to_text is not None, complete=False, rows=[],
+        runs=o["runs"], text_prompts=to_text is not None, client_procs=plan.client_procs,
+        complete=False, rows=[],
     )  # fmt: skip
     payload["rows"] = run_benchmark(target, plan, opts, _partial_writer(payload, o["json_path"]))
     payload["complete"] = True

@@ -67,6 +67,19 @@ def test_multi_turn_chat_grows_each_conversation(shared_daemon: Daemon, tmp_path
     ]
 
 
+def test_load_from_two_client_processes_counts_every_request(
+    shared_daemon: Daemon, tmp_path: Path
+) -> None:
+    result = _bench(shared_daemon, "--concurrency", "3", "--requests-per-level", "5",
+                    "--client-procs", "2", "--json", str(tmp_path / "procs.json"))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "procs.json").read_text())
+    (row,) = data["rows"]
+    assert data["client_procs"] == 2 and (row["ok"], row["failed"]) == (5, 0)
+    assert row["output_tokens"] == 5 * 8 and row["ttft_p50_ms"] > 0 and row["itl_p50_ms"] > 0
+    assert "c=3 run 1/1" in result.output and "5/5" in result.output  # progress from both
+
+
 def test_shared_prefix_reports_cold_and_hit(shared_daemon: Daemon) -> None:
     result = _bench(shared_daemon, "--scenario", "shared-prefix", "--prefix-tokens", "64",
                     "--concurrency", "1", "--no-stream")  # fmt: skip
