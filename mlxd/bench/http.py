@@ -12,9 +12,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
+from mlxd.bench.sse_client import SSEPool
 from mlxd.bench.stats import RequestTiming
 from mlxd.bench.workload import Prompt, Request, Session
 
@@ -62,23 +64,39 @@ async def run_sessions(
     """Run ``sessions``, ``concurrency`` at a time; every request's timing, in session order."""
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency)
     sem = asyncio.Semaphore(concurrency)
+    # Streams over plain http go through the lean client (sse_client.py), the rest through httpx.
+    lean = SSEPool(target.base_url, concurrency) if target.stream and _is_http(target) else None
     async with httpx.AsyncClient(timeout=target.timeout_s, limits=limits,
                                  headers=_auth(target)) as client:  # fmt: skip
         t0 = time.perf_counter()
 
         async def go(session: Session) -> list[RequestTiming]:
             async with sem:
-                return await _session(client, target, session, t0, on_done)
+                return await _session(_Clients(client, lean), target, session, t0, on_done)
 
-        per_session = await asyncio.gather(*(go(s) for s in sessions))
+        try:
+            per_session = await asyncio.gather(*(go(s) for s in sessions))
+        finally:
+            if lean is not None:
+                lean.close()
     return [t for ts in per_session for t in ts]
 
 
 # Internal helpers
 
 
+@dataclass(frozen=True)
+class _Clients:
+    httpx: httpx.AsyncClient
+    lean: SSEPool | None  # streams over plain http
+
+
+def _is_http(target: Target) -> bool:
+    return target.base_url.startswith("http://")
+
+
 async def _session(
-    client: httpx.AsyncClient,
+    client: _Clients,
     target: Target,
     session: Session,
     t0: float,
@@ -99,25 +117,60 @@ async def _session(
 
 
 async def _one(
-    client: httpx.AsyncClient, target: Target, body: dict[str, Any], req: Request, t0: float
+    client: _Clients, target: Target, body: dict[str, Any], req: Request, t0: float
 ) -> tuple[RequestTiming, str]:
     timing = RequestTiming(start=time.perf_counter() - t0, group=req.group)
     parts: list[str] = []
     try:
-        async with client.stream("POST", target.url, json=body, headers=req.headers) as resp:
-            if resp.status_code != 200:
-                timing.error = _http_error(resp.status_code, await resp.aread())
-            elif target.stream:
-                async for line in resp.aiter_lines():
-                    _on_line(line, timing, parts, t0)
-            else:
-                _on_body(json.loads(await resp.aread()), timing, parts, t0)
-    except httpx.HTTPError as exc:
+        if client.lean is not None:
+            await _one_lean(client.lean, target, body, req, timing, parts, t0)
+        else:
+            await _one_httpx(client.httpx, target, body, req, timing, parts, t0)
+    except (httpx.HTTPError, OSError, TimeoutError) as exc:
         timing.error = f"{type(exc).__name__}: {exc}"[:120]
     timing.end = time.perf_counter() - t0
     if timing.output_tokens == 0:
         timing.output_tokens = len(timing.token_times)  # no usage sent: count text chunks
     return timing, "".join(parts)
+
+
+async def _one_lean(
+    pool: SSEPool,
+    target: Target,
+    body: dict[str, Any],
+    req: Request,
+    timing: RequestTiming,
+    parts: list[str],
+    t0: float,
+) -> None:
+    path = urlsplit(target.url).path
+    headers = {**_auth(target), **req.headers}
+    async with asyncio.timeout(target.timeout_s):
+        status, raw = await pool.post(
+            path, body, headers, lambda data: _on_data(data, timing, parts, t0)
+        )
+    if status != 200:
+        timing.error = _http_error(status, raw)
+
+
+async def _one_httpx(
+    client: httpx.AsyncClient,
+    target: Target,
+    body: dict[str, Any],
+    req: Request,
+    timing: RequestTiming,
+    parts: list[str],
+    t0: float,
+) -> None:
+    async with client.stream("POST", target.url, json=body, headers=req.headers) as resp:
+        if resp.status_code != 200:
+            timing.error = _http_error(resp.status_code, await resp.aread())
+        elif target.stream:
+            async for line in resp.aiter_lines():
+                if line.startswith("data: "):
+                    _on_data(line[6:], timing, parts, t0)
+        else:
+            _on_body(json.loads(await resp.aread()), timing, parts, t0)
 
 
 def _body(target: Target, req: Request, history: list[tuple[Prompt, str]]) -> dict[str, Any]:
@@ -143,10 +196,13 @@ def _concat(parts: list[Prompt | None]) -> Prompt:
     return "\n".join(p for p in present if isinstance(p, str))
 
 
-def _on_line(line: str, timing: RequestTiming, parts: list[str], t0: float) -> None:
-    if not line.startswith("data: ") or line == "data: [DONE]":
+def _on_data(data: str | bytes, timing: RequestTiming, parts: list[str], t0: float) -> None:
+    """One SSE ``data:`` payload: a JSON chunk, or ``[DONE]``."""
+    if isinstance(data, bytes):
+        data = data.decode()  # json.loads would sniff the encoding of bytes first
+    if data == "[DONE]":
         return
-    chunk = json.loads(line[6:])
+    chunk = json.loads(data)
     if "error" in chunk:
         timing.error = str(chunk["error"].get("message", chunk["error"]))[:120]
         return
