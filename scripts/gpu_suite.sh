@@ -94,13 +94,13 @@ bench_http() {  # bench_http NAME MAX_S JSON MODEL_NAME [ARGS...]
     --prompt-tokens "$PROMPT" --max-tokens "$OUTPUT" --runs "$RUNS" --timeout 120 \
     --json "$OUT/$json" "$@"
 }
-# prime MODEL_NAME [ARGS...]: one unmeasured request of 80 tokens and a batch of 64, so the
+# prime MODEL_NAME [ARGS...]: one unmeasured request of OUTPUT tokens and a batch of 64, so the
 # first CUDA kernel compiles of a fresh machine (26 s seen) land in no measured level: a
 # level's own 16-token warm-up does not reach the shapes of longer decodes.
 prime() {
   local m=$1; shift
   run "prime $m" 90 "$PY" -m mlxd bench run --url "http://127.0.0.1:$PORT" --model "$m" \
-    --prompt-tokens "$PROMPT" --max-tokens 80 --concurrency 1,64 --warmup-tokens 0 \
+    --prompt-tokens "$PROMPT" --max-tokens "$OUTPUT" --concurrency 1,64 --warmup-tokens 0 \
     --timeout 120 --json /tmp/prime.json "$@" > /dev/null
 }
 throughput_leg() {  # throughput_leg SIZE DTYPE [BITS]: mlxd over HTTP on one model
