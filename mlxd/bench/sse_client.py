@@ -91,8 +91,8 @@ class _Connection(asyncio.Protocol):
             return
         try:
             self._feed(data)
-        except ValueError as exc:
-            self._finish(error=ConnectionError(f"bad response: {exc}"))
+        except Exception as exc:  # noqa: BLE001 - a malformed response or event fails its request
+            self._finish(error=ConnectionError(f"bad response: {exc!r}"[:200]))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.reusable = False

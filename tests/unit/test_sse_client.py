@@ -100,3 +100,20 @@ def test_an_error_status_returns_its_body_and_a_cut_stream_raises() -> None:
         server.close()
 
     run(body)
+
+
+def test_an_event_its_reader_cannot_take_fails_that_request_only() -> None:
+    async def body() -> None:
+        server, port = await serve([RESPONSES["chunked"], RESPONSES["length"]], 64, close=False)
+        pool = SSEPool(f"http://127.0.0.1:{port}", limit=1)
+
+        def refuse(data: bytes) -> None:
+            raise KeyError("usage")
+
+        with pytest.raises(ConnectionError, match="bad response: KeyError"):
+            await pool.post("/", {}, {}, refuse)
+        got: list[bytes] = []  # the next request gets a fresh connection
+        assert await pool.post("/", {}, {}, got.append) == (200, b"") and got == EVENTS
+        server.close()
+
+    run(body)
