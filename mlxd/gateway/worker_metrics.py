@@ -84,6 +84,16 @@ class WorkerMetrics:
                 for state in ("total", "used", "free", "cached"):
                     blocks.add_metric([model, state], getattr(st, f"kv_blocks_{state}"))
         yield blocks
+        step = GaugeMetricFamily("mlxd_decode_step_seconds", "A worker's recent decode steps: "
+                                 "time from one to the next, by quantile.",
+                                 labels=["model", "quantile"])  # fmt: skip
+        for model, snap in latest.items():
+            summary = snap.stats.decode_step
+            if summary.num_samples:
+                for q, ms in (("0.5", summary.p50_ms), ("0.95", summary.p95_ms),
+                              ("0.99", summary.p99_ms)):  # fmt: skip
+                    step.add_metric([model, q], ms / 1000.0)
+        yield step
         yield from self._counters(latest)
 
     # Internal helpers

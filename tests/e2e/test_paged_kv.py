@@ -95,6 +95,8 @@ def test_metrics_show_the_workers_kv_blocks_prefix_cache_and_queue(
     assert samples[("mlxd_queue_depth", key)] == 0 and samples[("mlxd_running_sequences", key)] == 0
     assert 0 < samples[("mlxd_prefix_cache_hit_rate", key)] <= 1
     assert ("mlxd_worker_preemptions_total", key) in samples
+    step = samples[("mlxd_decode_step_seconds", (("model", small_pool.model), ("quantile", "0.5")))]
+    assert step == pytest.approx(s["decode_step"]["p50_ms"] / 1000, rel=0.5) and step > 0
 
 
 def test_a_prompt_beyond_the_pool_is_a_400(client: openai.OpenAI, small_pool: Daemon) -> None:
