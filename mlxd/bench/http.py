@@ -65,7 +65,7 @@ async def run_sessions(
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency)
     sem = asyncio.Semaphore(concurrency)
     # Streams over plain http go through the lean client (sse_client.py), the rest through httpx.
-    lean = SSEPool(target.base_url, concurrency) if target.stream and _is_http(target) else None
+    lean = SSEPool(target.base_url) if target.stream and _is_http(target) else None
     async with httpx.AsyncClient(timeout=target.timeout_s, limits=limits,
                                  headers=_auth(target)) as client:  # fmt: skip
         t0 = time.perf_counter()

@@ -21,15 +21,15 @@ OnData = Callable[[bytes], None]  # one SSE ``data:`` payload (without the ``dat
 
 
 class SSEPool:
-    """Keep-alive connections to one ``http://host:port``, at most ``limit`` at once."""
+    """Keep-alive connections to one ``http://host:port``: one per request in flight (the
+    caller bounds those), reused once idle."""
 
-    def __init__(self, base_url: str, limit: int) -> None:
+    def __init__(self, base_url: str) -> None:
         url = urlsplit(base_url)
         if url.scheme != "http":
             raise ValueError(f"only http:// URLs, not {base_url!r}")
         self.host, self.port = url.hostname or "127.0.0.1", url.port or 80
         self._idle: list[_Connection] = []
-        self._slots = asyncio.Semaphore(limit)
 
     async def post(
         self, path: str, payload: dict[str, Any], headers: dict[str, str], on_data: OnData
@@ -47,16 +47,15 @@ class SSEPool:
                 f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
                 f"Content-Length: {len(body)}\r\n"
                 + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n")  # fmt: skip
-        async with self._slots:
-            conn = await self._connection()
-            try:
-                status, raw = await conn.request(head.encode("latin-1") + body, on_data)
-            except BaseException:
-                conn.close()
-                raise
-            if conn.reusable:
-                self._idle.append(conn)
-            return status, raw
+        conn = await self._connection()
+        try:
+            status, raw = await conn.request(head.encode("latin-1") + body, on_data)
+        except BaseException:
+            conn.close()
+            raise
+        if conn.reusable:
+            self._idle.append(conn)
+        return status, raw
 
     def close(self) -> None:
         for conn in self._idle:

@@ -66,7 +66,7 @@ def test_events_arrive_whole_however_the_bytes_are_split(kind: str, piece: int) 
     async def body() -> None:
         # two requests on one keep-alive connection
         server, port = await serve([RESPONSES[kind], RESPONSES[kind]], piece, close=False)
-        pool = SSEPool(f"http://127.0.0.1:{port}", limit=1)
+        pool = SSEPool(f"http://127.0.0.1:{port}")
         for _ in range(2):
             got: list[bytes] = []
             assert await pool.post("/v1/x", {"a": 1}, {}, got.append) == (200, b"")
@@ -81,7 +81,7 @@ def test_a_body_that_ends_when_the_server_closes() -> None:
     async def body() -> None:
         server, port = await serve([CLOSE_DELIMITED], 3, close=True)
         got: list[bytes] = []
-        pool = SSEPool(f"http://127.0.0.1:{port}", limit=1)
+        pool = SSEPool(f"http://127.0.0.1:{port}")
         assert await pool.post("/", {}, {}, got.append) == (200, b"")
         assert got == EVENTS and not pool._idle  # not reused
         server.close()
@@ -93,7 +93,7 @@ def test_an_error_status_returns_its_body_and_a_cut_stream_raises() -> None:
     async def body() -> None:
         cut = RESPONSES["chunked"][:-20]
         server, port = await serve([NOT_SSE, cut], 64, close=False)
-        pool = SSEPool(f"http://127.0.0.1:{port}", limit=1)
+        pool = SSEPool(f"http://127.0.0.1:{port}")
         assert await pool.post("/", {}, {}, lambda d: None) == (429, ERROR)
         with pytest.raises(ConnectionError, match="closed"):
             await pool.post("/", {}, {}, lambda d: None)
@@ -105,7 +105,7 @@ def test_an_error_status_returns_its_body_and_a_cut_stream_raises() -> None:
 def test_an_event_its_reader_cannot_take_fails_that_request_only() -> None:
     async def body() -> None:
         server, port = await serve([RESPONSES["chunked"], RESPONSES["length"]], 64, close=False)
-        pool = SSEPool(f"http://127.0.0.1:{port}", limit=1)
+        pool = SSEPool(f"http://127.0.0.1:{port}")
 
         def refuse(data: bytes) -> None:
             raise KeyError("usage")
