@@ -24,7 +24,6 @@ import multiprocessing as mp
 import os
 import resource
 import signal
-import socket
 import sys
 import tempfile
 import threading
@@ -33,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from soak import free_port, wait_healthy  # noqa: E402  (scripts/ is on the path of a script run)
 
 from mlxd.bench.clients import ClientPool  # noqa: E402
 from mlxd.bench.http import Target  # noqa: E402
@@ -47,7 +48,7 @@ def main() -> int:
     streams, tokens, step_ms, rounds = (int(a) for a in args[:4])
     endpoint, procs = args[4], int(args[5])
     ipc = f"ipc://{tempfile.mkdtemp(prefix='mlxd-gw-')}/worker.sock"
-    port = _free_port()
+    port = free_port()
     ctx = mp.get_context("spawn")
     worker = ctx.Process(target=lockstep_worker, args=(ipc, step_ms / 1000), daemon=True)
     ours, theirs = ctx.Pipe()
@@ -58,7 +59,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stopped early: still stop both
     target = Target(base_url=f"http://127.0.0.1:{port}", endpoint=endpoint)
     try:
-        _wait_up(target)
+        wait_healthy(target.base_url, timeout_s=30, name="the gateway")
         with ClientPool(procs) as clients:
             _level(clients, target, streams, 16, ours)  # warm-up: connections, first calls
             results = [_level(clients, target, streams, tokens, ours) for _ in range(rounds)]
@@ -191,26 +192,6 @@ def _pin(gateway: bool) -> None:
 def _cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_up(target: Target) -> None:
-    import httpx
-
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(target.base_url + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit("the gateway did not come up")
 
 
 if __name__ == "__main__":

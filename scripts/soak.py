@@ -269,18 +269,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_healthy(base: str, daemon: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 180
+def wait_healthy(
+    base: str,
+    daemon: subprocess.Popen[bytes] | None = None,
+    timeout_s: float = 180,
+    name: str = "mlxd start",
+) -> None:
+    """Until ``base``/health answers 200; exits if ``daemon`` exits first or time runs out."""
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if daemon.poll() is not None:
-            raise SystemExit(f"mlxd start exited with {daemon.returncode}")
+        if daemon is not None and daemon.poll() is not None:
+            raise SystemExit(f"{name} exited with {daemon.returncode}")
         try:
             if httpx.get(f"{base}/health", timeout=1).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.3)
-    raise SystemExit("mlxd start did not become healthy")
+    raise SystemExit(f"{name} did not become healthy")
 
 
 if __name__ == "__main__":
