@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import os
@@ -16,7 +17,7 @@ from typing import Any
 import zmq
 from mlx.utils import tree_flatten
 
-from mlxd.config import VIEW_SHARE, WorkerConfig
+from mlxd.config import VIEW_SHARE, SchedulerConfig, WorkerConfig
 from mlxd.errors import ConfigError
 from mlxd.protocol import curve
 from mlxd.protocol.channel import WorkerChannel, control_endpoint
@@ -35,9 +36,11 @@ log = logging.getLogger("mlxd.worker")
 
 EXIT_OK = 0
 STARTUP_FAILURE = 3
+MAX_REASON_CHARS = 300
 
 DEFAULT_CONTEXT = 4096
 DEFAULT_KV_FRACTION = 0.5  # of the memory the weights leave, when --kv-cache-gb is not given
+SNAPSHOT_BYTES = 4 * 2**30  # most a snapshot prefix cache holds by default
 
 
 def serve(config: WorkerConfig) -> int:
@@ -69,7 +72,7 @@ def serve(config: WorkerConfig) -> int:
     engine = Engine(
         name=config.name,
         runner=runner,
-        scheduler=Scheduler(config.scheduler, pool=pool),
+        scheduler=Scheduler(_scheduler_config(config, runner), pool=pool),
         encoder=encoder,
         channel=channel,
         max_context=max_context,
@@ -136,14 +139,13 @@ def _load(config: WorkerConfig) -> tuple[Any, Any, int]:
 def _runner(
     model: Any, eos_token_ids: set[int], config: WorkerConfig, max_context: int
 ) -> tuple[ModelRunner, BlockPool | None, int]:
-    """The paged runner with its block pool, or the contiguous one (``--no-paged-kv``, or a
-    model the pool cannot hold: sliding-window or state-space layers). The context is capped to
-    what the pool holds, so any one request fits alone."""
+    """The paged runner with its block pool, the contiguous one (``--no-paged-kv``), or the one
+    on the model's own caches for a model the pool cannot hold (sliding-window, recurrent or
+    cache-less layers: ``native_runner``). The context is capped to what the pool holds, so
+    any one request fits alone."""
     why = check_model_supported(model)  # raises for models the engine cannot serve
-    if config.cache.paged and why:
-        log.warning("%s has %s: served with the contiguous KV cache (no paged pool, prefix "
-                    "cache or preemption)", config.name, why)  # fmt: skip
-        return ModelRunner(model, eos_token_ids, kv_note=why), None, max_context
+    if why:
+        return _native_runner(model, eos_token_ids, config, why), None, max_context
     if not config.cache.paged:
         return ModelRunner(model, eos_token_ids), None, max_context
     from mlxd.worker.paged_cache import KVPool
@@ -166,6 +168,34 @@ def _runner(
     pool = KVPool.for_model(model, num_blocks=num_blocks, block_size=bs)
     runner = PagedModelRunner(model, eos_token_ids, pool, max_view_tokens=view_bytes // per_token)
     return runner, BlockPool(num_blocks, bs), max_context
+
+
+def _native_runner(
+    model: Any, eos_token_ids: set[int], config: WorkerConfig, why: str
+) -> ModelRunner:
+    """The runner on ``model``'s own caches; its snapshot prefix cache (off with
+    ``--no-paged-kv``) takes the KV budget."""
+    from mlxd.worker.native_runner import NativeModelRunner
+    from mlxd.worker.snapshot_cache import SnapshotCache
+
+    snapshots = None
+    if config.cache.paged:
+        budget = _kv_budget(model, config, SNAPSHOT_BYTES)
+        snapshots = SnapshotCache(budget)
+        log.info("%s has %s: served on its own caches, prefix cache of snapshots up to %.2f "
+                 "GiB", config.name, why, budget / 2**30)  # fmt: skip
+    runner = NativeModelRunner(model, eos_token_ids, snapshots, config.cache.block_size, why)
+    if not runner.batchable:
+        log.warning("%s: a layer cache cannot join a batch (%s): one sequence at a time",
+                    config.name, why)  # fmt: skip
+    return runner
+
+
+def _scheduler_config(config: WorkerConfig, runner: ModelRunner) -> SchedulerConfig:
+    """The scheduler's limits; one row when the runner cannot batch."""
+    if getattr(runner, "batchable", True):
+        return config.scheduler
+    return dataclasses.replace(config.scheduler, max_num_seqs=1)
 
 
 def _kv_budget(model: Any, config: WorkerConfig, most_useful: int) -> int:
@@ -216,6 +246,19 @@ def _watch_parent(engine: Engine, parent_pid: int) -> None:
             time.sleep(0.5)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _leave_reason(path: str | None, reason: str) -> None:
+    """Leave the supervisor one line saying why this worker could not start: it reports the
+    model failed with it (``/health``, ``/v1/models``, 503s), so it is capped and one line."""
+    if path is None:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(" ".join(reason.split())[:MAX_REASON_CHARS])
+    except OSError as exc:
+        log.warning("could not leave the failure reason in %s: %s", path, exc)
 
 
 def configure_logging(name: str, level: str = "INFO") -> None:

@@ -11,8 +11,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from mlxd.errors import ConfigError
-from mlxd.worker import grammar, logprobs, state_cache
+from mlxd.worker import grammar, layer_caches, logprobs
 from mlxd.worker.kv_cache import BatchKVCache, SequenceKVCache
 from mlxd.worker.logprobs import StepLogprobs
 from mlxd.worker.sampling import SampleRow, needs_history, sample
@@ -27,34 +26,22 @@ _Group = tuple[list[Sequence], mx.array, list[Any], StepLogprobs | None]
 
 
 def check_model_supported(model: Any) -> str:
-    """Why the paged KV cache cannot serve ``model`` ("" when it can); refuses models the engine
-    cannot serve at all.
+    """Why the paged KV cache cannot serve ``model`` ("" when it can).
 
-    Sliding-window layers (mlx-lm's ``RotatingKVCache``) and state-space layers (its
-    ``ArraysCache``: Mamba-style recurrent state, alone or in hybrids) are served by the
-    contiguous runner: it keeps every token of a windowed layer and masks those outside the
-    window (the same attention; memory grows with the context, not the window), and batches
-    recurrent state by rows. The paged cache handles neither yet.
-
-    Raises:
-        ConfigError: a layer needs a cache the engine does not support.
+    The pool holds one plain K/V cache per layer. Every other layout (sliding-window layers,
+    recurrent state, hybrids, shared-KV or cache-less layers, cache lists) is served by the
+    contiguous runner on the model's own mlx-lm caches (``native_runner``), batched by row.
     """
-    if not hasattr(model, "make_cache"):
+    if layer_caches.is_plain(model):
         return ""
-    from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
-
-    kinds = {type(c) for c in model.make_cache()} - {KVCache}
-    if kinds - {RotatingKVCache, ArraysCache}:
-        names = ", ".join(sorted(k.__name__ for k in kinds))
-        raise ConfigError(
-            f"this model needs {names} caches, which mlxd's batching engine does not support yet"
-        )
-    named = ((RotatingKVCache, "sliding-window layers"), (ArraysCache, "state-space layers"))
-    return " and ".join(why for kind, why in named if kind in kinds)
+    names = sorted(set(layer_caches.kinds(layer_caches.model_caches(model))))
+    return f"{', '.join(names)} layer caches"
 
 
 class ModelRunner:
     """Owns the decode batch: its rows, their KV caches and their not-yet-read tokens."""
+
+    pads_prompts = True  # whole prompts prefill together, left-padded to one length
 
     def __init__(self, model: Any, eos_token_ids: set[int], kv_note: str = "") -> None:
         """``kv_note``: why this model decodes on the contiguous cache, for status."""
@@ -63,9 +50,6 @@ class ModelRunner:
         self.eos_token_ids = sorted(eos_token_ids)
         self.num_layers = len(model.layers)
         self.rows: list[Sequence] = []
-        # Layers with recurrent state (state_cache.py) rather than K/V; their prompts run alone.
-        self._state_layers = {i for i, c in enumerate(_model_caches(model))
-                              if state_cache.is_state_cache(c)}  # fmt: skip
         self._batch: list[Any] = self._new_caches(batch=True)
         self._pending: mx.array | None = None  # last sampled token of each row
         self._pending_lp: StepLogprobs | None = None  # their logprobs, for the rows that ask
@@ -80,8 +64,7 @@ class ModelRunner:
         Whole prompts go through one left-padded forward (one launch, one join); a prompt split
         across steps runs alone until its last chunk. Returns each joined sequence's first token.
         """
-        padded = not self._state_layers  # recurrent state must not see padding
-        whole = [c for c in chunks if c.start == 0 and c.is_last and padded]
+        whole = [c for c in chunks if c.start == 0 and c.is_last and self.pads_prompts]
         groups = [self._prefill_whole(whole)] if whole else []
         for chunk in chunks:
             if chunk not in whole:
@@ -91,8 +74,7 @@ class ModelRunner:
         if not groups:
             return []
         for _, _, caches, _ in groups:
-            self._batch = [_extend(layer, part) for layer, part in zip(self._batch, caches,
-                                                                        strict=True)]  # fmt: skip
+            self._batch = self._extend(self._batch, caches)
         return self._join([(seqs, first, lp) for seqs, first, _, lp in groups])
 
     def remove(self, seqs: set[Sequence]) -> None:
@@ -161,8 +143,8 @@ class ModelRunner:
 
     @property
     def kv_bytes(self) -> int:
-        single = sum(_nbytes(c) for cs in self._prefill.values() for c in cs)
-        return single + sum(_nbytes(c) for c in self._batch)
+        single = sum(layer_caches.nbytes(cs) for cs in self._prefill.values())
+        return single + layer_caches.nbytes(self._batch)
 
     # Internal helpers (the cache hooks are what the paged runner replaces)
 
@@ -170,18 +152,22 @@ class ModelRunner:
         return self._batch  # type: ignore[return-value]
 
     def _filter_cache(self, keep: list[int]) -> None:
-        for i, layer in enumerate(self._batch):
-            if state_cache.is_state_cache(layer):
-                self._batch[i] = state_cache.keep_rows(layer, keep)
-            else:
-                layer.filter(keep)
+        for layer in self._batch:
+            layer.filter(keep)
 
     def _new_caches(self, batch: bool) -> list[Any]:
         """Empty caches for every layer: the decode batch's (``batch``) or one sequence's."""
-        caches = _model_caches(self.model) if self._state_layers else []
-        return [caches[i] if i in self._state_layers else
-                (BatchKVCache() if batch else SequenceKVCache())
-                for i in range(self.num_layers)]  # fmt: skip
+        return [BatchKVCache() if batch else SequenceKVCache() for _ in range(self.num_layers)]
+
+    def _extend(self, batch: list[Any], part: list[Any]) -> list[Any]:
+        """``batch`` with ``part``'s rows after its own."""
+        for mine, theirs in zip(batch, part, strict=True):
+            mine.extend(theirs)
+        return batch
+
+    def _to_batch(self, single: list[Any]) -> list[Any]:
+        """One prefilled sequence's caches as a batch of one row."""
+        return [BatchKVCache.from_single(c) for c in single]
 
     def _join(
         self, groups: list[tuple[list[Sequence], mx.array, StepLogprobs | None]]
@@ -217,11 +203,10 @@ class ModelRunner:
         tokens = mx.array(seq.prefill_ids[chunk.start : chunk.end])[None]
         logits = self.model(tokens, cache=caches)
         if not chunk.is_last:
-            mx.eval([_arrays(c) for c in caches])  # keep the lazy graph one chunk deep
+            mx.eval(layer_caches.arrays(caches))  # keep the lazy graph one chunk deep
             return None
         first, lp = self._sample(logits[:, -1, :], [seq], [self._sample_row(seq, emitted=True)])
-        single = self._prefill.pop(seq)
-        return [seq], first, [_to_batch(c) for c in single], lp
+        return [seq], first, self._to_batch(self._prefill.pop(seq)), lp
 
     @staticmethod
     def _sample(
@@ -267,31 +252,3 @@ class ModelRunner:
             lp.attach(dict(out))
         grammar.advance(out)
         return out
-
-
-# Layer caches: our K/V caches, or mlx-lm's recurrent state (state_cache.py)
-
-
-def _model_caches(model: Any) -> list[Any]:
-    return model.make_cache() if hasattr(model, "make_cache") else []
-
-
-def _extend(batch: Any, part: Any) -> Any:
-    if state_cache.is_state_cache(batch):
-        return state_cache.extend(batch, part)
-    batch.extend(part)
-    return batch
-
-
-def _to_batch(single: Any) -> Any:
-    """One prefilled sequence's cache as a batch of one row."""
-    return BatchKVCache.from_single(single) if isinstance(single, SequenceKVCache) else single
-
-
-def _nbytes(cache: Any) -> int:
-    return state_cache.nbytes(cache) if state_cache.is_state_cache(cache) else int(cache.nbytes)
-
-
-def _arrays(cache: Any) -> Any:
-    return [c for c in cache.cache if c is not None] if state_cache.is_state_cache(cache) else (
-        cache.keys)  # fmt: skip

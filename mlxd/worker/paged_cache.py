@@ -119,6 +119,7 @@ class PagedStep:
     mask: mx.array | None
     read_len: int | None = None  # uniform rows: the keys each row reads (then causal, no mask)
     fresh: bool = False  # nothing cached: keys are the step's own, not read from the pool
+    real: mx.array | None = None  # (B, 1, L, 1): which new tokens are not padding, when some are
 
     @classmethod
     def build(
@@ -143,17 +144,23 @@ class PagedStep:
         fresh = not any(context_lens)
         if uniform:
             return cls(write, table, ctx.astype(mx.int32), None, context_lens[0] + q_len, fresh)
+        # Padding K/V are zeroed: a masked key still multiplies its (zero) weight into the
+        # output, so a non-finite one would poison real rows. Padding queries sit at negative
+        # positions, and some models' position terms are not finite there (Mistral 3's
+        # log(1 + floor(pos / n)) attention scale).
+        keep = real[:, None, :, None]
         if fresh:  # keys are the step's own, left-padded: key j is query j of the same row
             kpos = mx.arange(q_len)[None, None, :]
             qcol = mx.arange(q_len)[None, :, None]
             mask = (kpos <= qcol) & (kpos >= pad[:, None, None])
             mask = mask | ((kpos == 0) & ~real[:, :, None])  # padding queries see one key
-            return cls(write, table, (ctx - pad).astype(mx.int32), mask[:, None], fresh=True)
+            return cls(write, table, (ctx - pad).astype(mx.int32), mask[:, None], fresh=True,
+                       real=keep)  # fmt: skip
         kpos = mx.arange(width * bs)[None, None, :]
         mask = (kpos <= qpos[:, :, None]) & (kpos < total[:, None, None])
         # a padding query must still see one key, or its softmax row is all -inf (NaN)
         mask = mask | ((kpos == 0) & ~real[:, :, None])
-        return cls(write, table, (ctx - pad).astype(mx.int32), mask[:, None, :, :])
+        return cls(write, table, (ctx - pad).astype(mx.int32), mask[:, None, :, :], real=keep)
 
 
 class PagedKVCache:
@@ -168,6 +175,9 @@ class PagedKVCache:
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         b, h, q, _ = keys.shape
         bs = self.pool.block_size
+        if self.step.real is not None:
+            keys = mx.where(self.step.real, keys, 0)
+            values = mx.where(self.step.real, values, 0)
         out = []
         for arrays, new in ((self.pool.keys, keys), (self.pool.values, values)):
             buf = arrays[self.layer]

@@ -29,6 +29,7 @@ from mlxd.protocol.messages import (
     TextPrompt,
     TokenDelta,
     TokenLogprob,
+    TokenPrompt,
 )
 
 
@@ -58,22 +59,30 @@ class Harness:
     ) -> None:  # fmt: skip
         from mlxd.worker.block_pool import BlockPool
         from mlxd.worker.engine import Engine
-        from mlxd.worker.model_runner import ModelRunner
+        from mlxd.worker.model_runner import ModelRunner, check_model_supported
+        from mlxd.worker.native_runner import NativeModelRunner
         from mlxd.worker.output_head import last_position_only
         from mlxd.worker.paged_cache import KVPool
         from mlxd.worker.paged_runner import PagedModelRunner
         from mlxd.worker.scheduler import Scheduler
+        from mlxd.worker.snapshot_cache import SnapshotCache
         from mlxd.worker.tokenizer import PromptEncoder
 
         model, tokenizer = load_model(model_path)
         last_position_only(model)  # as the worker serves it (mlx-lm reads the last one too)
         encoder = PromptEncoder(tokenizer, vocab_size=model.args.vocab_size)
-        pool = BlockPool(num_blocks, block_size) if paged else None
-        runner = (
-            PagedModelRunner(model, encoder.eos_token_ids,
-                             KVPool.for_model(model, num_blocks, block_size), max_view_tokens)
-            if paged else ModelRunner(model, encoder.eos_token_ids)
-        )  # fmt: skip
+        native = check_model_supported(model)  # the pool cannot hold it: its own caches
+        pool = BlockPool(num_blocks, block_size) if paged and not native else None
+        runner: ModelRunner
+        if native:  # ``paged``: with the snapshot prefix cache, as the worker serves it
+            snapshots = SnapshotCache(1 << 30) if paged else None
+            runner = NativeModelRunner(model, encoder.eos_token_ids, snapshots, block_size, native)
+        elif paged:
+            runner = PagedModelRunner(model, encoder.eos_token_ids,
+                                      KVPool.for_model(model, num_blocks, block_size),
+                                      max_view_tokens)  # fmt: skip
+        else:
+            runner = ModelRunner(model, encoder.eos_token_ids)
         self.ctx = zmq.Context()
         endpoint = f"inproc://{uuid.uuid4().hex}"
         self.channel = WorkerChannel(endpoint, context=self.ctx)
@@ -99,6 +108,12 @@ class Harness:
         sampling.setdefault("temperature", 0.0)
         self.results[rid] = Result()
         self.send(Generate(request_id=rid, prompt=TextPrompt(text=prompt),
+                           sampling=SamplingParams(**sampling)))  # fmt: skip
+
+    def generate_ids(self, rid: str, ids: list[int], **sampling: Any) -> None:
+        sampling.setdefault("temperature", 0.0)
+        self.results.setdefault(rid, Result())
+        self.send(Generate(request_id=rid, prompt=TokenPrompt(token_ids=ids),
                            sampling=SamplingParams(**sampling)))  # fmt: skip
 
     def step(self, n: int = 1) -> None:

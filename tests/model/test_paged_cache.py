@@ -138,3 +138,24 @@ def test_new_prompts_attend_to_their_own_keys_and_a_hit_reads_the_pool(
     assert len(reads) == 2 * len(pool.keys)  # K and V of every layer
     ref = reference_logits(arch_model, PROMPTS[0] + [11], [12])[-1]
     assert mx.allclose(got[0], ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("context", [0, 16], ids=["fresh", "cached"])
+def test_padding_keys_are_zeroed_so_no_real_row_reads_a_non_finite_one(context: int) -> None:
+    """A left-padded row's padding queries sit at negative positions, where some models compute
+    non-finite K/V (Mistral 3's attention scale is log(1 + floor(pos / n)): -inf). A masked key
+    still multiplies its zero weight into the output, so such a key would turn every row that
+    reads it, and the scratch block padding writes to, into NaN."""
+    import mlx.core as mx
+
+    from mlxd.worker.paged_cache import KVPool, PagedKVCache, PagedStep
+
+    pool = KVPool(1, num_blocks=8, block_size=16, n_kv_heads=1, k_head_dim=4, v_head_dim=4,
+                  dtype=mx.float32)  # fmt: skip
+    step = PagedStep.build([[0, 1], [2, 3]], [context, context], [3, 1], pool)
+    keys = mx.ones((2, 1, 3, 4))
+    keys[1, :, :2] = mx.nan  # row 1 is one real token after two of padding
+    cache = PagedKVCache.for_step(pool, step)[0]
+    k, v = cache.update_and_fetch(keys, keys)
+    assert mx.isfinite(k).all().item() and mx.isfinite(v).all().item()
+    assert mx.isfinite(pool.keys[0]).all().item() and mx.isfinite(pool.values[0]).all().item()

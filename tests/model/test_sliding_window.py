@@ -9,9 +9,9 @@ from typing import Any
 import mlx_lm
 import pytest
 
-from mlxd.errors import ConfigError
 from mlxd.models.maker import make_model
 from mlxd.protocol.messages import Generate, SamplingParams, TokenPrompt
+from mlxd.worker import layer_caches
 from mlxd.worker.model_runner import check_model_supported
 from tests.model.conftest import Harness, Result
 from tests.model.test_engine import PROMPTS, reference, reference_ids
@@ -31,20 +31,22 @@ def test_sliding_window_layers_use_rotating_caches_in_mlx_lm(swa_model: Path) ->
     model = mlx_lm.load(str(swa_model))[0]
     kinds = [type(c).__name__ for c in model.make_cache()]
     assert kinds == ["RotatingKVCache", "KVCache"]
-    assert check_model_supported(model) == "sliding-window layers"  # not on the paged cache
+    assert check_model_supported(model) == "KVCache, RotatingKVCache layer caches"  # not paged
 
 
-def test_plain_models_go_paged_and_unknown_caches_are_refused(tiny_model: Path) -> None:
-    from mlx_lm.models.cache import ChunkedKVCache
+def test_plain_models_go_paged_and_unbatchable_caches_run_alone(tiny_model: Path) -> None:
+    from mlx_lm.models.cache import ChunkedKVCache, KVCache
 
     assert check_model_supported(mlx_lm.load(str(tiny_model))[0]) == ""
 
-    class ChunkedAttention:  # the cache kind is all the check reads
-        def make_cache(self) -> list[Any]:
-            return [ChunkedKVCache(16)]
+    class ChunkedAttention:  # the cache kinds are all the checks read
+        layers = [None, None]
 
-    with pytest.raises(ConfigError, match="ChunkedKVCache caches"):
-        check_model_supported(ChunkedAttention())
+        def make_cache(self) -> list[Any]:
+            return [ChunkedKVCache(16), KVCache()]
+
+    assert check_model_supported(ChunkedAttention()) == "ChunkedKVCache, KVCache layer caches"
+    assert not layer_caches.is_batchable(ChunkedAttention())  # no merge: one row at a time
 
 
 @pytest.mark.parametrize("prefill_chunk", [16, 512], ids=["chunked", "one-padded-batch"])

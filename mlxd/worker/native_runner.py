@@ -1,0 +1,147 @@
+"""The model runner on a model's own mlx-lm caches, with a snapshot prefix cache.
+
+For every layout the paged pool cannot hold (sliding windows, recurrent state, hybrids,
+shared-KV or cache-less layers, cache lists): the caches are exactly what ``make_cache()``
+returns, batched by row (``layer_caches``). Prompts prefill one sequence at a time: recurrent
+state must not see padding, and a window's rotating buffer keeps no left padding.
+
+A prompt first restores the longest snapshot that prefixes it (``snapshot_cache``) and prefills
+the rest, stopping once at its last block boundary to snapshot it; a sequence that finishes
+leaves a snapshot of its prompt and output for the next turn of its conversation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+
+from mlxd.worker import layer_caches
+from mlxd.worker.model_runner import ModelRunner, TokenEvent, _Group
+from mlxd.worker.scheduler import PrefillChunk
+from mlxd.worker.sequence import Sequence
+from mlxd.worker.snapshot_cache import SnapshotCache
+
+_SNAPSHOT_ON_FINISH = ("stop", "length")  # whole outputs; cancelled or failed ones are not
+
+
+class NativeModelRunner(ModelRunner):
+    """``ModelRunner`` whose caches are the model's own; prefix hits restore snapshots."""
+
+    pads_prompts = False
+
+    def __init__(
+        self, model: Any, eos_token_ids: set[int], snapshots: SnapshotCache | None = None,
+        block_size: int = 32, kv_note: str = "",
+    ) -> None:  # fmt: skip
+        """``snapshots``: the prefix cache (None: off); ``block_size``: prompts snapshot at
+        their last multiple of it."""
+        super().__init__(model, eos_token_ids, kv_note)
+        self.snapshots = snapshots
+        self.block_size = block_size
+        self.batchable = layer_caches.is_batchable(model)
+        self._fed: list[int] = []  # tokens each decode row's caches hold
+        self._have: dict[Sequence, int] = {}  # tokens a prefilling sequence's caches hold
+
+    # Public API
+
+    def remove(self, seqs: set[Sequence]) -> None:
+        if self.snapshots is not None:
+            for i, seq in enumerate(self.rows):
+                if seq in seqs and seq.finish_reason in _SNAPSHOT_ON_FINISH:
+                    self._snapshot_row(i, seq)
+        for seq in seqs:
+            self._have.pop(seq, None)
+        super().remove(seqs)
+
+    def decode_step(self) -> list[TokenEvent]:
+        events = super().decode_step()
+        self._fed = [n + 1 for n in self._fed]
+        return events
+
+    def reset(self) -> list[Sequence]:
+        self._fed, self._have = [], {}
+        return super().reset()
+
+    @property
+    def kv_description(self) -> str:
+        prefix = "snapshot prefix cache" if self.snapshots is not None else "no prefix cache"
+        rows = "" if self.batchable else ", one sequence at a time"
+        return f"contiguous ({self.kv_note}; {prefix}{rows})"
+
+    # Internal helpers: the base runner's cache hooks
+
+    def _new_caches(self, batch: bool) -> list[Any]:
+        # The decode batch starts empty: rows join by merging their own caches.
+        return [] if batch else layer_caches.model_caches(self.model)
+
+    def _extend(self, batch: list[Any], part: list[Any]) -> list[Any]:
+        return layer_caches.extend(batch, part)
+
+    def _to_batch(self, single: list[Any]) -> list[Any]:
+        return layer_caches.to_batch(single)
+
+    def _filter_cache(self, keep: list[int]) -> None:
+        self._batch = layer_caches.keep_rows(self._batch, keep)
+        self._fed = [self._fed[i] for i in keep]
+
+    def _join(self, groups: list[tuple[list[Sequence], mx.array, Any]]) -> list[TokenEvent]:
+        for seqs, _, _ in groups:
+            self._fed += [s.num_prefill_tokens for s in seqs]
+            for seq in seqs:
+                self._have.pop(seq, None)
+        return super()._join(groups)
+
+    def _prefill_part(self, chunk: PrefillChunk) -> _Group | None:
+        seq = chunk.seq
+        if seq not in self._prefill:
+            self._prefill[seq] = self._restore(seq)
+        caches, have = self._prefill[seq], self._have.get(seq, 0)
+        cut = self._snapshot_point(seq)
+        logits = None
+        for start, end in _spans(max(chunk.start, have), chunk.end, cut):
+            logits = self.model(mx.array(seq.prefill_ids[start:end])[None], cache=caches)
+            if end == cut and self.snapshots is not None:
+                self.snapshots.insert(seq.prefill_ids[:cut], caches)
+        self._have[seq] = max(have, chunk.end)
+        if not chunk.is_last or logits is None:
+            mx.eval(layer_caches.arrays(caches))  # keep the lazy graph one chunk deep
+            return None
+        first, lp = self._sample(logits[:, -1, :], [seq], [self._sample_row(seq, emitted=True)])
+        return [seq], first, self._to_batch(self._prefill.pop(seq)), lp
+
+    def _restore(self, seq: Sequence) -> list[Any]:
+        """Fresh caches, or the longest snapshot that prefixes ``seq``'s prompt."""
+        if self.snapshots is None:
+            return self._new_caches(batch=False)
+        n, caches = self.snapshots.match(seq.prefill_ids)
+        if caches is None:
+            return self._new_caches(batch=False)
+        self._have[seq] = n
+        if not seq.num_preemptions:  # a resumed sequence's own tokens are not a cache hit
+            seq.num_cached = n
+        return caches
+
+    def _snapshot_point(self, seq: Sequence) -> int:
+        """The prompt's last block boundary before its last token (0: none)."""
+        if self.snapshots is None:
+            return 0
+        return (seq.num_prefill_tokens - 1) // self.block_size * self.block_size
+
+    def _snapshot_row(self, i: int, seq: Sequence) -> None:
+        """Keep decode row ``i``'s caches, which hold its prompt and output so far."""
+        tokens = (seq.prompt_ids + seq.output_ids)[: self._fed[i]]
+        if len(tokens) != self._fed[i]:
+            return  # fed a token past its output (a step ran after it finished)
+        caches = [c.extract(i) for c in self._batch] if self.batchable else self._batch
+        assert self.snapshots is not None
+        self.snapshots.insert(tokens, caches)
+
+
+def _spans(start: int, end: int, cut: int) -> list[tuple[int, int]]:
+    """``[start, end)`` split at ``cut`` when it falls inside."""
+    if start >= end:
+        return []
+    if start < cut < end:
+        return [(start, cut), (cut, end)]
+    return [(start, end)]

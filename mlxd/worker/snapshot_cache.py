@@ -1,0 +1,91 @@
+"""Prefix cache for models the paged pool cannot hold: snapshots of a sequence's whole cache list.
+
+Recurrent state (Mamba, GatedDeltaNet, short convolutions) cannot be rewound and a sliding
+window's buffer has dropped what fell out of it, so such a model's prefix cache keeps copies of
+the sequence's caches at known token counts: the last block boundary of each prompt (a later
+prompt sharing a system prompt or a document hits there) and the end of each finished sequence
+(prompt and output: the next turn of a conversation resends them and hits there). A new prompt
+restores the longest snapshot that is a prefix of it, keeping at least one token to compute,
+and prefills only the rest. Snapshots are evicted least recently used beyond a byte budget.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+
+from mlxd.worker import layer_caches
+
+
+@dataclass
+class _Entry:
+    caches: list[Any]
+    nbytes: int
+    last_used: float = field(default_factory=time.monotonic)
+
+
+@dataclass(slots=True)
+class SnapshotCounters:
+    hits: int = 0
+    misses: int = 0
+    hit_tokens: int = 0
+
+
+class SnapshotCache:
+    """Token prefix -> a copy of one sequence's cache list after exactly those tokens."""
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
+        self.nbytes = 0
+        self.counters = SnapshotCounters()
+        self._entries: dict[tuple[int, ...], _Entry] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    # Public API
+
+    def insert(self, tokens: list[int], caches: list[Any]) -> None:
+        """Keep a copy of ``caches``, which hold exactly ``tokens``."""
+        key = tuple(tokens)
+        if not key or key in self._entries:
+            return
+        snapshot = copy.deepcopy(caches)
+        arrays = layer_caches.arrays(snapshot)
+        mx.eval(arrays)
+        size = sum(a.nbytes for a in arrays)
+        if size > self.budget_bytes:
+            return
+        self._entries[key] = _Entry(snapshot, size)
+        self.nbytes += size
+        self._evict(self.budget_bytes)
+
+    def match(self, tokens: list[int]) -> tuple[int, list[Any] | None]:
+        """The longest snapshot that is a proper prefix of ``tokens``: (its length, a copy of its
+        caches to continue from), or (0, None)."""
+        for n in sorted({len(k) for k in self._entries}, reverse=True):
+            entry = self._entries.get(tuple(tokens[:n])) if n < len(tokens) else None
+            if entry is not None:
+                entry.last_used = time.monotonic()
+                self.counters.hits += 1
+                self.counters.hit_tokens += n
+                return n, copy.deepcopy(entry.caches)
+        self.counters.misses += 1
+        return 0, None
+
+    def clear(self) -> int:
+        """Drop every snapshot; returns how many there were."""
+        n = len(self._entries)
+        self._evict(0)
+        return n
+
+    # Internal helpers
+
+    def _evict(self, budget: int) -> None:
+        while self.nbytes > budget and self._entries:
+            key = min(self._entries, key=lambda k: self._entries[k].last_used)
+            self.nbytes -= self._entries.pop(key).nbytes

@@ -1,0 +1,83 @@
+"""Prefix caching for models the paged pool cannot hold (recurrent state, sliding windows):
+snapshots of the whole cache list at a prompt's last block boundary and at the end of each
+finished sequence; a hit restores one and continues exactly as a cold prompt would."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mlxd.models.maker import make_model
+from tests.model.conftest import Harness
+from tests.model.test_engine import PROMPTS, reference_ids
+
+pytestmark = pytest.mark.model
+
+BLOCK = 16
+LONG = PROMPTS[1] * 3  # past the window and several blocks
+
+
+@pytest.fixture(scope="module", params=["lfm2", "mamba", "swa"])
+def model_path(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    arch, extra = (("llama", {"sliding_window": 8}) if request.param == "swa"
+                   else (request.param, {}))  # fmt: skip
+    return make_model(tmp_path_factory.mktemp(request.param) / "m", arch=arch, size="tiny",
+                      progress=lambda line: None, **extra)  # fmt: skip
+
+
+def _run(h: Harness, rid: str, ids: list[int], max_tokens: int = 12) -> Any:
+    from tests.model.conftest import Result
+
+    h.results[rid] = Result()
+    h.generate_ids(rid, ids, max_tokens=max_tokens, ignore_eos=True)
+    return h.run()[rid]
+
+
+def test_a_repeated_prompt_hits_its_last_block_and_continues_as_cold(model_path: Path) -> None:
+    h = Harness(model_path, block_size=BLOCK)
+    try:
+        ids = h.engine.encoder.tokenizer.encode(LONG)
+        cold = _run(h, "cold", ids)
+        hit = _run(h, "hit", ids)
+    finally:
+        h.close()
+    assert cold.finished.usage.cached_tokens == 0
+    assert hit.finished.usage.cached_tokens == (len(ids) - 1) // BLOCK * BLOCK > 0
+    assert hit.token_ids == cold.token_ids == reference_ids(model_path, ids, 12)
+
+
+def test_the_next_turn_hits_the_whole_previous_turn(model_path: Path) -> None:
+    """A finished sequence leaves a snapshot of its prompt and output: the next turn, which
+    resends both, prefills only what it adds."""
+    h = Harness(model_path, block_size=BLOCK)
+    try:
+        first = h.engine.encoder.tokenizer.encode(PROMPTS[3])
+        turn1 = _run(h, "1", first)
+        second = first + turn1.token_ids + [40, 41, 42]
+        turn2 = _run(h, "2", second)
+        other = _run(h, "other", [7] + second[1:])  # differs at its first token: no hit
+    finally:
+        h.close()
+    assert turn2.finished.usage.cached_tokens == len(first) + len(turn1.token_ids)
+    assert turn2.token_ids == reference_ids(model_path, second, 12)
+    assert other.finished.usage.cached_tokens == 0
+
+
+def test_snapshots_stay_within_their_budget(model_path: Path) -> None:
+    h = Harness(model_path, block_size=BLOCK)
+    try:
+        snapshots = h.engine.runner.snapshots
+        tok = h.engine.encoder.tokenizer
+        _run(h, "a", tok.encode(LONG))
+        one = snapshots.nbytes / len(snapshots)
+        snapshots.budget_bytes = int(2.5 * one)
+        for i, prompt in enumerate(PROMPTS):
+            if prompt * 3 != LONG:
+                _run(h, f"p{i}", tok.encode(prompt * 3), max_tokens=4)
+                assert 0 < snapshots.nbytes <= snapshots.budget_bytes
+        again = _run(h, "again", tok.encode(LONG))
+        assert again.finished.usage.cached_tokens == 0  # the least recently used went first
+    finally:
+        h.close()
