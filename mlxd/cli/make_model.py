@@ -51,16 +51,27 @@ class _ConfigFailure(click.ClickException):
     help="Every other layer attends to only this many recent tokens (llama, mistral).",
 )
 @click.option("--seed", default=0, show_default=True, help="Same seed, same weights.")
+@click.option(
+    "--zoo",
+    is_flag=True,
+    help="--arch names any mlx-lm text architecture (mlxd.models.zoo), built tiny, every layer "
+    "kind present; --size, --dtype, --quantize and --sliding-window are ignored.",
+)
 @click.option("--force", is_flag=True, help="Overwrite --out if it exists.")
 def make_model_command(arch: str, size: str, out_dir: Path, dtype: str, quantize_bits: str | None,
-                       sliding_window: int | None, seed: int, force: bool) -> None:  # fmt: skip
+                       sliding_window: int | None, seed: int, zoo: bool,
+                       force: bool) -> None:  # fmt: skip
     """Make a model with random weights for tests and benchmarks; no network needed."""
     if out_dir.exists() and not force:
         raise click.ClickException(f"{out_dir} already exists (use --force to overwrite)")
     # Imported here so `mlxd --help` does not pay for MLX.
     from mlxd.models.maker import make_model
+    from mlxd.models.zoo import make_zoo_model
 
     try:
+        if zoo:
+            make_zoo_model(out_dir, arch, seed=seed, overwrite=force)
+            return
         make_model(
             out_dir,
             arch=arch,

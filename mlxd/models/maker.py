@@ -84,11 +84,41 @@ def make_model(
     Raises:
         ConfigError: Unknown preset, dtype or bit width, or ``out_dir`` exists.
     """
-    report = progress or _print_stderr
     config = model_config(arch, size)
     _check_options(dtype, quantize_bits)
     if sliding_window is not None:
         _interleave_sliding_window(config, arch, sliding_window)
+    write_model(out_dir, config, dtype=dtype, quantize_bits=quantize_bits, seed=seed,
+                overwrite=overwrite, progress=progress)  # fmt: skip
+    (progress or _print_stderr)(f"made {arch}/{size} model in {out_dir}")
+    return Path(out_dir)
+
+
+def write_model(
+    out_dir: Path,
+    config: dict[str, Any],
+    *,
+    dtype: str = "float32",
+    quantize_bits: int | None = None,
+    seed: int = 0,
+    init_std: float | None = None,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> Path:
+    """Write a model directory for any mlx-lm ``config.json`` dict: tokenizer, seeded weights.
+
+    Args:
+        out_dir: The directory to create, atomically (built next to it, then renamed).
+        config: The config; needs top-level ``vocab_size`` (the trained tokenizer's),
+            ``max_position_embeddings`` and ``hidden_size`` (sets the init std) besides the
+            fields of its ``model_type``. Changed in place (``torch_dtype``).
+        init_std: The weights' standard deviation; None: 1/sqrt(hidden_size), at least 0.02.
+        dtype, quantize_bits, seed, overwrite, progress: As for ``make_model``.
+
+    Returns:
+        ``out_dir``.
+    """
+    report = progress or _print_stderr
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
         raise ConfigError(f"{out_dir} already exists (use --force to overwrite)")
@@ -96,11 +126,12 @@ def make_model(
     tmp_dir = _sibling(out_dir, "tmp")
     tmp_dir.mkdir()
     try:
-        _build(tmp_dir, config, dtype=dtype, quantize_bits=quantize_bits, seed=seed, report=report)
+        std = init_std or _init_std(config)
+        _build(tmp_dir, config, dtype=dtype, quantize_bits=quantize_bits, seed=seed, std=std,
+               report=report)  # fmt: skip
         _install(tmp_dir, out_dir)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
-    report(f"made {arch}/{size} model in {out_dir}")
     return out_dir
 
 
@@ -145,6 +176,7 @@ def _build(
     dtype: str,
     quantize_bits: int | None,
     seed: int,
+    std: float,
     report: Progress,
 ) -> None:
     report(f"training tokenizer (vocab {config['vocab_size']})")
@@ -157,7 +189,7 @@ def _build(
     model = _build_model(config)
     num_params = sum(p.size for _, p in tree_flatten(model.parameters()))
     report(f"initialising {num_params / 1e6:.1f}M random {dtype} weights (seed {seed})")
-    _init_weights(model, seed, DTYPES[dtype], _init_std(config))
+    _init_weights(model, seed, DTYPES[dtype], std)
     if quantize_bits is not None:
         report(f"quantizing to {quantize_bits} bits")
         config = _quantize(model, config, quantize_bits)
