@@ -115,6 +115,8 @@ class Scheduler:
             self.running.append(seq)
             if self.radix is not None:  # later requests with this prefix can share it now
                 self.radix.insert(seq.prefill_ids, seq.block_ids)
+            elif not seq.num_preemptions:  # the runner's own prefix cache set num_cached
+                self._count_lookup(seq.num_cached)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Take ``seq`` out of every queue, free its blocks, mark it finished with ``reason``."""
@@ -226,10 +228,13 @@ class Scheduler:
         seq.num_prefilled = seq.num_computed = match.num_blocks * self.pool.block_size
         if not seq.num_preemptions:  # a resumed sequence's own blocks are not a cache hit
             seq.num_cached = seq.num_computed
-            self.counters.hits += bool(match.num_blocks)
-            self.counters.misses += not match.num_blocks
-            self.counters.hit_tokens += seq.num_cached
+            self._count_lookup(seq.num_cached)
         return True
+
+    def _count_lookup(self, num_cached: int) -> None:
+        self.counters.hits += bool(num_cached)
+        self.counters.misses += not num_cached
+        self.counters.hit_tokens += num_cached
 
     def _make_room(self, num_blocks: int) -> bool:
         """Whether ``num_blocks`` blocks are free, evicting unreferenced cached ones if needed."""
@@ -274,8 +279,9 @@ class Scheduler:
 
     def kv_report(self) -> KVReport:
         c = self.counters
-        if self.pool is None or self.radix is None:
-            return KVReport(preemptions=c.preemptions)
+        if self.pool is None or self.radix is None:  # hits of the runner's snapshots, if any
+            return KVReport(preemptions=c.preemptions, hits=c.hits, misses=c.misses,
+                            hit_tokens=c.hit_tokens)  # fmt: skip
         p = self.pool
         return KVReport(
             preemptions=c.preemptions, hits=c.hits, misses=c.misses, hit_tokens=c.hit_tokens,

@@ -41,11 +41,17 @@ def test_a_repeated_prompt_hits_its_last_block_and_continues_as_cold(model_path:
         ids = h.engine.encoder.tokenizer.encode(LONG)
         cold = _run(h, "cold", ids)
         hit = _run(h, "hit", ids)
+        report = h.engine.scheduler.kv_report()  # what stats and /metrics show
     finally:
         h.close()
     assert cold.finished.usage.cached_tokens == 0
     assert hit.finished.usage.cached_tokens == (len(ids) - 1) // BLOCK * BLOCK > 0
     assert hit.token_ids == cold.token_ids == reference_ids(model_path, ids, 12)
+    assert (report.hits, report.misses, report.hit_tokens) == (
+        1,
+        1,
+        hit.finished.usage.cached_tokens,
+    )
 
 
 def test_the_next_turn_hits_the_whole_previous_turn(model_path: Path) -> None:
