@@ -22,6 +22,9 @@ API_KEY_TIERS = ("high", "normal", "low")  # the protocol's priorities, highest 
 # K/V that makes each step read one contiguous array; see worker/decode_tail.py); the pool
 # gets the rest, so the budget caps both.
 VIEW_SHARE = 0.2
+# How a worker computes with float weights (worker/cpu_backend.py): "auto" casts half precision
+# to float32 on the CPU backend only, "file" keeps the file's dtypes, a dtype casts to it.
+DTYPES = ("auto", "float32", "float16", "bfloat16", "file")
 
 
 def data_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -87,10 +90,12 @@ class WorkerConfig:
     enable_test_faults: bool = False  # accept DebugCrash on the control socket (tests only)
     buffer_cache_bytes: int | None = None  # cap on MLX's cache of freed buffers (None: default)
     curve_keys: CurveKeys | None = None  # required for tcp:// endpoints (mlxd.protocol.curve)
+    dtype: str = "auto"  # one of DTYPES
 
     def __post_init__(self) -> None:
         if not self.model:
             raise ConfigError("a worker needs a model")
+        _check_dtype(self.dtype, "--dtype")
         for endpoint in (self.endpoint, self.control_endpoint or self.endpoint):
             if not endpoint.startswith(("ipc://", "tcp://", "inproc://")):
                 raise ConfigError(f"bad worker endpoint {endpoint!r}")
@@ -123,10 +128,13 @@ class ModelSpec:
     preload: bool = True
     kv_cache_gb: float | None = None
     endpoint: str | None = None
+    dtype: str | None = None  # one of DTYPES; None: the daemon's --dtype
 
     def __post_init__(self) -> None:
         if not self.name or not self.path:
             raise ConfigError("every model needs a name and a path or repo id")
+        if self.dtype is not None:
+            _check_dtype(self.dtype, f"model {self.name!r}: dtype")
         if self.keep_alive_s is not None and self.keep_alive_s < 0:
             raise ConfigError(f"model {self.name!r}: keep_alive must be >= 0 (0 = forever)")
         if self.kv_cache_gb is not None and self.kv_cache_gb <= 0:
@@ -183,8 +191,10 @@ class ServeConfig:
     keep_alive_s: float = 0.0  # idle seconds before a worker is unloaded; 0 = never
     kv_cache_gb: float | None = None  # each model's KV budget unless its spec sets one
     curve_keys: CurveKeys | None = field(default=None, repr=False)  # for tcp:// attached workers
+    dtype: str = "auto"  # each model's compute dtype unless its spec sets one (DTYPES)
 
     def __post_init__(self) -> None:
+        _check_dtype(self.dtype, "--dtype")
         if len({k.name for k in self.api_keys}) != len(self.api_keys):
             raise ConfigError("API key names must be unique")
         if len({k.key for k in self.api_keys}) != len(self.api_keys):
@@ -212,6 +222,11 @@ class ServeConfig:
     def keep_alive(self, spec: ModelSpec) -> float:
         """``spec``'s idle seconds before unloading (0 = never)."""
         return self.keep_alive_s if spec.keep_alive_s is None else spec.keep_alive_s
+
+
+def _check_dtype(dtype: str, what: str) -> None:
+    if dtype not in DTYPES:
+        raise ConfigError(f"{what} must be one of {', '.join(DTYPES)}, not {dtype!r}")
 
 
 _SIZE_UNITS = {"": 2**30, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20,

@@ -10,6 +10,7 @@ aliases = ["q", "small"]
 keep_alive = 0              # never unload
 pinned = true               # never unloaded to make room
 preload = false             # load on its first request (default: at start)
+dtype = "file"              # float weights as computed (default: --dtype, itself auto)
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from mlxd.config import ModelSpec, parse_duration
 from mlxd.errors import ConfigError
 
 TOP_KEYS = {"max_memory", "keep_alive", "kv_cache_gb", "models"}
-MODEL_KEYS = {"path", "aliases", "keep_alive", "pinned", "preload", "kv_cache_gb"}
+MODEL_KEYS = {"path", "aliases", "keep_alive", "pinned", "preload", "kv_cache_gb", "dtype"}
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ def _model(name: str, table: Any, where: str) -> ModelSpec:
         pinned=table.get("pinned", False),
         preload=table.get("preload", True),
         kv_cache_gb=_number(table.get("kv_cache_gb"), f"{where}: kv_cache_gb"),
+        dtype=None if table.get("dtype") is None else str(table["dtype"]),
     )
 
 

@@ -19,6 +19,7 @@ from mlxd.cli.daemon_files import DaemonFiles, busy_message
 from mlxd.cli.detach import detach
 from mlxd.config import (
     DEFAULT_MODEL,
+    DTYPES,
     CacheConfig,
     ModelSpec,
     SchedulerConfig,
@@ -87,6 +88,14 @@ scheduler_options = [
         type=int,
         default=None,
         help="Cap on prompt + output tokens (default: the model's).",
+    ),
+    click.option(
+        "--dtype",
+        type=click.Choice(DTYPES),
+        default="auto",
+        show_default=True,
+        help="Float weights as computed: auto casts half precision to float32 on the CPU "
+        "backend (fast BLAS, twice the memory) and keeps them elsewhere; file keeps the file's.",
     ),
 ]
 
@@ -255,6 +264,7 @@ def start_command(models: tuple[str, ...], host: str, port: int, log_level: str,
             scheduler=scheduler_config(opts),
             cache=cache_config(opts),
             max_context=opts["max_context"],  # type: ignore[arg-type]
+            dtype=str(opts["dtype"]),
             api_keys=api_keys(opts["api_key_values"], opts["api_keys_file"]),  # type: ignore
             log_prompts=bool(opts["log_prompts"]),
             admin_key=opts["admin_key"],  # type: ignore[arg-type]

@@ -342,7 +342,7 @@ class Supervisor:
             args += ["--kv-cache-gb", str(kv_gb)]
         if self.config.max_memory_bytes is not None:  # hold the buffer cache to the reservation
             args += ["--buffer-cache-gb", str(buffer_cache_bytes(worker.size) / 2**30)]
-        return args
+        return [*args, "--dtype", worker.spec.dtype or self.config.dtype]
 
     async def _await_ready(self, worker: WorkerProcess) -> None:
         deadline = time.monotonic() + self.config.worker_start_timeout_s

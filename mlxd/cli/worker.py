@@ -3,6 +3,7 @@ running daemon's workers through its admin endpoints (status, stats, drain, set.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,9 @@ def serve_command(model: str, name: str | None, endpoint: str, control: str | No
                   enable_test_faults: bool, buffer_cache_gb: float | None,
                   **opts: object) -> None:  # fmt: skip
     """Load MODEL and serve it on ENDPOINT until SIGTERM."""
+    from mlxd.worker import blas
+
+    blas.preload(os.environ)  # before anything imports mlx.core (MLXD_BLAS=off: never)
     from mlxd.worker.main import configure_logging, serve
 
     try:
@@ -74,6 +78,7 @@ def serve_command(model: str, name: str | None, endpoint: str, control: str | No
             enable_test_faults=enable_test_faults,
             curve_keys=keys,
             buffer_cache_bytes=None if buffer_cache_gb is None else int(buffer_cache_gb * 2**30),
+            dtype=str(opts["dtype"]),
         )
     except MlxdError as exc:
         raise click.ClickException(exc.message) from None
@@ -165,8 +170,25 @@ def _show_status(r: dict[str, Any]) -> None:
         ("scheduler", " ".join(f"{k}={v}" for k, v in knobs.items())),
         ("max_context", str(r["max_context"])),
         ("kv cache", r.get("kv_cache") or "?"),
+        ("compute", _compute(r.get("compute"))),
     ]  # fmt: skip
     _show_rows(rows)
+
+
+def _compute(c: dict[str, Any] | None) -> str:
+    if c is None:
+        return "?"
+    cast = (f" (file {c['file_dtype']}: weights cast, float memory x{_ratio(c)})"
+            if c["dtype"] != c["file_dtype"] else "")  # fmt: skip
+    blas = c["blas"] or ("none (reference)" if c["device"] == "cpu" else "-")
+    return (f"{c['device']}, {c['dtype']}{cast}, BLAS {blas}, {c['gemm_size']}x{c['gemm_size']}"
+            f" matmul {c['gemm_gflops']:.1f} GFLOP/s")  # fmt: skip
+
+
+def _ratio(c: dict[str, Any]) -> str:
+    sizes = {"float32": 4, "float16": 2, "bfloat16": 2}
+    ratio = sizes.get(c["dtype"], 0) / sizes.get(c["file_dtype"], 1)
+    return f"{ratio:g}"
 
 
 def _show_stats(r: dict[str, Any]) -> None:

@@ -378,6 +378,22 @@ class MemoryUsage:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ComputeInfo:
+    """How the worker computes: ``device`` "cpu" or "gpu"; ``blas`` the optimized BLAS it loaded
+    ("" for none: MLX's bundled reference BLAS on the CPU); ``dtype`` the weights' float dtype
+    as served and ``file_dtype`` as loaded (they differ when cast, e.g. float16 -> float32 on
+    the CPU); ``gemm_gflops`` a matrix-product probe of ``gemm_size`` squared in ``dtype``, run
+    at start."""
+
+    device: str
+    blas: str
+    dtype: str
+    file_dtype: str
+    gemm_gflops: float
+    gemm_size: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class StatusReply:
     """Answer to GetStatus. ``state`` is "running", "paused" or "draining"."""
 
@@ -395,6 +411,7 @@ class StatusReply:
     memory: MemoryUsage
     scheduler: SchedulerSettings
     kv_cache: str = ""  # how KV is kept: "paged: N blocks of B tokens (...)" or "contiguous ..."
+    compute: ComputeInfo | None = None  # None from a worker that does not report it
 
 
 @dataclass(frozen=True, kw_only=True)

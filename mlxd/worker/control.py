@@ -23,6 +23,7 @@ from mlxd.config import SchedulerConfig
 from mlxd.errors import ConfigError, InvalidRequest, MlxdError, ProtocolError
 from mlxd.protocol.messages import (
     Ack,
+    ComputeInfo,
     ControlReply,
     DebugCrash,
     DebugSleep,
@@ -57,15 +58,17 @@ class Control:
     Args:
         engine: the engine to report on and steer (its channel has a control socket bound).
         model_path: what the worker loaded, for ``status``.
+        compute: how it computes (``cpu_backend.prepare``), for ``status``.
         enable_test_faults: accept ``DebugCrash`` and ``DebugSleep`` (fault tests only); refused
             otherwise.
     """
 
     def __init__(
         self, engine: Engine, *, model_path: str, enable_test_faults: bool = False,
-        cache_limit_bytes: int | None = None,
+        cache_limit_bytes: int | None = None, compute: ComputeInfo | None = None,
     ) -> None:  # fmt: skip
         self.engine = engine
+        self.compute = compute
         self.model_path = model_path
         self.cache_limit_bytes = cache_limit_bytes
         self.weights_bytes = _weights_bytes(engine.runner.model)
@@ -145,6 +148,7 @@ class Control:
             memory=memory,
             scheduler=SchedulerSettings(**dataclasses.asdict(sched.config)),
             kv_cache=engine.runner.kv_description,
+            compute=self.compute,
         )
 
     def _stats(self, msg: GetStats) -> ControlReply:

@@ -22,6 +22,7 @@ from mlxd.errors import ConfigError
 from mlxd.protocol import curve
 from mlxd.protocol.channel import WorkerChannel, control_endpoint
 from mlxd.protocol.messages import Message, Ping
+from mlxd.worker import cpu_backend
 from mlxd.worker.block_pool import BlockPool
 from mlxd.worker.control import Control
 from mlxd.worker.embedder import Embedder
@@ -54,6 +55,7 @@ def serve(config: WorkerConfig) -> int:
         mx.set_cache_limit(config.buffer_cache_bytes)  # before loading: loads use the cache too
     try:
         model, tokenizer, max_context = _load(config)
+        compute = cpu_backend.prepare(model, config.dtype)  # float32 on the CPU; GEMM probe
         channel = WorkerChannel(config.endpoint, keys=config.curve_keys)
         runner, pool, max_context = _runner(
             model, set(tokenizer.eos_token_ids), config, max_context
@@ -83,6 +85,7 @@ def serve(config: WorkerConfig) -> int:
         model_path=config.model,
         enable_test_faults=config.enable_test_faults,
         cache_limit_bytes=config.buffer_cache_bytes,
+        compute=compute,
     )
     try:  # pings are answered on the control thread, so a long step never looks like a hang
         channel.bind_control(config.control_endpoint or control_endpoint(config.endpoint),
