@@ -122,8 +122,9 @@ def scheduler_config(opts: dict[str, object]) -> SchedulerConfig:
     "models",
     multiple=True,
     metavar="[NAME=]PATH_OR_REPO",
-    help="A model to serve (repeatable): a local mlx-lm directory or a Hugging Face "
-    "repo id, optionally named. Default: the built-in model, made on first start.",
+    help="A model to serve (repeatable): a local mlx-lm directory, a Hugging Face repo id, a "
+    "GGUF file or ollama:NAME[:TAG], optionally named. Default: the built-in model, made on "
+    "first start.",
 )
 @click.option(
     "--worker",
@@ -275,6 +276,9 @@ def start_command(models: tuple[str, ...], host: str, port: int, log_level: str,
             stream_stall_timeout_s=opts["stream_stall_timeout"],  # type: ignore[arg-type]
         )
         _check_port_free(host, port)
+        from mlxd.models import sources  # GGUF files and ollama: names: converted once, here
+
+        sources.prepare(config.models, config.dtype, _progress)
         if opts["detach"]:
             sys.exit(detach(files, _url(host, port)))
         if opts["claim_data_dir"]:

@@ -23,7 +23,11 @@ def worker_group() -> None:
 
 
 @worker_group.command("serve")
-@click.option("--model", required=True, help="Local mlx-lm directory or Hugging Face repo id.")
+@click.option(
+    "--model",
+    required=True,
+    help="Local mlx-lm directory, Hugging Face repo id, GGUF file or ollama:NAME[:TAG].",
+)
 @click.option("--name", default=None, help="The model name clients use (default: --model).")
 @click.option("--bind", "endpoint", required=True, help="ZMQ endpoint, e.g. ipc:///tmp/w.sock.")
 @click.option("--control", default=None, help="Control endpoint (default: w.sock -> w.ctl.sock).")

@@ -126,11 +126,14 @@ def _answer_pings(engine: Engine) -> Callable[[Message], Message | None]:
 def _load(config: WorkerConfig) -> tuple[Any, Any, int]:
     import mlx_lm
 
+    from mlxd.models import sources
+
     started = time.monotonic()
     log.info("loading %s ...", config.model)
-    if not Path(config.model).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
+    path = sources.resolve(config.model, config.dtype)  # GGUF / ollama: -> converted dir
+    if not Path(path).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
         raise ConfigError(f"model {config.model!r} is not a local directory (offline)")
-    model, tokenizer = mlx_lm.load(config.model)[:2]
+    model, tokenizer = mlx_lm.load(path)[:2]
     if quantized := batch_as_rows(model):
         log.info("%d quantized layers take each batch as rows of one matrix", len(quantized))
     last_position_only(model)  # the engine samples each row's last position, and nothing else

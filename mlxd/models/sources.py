@@ -1,0 +1,56 @@
+"""Model sources that mlx-lm cannot load itself: GGUF files and ``ollama:`` names.
+
+Each becomes a converted mlx-lm directory in ``$MLXD_HOME/cache/gguf``. ``mlxd start`` converts
+them up front (with progress on the terminal, before any worker's start timeout runs); a worker
+resolves the same spec to the same cached directory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from mlxd.config import ModelSpec, data_dir
+from mlxd.models import gguf, ollama
+
+CACHE_SUBDIR = Path("cache") / "gguf"
+
+
+def is_convertible(spec: str) -> bool:
+    """Whether ``spec`` (a ``--model`` path) is a GGUF file or an Ollama name."""
+    return gguf.is_gguf(spec) or ollama.is_ollama(spec)
+
+
+def resolve(spec: str, dtype: str = "auto", progress: gguf.Progress | None = None) -> str:
+    """What mlx-lm should load for ``spec``: the converted directory, or ``spec`` unchanged.
+
+    Args:
+        spec: A ``--model`` path: a GGUF file, ``ollama:NAME[:TAG]``, or anything mlx-lm loads.
+        dtype: The worker's ``--dtype``: ``float32``, or ``auto`` on MLX's CPU backend,
+            dequantizes GGUF quantized weights (BLAS-fast on the CPU); others keep them quantized.
+        progress: As for ``gguf.ensure_converted``.
+    """
+    if not is_convertible(spec):
+        return spec
+    name = ollama.cache_name(spec) if ollama.is_ollama(spec) else None
+    path = ollama.resolve(spec) if ollama.is_ollama(spec) else Path(spec)
+    cache = data_dir() / CACHE_SUBDIR
+    converted = gguf.ensure_converted(
+        path, cache, dequantize=_dequantize(dtype), name=name, progress=progress
+    )
+    return str(converted)
+
+
+def prepare(specs: Iterable[ModelSpec], dtype: str, progress: gguf.Progress) -> None:
+    """Convert every GGUF / Ollama model of ``specs`` now (``mlxd start``, before workers)."""
+    for spec in specs:
+        if spec.endpoint is None and is_convertible(spec.path):
+            resolve(spec.path, spec.dtype or dtype, progress)
+
+
+def _dequantize(dtype: str) -> bool:
+    if dtype != "auto":
+        return dtype == "float32"
+    import mlx.core as mx
+
+    return mx.default_device() == mx.cpu
