@@ -86,6 +86,7 @@ class WorkerConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     max_context: int | None = None
     parent_pid: int | None = None
+    reason_file: str | None = None  # where a startup failure's one-line reason is written
     control_endpoint: str | None = None  # None: derived from ``endpoint`` (w0.ctl.sock)
     enable_test_faults: bool = False  # accept DebugCrash on the control socket (tests only)
     buffer_cache_bytes: int | None = None  # cap on MLX's cache of freed buffers (None: default)
@@ -186,6 +187,11 @@ class ServeConfig:
     heartbeat_timeout_s: float = 10.0  # a worker silent this long is killed and restarted
     step_timeout_s: float = 300.0  # an engine stuck in one step this long is killed and restarted
     drain_timeout_s: float = 10.0  # on SIGTERM, how long in-flight requests may still run
+    # A worker that crashes this often within the window is marked failed, not restarted again;
+    # restarts wait restart_backoff_s, doubling with each recent crash (at most 30 s).
+    max_crashes: int = 5
+    crash_window_s: float = 60.0
+    restart_backoff_s: float = 0.5
     stream_stall_timeout_s: float = 30.0  # a stream whose client reads nothing this long is cut
     max_memory_bytes: int | None = None  # every worker's weights + KV + headroom fit in this
     keep_alive_s: float = 0.0  # idle seconds before a worker is unloaded; 0 = never
@@ -211,6 +217,10 @@ class ServeConfig:
             raise ConfigError("--stream-stall-timeout must be > 0 seconds")
         if self.drain_timeout_s < 0:
             raise ConfigError("--drain-timeout must be >= 0 seconds")
+        if self.max_crashes < 1:
+            raise ConfigError("--max-crashes must be >= 1")
+        if self.crash_window_s <= 0 or self.restart_backoff_s < 0:
+            raise ConfigError("--crash-window must be > 0 and --restart-backoff >= 0 seconds")
         names = [n for m in self.models for n in (m.name, *m.aliases)]
         if len(set(names)) != len(names):
             raise ConfigError("model names and aliases must be unique")

@@ -45,9 +45,15 @@ def detach(files: DaemonFiles, url: str) -> int:
 
 
 def _healthy(url: str) -> bool:
+    """The daemon answers: ok, or degraded (a model failed; it says which, and the daemon runs)."""
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:  # noqa: S310 - ours
             return bool(resp.status == 200)
+    except urllib.error.HTTPError as exc:
+        if exc.code != 503:
+            return False
+        click.echo(f"mlxd: degraded: {exc.read().decode(errors='replace')}", err=True)
+        return True
     except (urllib.error.URLError, OSError):
         return False
 

@@ -1,4 +1,5 @@
-"""`mlxd ps`: one line per model of the running daemon (state, pid, memory, queue, tok/s)."""
+"""`mlxd ps`: one line per model of the running daemon (state, pid, memory, queue, tok/s, and
+why a failed model failed)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import click
 
 from mlxd.cli.admin import AdminClient, format_bytes, print_json, with_admin_options
 
-COLUMNS = ("MODEL", "STATE", "PID", "MEMORY", "RUNNING", "WAITING", "TOK/S", "RESTARTS")
+COLUMNS = ("MODEL", "STATE", "PID", "MEMORY", "RUNNING", "WAITING", "TOK/S", "RESTARTS", "REASON")
 
 
 @click.command("ps")
@@ -30,7 +31,8 @@ def _row(client: AdminClient, model: dict[str, Any]) -> dict[str, Any]:
     """The supervisor's view of ``model``, plus the worker's own numbers when it answers."""
     row = {"name": model["name"], "state": model["state"], "pid": model["pid"],
            "restarts": model["restarts"], "memory_bytes": None, "num_running": None,
-           "num_waiting": None, "output_tps": None}  # fmt: skip
+           "num_waiting": None, "output_tps": None,
+           "reason": model["last_error"] if model["state"] == "failed" else None}  # fmt: skip
     if model["state"] != "ready":
         return row
     try:
@@ -64,4 +66,5 @@ def _cells(row: dict[str, Any]) -> tuple[str, ...]:
         text(row["num_waiting"]),
         text(row["output_tps"], "{:.1f}"),
         text(row["restarts"]),
+        row["reason"] or "",
     )

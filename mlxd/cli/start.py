@@ -221,6 +221,19 @@ def scheduler_config(opts: dict[str, object]) -> SchedulerConfig:
     help="On SIGTERM/Ctrl-C, seconds in-flight requests may still run before they are cut.",
 )
 @click.option(
+    "--max-crashes",
+    type=int,
+    default=5,
+    show_default=True,
+    help="A worker that crashes this often within --crash-window is marked failed (not "
+    "restarted again) until `mlxd load MODEL`.",
+)
+@click.option("--crash-window", type=float, default=60.0, show_default=True,
+              help="Seconds over which --max-crashes counts a worker's crashes.")  # fmt: skip
+@click.option("--restart-backoff", type=float, default=0.5, show_default=True,
+              help="Seconds before restarting a crashed worker, doubled for each crash within "
+              "--crash-window (at most 30 s).")  # fmt: skip
+@click.option(
     "--stream-stall-timeout",
     type=float,
     default=30.0,
@@ -272,6 +285,9 @@ def start_command(models: tuple[str, ...], host: str, port: int, log_level: str,
             heartbeat_timeout_s=opts["heartbeat_timeout"],  # type: ignore[arg-type]
             step_timeout_s=opts["step_timeout"],  # type: ignore[arg-type]
             drain_timeout_s=opts["drain_timeout"],  # type: ignore[arg-type]
+            max_crashes=opts["max_crashes"],  # type: ignore[arg-type]
+            crash_window_s=opts["crash_window"],  # type: ignore[arg-type]
+            restart_backoff_s=opts["restart_backoff"],  # type: ignore[arg-type]
             max_body_bytes=opts["max_body_bytes"],  # type: ignore[arg-type]
             stream_stall_timeout_s=opts["stream_stall_timeout"],  # type: ignore[arg-type]
         )

@@ -3,10 +3,12 @@
 Shaped like uvicorn's multiprocess supervisor, but on the gateway's event loop: one watcher task
 checks each worker's process and heartbeat every half second. A worker that exits (exception,
 SIGKILL, native abort), stops answering pings, or whose engine is stuck in one step past
-``--step-timeout`` has its in-flight requests failed at once and is restarted with backoff; one
-that keeps dying at start is marked failed and not retried forever. Pings go to the worker's
-control thread, not its engine thread, so a slow step (first CUDA kernel compiles, a long
-prefill) is told apart from a hang.
+``--step-timeout`` has its in-flight requests failed at once and is restarted with backoff. A
+model is marked failed, with the reason, and not restarted again until ``mlxd load`` when its
+worker crashes ``--max-crashes`` times within ``--crash-window``, keeps dying at start, refuses
+to load (exit code 3; its reason file says why), or reports that every step fails. Pings go to
+the worker's control thread, not its engine thread, so a slow step (first CUDA kernel compiles,
+a long prefill) is told apart from a hang.
 
 It is also the model pool: every configured model has a worker slot, loaded at start
 (``preload``) or by its first request. Each worker reserves its ``Footprint`` against
@@ -53,6 +55,8 @@ HEARTBEAT_S = 2.0
 ATTACH_WAIT_S = 10.0  # at start, for --worker peers; the watcher keeps trying after that
 MAX_START_FAILURES = 3
 STOP_GRACE_S = 10.0
+MAX_BACKOFF_S = 30.0
+STARTUP_FAILURE = 3  # the worker's exit code when it cannot load (mlxd.worker.main)
 
 
 @dataclass(eq=False)
@@ -72,7 +76,9 @@ class WorkerProcess:
     last_used: float = 0.0
     restarts: int = 0
     start_failures: int = 0
+    crashes: list[float] = field(default_factory=list)  # when, within the crash window
     last_error: str = ""
+    reason_file: Path | None = None  # where the worker says why it could not start
     last_pong: float = 0.0
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -149,7 +155,8 @@ class Supervisor:
                 pass  # nothing to start here: wait for its pong
             elif worker.state in ("unloaded", "stopped", "failed"):
                 await self._make_room(worker)
-                worker.start_failures, worker.last_error = 0, ""
+                await self._terminate(worker)  # a failing worker may still be exiting
+                worker.start_failures, worker.crashes, worker.last_error = 0, [], ""
                 self._spawn(worker)
                 self._background(self._await_ready(worker))
         if wait:
@@ -223,7 +230,8 @@ class Supervisor:
         attached = spec.endpoint is not None
         size = Footprint(0, 0, 0) if attached else footprint(spec, self.config)
         return WorkerProcess(spec=spec, endpoint=endpoint, client=client, control=control,
-                             heartbeat=heartbeat, size=size, attached=attached)  # fmt: skip
+                             heartbeat=heartbeat, size=size, attached=attached,
+                             reason_file=self.runtime_dir / f"w{index}.reason")  # fmt: skip
 
     def _background(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -299,6 +307,9 @@ class Supervisor:
 
     def _spawn(self, worker: WorkerProcess) -> None:
         cmd = [sys.executable, "-m", "mlxd", "worker", "serve", *self._worker_args(worker)]
+        if worker.reason_file is not None:
+            worker.reason_file.unlink(missing_ok=True)
+            cmd += ["--reason-file", str(worker.reason_file)]
         worker.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
         worker.state = "starting"
         worker.ready.clear()
@@ -410,15 +421,21 @@ class Supervisor:
             await self._attach(worker, 0.0)
             return
         interval = min(HEARTBEAT_S, self.config.heartbeat_timeout_s)
-        if worker.state != "ready" or time.monotonic() - worker.last_pong <= interval:
+        recent = time.monotonic() - worker.last_pong <= interval
+        if worker.state not in ("ready", "failed") or recent:
             return
-        why = await self._liveness(worker)
+        why, failing = await self._liveness(worker)
         if why:  # it cannot be restarted from here: fail and wait for it
             log.error("attached worker for %s at %s %s", worker.spec.name, worker.endpoint, why)
             worker.state, worker.last_error = "starting", why
             worker.ready.clear()
             worker.client.fail_all(WorkerUnavailable(
                 f"the attached worker for {worker.spec.name!r} {why}"))  # fmt: skip
+        elif failing and worker.state == "ready":
+            self._fail(worker, failing)  # until its pongs say its steps work again
+        elif not failing and worker.state == "failed":
+            worker.state, worker.last_error = "ready", ""
+            log.info("attached worker for %s at %s works again", worker.spec.name, worker.endpoint)
 
     async def _check(self, worker: WorkerProcess) -> None:
         if worker.attached:
@@ -434,30 +451,38 @@ class Supervisor:
             await self._heartbeat(worker)
 
     async def _heartbeat(self, worker: WorkerProcess) -> None:
-        why = await self._liveness(worker)
-        if why and worker.proc is not None and worker.proc.poll() is None:
+        why, failing = await self._liveness(worker)
+        if worker.proc is None or worker.proc.poll() is not None:
+            return  # the process poll sees the exit
+        if why:
             log.error("worker for %s %s; killing it", worker.spec.name, why)
             worker.last_error = why
             self._kill(worker)
+        elif failing and worker.state == "ready":  # a restart would fail the same way
+            self._fail(worker, failing)
+            self._background(self._stop_failed(worker))
 
-    async def _liveness(self, worker: WorkerProcess) -> str:
-        """Ping ``worker``'s control thread: "" if it is well, else why it is not."""
+    async def _liveness(self, worker: WorkerProcess) -> tuple[str, str]:
+        """Ping ``worker``'s control thread: why it is hung ("" if it is not) and why its steps
+        fail (its ``Pong.failing``: "" while they work)."""
         ping = Ping(request_id=worker.heartbeat.next_id())
         try:
             pong = await worker.heartbeat.request(ping, timeout_s=self.config.heartbeat_timeout_s)
         except WorkerUnavailable:
-            return "stopped answering heartbeats"
+            return "stopped answering heartbeats", ""
         except MlxdError as exc:  # it answered, so it is alive; say what it said
             log.warning("worker for %s answered a ping with: %s", worker.spec.name, exc.message)
             pong = None
         worker.last_pong = time.monotonic()
-        if isinstance(pong, Pong) and pong.busy_s > self.config.step_timeout_s:
-            return f"has been stuck in one engine step for {pong.busy_s:.0f} s"
-        return ""
+        if not isinstance(pong, Pong):
+            return "", ""
+        if pong.busy_s > self.config.step_timeout_s:
+            return f"has been stuck in one engine step for {pong.busy_s:.0f} s", ""
+        return "", pong.failing
 
     def _on_exit(self, worker: WorkerProcess) -> None:
-        if worker.proc is None or worker.state in ("stopping", "unloaded"):
-            return  # _unload owns this exit
+        if worker.proc is None or worker.state in ("stopping", "unloaded", "failed"):
+            return  # _unload (or _stop_failed) owns this exit
         code = worker.proc.returncode
         was_ready = worker.state == "ready"
         worker.last_error = worker.last_error or f"exited with code {code}"
@@ -473,17 +498,49 @@ class Supervisor:
             worker.state, worker.last_error = "stopped", "shut down on request"
             worker.ready.set()  # wake waiters so they fail fast
             return
+        if code == STARTUP_FAILURE and not was_ready:  # it cannot load: trying again won't help
+            self._fail(worker, f"refused to load: {self._startup_reason(worker)}")
+            return
+        now, window = time.monotonic(), self.config.crash_window_s
+        worker.crashes = [t for t in worker.crashes if now - t < window] + [now]
+        if len(worker.crashes) >= self.config.max_crashes:
+            self._fail(worker, f"crashed {len(worker.crashes)} times within {window:g} s (last: "
+                               f"{worker.last_error})")  # fmt: skip
+            return
         if worker.start_failures >= MAX_START_FAILURES:
-            worker.state = "failed"
-            worker.ready.set()  # wake waiters so they fail fast
-            log.error("worker for %s failed %d times at start; giving up", worker.spec.name,
-                      worker.start_failures)  # fmt: skip
+            self._fail(worker, f"failed {worker.start_failures} times at start (last: "
+                               f"{worker.last_error})")  # fmt: skip
             return
         worker.restarts += 1
-        self._background(self._restart(worker))
+        backoff = self.config.restart_backoff_s * 2 ** (len(worker.crashes) - 1)
+        self._background(self._restart(worker, min(MAX_BACKOFF_S, backoff)))
 
-    async def _restart(self, worker: WorkerProcess) -> None:
-        delay = min(30.0, 0.5 * 2 ** max(0, worker.start_failures))
+    def _fail(self, worker: WorkerProcess, reason: str) -> None:
+        """Mark ``worker`` failed: not restarted, reported by ``/health``, its requests get 503s
+        naming ``reason`` at once, until ``load`` (``mlxd load MODEL``) tries again."""
+        worker.state, worker.last_error = "failed", reason
+        worker.ready.set()  # wake waiters so they fail fast
+        worker.client.fail_all(WorkerUnavailable(f"the worker for {worker.spec.name!r} is failed: "
+                                                 f"{reason}"))  # fmt: skip
+        log.error("%s failed: %s (not restarted; `mlxd load %s` tries again)", worker.spec.name,
+                  reason, worker.spec.name)  # fmt: skip
+
+    def _startup_reason(self, worker: WorkerProcess) -> str:
+        path = worker.reason_file
+        try:
+            with open(path or "", encoding="utf-8", errors="replace") as f:
+                reason = " ".join(f.read(1000).split())
+        except OSError:
+            reason = ""
+        return reason or f"exited with code {STARTUP_FAILURE} (see the log)"
+
+    async def _stop_failed(self, worker: WorkerProcess) -> None:
+        proc = worker.proc
+        await self._terminate(worker)
+        if worker.proc is proc:  # not reloaded meanwhile
+            worker.proc = None
+
+    async def _restart(self, worker: WorkerProcess, delay: float) -> None:
         worker.state = "starting"
         await asyncio.sleep(delay)
         if self._stopping or worker.state != "starting" or worker.proc is not None:
@@ -498,7 +555,7 @@ class Supervisor:
 
     async def _terminate(self, worker: WorkerProcess) -> None:
         proc = worker.proc
-        if worker.state != "stopping":
+        if worker.state not in ("stopping", "failed"):
             worker.state = "stopped"
         if proc is None or proc.poll() is not None:
             return

@@ -48,6 +48,12 @@ def worker_group() -> None:
     help="Accept the debug_crash control command (fault-injection tests only).",
 )
 @click.option(
+    "--reason-file",
+    default=None,
+    hidden=True,
+    help="If the worker cannot start, write why here (one line) for the supervisor.",
+)
+@click.option(
     "--buffer-cache-gb",
     type=float,
     default=None,
@@ -57,8 +63,8 @@ def worker_group() -> None:
 @with_scheduler_options
 def serve_command(model: str, name: str | None, endpoint: str, control: str | None,
                   parent_pid: int | None, log_level: str, keys_dir: Path | None,
-                  enable_test_faults: bool, buffer_cache_gb: float | None,
-                  **opts: object) -> None:  # fmt: skip
+                  enable_test_faults: bool, reason_file: str | None,
+                  buffer_cache_gb: float | None, **opts: object) -> None:  # fmt: skip
     """Load MODEL and serve it on ENDPOINT until SIGTERM."""
     from mlxd.worker import blas
 
@@ -78,6 +84,7 @@ def serve_command(model: str, name: str | None, endpoint: str, control: str | No
             cache=cache_config(opts),
             max_context=opts["max_context"],  # type: ignore[arg-type]
             parent_pid=parent_pid,
+            reason_file=reason_file,
             control_endpoint=control,
             enable_test_faults=enable_test_faults,
             curve_keys=keys,

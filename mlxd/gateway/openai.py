@@ -76,7 +76,13 @@ class OpenAIEndpoints:
         self._id_counter = itertools.count()
 
     async def health(self, request: Request) -> Response:
-        """``GET /health``: the gateway is up (no worker round-trip)."""
+        """``GET /health``: 200 ``{"status": "ok"}``, or 503 ``{"status": "degraded", "failed":
+        [{"model", "reason"}, ...]}`` while a model is failed (the supervisor's view; no worker
+        round-trip)."""
+        infos = ((name, self.pool.info(name)) for name in self.pool.names())
+        failed = [{"model": n, "reason": i.last_error} for n, i in infos if i.state == "failed"]
+        if failed:
+            return JSONResponse({"status": "degraded", "failed": failed}, 503)
         return JSONResponse({"status": "ok"})
 
     async def list_models(self, request: Request) -> Response:
@@ -178,8 +184,10 @@ class OpenAIEndpoints:
         return self.metrics.track(record)
 
     def _model(self, name: str) -> dict[str, Any]:
-        # Beyond OpenAI's fields: whether the model is loaded (a request loads it if not).
+        # Beyond OpenAI's fields: whether the model is loaded (a request loads it if not), and
+        # why it failed (a failed model answers 503 until `mlxd load` tries it again).
         info = self.pool.info(name)
+        reason = info.last_error if info.state == "failed" else None
         return {"id": name, "object": "model", "created": self.created, "owned_by": "mlxd",
-                "state": info.state, "loaded": info.state == "ready",
+                "state": info.state, "loaded": info.state == "ready", "reason": reason,
                 "aliases": info.aliases}  # fmt: skip

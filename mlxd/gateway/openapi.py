@@ -234,7 +234,7 @@ def document(models: list[str]) -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {"title": "mlxd", "version": __version__},
         "paths": {
-            "/health": _get("The gateway is up"),
+            "/health": _get("The gateway is up: 200, or 503 naming each failed model"),
             "/v1/models": _get("The models served"),
             "/v1/models/{model}": _get("One model", [model_param]),
             "/v1/chat/completions": _post("Chat completion", chat),

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-PROTOCOL_VERSION = b"mlxd/2"  # mlxd/2: Pong.busy_s, debug_sleep, TokenDelta.prompt, cache limit
+PROTOCOL_VERSION = b"mlxd/3"  # mlxd/3: Pong.failing, debug_fail_steps (mlxd/2: Pong.busy_s...)
 
 PRIORITIES = ("high", "normal", "low")
 
@@ -155,6 +155,9 @@ class Pong:
     # Seconds the engine thread has spent in its current loop iteration (one step) when the
     # control thread answered: a slow step is busy, not hung; only a stuck one grows without end.
     busy_s: float = 0.0
+    # Why the engine is failing: its last steps all failed, none succeeded ("" while it works).
+    # The supervisor marks such a model failed, as it does one that keeps crashing.
+    failing: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -349,6 +352,19 @@ class DebugSleep:
     seconds: float
 
 
+@dataclass(frozen=True, kw_only=True)
+class DebugFailSteps:
+    """Test-only: from now on every model forward raises ``RuntimeError(message)``, as a
+    broken device or model would, so every step fails while the worker stays up. Acked.
+
+    Refused like ``DebugCrash`` unless the worker runs with test faults enabled.
+    """
+
+    TAG: ClassVar[str] = "debug_fail_steps"
+    request_id: str
+    message: str
+
+
 # Worker -> admin
 
 
@@ -468,18 +484,19 @@ class Ack:
 
 ControlRequest = (
     Ping | GetStatus | GetStats | Drain | Pause | Resume | FlushCache | SetConfig | Shutdown
-    | DebugCrash | DebugSleep
+    | DebugCrash | DebugSleep | DebugFailSteps
 )  # fmt: skip
 ControlReply = Pong | StatusReply | StatsReply | Ack | Error
 
 Message = (
     Generate | Cancel | Ping | Pong | TokenDelta | Finished | Error | Events | Embed | Embeddings
     | CountTokens | TokenCount | GetStatus | GetStats | Drain | Pause | Resume | FlushCache
-    | SetConfig | Shutdown | DebugCrash | DebugSleep | StatusReply | StatsReply | Ack
+    | SetConfig | Shutdown | DebugCrash | DebugSleep | DebugFailSteps | StatusReply | StatsReply
+    | Ack
 )  # fmt: skip
 
 MESSAGE_TYPES: tuple[type, ...] = (
     Generate, Cancel, Ping, Pong, TokenDelta, Finished, Error, Events, Embed, Embeddings,
     CountTokens, TokenCount, GetStatus, GetStats, Drain, Pause, Resume, FlushCache, SetConfig,
-    Shutdown, DebugCrash, DebugSleep, StatusReply, StatsReply, Ack,
+    Shutdown, DebugCrash, DebugSleep, DebugFailSteps, StatusReply, StatsReply, Ack,
 )  # fmt: skip

@@ -26,6 +26,7 @@ from mlxd.protocol.messages import (
     ComputeInfo,
     ControlReply,
     DebugCrash,
+    DebugFailSteps,
     DebugSleep,
     Drain,
     Error,
@@ -59,8 +60,8 @@ class Control:
         engine: the engine to report on and steer (its channel has a control socket bound).
         model_path: what the worker loaded, for ``status``.
         compute: how it computes (``cpu_backend.prepare``), for ``status``.
-        enable_test_faults: accept ``DebugCrash`` and ``DebugSleep`` (fault tests only); refused
-            otherwise.
+        enable_test_faults: accept ``DebugCrash``, ``DebugSleep`` and ``DebugFailSteps`` (fault
+            tests only); refused otherwise.
     """
 
     def __init__(
@@ -86,6 +87,7 @@ class Control:
         if enable_test_faults:
             self._handlers[DebugCrash] = self._crash
             self._handlers[DebugSleep] = self._sleep
+            self._handlers[DebugFailSteps] = self._fail_steps
 
     # Public API
 
@@ -206,6 +208,12 @@ class Control:
         time.sleep(msg.seconds)
         return self._ack(msg.request_id)
 
+    def _fail_steps(self, msg: DebugFailSteps) -> ControlReply:
+        log.warning("debug_fail_steps %r: every model forward now raises %r", msg.request_id,
+                    msg.message)  # fmt: skip
+        self.engine.runner.model = _FailingModel(self.engine.runner.model, msg.message)
+        return self._ack(msg.request_id)
+
     # Internal helpers
 
     def _ack(self, request_id: str, message: str = "") -> Ack:
@@ -221,6 +229,19 @@ class Control:
     def _num_in_flight(self) -> int:
         s = self.engine.scheduler
         return len(s.waiting) + len(s.prefilling) + len(s.running)
+
+
+class _FailingModel:
+    """The model, except that calling it raises as MLX does when a forward fails."""
+
+    def __init__(self, model: Any, message: str) -> None:
+        self.model, self.message = model, message
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(self.message)
 
 
 def _weights_bytes(model: Any) -> int:

@@ -55,6 +55,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 OOM_RETRIES = 2  # times a request is computed again after the device ran out of memory
+# Failed steps in a row (none succeeding in between) after which the worker says it is failing
+# (``Pong.failing``): one bad request fails one step, so this many means the model itself fails.
+MAX_FAILED_STEPS = 5
 # How MLX's backends word running out of memory (CUDA, Metal, the CPU allocator).
 _OOM_WORDS = ("out of memory", "insufficient memory", "outofmemory", "unable to allocate",
               "maximum allowed buffer size")  # fmt: skip
@@ -91,6 +94,8 @@ class Engine:
         self.paused = False
         self.draining = False  # refuse new requests, finish the rest
         self.exit_when_drained = False
+        self.num_failed_steps = 0
+        self.failing = ""  # why every recent step failed; read by ``pong`` on the control thread
         self._outbox: dict[bytes, list[Event]] = {}
         # When the engine thread last started a loop iteration; the control thread reads it.
         self._loop_at = time.monotonic()
@@ -223,7 +228,8 @@ class Engine:
         """The answer to a ping. Safe on any thread: it reads fields set once, and a float."""
         busy_s = max(0.0, time.monotonic() - self._loop_at)
         return Pong(request_id=msg.request_id, model=self.name, max_context=self.max_context,
-                    tool_parser=self.encoder.tool_parser, busy_s=round(busy_s, 3))  # fmt: skip
+                    tool_parser=self.encoder.tool_parser, busy_s=round(busy_s, 3),
+                    failing=self.failing)  # fmt: skip
 
     # Internal helpers
 
@@ -275,6 +281,7 @@ class Engine:
             self.runner.remove(set(seqs))
             self._recover(seqs, exc, "prefill")
             return
+        self._step_succeeded()
         for chunk in chunks:
             self.scheduler.complete_chunk(chunk)
         now = self.clock()
@@ -298,6 +305,7 @@ class Engine:
             log.exception("decode step failed")
             self._recover(self.runner.reset(), exc, "decode")
             return
+        self._step_succeeded()
         self._accept(events)
 
     def _recover(self, seqs: list[Sequence], exc: Exception, what: str) -> None:
@@ -306,11 +314,14 @@ class Engine:
         preemption; at most ``OOM_RETRIES`` times each), with a batch half as large as the one
         that failed, so that one request too many costs a pause, not every stream."""
         if not any(word in str(exc).lower() for word in _OOM_WORDS):
+            self._step_failed(what, exc)
             for seq in seqs:
                 self._fail(seq, InternalError(f"{what} failed: {exc}"))
             return
         in_flight = len(self.scheduler.running) + len(self.scheduler.prefilling)
         limit = max(1, min(self.scheduler.config.max_num_seqs, in_flight // 2))
+        if limit == self.scheduler.config.max_num_seqs:  # a smaller batch may fit: not failing
+            self._step_failed(what, exc)
         self.scheduler.update_config(max_num_seqs=limit)
         log.warning("out of device memory in %s: %d requests computed again, max_num_seqs now "
                     "%d (mlxd worker set raises it)", what, len(seqs), limit)  # fmt: skip
@@ -321,6 +332,15 @@ class Engine:
             seq.num_oom_retries += 1
             self.scheduler.requeue(seq)
         self.runner.free_memory()
+
+    def _step_failed(self, what: str, exc: Exception) -> None:
+        self.num_failed_steps += 1
+        if self.num_failed_steps >= MAX_FAILED_STEPS:
+            first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            self.failing = f"its last {self.num_failed_steps} steps failed ({what}: {first_line})"
+
+    def _step_succeeded(self) -> None:
+        self.num_failed_steps, self.failing = 0, ""
 
     def _accept(self, events: list[TokenEvent]) -> None:
         self.stats.on_tokens(events)

@@ -62,6 +62,7 @@ def serve(config: WorkerConfig) -> int:
         )
     except Exception as exc:  # noqa: BLE001 - any load failure is a startup failure
         log.error("worker %s failed to start: %s", config.name, exc)
+        _leave_reason(config.reason_file, str(exc) or type(exc).__name__)
         if auth is not None:
             auth.stop()
         return STARTUP_FAILURE
@@ -92,6 +93,7 @@ def serve(config: WorkerConfig) -> int:
                              answer=_answer_pings(engine))  # fmt: skip
     except zmq.ZMQError as exc:
         log.error("worker %s failed to start: control socket: %s", config.name, exc)
+        _leave_reason(config.reason_file, f"control socket: {exc}")
         channel.close()
         if auth is not None:
             auth.stop()

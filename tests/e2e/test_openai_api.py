@@ -118,7 +118,7 @@ def test_garbage_frames_do_not_kill_the_worker(daemon: Daemon) -> None:
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(daemon.worker_endpoint())
-    for frames in ([b"garbage"], [b"mlxd/2", b"\xc1\xff"], [b"mlxd/9", b"{}"], [b"a", b"b", b"c"]):
+    for frames in ([b"garbage"], [b"mlxd/3", b"\xc1\xff"], [b"mlxd/9", b"{}"], [b"a", b"b", b"c"]):
         sock.send_multipart(frames)
         assert sock.poll(5000), "the worker should answer a bad frame with an error"
         reply = sock.recv_multipart()

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from mlxd.protocol.messages import Ping
 from tests.model.test_engine import KV_MODES, PROMPTS, reference, reference_ids
 
 pytestmark = pytest.mark.model
@@ -114,3 +115,37 @@ def test_a_failed_step_keeps_the_tokens_of_rows_that_left_before_it(
     finished = results["c"].finished
     assert finished is not None and finished.usage.cached_tokens == 32  # "a"'s decoded tokens too
     assert results["c"].token_ids == reference_ids(tiny_model, ids, 8)
+
+
+def test_steps_that_all_fail_make_the_worker_say_it_is_failing_until_one_succeeds(
+    harness_factory: Any,
+) -> None:
+    from mlxd.worker.engine import MAX_FAILED_STEPS
+
+    h = harness_factory(max_num_seqs=4)
+    model = inject(h, lambda tokens: True, message="[metal] device lost")
+    for i in range(MAX_FAILED_STEPS):
+        assert h.engine.pong(Ping(request_id="p")).failing == ""  # one bad request is no failure
+        h.generate(str(i), PROMPTS[i % len(PROMPTS)], max_tokens=4)
+        assert h.run()[str(i)].error is not None
+    failing = h.engine.pong(Ping(request_id="p")).failing
+    assert f"last {MAX_FAILED_STEPS} steps failed" in failing and "device lost" in failing
+    model.fails = lambda tokens: False
+    h.generate("ok", PROMPTS[0], max_tokens=4)
+    assert h.run()["ok"].error is None
+    assert h.engine.pong(Ping(request_id="p")).failing == ""
+
+
+def test_out_of_memory_that_a_smaller_batch_may_fix_is_no_failing_step(
+    harness_factory: Any,
+) -> None:
+    h = harness_factory(max_num_seqs=8)
+    model = inject(h, decode_of(rows=2))  # only one row at a time fits
+    for i in range(8):
+        h.generate(str(i), PROMPTS[i % len(PROMPTS)], max_tokens=4, ignore_eos=True)
+    while model.failures == 0:
+        h.step()
+    assert h.engine.num_failed_steps == 0  # the batch shrank: the next step may well succeed
+    h.run()
+    assert model.failures >= 2 and all(r.error is None for r in h.results.values())
+    assert h.engine.pong(Ping(request_id="p")).failing == ""

@@ -29,6 +29,16 @@ def test_serve_config_needs_unique_models_and_valid_port() -> None:
         ServeConfig(models=(m,), port=70000)
 
 
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [({"max_crashes": 0}, "max-crashes"), ({"crash_window_s": 0}, "crash-window"),
+     ({"restart_backoff_s": -1}, "restart-backoff")],
+)  # fmt: skip
+def test_serve_config_rejects_bad_restart_limits(kwargs: dict[str, object], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        ServeConfig(models=(ModelSpec(name="a", path="/p"),), **kwargs)  # type: ignore[arg-type]
+
+
 def test_worker_config_rejects_bad_endpoint() -> None:
     with pytest.raises(ConfigError, match="endpoint"):
         WorkerConfig(model="m", name="m", endpoint="http://x")
