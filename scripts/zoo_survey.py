@@ -16,34 +16,10 @@ from typing import Any
 
 import mlx_lm
 
-from mlxd.models.zoo import archs, make_zoo_model
+from mlxd.models.zoo import EXCLUDED, archs, cache_kinds, collapse, make_zoo_model
 
 PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + " * 2
 NUM_TOKENS = 16
-
-
-def cache_kinds(model: Any) -> list[str]:
-    """Class names of the model's caches, nested ones (CacheList) in parentheses."""
-    from mlx_lm.models.cache import make_prompt_cache
-
-    return [_kind(c) for c in make_prompt_cache(model)]
-
-
-def _kind(cache: Any) -> str:
-    inner = getattr(cache, "caches", None)
-    name = type(cache).__name__
-    return f"{name}({','.join(_kind(c) for c in inner)})" if inner else name
-
-
-def _collapse(kinds: list[str]) -> str:
-    out: list[str] = []
-    for kind in kinds:
-        if out and out[-1].split(" x")[0] == kind:
-            head, _, n = out[-1].partition(" x")
-            out[-1] = f"{head} x{int(n or 1) + 1}"
-        else:
-            out.append(kind)
-    return ", ".join(out)
 
 
 def survey(arch: str, root: Path) -> str:
@@ -54,7 +30,7 @@ def survey(arch: str, root: Path) -> str:
         prompt = tokenizer.encode(PROMPT)[:40]
         tokens = list(_greedy(model, prompt))
         status = f"ok, {len(set(tokens))} distinct of {len(tokens)}"
-        return f"{arch:24} {len(kinds):2}/{len(model.layers):<2} {_collapse(kinds):50} {status}"
+        return f"{arch:24} {len(kinds):2}/{len(model.layers):<2} {collapse(kinds):50} {status}"
     except Exception as exc:  # noqa: BLE001 - a survey reports every failure and goes on
         last = traceback.extract_tb(exc.__traceback__)[-1]
         where = f"{Path(last.filename).name}:{last.lineno}"
@@ -78,6 +54,8 @@ def main(argv: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for arch in argv or archs():
             print(survey(arch, Path(tmp)), flush=True)
+    for arch, why in [] if argv else sorted(EXCLUDED.items()):
+        print(f"{arch:24} EXCLUDED {why}")
 
 
 if __name__ == "__main__":

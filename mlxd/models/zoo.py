@@ -531,3 +531,28 @@ def make_zoo_model(out_dir: Path, arch: str, *, seed: int = 0, overwrite: bool =
         overwrite=overwrite,
         progress=lambda line: None,
     )
+
+
+def cache_kinds(model: Any) -> list[str]:
+    """Class names of the caches mlx-lm makes for ``model``, nested ones in parentheses."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    return [_kind(c) for c in make_prompt_cache(model)]
+
+
+def _kind(cache: Any) -> str:  # CacheList and the like nest theirs
+    inner = getattr(cache, "caches", None)
+    name = type(cache).__name__
+    return f"{name}({','.join(_kind(c) for c in inner)})" if inner else name
+
+
+def collapse(kinds: list[str]) -> str:
+    """``["A", "A", "B"]`` -> ``"A x2, B"``."""
+    out: list[str] = []
+    for kind in kinds:
+        if out and out[-1].split(" x")[0] == kind:
+            head, _, n = out[-1].partition(" x")
+            out[-1] = f"{head} x{int(n or 1) + 1}"
+        else:
+            out.append(kind)
+    return ", ".join(out)

@@ -1,0 +1,188 @@
+"""One real daemon serving many zoo models (lazily loaded, evicted under --max-memory), the
+in-process mlx-lm models it is compared with, and the MODELS.md table the tier can write.
+
+Run: ``.venv/bin/python -m pytest -m zoo tests/zoo``. ``MLXD_ZOO_ARCHS=all`` (or a comma list)
+picks the archs, default ``TIER``: one per cache layout and layer mix. ``MLXD_ZOO_WRITE_DOCS=1``
+rewrites docs/MODELS.md from what the run saw.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import Daemon, free_port, stop_daemon
+
+# One arch per distinct cache layout or layer mix (see scripts/zoo_survey.py for all of them).
+TIER = (
+    "qwen3", "llama", "gemma3", "gemma4_text", "gemma3n", "gpt_oss", "cohere2", "hunyuan",
+    "deepseek_v3", "deepseek_v32", "minimax_m3_vl", "longcat_flash_ngram", "deepseek_v41",
+    "llama4", "iquestloopcoder", "nanbeige", "afm7", "nemotron-nas", "phi3small", "mixtral",
+    "mamba", "rwkv7", "lfm2", "qwen3_next", "falcon_h1", "baichuan_m1", "recurrent_gemma",
+    "nemotron_h", "mistral3",
+)  # fmt: skip
+BLOCK_SIZE = 16
+POOL_BLOCKS = 24  # 384 tokens: one long request fits, four of them preempt
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "MODELS.md"
+
+
+def selected_archs() -> tuple[str, ...]:
+    from mlxd.models.zoo import archs
+
+    chosen = os.environ.get("MLXD_ZOO_ARCHS", "")
+    if chosen == "all":
+        return archs()
+    return tuple(a for a in chosen.split(",") if a) or TIER
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The zoo tier runs only when asked for (``-m zoo``): it takes minutes."""
+    if "zoo" in (config.getoption("markexpr") or ""):
+        return
+    kept = [i for i in items if i.get_closest_marker("zoo") is None]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+        items[:] = kept
+
+
+@functools.cache
+def corpus_ids(tokenizer_dir: str) -> list[int]:
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir, model_max_length=10**6)
+    ids: list[int] = tok.encode(Path(textwrap.__file__).read_text())
+    return ids
+
+
+@dataclass
+class Zoo:
+    """The daemon, the models' directories, and what the checks saw (for MODELS.md): per arch,
+    ``kv_cache`` (the worker's description), each check's outcome, and facts such as
+    ``preemptions``."""
+
+    daemon: Daemon
+    dirs: dict[str, Path]
+    seen: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def url(self, path: str) -> str:
+        return f"{self.daemon.base_url}{path}"
+
+    def describe(self, arch: str, kv_cache: str) -> None:
+        self.record_fact(arch, "kv_cache", kv_cache)
+
+    def record_fact(self, arch: str, key: str, value: Any) -> None:
+        self.seen.setdefault(arch, {})[key] = value
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    funcargs = getattr(item, "funcargs", {})
+    if report.when == "call" and isinstance(funcargs.get("zoo"), Zoo):
+        check = getattr(item, "originalname", item.name)
+        error = "" if report.passed else str(call.excinfo.value if call.excinfo else "failed")
+        funcargs["zoo"].record_fact(funcargs["arch"], check, error.splitlines()[0] if error
+                                    else "ok")  # fmt: skip
+
+
+@functools.cache
+def load(path: Path) -> tuple[Any, Any]:
+    import mlx_lm
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return mlx_lm.load(str(path))[:2]  # type: ignore[return-value]
+
+
+def greedy(path: Path, prompt: list[int], num_tokens: int) -> str:
+    """mlx-lm's own greedy continuation of ``prompt``, as text (its streaming detokenizer, as
+    ``mlx_lm.generate`` prints it)."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    model, tokenizer = load(path)
+    detokenizer = tokenizer.detokenizer
+    detokenizer.reset()
+    for token, _ in generate_step(mx.array(prompt), model, max_tokens=num_tokens):
+        detokenizer.add_token(int(token))
+    detokenizer.finalize()
+    return str(detokenizer.text)
+
+
+def pool_gb(path: Path) -> float:
+    """A KV budget of POOL_BLOCKS blocks for this model (its paged pool, or snapshot cache)."""
+    from mlxd.cli.footprint import kv_bytes_per_token
+    from mlxd.config import VIEW_SHARE
+
+    model, _ = load(path)
+    try:
+        from mlxd.worker.paged_cache import KVPool
+
+        per_token = KVPool.bytes_per_token(model)
+    except Exception:  # noqa: BLE001 - a model the pool cannot hold: the config's estimate
+        import json
+
+        per_token = kv_bytes_per_token(json.loads((path / "config.json").read_text()))
+    return per_token * POOL_BLOCKS * BLOCK_SIZE / (1 - VIEW_SHARE) / 2**30
+
+
+def _write_config(root: Path, dirs: dict[str, Path]) -> Path:
+    lines = ['keep_alive = "0"', ""]
+    for arch, path in dirs.items():
+        lines += [f'[models."{arch}"]', f'path = "{path}"', "preload = false", 'dtype = "file"',
+                  f"kv_cache_gb = {pool_gb(path):.9f}", ""]  # fmt: skip
+    config = root / "zoo.toml"
+    config.write_text("\n".join(lines))
+    return config
+
+
+def _start(config: Path, log: Any) -> Daemon:
+    port = free_port()
+    cmd = [sys.executable, "-m", "mlxd", "start", "--config", str(config), "--port", str(port),
+           "--max-memory", "1200MB", "--kv-block-size", str(BLOCK_SIZE), "--log-level",
+           "warning"]  # fmt: skip
+    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stderr=log)
+    daemon = Daemon(proc, f"http://127.0.0.1:{port}", "", config)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"mlxd start exited with {proc.returncode}"
+        try:
+            if httpx.get(f"{daemon.base_url}/health", timeout=1).status_code == 200:
+                return daemon
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("mlxd start did not become healthy")
+
+
+@pytest.fixture(scope="session")
+def zoo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Zoo]:
+    from mlxd.models.zoo import make_zoo_model
+
+    root = tmp_path_factory.mktemp("zoo")
+    dirs = {arch: make_zoo_model(root / arch, arch) for arch in selected_archs()}
+    with (root / "daemon.log").open("wb") as log:
+        z = Zoo(_start(_write_config(root, dirs), log), dirs)
+        try:
+            yield z
+        finally:
+            if z.daemon.proc.poll() is None:
+                stop_daemon(z.daemon)
+    if os.environ.get("MLXD_ZOO_WRITE_DOCS") == "1":
+        from tests.zoo.models_doc import write_models_doc
+
+        write_models_doc(DOCS, z.dirs, z.seen)

@@ -1,0 +1,112 @@
+"""Every zoo arch through one real daemon: greedy output equals mlx-lm's, and batching, joining
+a stream, the prefix cache and preemption never change it. Tests run arch by arch (the ``arch``
+fixture is module-scoped), so each model loads once and least recently used ones unload."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.zoo.conftest import Zoo, corpus_ids, greedy, selected_archs
+
+pytestmark = [pytest.mark.zoo]
+
+NUM_TOKENS = 16
+LONG_TOKENS = 40
+
+
+@pytest.fixture(scope="module", params=selected_archs())
+def arch(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def client(zoo: Zoo) -> Any:
+    with openai.OpenAI(base_url=zoo.url("/v1"), api_key="x", max_retries=0, timeout=180) as c:
+        yield c
+
+
+def prompt(zoo: Zoo, arch: str, i: int, length: int = 40) -> list[int]:
+    """The i-th slice of stdlib text the tokenizer was trained on: varied, realistic ids."""
+    return corpus_ids(str(zoo.dirs[arch]))[i * 150 : i * 150 + length]
+
+
+def complete(client: Any, arch: str, ids: list[int], num_tokens: int = NUM_TOKENS) -> Any:
+    return client.completions.create(model=arch, prompt=ids, max_tokens=num_tokens,
+                                     temperature=0, extra_body={"ignore_eos": True})  # fmt: skip
+
+
+def text(client: Any, arch: str, ids: list[int], num_tokens: int = NUM_TOKENS) -> str:
+    return str(complete(client, arch, ids, num_tokens).choices[0].text)
+
+
+def admin(zoo: Zoo, arch: str, what: str) -> dict[str, Any]:
+    r = httpx.get(zoo.url(f"/admin/models/{arch}/{what}"), timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
+def test_greedy_equals_mlx_lm(zoo: Zoo, client: Any, arch: str) -> None:
+    ids = prompt(zoo, arch, 0)
+    served = text(client, arch, ids)
+    zoo.describe(arch, admin(zoo, arch, "status").get("kv_cache", "?"))
+    assert served == greedy(zoo.dirs[arch], ids, NUM_TOKENS)
+
+
+def test_four_concurrent_equal_each_alone(zoo: Zoo, client: Any, arch: str) -> None:
+    prompts = [prompt(zoo, arch, i, 30 + 7 * i) for i in range(1, 5)]
+    alone = [text(client, arch, p) for p in prompts]
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        together = list(pool.map(lambda p: text(client, arch, p), prompts))
+    assert together == alone
+
+
+def test_a_request_joining_a_stream_equals_alone(zoo: Zoo, client: Any, arch: str) -> None:
+    first, second = prompt(zoo, arch, 5), prompt(zoo, arch, 6, 33)
+    alone = text(client, arch, first, LONG_TOKENS), text(client, arch, second)
+    streamed: list[str] = []
+    started = threading.Event()
+
+    def stream() -> None:
+        for chunk in client.completions.create(model=arch, prompt=first, max_tokens=LONG_TOKENS,
+                                               temperature=0, stream=True,
+                                               extra_body={"ignore_eos": True}):  # fmt: skip
+            streamed.append(chunk.choices[0].text if chunk.choices else "")
+            started.set()
+
+    thread = threading.Thread(target=stream)
+    thread.start()
+    assert started.wait(180)
+    joined = text(client, arch, second)
+    thread.join(180)
+    assert ("".join(streamed), joined) == alone
+
+
+def test_a_repeated_long_prompt_hits_the_prefix_cache(zoo: Zoo, client: Any, arch: str) -> None:
+    ids = prompt(zoo, arch, 7, 120)  # several KV blocks
+    cold = complete(client, arch, ids)
+    warm = complete(client, arch, ids)
+    cached = (
+        warm.usage.prompt_tokens_details.cached_tokens if warm.usage.prompt_tokens_details else 0
+    )
+    zoo.record_fact(arch, "prefix_cached_tokens", cached or 0)
+    assert warm.choices[0].text == cold.choices[0].text
+    assert (cached or 0) > 0
+
+
+def test_preempted_requests_resume_to_the_same_text(zoo: Zoo, client: Any, arch: str) -> None:
+    # four long requests over a pool of POOL_BLOCKS blocks: decode runs out of blocks
+    prompts = [prompt(zoo, arch, 8 + i, 100) for i in range(4)]
+    alone = [text(client, arch, p, LONG_TOKENS) for p in prompts]
+    before = admin(zoo, arch, "stats").get("preemptions", 0)
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        together = list(pool.map(lambda p: text(client, arch, p, LONG_TOKENS), prompts))
+    preempted = admin(zoo, arch, "stats").get("preemptions", 0) - before
+    zoo.record_fact(arch, "preemptions", preempted)
+    assert together == alone
+    assert preempted > 0
