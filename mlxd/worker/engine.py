@@ -55,8 +55,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 OOM_RETRIES = 2  # times a request is computed again after the device ran out of memory
-# Failed steps in a row (none succeeding in between) after which the worker says it is failing
-# (``Pong.failing``): one bad request fails one step, so this many means the model itself fails.
+# Failed steps in a row after which the worker says it is failing (``Pong.failing``): one bad
+# request fails one step, so this many means the model itself fails. A decode step that works or
+# a request that completes resets the count (a prefill alone does not: decode may be what fails).
 MAX_FAILED_STEPS = 5
 # How MLX's backends word running out of memory (CUDA, Metal, the CPU allocator).
 _OOM_WORDS = ("out of memory", "insufficient memory", "outofmemory", "unable to allocate",
@@ -281,7 +282,6 @@ class Engine:
             self.runner.remove(set(seqs))
             self._recover(seqs, exc, "prefill")
             return
-        self._step_succeeded()
         for chunk in chunks:
             self.scheduler.complete_chunk(chunk)
         now = self.clock()
@@ -409,6 +409,7 @@ class Engine:
         )
         self.scheduler.finish(seq, reason)
         self.stats.on_finish(seq, reason)
+        self._step_succeeded()
 
     def _fail(self, seq: Sequence, exc: MlxdError) -> None:
         self._outbox.setdefault(seq.client, []).append(

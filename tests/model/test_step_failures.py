@@ -117,16 +117,18 @@ def test_a_failed_step_keeps_the_tokens_of_rows_that_left_before_it(
     assert results["c"].token_ids == reference_ids(tiny_model, ids, 8)
 
 
+@pytest.mark.parametrize("step", ["prefill", "decode"])
 def test_steps_that_all_fail_make_the_worker_say_it_is_failing_until_one_succeeds(
-    harness_factory: Any,
+    harness_factory: Any, step: str
 ) -> None:
     from mlxd.worker.engine import MAX_FAILED_STEPS
 
     h = harness_factory(max_num_seqs=4)
-    model = inject(h, lambda tokens: True, message="[metal] device lost")
+    fails = (lambda tokens: True) if step == "prefill" else decode_of(rows=1)
+    model = inject(h, fails, message="[metal] device lost")
     for i in range(MAX_FAILED_STEPS):
         assert h.engine.pong(Ping(request_id="p")).failing == ""  # one bad request is no failure
-        h.generate(str(i), PROMPTS[i % len(PROMPTS)], max_tokens=4)
+        h.generate(str(i), PROMPTS[i % len(PROMPTS)], max_tokens=4, ignore_eos=True)
         assert h.run()[str(i)].error is not None
     failing = h.engine.pong(Ping(request_id="p")).failing
     assert f"last {MAX_FAILED_STEPS} steps failed" in failing and "device lost" in failing
