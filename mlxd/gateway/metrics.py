@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -40,7 +40,8 @@ class Metrics:
     """The gateway's metrics in a registry of its own.
 
     Args:
-        pool: read at scrape time for ``mlxd_worker_restarts_total``; ``None`` leaves it out.
+        pool: read at scrape time for ``mlxd_worker_restarts_total`` and ``mlxd_model_failed``;
+            ``None`` leaves them out.
     """
 
     def __init__(self, pool: WorkerPool | None = None) -> None:
@@ -69,7 +70,7 @@ class Metrics:
         self._sources: list[MetricSource] = []
         self.registry.register(_Sources(self._sources))
         if pool is not None:
-            self.add_source(lambda: _worker_restarts(pool))
+            self.add_source(lambda: _pool_metrics(pool))
 
     def add_source(self, source: MetricSource) -> None:
         """Add metric families computed at scrape time.
@@ -130,13 +131,20 @@ def _observer(record: RequestRecord, ttft: Histogram, itl: Histogram) -> StreamO
     return observe
 
 
-def _worker_restarts(pool: WorkerPool) -> Iterator[Metric]:
+def _pool_metrics(pool: WorkerPool) -> Iterator[Metric]:
     family = CounterMetricFamily(
         "mlxd_worker_restarts", "Times a model's worker was restarted.", labels=["model"]
     )
+    failed = GaugeMetricFamily(
+        "mlxd_model_failed",
+        "1 while a model is failed (not restarted; /health is degraded).",
+        labels=["model"],
+    )
     for name in pool.names():
         family.add_metric([name], pool.restarts(name))
+        failed.add_metric([name], float(pool.info(name).state == "failed"))
     yield family
+    yield failed
 
 
 class _Sources(Collector):

@@ -123,6 +123,9 @@ def assert_reported_failed(d: Daemon, name: str, reason: str) -> None:
     assert anthropic.status_code == 503, anthropic.text
     assert anthropic.json()["type"] == "error" and reason in anthropic.json()["error"]["message"]
     assert complete(d, "ok").status_code == 200  # the others keep serving
+    metrics = httpx.get(f"{d.base_url}/metrics", timeout=10).text
+    assert f'mlxd_model_failed{{model="{name}"}} 1.0' in metrics
+    assert 'mlxd_model_failed{model="ok"} 0.0' in metrics
 
 
 def test_a_crash_looping_model_is_failed_until_mlxd_load(daemon: Daemon) -> None:
