@@ -5,9 +5,16 @@ Import mlx inside fixtures, never at module level: the unit tier must not load i
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+from mlxd.worker import blas
+
+# The in-process model tests compute on the CPU backend too: load the optimized BLAS, as the
+# workers do, before any test imports MLX (MLXD_BLAS=off leaves MLX's reference BLAS).
+blas.preload(os.environ)
 
 
 @pytest.fixture(scope="session")
