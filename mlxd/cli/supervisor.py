@@ -498,22 +498,25 @@ class Supervisor:
             worker.state, worker.last_error = "stopped", "shut down on request"
             worker.ready.set()  # wake waiters so they fail fast
             return
-        if code == STARTUP_FAILURE and not was_ready:  # it cannot load: trying again won't help
-            self._fail(worker, f"refused to load: {self._startup_reason(worker)}")
-            return
-        now, window = time.monotonic(), self.config.crash_window_s
-        worker.crashes = [t for t in worker.crashes if now - t < window] + [now]
-        if len(worker.crashes) >= self.config.max_crashes:
-            self._fail(worker, f"crashed {len(worker.crashes)} times within {window:g} s (last: "
-                               f"{worker.last_error})")  # fmt: skip
-            return
-        if worker.start_failures >= MAX_START_FAILURES:
-            self._fail(worker, f"failed {worker.start_failures} times at start (last: "
-                               f"{worker.last_error})")  # fmt: skip
+        why = self._record_crash(worker, code, was_ready)
+        if why:
+            self._fail(worker, why)
             return
         worker.restarts += 1
         backoff = self.config.restart_backoff_s * 2 ** (len(worker.crashes) - 1)
         self._background(self._restart(worker, min(MAX_BACKOFF_S, backoff)))
+
+    def _record_crash(self, worker: WorkerProcess, code: int | None, was_ready: bool) -> str:
+        """Count an exit nobody asked for: why the model is now failed, or "" to restart it."""
+        if code == STARTUP_FAILURE and not was_ready:  # it cannot load: trying again won't help
+            return f"refused to load: {self._startup_reason(worker)}"
+        now, window = time.monotonic(), self.config.crash_window_s
+        worker.crashes = [t for t in worker.crashes if now - t < window] + [now]
+        if len(worker.crashes) >= self.config.max_crashes:
+            return f"crashed {len(worker.crashes)} times within {window:g} s ({worker.last_error})"
+        if worker.start_failures >= MAX_START_FAILURES:
+            return f"failed {worker.start_failures} times at start ({worker.last_error})"
+        return ""
 
     def _fail(self, worker: WorkerProcess, reason: str) -> None:
         """Mark ``worker`` failed: not restarted, reported by ``/health``, its requests get 503s
