@@ -60,7 +60,10 @@ def real_daemon(gguf_path: Path, ollama_store: Path, mlxd_home: Path) -> Iterato
 
 
 @pytest.fixture(scope="session")
-def converted_dir(real_daemon: Daemon, mlxd_home: Path) -> Path:
-    """The directory the daemon converted the GGUF file into (float32 on the CPU backend)."""
-    (path,) = (mlxd_home / "cache" / "gguf").glob("SmolLM2-*")
-    return path
+def converted_dir(gguf_path: Path, mlxd_home: Path) -> Path:
+    """The GGUF converted as the daemon converts it on the CPU backend (float32), in the daemon's
+    cache: whichever of the two comes first converts, the other reuses it."""
+    from mlxd.models import gguf
+    from mlxd.models.sources import CACHE_SUBDIR
+
+    return gguf.ensure_converted(gguf_path, mlxd_home / CACHE_SUBDIR, dequantize=True)
