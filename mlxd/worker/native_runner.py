@@ -6,8 +6,9 @@ returns, batched by row (``layer_caches``). Prompts prefill one sequence at a ti
 state must not see padding, and a window's rotating buffer keeps no left padding.
 
 A prompt first restores the longest snapshot that prefixes it (``snapshot_cache``) and prefills
-the rest, stopping once at its last block boundary to snapshot it; a sequence that finishes
-leaves a snapshot of its prompt and output for the next turn of its conversation.
+the rest, stopping to snapshot at its last block boundary and at the longest block-aligned
+prefix it shares with an earlier prompt; a sequence that finishes leaves a snapshot of its
+prompt and output for the next turn of its conversation.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class NativeModelRunner(ModelRunner):
         self.batchable = layer_caches.is_batchable(model)
         self._fed: list[int] = []  # tokens each decode row's caches hold
         self._have: dict[Sequence, int] = {}  # tokens a prefilling sequence's caches hold
+        self._cuts: dict[Sequence, tuple[int, ...]] = {}  # where its prefill snapshots
 
     # Public API
 
@@ -52,6 +54,7 @@ class NativeModelRunner(ModelRunner):
                     self._snapshot_row(i, seq)
         for seq in seqs:
             self._have.pop(seq, None)
+            self._cuts.pop(seq, None)
         super().remove(seqs)
 
     def decode_step(self) -> list[TokenEvent]:
@@ -60,7 +63,7 @@ class NativeModelRunner(ModelRunner):
         return events
 
     def reset(self) -> list[Sequence]:
-        self._fed, self._have = [], {}
+        self._fed, self._have, self._cuts = [], {}, {}
         return super().reset()
 
     @property
@@ -90,6 +93,7 @@ class NativeModelRunner(ModelRunner):
             self._fed += [s.num_prefill_tokens for s in seqs]
             for seq in seqs:
                 self._have.pop(seq, None)
+                self._cuts.pop(seq, None)
         return super()._join(groups)
 
     def _prefill_part(self, chunk: PrefillChunk) -> _Group | None:
@@ -97,12 +101,12 @@ class NativeModelRunner(ModelRunner):
         if seq not in self._prefill:
             self._prefill[seq] = self._restore(seq)
         caches, have = self._prefill[seq], self._have.get(seq, 0)
-        cut = self._snapshot_point(seq)
+        cuts = self._cuts.get(seq, ())
         logits = None
-        for start, end in _spans(max(chunk.start, have), chunk.end, cut):
+        for start, end in _spans(max(chunk.start, have), chunk.end, cuts):
             logits = self.model(mx.array(seq.prefill_ids[start:end])[None], cache=caches)
-            if end == cut and self.snapshots is not None:
-                self.snapshots.insert(seq.prefill_ids[:cut], caches)
+            if end in cuts and self.snapshots is not None:
+                self.snapshots.insert(seq.prefill_ids[:end], caches)
         self._have[seq] = max(have, chunk.end)
         if not chunk.is_last or logits is None:
             mx.eval(layer_caches.arrays(caches))  # keep the lazy graph one chunk deep
@@ -111,9 +115,11 @@ class NativeModelRunner(ModelRunner):
         return [seq], first, self._to_batch(self._prefill.pop(seq)), lp
 
     def _restore(self, seq: Sequence) -> list[Any]:
-        """Fresh caches, or the longest snapshot that prefixes ``seq``'s prompt."""
+        """Fresh caches, or the longest snapshot that prefixes ``seq``'s prompt; notes where
+        its prefill stops to snapshot."""
         if self.snapshots is None:
             return self._new_caches(batch=False)
+        self._cuts[seq] = self._snapshot_points(seq)
         n, caches = self.snapshots.match(seq.prefill_ids)
         if caches is None:
             return self._new_caches(batch=False)
@@ -122,11 +128,13 @@ class NativeModelRunner(ModelRunner):
             seq.num_cached = n
         return caches
 
-    def _snapshot_point(self, seq: Sequence) -> int:
-        """The prompt's last block boundary before its last token (0: none)."""
-        if self.snapshots is None:
-            return 0
-        return (seq.num_prefill_tokens - 1) // self.block_size * self.block_size
+    def _snapshot_points(self, seq: Sequence) -> tuple[int, ...]:
+        """Where to snapshot ``seq``'s prefill: its prompt's last block boundary before its
+        last token, and the longest block-aligned prefix an earlier prompt shared."""
+        assert self.snapshots is not None
+        n, bs = seq.num_prefill_tokens, self.block_size
+        shared = self.snapshots.shared_prefix(seq.prefill_ids, bs)
+        return tuple(sorted({c for c in (shared, (n - 1) // bs * bs) if 0 < c < n}))
 
     def _snapshot_row(self, i: int, seq: Sequence) -> None:
         """Keep decode row ``i``'s caches, which hold its prompt and output so far."""
@@ -138,10 +146,7 @@ class NativeModelRunner(ModelRunner):
         self.snapshots.insert(tokens, caches)
 
 
-def _spans(start: int, end: int, cut: int) -> list[tuple[int, int]]:
-    """``[start, end)`` split at ``cut`` when it falls inside."""
-    if start >= end:
-        return []
-    if start < cut < end:
-        return [(start, cut), (cut, end)]
-    return [(start, end)]
+def _spans(start: int, end: int, cuts: tuple[int, ...]) -> list[tuple[int, int]]:
+    """``[start, end)`` split at the ``cuts`` that fall inside."""
+    bounds = [start, *(c for c in cuts if start < c < end), end]
+    return [(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if a < b]

@@ -4,7 +4,9 @@ Recurrent state (Mamba, GatedDeltaNet, short convolutions) cannot be rewound and
 window's buffer has dropped what fell out of it, so such a model's prefix cache keeps copies of
 the sequence's caches at known token counts: the last block boundary of each prompt (a later
 prompt sharing a system prompt or a document hits there) and the end of each finished sequence
-(prompt and output: the next turn of a conversation resends them and hits there). A new prompt
+(prompt and output: the next turn of a conversation resends them and hits there), and the
+longest block-aligned prefix a prompt shares with an earlier one (a system prompt or document
+that several requests share, whatever follows it). A new prompt
 restores the longest snapshot that is a prefix of it, keeping at least one token to compute,
 and prefills only the rest. Snapshots are evicted least recently used beyond a byte budget.
 """
@@ -13,12 +15,15 @@ from __future__ import annotations
 
 import copy
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
 
 from mlxd.worker import layer_caches
+
+_MAX_SEEN_BLOCKS = 1 << 16  # prefix hashes remembered (a few MB)
 
 
 @dataclass
@@ -43,6 +48,8 @@ class SnapshotCache:
         self.nbytes = 0
         self.counters = SnapshotCounters()
         self._entries: dict[tuple[int, ...], _Entry] = {}
+        # Chained hashes of the block-aligned prefixes of recent prompts (token ids only).
+        self._seen: OrderedDict[int, None] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -76,6 +83,21 @@ class SnapshotCache:
                 return n, copy.deepcopy(entry.caches)
         self.counters.misses += 1
         return 0, None
+
+    def shared_prefix(self, tokens: list[int], block_size: int) -> int:
+        """Record ``tokens``' block-aligned prefixes; return the longest one an earlier prompt
+        had too (0: none), where a snapshot serves every prompt that shares it."""
+        shared, chain = 0, 0
+        for end in range(block_size, len(tokens) + 1, block_size):
+            chain = hash((chain, *tokens[end - block_size : end]))
+            if chain in self._seen:
+                shared = end
+                self._seen.move_to_end(chain)
+            else:
+                self._seen[chain] = None
+        while len(self._seen) > _MAX_SEEN_BLOCKS:
+            self._seen.popitem(last=False)
+        return shared
 
     def clear(self) -> int:
         """Drop every snapshot; returns how many there were."""

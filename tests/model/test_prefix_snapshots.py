@@ -87,3 +87,20 @@ def test_snapshots_stay_within_their_budget(model_path: Path) -> None:
         assert again.finished.usage.cached_tokens == 0  # the least recently used went first
     finally:
         h.close()
+
+
+def test_prompts_sharing_a_system_prompt_hit_it_whatever_follows(model_path: Path) -> None:
+    """The second prompt that shares a block-aligned prefix with an earlier one snapshots it;
+    every later one with that prefix, whatever its question, hits it."""
+    h = Harness(model_path, block_size=BLOCK)
+    try:
+        system = h.engine.encoder.tokenizer.encode(LONG)[: 3 * BLOCK]
+        questions = [list(range(q, q + BLOCK + 4)) for q in (100, 200, 300)]  # a block and more
+        first = _run(h, "1", system + questions[0])
+        second = _run(h, "2", system + questions[1])
+        third = _run(h, "3", system + questions[2])
+    finally:
+        h.close()
+    assert first.finished.usage.cached_tokens == second.finished.usage.cached_tokens == 0
+    assert third.finished.usage.cached_tokens == len(system)
+    assert third.token_ids == reference_ids(model_path, system + questions[2], 12)
