@@ -1,14 +1,15 @@
 """GGUF files as mlx-lm model directories: converted once, cached, then loaded like any other.
 
 ``mx.load`` reads GGUF itself and keeps Q4_0, Q4_1 and Q8_0 tensors as MLX affine-quantized
-triplets (``weight``/``scales``/``biases``, group size 32), so those stay quantized; MLX
-dequantizes every other quant type (K-quants, ...) to float16 while loading, and those stay
-float16 (the worker's ``--dtype`` decides what they compute in). With ``dequantize`` every
-weight is stored as float32 instead: on MLX's CPU backend a float32 matmul goes through BLAS and
-a quantized one does not (SmolLM2-135M Q4_1, 37-token prompt: 0.7 s vs 15.6 s with OpenBLAS;
-docs/MODELS.md). llama.cpp permutes the rows of ``attn_q``/``attn_k`` for its RoPE
-layout; they are put back in Hugging Face order here (rows are output features, so a quantized
-weight's scales and biases move with it), so the directory is a standard mlx-lm ``llama`` model.
+triplets (``weight``/``scales``/``biases``, group size 32), so those stay quantized; it converts
+a few other quant types (Q4_K, Q6_K, ...) to float16, and refuses the rest, which
+``gguf_reader.py`` then reads the same way. Those float16 tensors stay float16 (the worker's
+``--dtype`` decides what they compute in). With ``dequantize`` every weight is stored as float32
+instead: on MLX's CPU backend a float32 matmul goes through BLAS and a quantized one does not
+(SmolLM2-135M Q4_1, a 37-token prompt's prefill: 0.7 s vs 15.6 s). llama.cpp permutes the
+rows of ``attn_q``/``attn_k`` for its RoPE layout; they are put back in Hugging Face order here
+(rows are output features, so a quantized weight's scales and biases move with them), so the
+directory is a standard mlx-lm ``llama`` model.
 Each conversion is written to a temporary directory and renamed into place.
 """
 
@@ -119,7 +120,13 @@ def convert(
     started = time.monotonic()
     how = "dequantized to float32" if dequantize else "quantized as in the file"
     report(f"converting {gguf_path.name} ({gguf_path.stat().st_size / 2**20:.0f} MiB, {how}) ...")
-    loaded = mx.load(str(gguf_path), return_metadata=True)
+    try:
+        loaded = mx.load(str(gguf_path), return_metadata=True)
+    except RuntimeError:  # a quant type MLX's loader cannot convert (Q5_0, IQ*, ...)
+        from mlxd.models import gguf_reader
+
+        report("reading it with the gguf package (MLX's loader cannot take all its types) ...")
+        loaded = gguf_reader.read(gguf_path)
     tensors, metadata = cast(tuple[dict[str, mx.array], dict[str, Any]], loaded)
     config = _config(metadata, tensors)
     weights = _weights(tensors, config)

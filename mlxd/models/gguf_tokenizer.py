@@ -106,4 +106,5 @@ def _scalar(value: Any) -> Any:
 
 
 def _ints(value: Any) -> list[int]:
-    return [] if value is None else [int(v) for v in value.tolist()]
+    values = value.tolist() if hasattr(value, "tolist") else value or []  # mx.array or list
+    return [int(v) for v in values]

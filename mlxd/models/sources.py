@@ -7,13 +7,21 @@ resolves the same spec to the same cached directory.
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
 from mlxd.config import ModelSpec, data_dir
 from mlxd.models import gguf, ollama
 
+log = logging.getLogger("mlxd.models")
+
 CACHE_SUBDIR = Path("cache") / "gguf"
+# Dequantizing on the CPU backend: float32 takes up to ~8x a 4-bit file; it is done only when
+# that fits in this share of the RAM, else the weights stay quantized (slower, but they load).
+FLOAT32_GROWTH = 8
+MAX_FLOAT32_SHARE = 0.5
 
 
 def is_convertible(spec: str) -> bool:
@@ -26,8 +34,9 @@ def resolve(spec: str, dtype: str = "auto", progress: gguf.Progress | None = Non
 
     Args:
         spec: A ``--model`` path: a GGUF file, ``ollama:NAME[:TAG]``, or anything mlx-lm loads.
-        dtype: The worker's ``--dtype``: ``float32``, or ``auto`` on MLX's CPU backend,
-            dequantizes GGUF quantized weights (BLAS-fast on the CPU); others keep them quantized.
+        dtype: The worker's ``--dtype``: ``float32``, or ``auto`` on MLX's CPU backend when
+            float32 fits in memory, dequantizes GGUF quantized weights (BLAS-fast on the CPU);
+            others keep them quantized.
         progress: As for ``gguf.ensure_converted``.
     """
     if not is_convertible(spec):
@@ -36,7 +45,7 @@ def resolve(spec: str, dtype: str = "auto", progress: gguf.Progress | None = Non
     path = ollama.resolve(spec) if ollama.is_ollama(spec) else Path(spec)
     cache = data_dir() / CACHE_SUBDIR
     converted = gguf.ensure_converted(
-        path, cache, dequantize=_dequantize(dtype), name=name, progress=progress
+        path, cache, dequantize=_dequantize(dtype, path), name=name, progress=progress
     )
     return str(converted)
 
@@ -48,9 +57,15 @@ def prepare(specs: Iterable[ModelSpec], dtype: str, progress: gguf.Progress) -> 
             resolve(spec.path, spec.dtype or dtype, progress)
 
 
-def _dequantize(dtype: str) -> bool:
+def _dequantize(dtype: str, path: Path) -> bool:
     if dtype != "auto":
         return dtype == "float32"
     import mlx.core as mx
 
-    return mx.default_device() == mx.cpu
+    if mx.default_device() != mx.cpu:
+        return False
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if path.stat().st_size * FLOAT32_GROWTH > ram * MAX_FLOAT32_SHARE:
+        log.warning("%s: float32 would not fit in memory; its weights stay quantized", path.name)
+        return False
+    return True

@@ -95,3 +95,49 @@ def test_a_cached_conversion_is_reused(gguf_path: Path, quantized_dir: Path) -> 
     assert again == quantized_dir
     assert lines == []
     assert (quantized_dir / "config.json").stat().st_mtime_ns == written
+
+
+def write_gguf(path: Path, kinds: list[str]) -> dict[str, object]:
+    """A GGUF file with one 8x64 tensor per quant type; returns the dequantized values."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFWriter, quants
+
+    writer = GGUFWriter(str(path), "llama")
+    values = {}
+    for i, kind in enumerate(kinds):
+        x = np.random.default_rng(i).normal(size=(8, 64)).astype(np.float32)
+        t = GGMLQuantizationType[kind]
+        writer.add_tensor(f"t{i}.weight", quants.quantize(x, t), raw_dtype=t)
+        values[f"t{i}"] = quants.dequantize(quants.quantize(x, t), t)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return values
+
+
+def test_the_fallback_reader_writes_q4_0_and_q8_0_as_mlx_load_does(tmp_path: Path) -> None:
+    import mlx.core as mx
+
+    from mlxd.models import gguf_reader
+
+    write_gguf(tmp_path / "a.gguf", ["Q4_0", "Q8_0", "Q4_1"])
+    ours, _ = gguf_reader.read(tmp_path / "a.gguf")
+    theirs = mx.load(str(tmp_path / "a.gguf"))
+    assert ours.keys() == theirs.keys()
+    assert all(mx.array_equal(ours[k], theirs[k]).item() for k in ours)
+
+
+def test_types_mlx_cannot_load_are_dequantized(tmp_path: Path) -> None:
+    import mlx.core as mx
+    import numpy as np
+
+    from mlxd.models import gguf_reader
+
+    values = write_gguf(tmp_path / "b.gguf", ["Q5_0", "Q5_1"])
+    with pytest.raises(RuntimeError):
+        mx.load(str(tmp_path / "b.gguf"))
+    ours, _ = gguf_reader.read(tmp_path / "b.gguf")
+    for name, expected in values.items():
+        assert ours[f"{name}.weight"].dtype == mx.float16
+        assert np.allclose(np.array(ours[f"{name}.weight"]), expected, atol=1e-2)
