@@ -13,7 +13,8 @@ on the reference BLAS), "after" (the defaults), and each change alone ("blas onl
 file``; "float32 only": ``MLXD_BLAS=off``), one unmeasured request each, then ROUNDS
 requests to each, alternated; each request streams OUTPUT tokens (``ignore_eos``) after a
 prompt whose first word differs, so no prefix cache hit. One JSON line per request: time to
-first token (prompt) and the decode time after it.
+first token (prompt) and the decode time after it. Each worker's KV pool is 0.5 GB: the default
+(half the RAM the weights leave) for four at once is more than the machine has.
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ def daemon(model: str, words: int = 120, output: int = 32, rounds: int = 3) -> N
         for name, (env, args) in SETTINGS.items():
             port = free_port()
             cmd = [sys.executable, "-m", "mlxd", "start", "--model", f"m={model}", "--port",
-                   str(port), "--log-level", "warning", *args]  # fmt: skip
+                   str(port), "--log-level", "warning", "--kv-cache-gb", "0.5", *args]  # fmt: skip
             procs[name] = subprocess.Popen(cmd, env={**os.environ, **env})
             bases[name] = f"http://127.0.0.1:{port}"
             wait_healthy(bases[name], procs[name])
