@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxd.config import VIEW_SHARE, ModelSpec, ServeConfig
+from mlxd.models import sources
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ def buffer_cache_bytes(size: Footprint) -> int:
 def footprint(spec: ModelSpec, config: ServeConfig) -> Footprint:
     """``spec``'s footprint under ``config`` (its scheduler, context and KV settings)."""
     directory = model_dir(spec.path)
+    if sources.is_convertible(spec.path):  # GGUF / ollama: what `mlxd start` converted it to
+        directory = sources.converted_dir(spec.path, spec.dtype or config.dtype)
     files = [] if directory is None else list(directory.glob("*.safetensors"))
     weights = sum(f.stat().st_size for f in files)
     if directory is None:

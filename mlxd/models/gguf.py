@@ -84,11 +84,7 @@ def ensure_converted(
         The model directory.
     """
     source = Path(gguf_path).expanduser().resolve()
-    if not source.is_file():
-        raise ConfigError(f"GGUF file {str(gguf_path)!r} does not exist")
-    label = (name or source.stem).replace("/", "-").replace(":", "-")
-    suffix = "-f32" if dequantize else ""
-    target = Path(cache_dir) / f"{label}-{_cache_key(source, dequantize)}{suffix}"
+    target = cache_path(source, cache_dir, dequantize=dequantize, name=name)
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -104,6 +100,18 @@ def ensure_converted(
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def cache_path(
+    gguf_path: Path, cache_dir: Path, *, dequantize: bool = False, name: str | None = None
+) -> Path:
+    """Where ``ensure_converted`` keeps (or will keep) the conversion of ``gguf_path``."""
+    source = Path(gguf_path).expanduser().resolve()
+    if not source.is_file():
+        raise ConfigError(f"GGUF file {str(gguf_path)!r} does not exist")
+    label = (name or source.stem).replace("/", "-").replace(":", "-")
+    suffix = "-f32" if dequantize else ""
+    return Path(cache_dir) / f"{label}-{_cache_key(source, dequantize)}{suffix}"
 
 
 def convert(

@@ -1,6 +1,7 @@
 """Model sources that mlx-lm cannot load itself: GGUF files and ``ollama:`` names.
 
-Each becomes a converted mlx-lm directory in ``$MLXD_HOME/cache/gguf``. ``mlxd start`` converts
+Each becomes a converted mlx-lm directory in ``$MLXD_HOME/cache/gguf``. Importing this module
+imports no MLX (the CLI's memory budget asks it where a conversion is). ``mlxd start`` converts
 them up front (with progress on the terminal, before any worker's start timeout runs); a worker
 resolves the same spec to the same cached directory.
 """
@@ -11,9 +12,14 @@ import logging
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mlxd.config import ModelSpec, data_dir
-from mlxd.models import gguf, ollama
+from mlxd.errors import ConfigError
+from mlxd.models import ollama
+
+if TYPE_CHECKING:
+    from mlxd.models.gguf import Progress
 
 log = logging.getLogger("mlxd.models")
 
@@ -26,10 +32,10 @@ MAX_FLOAT32_SHARE = 0.5
 
 def is_convertible(spec: str) -> bool:
     """Whether ``spec`` (a ``--model`` path) is a GGUF file or an Ollama name."""
-    return gguf.is_gguf(spec) or ollama.is_ollama(spec)
+    return spec.lower().endswith(".gguf") or ollama.is_ollama(spec)
 
 
-def resolve(spec: str, dtype: str = "auto", progress: gguf.Progress | None = None) -> str:
+def resolve(spec: str, dtype: str = "auto", progress: Progress | None = None) -> str:
     """What mlx-lm should load for ``spec``: the converted directory, or ``spec`` unchanged.
 
     Args:
@@ -41,8 +47,9 @@ def resolve(spec: str, dtype: str = "auto", progress: gguf.Progress | None = Non
     """
     if not is_convertible(spec):
         return spec
-    name = ollama.cache_name(spec) if ollama.is_ollama(spec) else None
-    path = ollama.resolve(spec) if ollama.is_ollama(spec) else Path(spec)
+    from mlxd.models import gguf
+
+    path, name = _source(spec)
     cache = data_dir() / CACHE_SUBDIR
     converted = gguf.ensure_converted(
         path, cache, dequantize=_dequantize(dtype, path), name=name, progress=progress
@@ -50,11 +57,31 @@ def resolve(spec: str, dtype: str = "auto", progress: gguf.Progress | None = Non
     return str(converted)
 
 
-def prepare(specs: Iterable[ModelSpec], dtype: str, progress: gguf.Progress) -> None:
+def converted_dir(spec: str, dtype: str) -> Path | None:
+    """The conversion ``resolve`` would load for ``spec``, if it is made already (else None)."""
+    from mlxd.models import gguf
+
+    try:
+        path, name = _source(spec)
+        target = gguf.cache_path(path, data_dir() / CACHE_SUBDIR,
+                                 dequantize=_dequantize(dtype, path), name=name)  # fmt: skip
+    except ConfigError:
+        return None
+    return target if (target / "config.json").is_file() else None
+
+
+def prepare(specs: Iterable[ModelSpec], dtype: str, progress: Progress) -> None:
     """Convert every GGUF / Ollama model of ``specs`` now (``mlxd start``, before workers)."""
     for spec in specs:
         if spec.endpoint is None and is_convertible(spec.path):
             resolve(spec.path, spec.dtype or dtype, progress)
+
+
+def _source(spec: str) -> tuple[Path, str | None]:
+    """The GGUF file of ``spec`` and a name for its conversion (None: the file's stem)."""
+    if ollama.is_ollama(spec):
+        return ollama.resolve(spec), ollama.cache_name(spec)
+    return Path(spec), None
 
 
 def _dequantize(dtype: str, path: Path) -> bool:

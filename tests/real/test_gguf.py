@@ -141,3 +141,15 @@ def test_types_mlx_cannot_load_are_dequantized(tmp_path: Path) -> None:
     for name, expected in values.items():
         assert ours[f"{name}.weight"].dtype == mx.float16
         assert np.allclose(np.array(ours[f"{name}.weight"]), expected, atol=1e-2)
+
+
+def test_the_memory_budget_counts_the_converted_weights(
+    gguf_path: Path, converted_dir: Path, mlxd_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlxd.cli.footprint import footprint
+    from mlxd.config import ModelSpec, ServeConfig
+
+    monkeypatch.setenv("MLXD_HOME", str(mlxd_home))
+    spec = ModelSpec(name="smollm2", path=str(gguf_path))
+    weights = sum(f.stat().st_size for f in converted_dir.glob("*.safetensors"))
+    assert footprint(spec, ServeConfig(models=(spec,))).weights_bytes == weights
