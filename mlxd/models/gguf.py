@@ -9,7 +9,7 @@ instead: on MLX's CPU backend a float32 matmul goes through BLAS and a quantized
 (SmolLM2-135M Q4_1, a 37-token prompt's prefill: 0.7 s vs 15.6 s). llama.cpp permutes the
 rows of ``attn_q``/``attn_k`` for its RoPE layout; they are put back in Hugging Face order here
 (rows are output features, so a quantized weight's scales and biases move with them), so the
-directory is a standard mlx-lm ``llama`` model.
+directory is a standard mlx-lm model (``llama``, ``qwen2`` or ``qwen3``).
 Each conversion is written to a temporary directory and renamed into place.
 """
 
@@ -48,7 +48,11 @@ _LAYER_PARTS = {
     "ffn_down": "mlp.down_proj",
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
 }
+ARCHS = ("llama", "qwen2", "qwen3")  # GGUF general.architecture = the mlx-lm model_type
+_PERMUTED = ("llama",)  # the archs whose q/k rows convert_hf_to_gguf.py permutes
 _TOP_PARTS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
@@ -120,7 +124,7 @@ def convert(
     """Write an mlx-lm model directory (config, safetensors, tokenizer) for a GGUF file.
 
     Args:
-        gguf_path: The GGUF file (architecture ``llama``).
+        gguf_path: The GGUF file (an architecture of ``ARCHS``).
         out_dir: A directory to create; it must not exist.
         dequantize, progress: As for ``ensure_converted``.
     """
@@ -160,19 +164,19 @@ def _cache_key(source: Path, dequantize: bool) -> str:
 
 def _config(metadata: dict[str, Any], tensors: dict[str, mx.array]) -> dict[str, Any]:
     arch = metadata.get("general.architecture")
-    if arch != "llama":
-        raise ConfigError(f"GGUF architecture {arch!r} is not supported (llama only)")
+    if arch not in ARCHS:
+        raise ConfigError(f"GGUF architecture {arch!r} is not supported ({', '.join(ARCHS)})")
     if "rope_freqs.weight" in tensors:  # Llama 3.1+ frequency factors: no mlx-lm equivalent here
         log.warning("GGUF rope_freqs (Llama 3.1 RoPE scaling) ignored: long contexts degrade")
 
     def get(key: str, default: Any = None) -> Any:
-        value = metadata.get(f"llama.{key}", default)
+        value = metadata.get(f"{arch}.{key}", default)
         return value.item() if isinstance(value, mx.array) else value
 
     heads = get("attention.head_count")
     hidden = get("embedding_length")
     return {
-        "model_type": "llama",
+        "model_type": arch,
         "hidden_size": hidden,
         "num_hidden_layers": get("block_count"),
         "intermediate_size": get("feed_forward_length"),
@@ -190,6 +194,8 @@ def _config(metadata: dict[str, Any], tensors: dict[str, mx.array]) -> dict[str,
 
 def _weights(tensors: dict[str, mx.array], config: dict[str, Any]) -> dict[str, mx.array]:
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
+    if config["model_type"] not in _PERMUTED:
+        heads = {}
     weights = {}
     for name, value in tensors.items():
         if name == "rope_freqs.weight":
@@ -227,7 +233,7 @@ def _hf_name(parts: list[str]) -> str:
         return f"model.layers.{parts[1]}.{_LAYER_PARTS[parts[2]]}.{parts[3]}"
     if parts[0] in _TOP_PARTS:
         return f"{_TOP_PARTS[parts[0]]}.{parts[1]}"
-    raise ConfigError(f"GGUF tensor {'.'.join(parts)!r} has no llama equivalent")
+    raise ConfigError(f"GGUF tensor {'.'.join(parts)!r} has no mlx-lm equivalent")
 
 
 def _bits(weights: dict[str, mx.array]) -> dict[str, int]:
