@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -26,7 +27,7 @@ import zmq
 from mlxd.protocol import codec
 from mlxd.protocol.channel import control_endpoint
 from mlxd.protocol.messages import Ack, DebugCrash, DebugFailSteps
-from tests.e2e.conftest import Daemon, start_daemon, stop_daemon
+from tests.e2e.conftest import Daemon, free_port, start_daemon, stop_daemon
 
 pytestmark = [pytest.mark.e2e]
 
@@ -34,18 +35,25 @@ AT_ONCE_S = 1.0  # a failed model's 503 comes without waiting for a worker
 
 
 @pytest.fixture(scope="module")
-def daemon(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    tmp = tmp_path_factory.mktemp("health")
-    broken = tmp / "broken"
+def broken_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with an architecture mlx-lm does not know: its worker exits with code 3."""
+    broken = tmp_path_factory.mktemp("health") / "broken"
     shutil.copytree(tiny_model, broken)
     config = json.loads((broken / "config.json").read_text())
     (broken / "config.json").write_text(json.dumps({**config, "model_type": "no_such_arch"}))
-    (tmp / "models.toml").write_text(
+    return broken
+
+
+@pytest.fixture(scope="module")
+def daemon(tiny_model: Path, broken_model: Path, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[Daemon]:  # fmt: skip
+    config = tmp_path_factory.mktemp("health") / "models.toml"
+    config.write_text(
         f'[models.crashy]\npath = "{tiny_model}"\n'
         f'[models.failing]\npath = "{tiny_model}"\n'
-        f'[models.broken]\npath = "{broken}"\npreload = false\n'
+        f'[models.broken]\npath = "{broken_model}"\npreload = false\n'
     )
-    d = start_daemon(tiny_model, "--config", str(tmp / "models.toml"), "--max-context", "512",
+    d = start_daemon(tiny_model, "--config", str(config), "--max-context", "512",
                      "--max-crashes", "2", "--restart-backoff", "0.1", name="ok",
                      env={"MLXD_TEST_FAULTS": "1"})  # fmt: skip
     yield d
@@ -168,3 +176,22 @@ def test_a_model_whose_every_step_fails_is_failed(daemon: Daemon) -> None:
     while model_info(daemon, "failing")["pid"] is not None:  # its worker is stopped
         assert time.monotonic() < deadline, model_info(daemon, "failing")
         time.sleep(0.1)
+
+
+def test_detach_returns_for_a_daemon_whose_preloaded_model_failed(
+    tiny_model: Path, broken_model: Path, tmp_path: Path
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLXD_")}
+    env["MLXD_HOME"] = str(tmp_path)
+    start = [sys.executable, "-m", "mlxd", "start", "--detach", "--model", f"ok={tiny_model}",
+             "--model", f"broken={broken_model}", "--port", str(free_port())]  # fmt: skip
+    try:  # without the degraded answer counting as up, it waits for a 200 that never comes
+        r = subprocess.run(start, capture_output=True, text=True, timeout=90, env=env)
+        assert r.returncode == 0 and "mlxd is running at" in r.stdout, r.stderr
+        assert "degraded" in r.stderr and "no_such_arch" in r.stderr, r.stderr
+    finally:
+        stop = subprocess.run([sys.executable, "-m", "mlxd", "stop"], capture_output=True,
+                              text=True, timeout=60, env=env)  # fmt: skip
+        if stop.returncode != 0 and (tmp_path / "mlxd.pid").exists():  # leave no daemon behind
+            os.kill(int((tmp_path / "mlxd.pid").read_text().split()[0]), signal.SIGTERM)
+    assert stop.returncode == 0, stop.stderr
