@@ -204,6 +204,10 @@ def _show_status(s: dict[str, Any]) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    for m in s["models"]:
+        if m["state"] == "failed":
+            click.echo(f"{m['name']} failed: {m['last_error']} (`mlxd load {m['name']}` tries "
+                       "again)")  # fmt: skip
 
 
 def _duration(seconds: float) -> str:

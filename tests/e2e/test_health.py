@@ -124,6 +124,8 @@ def assert_reported_failed(d: Daemon, name: str, reason: str) -> None:
     assert models["ok"]["state"] == "ready" and models["ok"]["reason"] is None
     line = ps(d)[name]
     assert line.split()[1] == "failed" and reason in line, line
+    status = mlxd(d, "status").stdout
+    assert f"{name} failed: " in status and reason in status, status
     started = time.monotonic()
     openai, anthropic = complete(d, name), complete(d, name, "/v1/messages")
     assert time.monotonic() - started < 2 * AT_ONCE_S
