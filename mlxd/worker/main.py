@@ -224,14 +224,23 @@ def _kv_budget(model: Any, config: WorkerConfig, most_useful: int) -> int:
 
 
 def _model_context(model: Any) -> int:
-    args = getattr(model, "args", None)
-    value = getattr(args, "max_position_embeddings", None)
+    value = _model_arg(model, "max_position_embeddings")
     return int(value) if value else DEFAULT_CONTEXT
 
 
 def _vocab_size(model: Any, tokenizer: Any) -> int:
+    return int(_model_arg(model, "vocab_size") or len(tokenizer))
+
+
+def _model_arg(model: Any, name: str) -> Any:
+    """A config value of ``model``, or of its ``text_config`` (Qwen3.5, Gemma 3 and Mistral 3
+    wrap their text model's config in one)."""
     args = getattr(model, "args", None)
-    return int(getattr(args, "vocab_size", None) or len(tokenizer))
+    value = getattr(args, name, None)
+    text = getattr(args, "text_config", None)
+    if value is None and isinstance(text, dict):
+        value = text.get(name)
+    return value
 
 
 def _install_signal_handlers(engine: Engine) -> None:
