@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mlxd.models.zoo import EXCLUDED, cache_kinds, collapse
+from mlxd.models.zoo import EXCLUDED, UNSTABLE, cache_kinds, collapse
 
 HEADER = """# Models
 
@@ -31,7 +31,8 @@ _CHECKS = ("test_greedy_equals_mlx_lm", "test_four_concurrent_equal_each_alone",
 def write_models_doc(path: Path, dirs: dict[str, Path], seen: dict[str, dict[str, Any]]) -> None:
     """Write ``path``: one row per arch of this run, then the archs the zoo leaves out."""
     rows = [_row(arch, dirs[arch], seen.get(arch, {})) for arch in sorted(dirs)]
-    excluded = [f"- `{arch}`: {why}" for arch, why in sorted(EXCLUDED.items())]
+    left_out = {**EXCLUDED, **{arch: f"built, not served: {why}" for arch, why in UNSTABLE.items()}}
+    excluded = [f"- `{arch}`: {why}" for arch, why in sorted(left_out.items())]
     path.write_text(HEADER.format(date=time.strftime("%Y-%m-%d")) + "\n".join(rows)
                     + "\n\nNot in the zoo:\n\n" + "\n".join(excluded) + "\n")  # fmt: skip
 

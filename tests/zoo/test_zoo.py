@@ -17,7 +17,8 @@ from tests.zoo.conftest import Zoo, corpus_ids, greedy, selected_archs
 pytestmark = [pytest.mark.zoo]
 
 NUM_TOKENS = 16
-LONG_TOKENS = 40
+LONG_TOKENS = 32
+PREEMPT_TOKENS = 40  # 104 + 40 tokens = 9 blocks each: three running outgrow the 24-block pool
 
 
 @pytest.fixture(scope="module", params=selected_archs())
@@ -36,9 +37,10 @@ def prompt(zoo: Zoo, arch: str, i: int, length: int = 40) -> list[int]:
     return corpus_ids(str(zoo.dirs[arch]))[i * 150 : i * 150 + length]
 
 
-def complete(client: Any, arch: str, ids: list[int], num_tokens: int = NUM_TOKENS) -> Any:
-    return client.completions.create(model=arch, prompt=ids, max_tokens=num_tokens,
-                                     temperature=0, extra_body={"ignore_eos": True})  # fmt: skip
+def complete(client: Any, arch: str, ids: list[int], num_tokens: int = NUM_TOKENS,
+             ignore_eos: bool = True) -> Any:  # fmt: skip
+    return client.completions.create(model=arch, prompt=ids, max_tokens=num_tokens, temperature=0,
+                                     extra_body={"ignore_eos": ignore_eos})  # fmt: skip
 
 
 def text(client: Any, arch: str, ids: list[int], num_tokens: int = NUM_TOKENS) -> str:
@@ -53,7 +55,7 @@ def admin(zoo: Zoo, arch: str, what: str) -> dict[str, Any]:
 
 def test_greedy_equals_mlx_lm(zoo: Zoo, client: Any, arch: str) -> None:
     ids = prompt(zoo, arch, 0)
-    served = text(client, arch, ids)
+    served = complete(client, arch, ids, ignore_eos=False).choices[0].text  # mlx-lm stops at EOS
     zoo.describe(arch, admin(zoo, arch, "status").get("kv_cache", "?"))
     assert served == greedy(zoo.dirs[arch], ids, NUM_TOKENS)
 
@@ -70,20 +72,27 @@ def test_a_request_joining_a_stream_equals_alone(zoo: Zoo, client: Any, arch: st
     first, second = prompt(zoo, arch, 5), prompt(zoo, arch, 6, 33)
     alone = text(client, arch, first, LONG_TOKENS), text(client, arch, second)
     streamed: list[str] = []
+    failed: list[BaseException] = []
     started = threading.Event()
 
     def stream() -> None:
-        for chunk in client.completions.create(model=arch, prompt=first, max_tokens=LONG_TOKENS,
-                                               temperature=0, stream=True,
-                                               extra_body={"ignore_eos": True}):  # fmt: skip
-            streamed.append(chunk.choices[0].text if chunk.choices else "")
-            started.set()
+        try:
+            for chunk in client.completions.create(model=arch, prompt=first, stream=True,
+                                                   max_tokens=LONG_TOKENS, temperature=0,
+                                                   extra_body={"ignore_eos": True}):  # fmt: skip
+                streamed.append(chunk.choices[0].text if chunk.choices else "")
+                started.set()
+        except openai.APIError as exc:  # raised again below, in the test's own thread
+            failed.append(exc)
+        started.set()
 
     thread = threading.Thread(target=stream)
     thread.start()
     assert started.wait(180)
     joined = text(client, arch, second)
     thread.join(180)
+    if failed:
+        raise failed[0]
     assert ("".join(streamed), joined) == alone
 
 
@@ -101,11 +110,11 @@ def test_a_repeated_long_prompt_hits_the_prefix_cache(zoo: Zoo, client: Any, arc
 
 def test_preempted_requests_resume_to_the_same_text(zoo: Zoo, client: Any, arch: str) -> None:
     # four long requests over a pool of POOL_BLOCKS blocks: decode runs out of blocks
-    prompts = [prompt(zoo, arch, 8 + i, 100) for i in range(4)]
-    alone = [text(client, arch, p, LONG_TOKENS) for p in prompts]
+    prompts = [prompt(zoo, arch, 8 + i, 104) for i in range(4)]
+    alone = [text(client, arch, p, PREEMPT_TOKENS) for p in prompts]
     before = admin(zoo, arch, "stats").get("preemptions", 0)
     with ThreadPoolExecutor(len(prompts)) as pool:
-        together = list(pool.map(lambda p: text(client, arch, p, LONG_TOKENS), prompts))
+        together = list(pool.map(lambda p: text(client, arch, p, PREEMPT_TOKENS), prompts))
     preempted = admin(zoo, arch, "stats").get("preemptions", 0) - before
     zoo.record_fact(arch, "preemptions", preempted)
     assert together == alone
