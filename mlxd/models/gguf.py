@@ -19,6 +19,7 @@ import fcntl
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import time
@@ -166,8 +167,6 @@ def _config(metadata: dict[str, Any], tensors: dict[str, mx.array]) -> dict[str,
     arch = metadata.get("general.architecture")
     if arch not in ARCHS:
         raise ConfigError(f"GGUF architecture {arch!r} is not supported ({', '.join(ARCHS)})")
-    if "rope_freqs.weight" in tensors:  # Llama 3.1+ frequency factors: no mlx-lm equivalent here
-        log.warning("GGUF rope_freqs (Llama 3.1 RoPE scaling) ignored: long contexts degrade")
 
     def get(key: str, default: Any = None) -> Any:
         value = metadata.get(f"{arch}.{key}", default)
@@ -175,7 +174,7 @@ def _config(metadata: dict[str, Any], tensors: dict[str, mx.array]) -> dict[str,
 
     heads = get("attention.head_count")
     hidden = get("embedding_length")
-    return {
+    config = {
         "model_type": arch,
         "hidden_size": hidden,
         "num_hidden_layers": get("block_count"),
@@ -190,6 +189,44 @@ def _config(metadata: dict[str, Any], tensors: dict[str, mx.array]) -> dict[str,
         "tie_word_embeddings": "output.weight" not in tensors,
         "attention_bias": "blk.0.attn_q.bias" in tensors,
     }
+    if "rope_freqs.weight" in tensors:  # Llama 3.1+: RoPE scaling stored as per-dim factors
+        config["rope_scaling"] = _llama3_rope_scaling(
+            tensors["rope_freqs.weight"], config["rope_theta"], get("rope.dimension_count", 0)
+            or config["head_dim"],
+        )  # fmt: skip
+    return config
+
+
+def _llama3_rope_scaling(factors: mx.array, base: float, dims: int) -> dict[str, Any] | None:
+    """mlx-lm's ``llama3`` rope_scaling that gives ``factors`` (convert_hf_to_gguf.py computes
+    them from it, with low/high frequency factors 1 and 4 in every released Llama 3.x)."""
+    wanted = [float(x) for x in cast(list[float], factors.astype(mx.float32).tolist())]
+    for original in (8192, 4096, 16384, 32768):
+        scaling = {"rope_type": "llama3", "factor": max(wanted), "low_freq_factor": 1.0,
+                   "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": original}  # fmt: skip
+        got = _llama3_factors(scaling, base, dims)
+        if all(abs(a - b) <= 1e-4 * abs(b) for a, b in zip(got, wanted, strict=True)):
+            return scaling
+    log.warning("GGUF rope_freqs match no Llama 3 RoPE scaling: ignored (long contexts degrade)")
+    return None
+
+
+def _llama3_factors(scaling: dict[str, Any], base: float, dims: int) -> list[float]:
+    # convert_hf_to_gguf.py LlamaModel.generate_extra_tensors, the rope_freqs it writes
+    original, factor = scaling["original_max_position_embeddings"], scaling["factor"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    out = []
+    for i in range(0, dims, 2):
+        wavelen = 2 * math.pi * base ** (i / dims)
+        if wavelen < original / high:
+            out.append(1.0)
+        elif wavelen > original / low:
+            out.append(factor)
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return out
 
 
 def _weights(tensors: dict[str, mx.array], config: dict[str, Any]) -> dict[str, mx.array]:

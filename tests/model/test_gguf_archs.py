@@ -55,6 +55,9 @@ def write_gguf(model_dir: Path, out: Path) -> None:
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", config["rms_norm_eps"])
     writer.add_float32(f"{arch}.rope.freq_base", config.get("rope_theta", 10000.0))
     _add_tokenizer(writer, model_dir)
+    if scaling := config.get("rope_scaling"):  # llama 3.1+: per-dim factors, as convert writes
+        factors = gguf._llama3_factors(scaling, config["rope_theta"], head_dim)
+        writer.add_tensor("rope_freqs.weight", np.array(factors, dtype=np.float32))
     kv_heads = {"q_proj": heads, "k_proj": config["num_key_value_heads"]}
     for f in sorted(model_dir.glob("*.safetensors")):
         for name, value in mx.load(str(f)).items():
@@ -106,3 +109,23 @@ def test_a_gguf_written_like_llama_cpp_converts_back(arch: str, tmp_path: Path) 
         assert back_tokenizer.encode(text) == tokenizer.encode(text)
     messages = [{"role": "user", "content": "hi"}]
     assert back_tokenizer.apply_chat_template(messages) == tokenizer.apply_chat_template(messages)
+
+
+def test_llama3_rope_scaling_comes_back_from_rope_freqs(tmp_path: Path) -> None:
+    import mlx.core as mx
+    import mlx_lm
+
+    from mlxd.models.maker import make_model
+
+    made = make_model(tmp_path / "llama3", arch="llama", size="tiny", progress=lambda line: None)
+    config = json.loads((made / "config.json").read_text())
+    scaling = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}  # fmt: skip
+    config.update(rope_scaling=scaling, max_position_embeddings=131072)
+    (made / "config.json").write_text(json.dumps(config))
+    write_gguf(made, tmp_path / "llama3.gguf")
+    converted = gguf.ensure_converted(tmp_path / "llama3.gguf", tmp_path / "cache")
+    assert json.loads((converted / "config.json").read_text())["rope_scaling"] == scaling
+    ids = mx.array([list(range(3, 400))])
+    model, back = (mlx_lm.load(str(d))[0] for d in (made, converted))
+    assert mx.allclose(model(ids), back(ids), atol=1e-4, rtol=1e-4)
