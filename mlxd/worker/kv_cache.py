@@ -84,7 +84,7 @@ class BatchKVCache:
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         prev = self._idx
         if any(p > prev for p in self._pads):  # padding K/V are zeroed, as in paged_cache
-            real = (mx.arange(prev, prev + keys.shape[2]) >= self.left_padding[:, None])
+            real = mx.arange(prev, prev + keys.shape[2]) >= self.left_padding[:, None]
             keys = mx.where(real[:, None, :, None], keys, 0)
             values = mx.where(real[:, None, :, None], values, 0)
         self.keys = _grow(self.keys, prev, keys)

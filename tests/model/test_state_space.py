@@ -30,7 +30,8 @@ def test_state_space_models_are_served_on_the_contiguous_runner(mamba_model: Pat
     kinds = {type(c).__name__ for c in model.make_cache()}
     assert kinds in ({"ArraysCache"}, {"ArraysCache", "KVCache"})  # pure, or a hybrid
     assert check_model_supported(model) == " layer caches".join(
-        ["ArraysCache" if kinds == {"ArraysCache"} else "ArraysCache, KVCache", ""])
+        ["ArraysCache" if kinds == {"ArraysCache"} else "ArraysCache, KVCache", ""]
+    )
 
 
 @pytest.mark.parametrize("prefill_chunk", [16, 512], ids=["chunked", "whole"])
