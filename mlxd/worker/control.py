@@ -175,10 +175,11 @@ class Control:
 
     def _flush_cache(self, msg: FlushCache) -> Ack:
         blocks = self.engine.scheduler.flush_prefix_cache()
+        snapshots = self.engine.runner.flush_prefix_cache()
         freed = mx.get_cache_memory()
         mx.clear_cache()
-        return self._ack(msg.request_id, f"dropped {blocks} prefix-cache blocks, freed "
-                         f"{freed} bytes of MLX buffer cache")  # fmt: skip
+        return self._ack(msg.request_id, f"dropped {blocks} prefix-cache blocks and {snapshots} "
+                         f"snapshots, freed {freed} bytes of MLX buffer cache")  # fmt: skip
 
     def _set(self, msg: SetConfig) -> Ack:
         changes = {k: getattr(msg, k) for k in SETTABLE if getattr(msg, k) is not None}

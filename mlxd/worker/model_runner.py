@@ -124,6 +124,11 @@ class ModelRunner:
         self._emitted = [False] * len(rows)
         return events if events is not None else self._collect(prev, rows, emitted, prev_lp)
 
+    def flush_prefix_cache(self) -> int:
+        """Drop the runner's own prefix cache, if it keeps one; returns how many entries went
+        (the paged pool's cache is the scheduler's)."""
+        return 0
+
     def free_memory(self) -> None:
         """Give MLX's cache of freed buffers back to the device (after running out of memory)."""
         mx.clear_cache()

@@ -62,6 +62,9 @@ class NativeModelRunner(ModelRunner):
         self._fed = [n + 1 for n in self._fed]
         return events
 
+    def flush_prefix_cache(self) -> int:
+        return self.snapshots.clear() if self.snapshots is not None else 0
+
     def reset(self) -> list[Sequence]:
         self._fed, self._have, self._cuts = [], {}, {}
         return super().reset()

@@ -42,11 +42,14 @@ def test_a_repeated_prompt_hits_its_last_block_and_continues_as_cold(model_path:
         cold = _run(h, "cold", ids)
         hit = _run(h, "hit", ids)
         report = h.engine.scheduler.kv_report()  # what stats and /metrics show
+        assert h.engine.runner.flush_prefix_cache() > 0  # mlxd worker flush-cache
+        flushed = _run(h, "flushed", ids)
     finally:
         h.close()
     assert cold.finished.usage.cached_tokens == 0
     assert hit.finished.usage.cached_tokens == (len(ids) - 1) // BLOCK * BLOCK > 0
     assert hit.token_ids == cold.token_ids == reference_ids(model_path, ids, 12)
+    assert flushed.finished.usage.cached_tokens == 0
     assert (report.hits, report.misses, report.hit_tokens) == (
         1,
         1,
