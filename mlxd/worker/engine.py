@@ -141,7 +141,7 @@ class Engine:
         self._expire()
         self._retire()
         decoded = 0
-        chunks = self.scheduler.schedule_prefill()
+        chunks = self.scheduler.schedule_prefill(admit=self.runner.has_room())
         if chunks:
             self._prefill(chunks)
             self._flush()  # first tokens go now, not after the decode step is built and launched
@@ -294,6 +294,12 @@ class Engine:
         """Room in the KV pool for every row's next token; preempted rows leave the batch (their
         unread token is dropped: the recompute samples it again, with the same seed and index)."""
         preempted = self.scheduler.reserve_decode(self.runner.rows)
+        if not preempted and self.runner.needs_room():
+            # A runner with no pool keeps the batch's KV under its budget: unread tokens are
+            # read first, so the victim's caches hold exactly its tokens but the last, and it
+            # resumes from a snapshot of them (native_runner) rather than from scratch.
+            self._accept(self.runner.sync())
+            preempted = [self.scheduler.preempt_one()]
         if preempted:
             log.info("preempted %s (KV pool full)", [s.request_id for s in preempted])
             self.runner.remove(set(preempted))

@@ -41,7 +41,7 @@ MAX_REASON_CHARS = 300
 
 DEFAULT_CONTEXT = 4096
 DEFAULT_KV_FRACTION = 0.5  # of the memory the weights leave, when --kv-cache-gb is not given
-SNAPSHOT_BYTES = 4 * 2**30  # most a snapshot prefix cache holds by default
+SNAPSHOT_BYTES = 8 * 2**30  # most KV budget of a model on its own caches (rows + snapshots)
 
 
 def serve(config: WorkerConfig) -> int:
@@ -181,18 +181,20 @@ def _runner(
 def _native_runner(
     model: Any, eos_token_ids: set[int], config: WorkerConfig, why: str
 ) -> ModelRunner:
-    """The runner on ``model``'s own caches; its snapshot prefix cache (off with
-    ``--no-paged-kv``) takes the KV budget."""
+    """The runner on ``model``'s own caches. With the prefix cache (off with
+    ``--no-paged-kv``) the KV budget is split between the batch's caches (rows beyond it are
+    preempted and resume from their snapshots) and the snapshots."""
     from mlxd.worker.native_runner import NativeModelRunner
     from mlxd.worker.snapshot_cache import SnapshotCache
 
-    snapshots = None
+    snapshots, budget = None, None
     if config.cache.paged:
-        budget = _kv_budget(model, config, SNAPSHOT_BYTES)
+        budget = _kv_budget(model, config, SNAPSHOT_BYTES) // 2  # half rows, half snapshots
         snapshots = SnapshotCache(budget)
-        log.info("%s has %s: served on its own caches, prefix cache of snapshots up to %.2f "
-                 "GiB", config.name, why, budget / 2**30)  # fmt: skip
-    runner = NativeModelRunner(model, eos_token_ids, snapshots, config.cache.block_size, why)
+        log.info("%s has %s: served on its own caches, %.2f GiB for the batch's and as much "
+                 "for prefix snapshots", config.name, why, budget / 2**30)  # fmt: skip
+    runner = NativeModelRunner(model, eos_token_ids, snapshots, config.cache.block_size, why,
+                               kv_budget=budget)  # fmt: skip
     if not runner.batchable:
         log.warning("%s: a layer cache cannot join a batch (%s): one sequence at a time",
                     config.name, why)  # fmt: skip

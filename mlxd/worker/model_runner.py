@@ -124,6 +124,15 @@ class ModelRunner:
         self._emitted = [False] * len(rows)
         return events if events is not None else self._collect(prev, rows, emitted, prev_lp)
 
+    def needs_room(self) -> bool:
+        """Whether the batch's KV is over the runner's own budget, so a row must leave (a
+        runner on the paged pool has none: the scheduler accounts for its blocks)."""
+        return False
+
+    def has_room(self) -> bool:
+        """Whether a new sequence may join (always, but for a runner with its own budget)."""
+        return True
+
     def flush_prefix_cache(self) -> int:
         """Drop the runner's own prefix cache, if it keeps one; returns how many entries went
         (the paged pool's cache is the scheduler's)."""

@@ -20,7 +20,7 @@ import mlx.core as mx
 from mlxd.worker import layer_caches
 from mlxd.worker.model_runner import ModelRunner, TokenEvent, _Group
 from mlxd.worker.scheduler import PrefillChunk
-from mlxd.worker.sequence import Sequence
+from mlxd.worker.sequence import Sequence, SequenceStatus
 from mlxd.worker.snapshot_cache import SnapshotCache
 
 _SNAPSHOT_ON_FINISH = ("stop", "length")  # whole outputs; cancelled or failed ones are not
@@ -33,12 +33,14 @@ class NativeModelRunner(ModelRunner):
 
     def __init__(
         self, model: Any, eos_token_ids: set[int], snapshots: SnapshotCache | None = None,
-        block_size: int = 32, kv_note: str = "",
+        block_size: int = 32, kv_note: str = "", kv_budget: int | None = None,
     ) -> None:  # fmt: skip
         """``snapshots``: the prefix cache (None: off); ``block_size``: prompts snapshot at
-        their last multiple of it."""
+        their last multiple of it; ``kv_budget``: bytes the batch's caches may hold (None: no
+        bound), beyond which no row is admitted and the most recent rows are preempted."""
         super().__init__(model, eos_token_ids, kv_note)
         self.snapshots = snapshots
+        self.kv_budget = kv_budget
         self.block_size = block_size
         self.batchable = layer_caches.is_batchable(model)
         self._fed: list[int] = []  # tokens each decode row's caches hold
@@ -48,9 +50,11 @@ class NativeModelRunner(ModelRunner):
     # Public API
 
     def remove(self, seqs: set[Sequence]) -> None:
+        """Finished rows leave a snapshot for the next turn, preempted ones to resume from."""
         if self.snapshots is not None:
             for i, seq in enumerate(self.rows):
-                if seq in seqs and seq.finish_reason in _SNAPSHOT_ON_FINISH:
+                done = seq.finish_reason in _SNAPSHOT_ON_FINISH
+                if seq in seqs and (done or seq.status is SequenceStatus.WAITING):
                     self._snapshot_row(i, seq)
         for seq in seqs:
             self._have.pop(seq, None)
@@ -61,6 +65,17 @@ class NativeModelRunner(ModelRunner):
         events = super().decode_step()
         self._fed = [n + 1 for n in self._fed]
         return events
+
+    def needs_room(self) -> bool:
+        return self.kv_budget is not None and len(self.rows) > 1 and (
+            self.kv_bytes > self.kv_budget)  # fmt: skip
+
+    def has_room(self) -> bool:
+        """Whether one more row of the batch's average size fits the budget."""
+        if self.kv_budget is None or not self.rows:
+            return True
+        live = self.kv_bytes
+        return live + live / len(self.rows) <= self.kv_budget
 
     def flush_prefix_cache(self) -> int:
         return self.snapshots.clear() if self.snapshots is not None else 0

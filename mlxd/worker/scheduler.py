@@ -78,11 +78,12 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.prefilling or self.running)
 
-    def schedule_prefill(self) -> list[PrefillChunk]:
+    def schedule_prefill(self, admit: bool = True) -> list[PrefillChunk]:
         """The prompt chunks to run this step: at most ``prefill_chunk`` tokens in all.
 
         Sequences already prefilling continue first, so a long prompt finishes before new ones
-        start; new sequences are admitted by effective priority while batch slots remain.
+        start; new sequences are admitted by effective priority while batch slots remain (and
+        ``admit``: the runner has room for one more).
         """
         budget = self.config.prefill_chunk
         chunks: list[PrefillChunk] = []
@@ -92,7 +93,8 @@ class Scheduler:
             chunk = self._chunk(seq, budget)
             budget -= chunk.end - chunk.start
             chunks.append(chunk)
-        while budget > 0 and self.waiting and self._num_slots_used() < self.config.max_num_seqs:
+        while (admit and budget > 0 and self.waiting
+               and self._num_slots_used() < self.config.max_num_seqs):  # fmt: skip
             seq = self._best_waiting()
             if self._prefix_in_flight(seq):
                 break  # next step its prefix is cached: reuse it rather than compute it twice
@@ -150,6 +152,13 @@ class Scheduler:
             else:
                 seq.block_ids += self.pool.allocate(1)
         return preempted
+
+    def preempt_one(self) -> Sequence:
+        """Preempt the lowest-priority, most recent sequence (the runner is out of room);
+        returns it."""
+        victim = self._victim()
+        self._preempt(victim)
+        return victim
 
     def flush_prefix_cache(self) -> int:
         """Drop every cached block no running sequence uses; returns how many were freed."""

@@ -107,3 +107,32 @@ def test_prompts_sharing_a_system_prompt_hit_it_whatever_follows(model_path: Pat
     assert first.finished.usage.cached_tokens == second.finished.usage.cached_tokens == 0
     assert third.finished.usage.cached_tokens == len(system)
     assert third.token_ids == reference_ids(model_path, system + questions[2], 12)
+
+
+def test_rows_over_the_budget_are_preempted_and_resume_from_their_snapshots(
+    model_path: Path,
+) -> None:
+    """Past the KV budget the most recent row leaves the batch with a snapshot of its caches
+    and resumes from it (one token computed again, not its whole prompt and output); every
+    output equals mlx-lm's."""
+    h = Harness(model_path, block_size=BLOCK)
+    try:
+        tok = h.engine.encoder.tokenizer
+        prompts = [tok.encode(p * 2) for p in PROMPTS[:3]]
+        h.generate_ids("probe", tok.encode(PROMPTS[4] * 2), max_tokens=40, ignore_eos=True)
+        h.step(3)
+        one_row = h.engine.runner.kv_bytes
+        h.run()
+        h.engine.runner.kv_budget = int(2.5 * one_row)  # room for two rows, not three
+        hits = h.engine.runner.snapshots.counters.hits
+        for i, ids in enumerate(prompts):
+            h.generate_ids(f"r{i}", ids, max_tokens=40, ignore_eos=True)
+        results = h.run()
+        preemptions = h.engine.scheduler.counters.preemptions
+        hits = h.engine.runner.snapshots.counters.hits - hits
+    finally:
+        h.close()
+    assert preemptions > 0
+    assert hits == preemptions  # every resume, and nothing else (the prompts share nothing)
+    for i, ids in enumerate(prompts):
+        assert results[f"r{i}"].token_ids == reference_ids(model_path, ids, 40), i
