@@ -1,0 +1,49 @@
+"""The real model computed in float32 (``--dtype auto`` on the CPU backend) against half
+precision: greedy continuations of a fixed prompt set, in-process through mlx-lm."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mlxd.models import gguf
+
+pytestmark = [pytest.mark.real]
+
+PROMPTS = [
+    "What is the capital of France?", "Name three colours.", "What is 3 + 4?",
+    "Write a haiku about the sea.", "Who wrote Hamlet?", "Say hello in Spanish.",
+]  # fmt: skip
+MAX_TOKENS = 8
+
+
+def _greedy(directory: Path, dtype: str) -> list[str]:
+    import mlx_lm
+
+    from mlxd.worker import cpu_backend
+
+    model, tokenizer = mlx_lm.load(str(directory))[:2]
+    cpu_backend.prepare(model, dtype)
+    return [_complete(model, tokenizer, p) for p in PROMPTS]
+
+
+def _complete(model: Any, tokenizer: Any, prompt: str) -> str:
+    from mlx_lm import generate
+
+    messages = [{"role": "user", "content": prompt}]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return str(generate(model, tokenizer, text, max_tokens=MAX_TOKENS))
+
+
+def test_greedy_float32_agrees_with_float16(
+    gguf_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # The weights dequantized to float32 once, then served as float32 or cast to float16: the
+    # same numbers, so only the compute precision differs.
+    directory = gguf.ensure_converted(gguf_path, tmp_path_factory.mktemp("cache"), dequantize=True)
+    single, half = _greedy(directory, "float32"), _greedy(directory, "float16")
+    agree = sum(a == b for a, b in zip(single, half, strict=True))
+    # Half and single precision may part at a near-tie: one of the six may differ.
+    assert agree >= len(PROMPTS) - 1, list(zip(single, half, strict=True))
