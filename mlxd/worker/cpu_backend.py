@@ -2,7 +2,7 @@
 
 MLX's CPU backend sends only float32 (and float64) products to BLAS; float16 and bfloat16 run
 on its own kernels at a few GFLOP/s, and a quantized product with half-precision activations
-ran 35x slower than with float32 ones (docs/PERFORMANCE.md). So on the CPU, ``--dtype auto``
+ran 30-70x slower than with float32 ones (docs/PERFORMANCE.md). So on the CPU, ``--dtype auto``
 casts every half-precision parameter to float32 once at load, quantization scales and biases
 included (else the activations stay half precision): the float weights take twice the memory.
 ``--dtype file`` keeps the file's dtypes; an explicit dtype casts every float parameter to it.
@@ -33,14 +33,7 @@ def prepare(model: Any, dtype: str) -> ComputeInfo:
     then probe the backend; log both. Returns what ``worker status`` shows."""
     device = "cpu" if mx.default_device() == mx.cpu else "gpu"
     file_dtype = float_dtype(model)
-    target = target_dtype(dtype, device, model)
-    if target is not None:
-        before = weights_bytes(model)
-        model.set_dtype(target, predicate=_castable(dtype, target))
-        mx.eval(model.parameters())
-        log.info("weights cast %s -> %s (--dtype %s%s): %.0f MB -> %.0f MB", _name(file_dtype),
-                 _name(target), dtype, ", half precision does not use BLAS on the CPU"
-                 if dtype == "auto" else "", before / 1e6, weights_bytes(model) / 1e6)  # fmt: skip
+    _cast(model, dtype, device)
     served = float_dtype(model)
     library = blas.loaded() or ""
     if device == "cpu" and not library:
@@ -54,6 +47,18 @@ def prepare(model: Any, dtype: str) -> ComputeInfo:
     return ComputeInfo(device=device, blas=library, dtype=_name(served),
                        file_dtype=_name(file_dtype), gemm_gflops=round(gflops, 1),
                        gemm_size=size)  # fmt: skip
+
+
+def _cast(model: Any, dtype: str, device: str) -> None:
+    target = target_dtype(dtype, device, model)
+    if target is None:
+        return
+    before, file_dtype = weights_bytes(model), float_dtype(model)
+    model.set_dtype(target, predicate=_castable(dtype, target))
+    mx.eval(model.parameters())
+    log.info("weights cast %s -> %s (--dtype %s%s): %.0f MB -> %.0f MB", _name(file_dtype),
+             _name(target), dtype, ", half precision does not use BLAS on the CPU"
+             if dtype == "auto" else "", before / 1e6, weights_bytes(model) / 1e6)  # fmt: skip
 
 
 def target_dtype(dtype: str, device: str, model: Any) -> mx.Dtype | None:

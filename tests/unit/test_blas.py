@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -75,3 +76,11 @@ def test_preload_after_mlx_is_imported_does_nothing(
 def test_loaded_ignores_numpys_suffixed_openblas() -> None:
     pytest.importorskip("numpy")  # maps libscipy_openblas64_, which MLX never calls
     assert "scipy_openblas" not in (blas.loaded() or "")
+
+
+def test_the_cli_imports_no_mlx_before_the_worker_preloads() -> None:
+    # `mlxd worker serve` preloads after the CLI's imports: one of them importing mlx.core would
+    # leave every worker on the reference BLAS.
+    code = "import sys, mlxd.cli.main; print('mlx.core' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
