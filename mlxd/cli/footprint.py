@@ -1,6 +1,8 @@
-"""How much memory a model's worker will take, known before it starts (no MLX import).
+"""How much memory a model's worker will take, known before it starts (MLX is imported only to
+tell its backend, for a half-precision model under ``--dtype auto``).
 
-Weights: the sizes of the model's ``*.safetensors`` files (what MLX maps into memory). KV: the
+Weights: the sizes of the model's ``*.safetensors`` files (what MLX maps into memory), doubled
+for a half-precision model the worker computes in float32 (``dtype_growth``). KV: the
 model's own ``kv_cache_gb`` or the daemon's (``--kv-cache-gb``), else what ``max_num_seqs`` full
 contexts need, at most ``DEFAULT_KV_BYTES``, its bytes per token from ``config.json``; under
 ``--max-memory`` the worker's KV pool is then given exactly that size. Headroom: activations,
@@ -56,6 +58,8 @@ def footprint(spec: ModelSpec, config: ServeConfig) -> Footprint:
     if directory is None:
         log.warning("%s is not on this machine yet: its weights are not counted", spec.path)
     model_config = _read_config(directory)
+    growth = dtype_growth(model_config, spec.dtype or config.dtype)
+    weights = int(weights * growth)
     budgets = (spec.kv_cache_gb, config.kv_cache_gb, config.cache.kv_cache_gb)
     kv_gb = next((gb for gb in budgets if gb is not None), None)  # the model's, then global
     if kv_gb is not None:
@@ -64,7 +68,8 @@ def footprint(spec: ModelSpec, config: ServeConfig) -> Footprint:
         context = config.max_context or int(
             model_config.get("max_position_embeddings") or DEFAULT_CONTEXT
         )
-        most_useful = kv_bytes_per_token(model_config) * config.scheduler.max_num_seqs * context
+        per_token = int(kv_bytes_per_token(model_config) * growth)  # K/V take the compute dtype
+        most_useful = per_token * config.scheduler.max_num_seqs * context
         if config.cache.paged:  # as the worker sizes it: the pool plus decode's view
             most_useful = int(most_useful / (1 - VIEW_SHARE))
         kv = min(most_useful, DEFAULT_KV_BYTES)
@@ -97,6 +102,25 @@ def kv_bytes_per_token(model_config: dict[str, Any]) -> int:
                                                                   or 1))))  # fmt: skip
     dtype = _DTYPE_BYTES.get(str(text.get("torch_dtype") or "float16"), 2)
     return 2 * layers * heads * head_dim * dtype
+
+
+def dtype_growth(model_config: dict[str, Any], dtype: str) -> float:
+    """How much the worker's ``--dtype`` grows a model's float weights (and its K/V) over the
+    file's: 2 for half precision computed in float32 (``auto`` on MLX's CPU backend, or
+    ``float32``), 0.5 for float32 cast to half, else 1. Quantized models count as 1: their
+    packed weights stay packed (only scales, biases and norms are cast)."""
+    text = model_config.get("text_config") or model_config
+    file = str(text.get("torch_dtype") or "")
+    if "quantization" in model_config or file not in _DTYPE_BYTES or dtype == "file":
+        return 1.0
+    target = "float32" if dtype == "auto" and file != "float32" and _cpu_backend() else dtype
+    return _DTYPE_BYTES[target] / _DTYPE_BYTES[file] if target in _DTYPE_BYTES else 1.0
+
+
+def _cpu_backend() -> bool:
+    import mlx.core as mx  # only for a half-precision model under --dtype auto
+
+    return bool(mx.default_device() == mx.cpu)
 
 
 def _read_config(directory: Path | None) -> dict[str, Any]:

@@ -77,3 +77,16 @@ def test_greedy_output_float32_vs_the_files_float16(half_model: Path) -> None:
     agree = sum(a == b for a, b in zip(*outputs, strict=True))
     # Random weights give near-flat logits, where half and single precision may pick differently
     assert agree >= len(PROMPTS) - 2, f"{agree} of {len(PROMPTS)} greedy outputs agree"
+
+
+def test_footprint_growth_matches_the_cast(half_model: Path) -> None:
+    import json
+
+    from mlxd.cli.footprint import dtype_growth
+    from mlxd.worker import cpu_backend
+
+    model, _ = _load(half_model)
+    before = cpu_backend.weights_bytes(model)
+    cpu_backend.prepare(model, "auto")
+    config = json.loads((half_model / "config.json").read_text())
+    assert cpu_backend.weights_bytes(model) / before == dtype_growth(config, "auto") == 2.0

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from mlxd.cli.config_file import read_config_file
+from mlxd.cli.footprint import dtype_growth, footprint
 from mlxd.cli.supervisor import Supervisor
 from mlxd.config import ModelSpec, ServeConfig, WorkerConfig
 from mlxd.errors import ConfigError
@@ -41,3 +42,22 @@ def test_worker_gets_its_models_dtype_else_the_daemons(tmp_path: Path) -> None:
     supervisor = Supervisor(ServeConfig(models=specs, dtype="float32"), tmp_path)
     args = [supervisor._worker_args(supervisor._worker(name)) for name in ("a", "b")]
     assert [a[a.index("--dtype") + 1] for a in args] == ["file", "float32"]
+
+
+@pytest.mark.parametrize(
+    "config, dtype, growth",
+    [({"torch_dtype": "float16"}, "float32", 2.0), ({"torch_dtype": "bfloat16"}, "file", 1.0),
+     ({"torch_dtype": "float32"}, "float16", 0.5), ({"torch_dtype": "float32"}, "auto", 1.0),
+     ({"torch_dtype": "float16", "quantization": {"bits": 4}}, "float32", 1.0)],
+)  # fmt: skip
+def test_dtype_growth_of_the_weights(config: dict[str, object], dtype: str, growth: float) -> None:
+    assert dtype_growth(config, dtype) == growth
+
+
+def test_footprint_counts_float32_weights_of_a_half_model(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text('{"torch_dtype": "float16"}')
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 1000)
+    spec = ModelSpec(name="m", path=str(tmp_path), kv_cache_gb=1.0)
+    sizes = [footprint(spec, ServeConfig(models=(spec,), dtype=d)).weights_bytes
+             for d in ("file", "float32")]  # fmt: skip
+    assert sizes == [1000, 2000]
