@@ -276,7 +276,7 @@ class Engine:
     def _prefill(self, chunks: list[PrefillChunk]) -> None:
         try:
             firsts = self.runner.prefill(chunks)
-        except (RuntimeError, ValueError) as exc:  # MLX reports failures as these
+        except (RuntimeError, ValueError, TypeError) as exc:  # MLX and model code fail so
             log.exception("prefill failed for %s", [c.seq.request_id for c in chunks])
             seqs = [c.seq for c in chunks]
             self.runner.remove(set(seqs))
@@ -299,7 +299,8 @@ class Engine:
             # read first, so the victim's caches hold exactly its tokens but the last, and it
             # resumes from a snapshot of them (native_runner) rather than from scratch.
             self._accept(self.runner.sync())
-            preempted = [self.scheduler.preempt_one()]
+            victim = self.scheduler.preempt_one()
+            preempted = [victim] if victim is not None else []
         if preempted:
             log.info("preempted %s (KV pool full)", [s.request_id for s in preempted])
             self.runner.remove(set(preempted))
@@ -307,7 +308,7 @@ class Engine:
     def _decode(self) -> None:
         try:
             events = self.runner.decode_step()
-        except (RuntimeError, ValueError) as exc:
+        except (RuntimeError, ValueError, TypeError) as exc:
             log.exception("decode step failed")
             self._recover(self.runner.reset(), exc, "decode")
             return

@@ -46,6 +46,50 @@ def is_batchable(model: Any) -> bool:
     return all(_batchable(c) for c in model_caches(model))
 
 
+def batches_rows(model: Any) -> bool:
+    """Whether ``model`` runs a batch of rows of different lengths: three sequences prefilled
+    alone, merged, then one decode step (a probe at load). Some models cannot: a position
+    computed with numpy from the cache offset (GPT-BigCode), a mask of the wrong rank for
+    their grouped scores (Gemma 2); they decode one sequence at a time."""
+    if not is_batchable(model):
+        return False
+    rows = []
+    for n in (3, 5, 2):
+        caches = model_caches(model)
+        model(mx.arange(1, n + 1)[None], cache=caches)
+        rows.append(caches)
+    try:
+        batch = [type(c).merge([r[i] for r in rows]) for i, c in enumerate(rows[0])]
+        logits = model(mx.array([[1], [2], [3]]), cache=batch)
+        mx.eval(logits)
+    except Exception:  # noqa: BLE001 - any failure means: not as a batch
+        return False
+    return tuple(logits.shape[:2]) == (3, 1)
+
+
+def asks_for_windows(model: Any) -> bool:
+    """Whether a plain-cache model masks any layer to a sliding window (Mistral 3 and Pixtral
+    give such layers a plain ``KVCache``): the paged pool does not hold windows."""
+    from mlx_lm.models.cache import KVCache
+
+    seen: list[Any] = []
+
+    class _Spy(KVCache):  # type: ignore[misc]
+        def make_mask(self, *args: Any, **kwargs: Any) -> Any:
+            seen.append(kwargs.get("window_size"))
+            return super().make_mask(*args, **kwargs)
+
+    model(mx.arange(1, 5)[None], cache=[_Spy() for _ in model_caches(model)])
+    return any(w is not None for w in seen)
+
+
+def extract(batch: list[Any], row: int, model: Any) -> list[Any]:
+    """Row ``row`` of the decode batch as one sequence's caches (a layer whose cache holds
+    nothing yet, such as a linear-attention layer's unused K/V, gets a fresh one)."""
+    fresh = model_caches(model)
+    return [fresh[i] if _is_empty(c) else c.extract(row) for i, c in enumerate(batch)]
+
+
 def to_batch(caches: list[Any]) -> list[Any]:
     """One prefilled sequence's caches as a batch of one row (itself if it cannot batch)."""
     return [type(c).merge([c]) if _batchable(c) else c for c in caches]
@@ -83,6 +127,14 @@ def _kind(cache: Any) -> str:
     if hasattr(cache, "caches"):
         return f"{type(cache).__name__}({', '.join(_kind(c) for c in cache.caches)})"
     return type(cache).__name__
+
+
+def _is_empty(cache: Any) -> bool:
+    empty = getattr(cache, "empty", None)
+    try:
+        return bool(empty()) if empty is not None else False
+    except NotImplementedError:
+        return False
 
 
 def _batchable(cache: Any) -> bool:

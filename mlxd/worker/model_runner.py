@@ -32,10 +32,14 @@ def check_model_supported(model: Any) -> str:
     recurrent state, hybrids, shared-KV or cache-less layers, cache lists) is served by the
     contiguous runner on the model's own mlx-lm caches (``native_runner``), batched by row.
     """
-    if layer_caches.is_plain(model):
-        return ""
     names = sorted(set(layer_caches.kinds(layer_caches.model_caches(model))))
-    return f"{', '.join(names)} layer caches"
+    if not layer_caches.is_plain(model):
+        return f"{', '.join(names)} layer caches"
+    if layer_caches.asks_for_windows(model):
+        return "sliding-window layers on KVCache"
+    if not layer_caches.batches_rows(model):
+        return "KVCache layers that cannot batch rows of different lengths"
+    return ""
 
 
 class ModelRunner:

@@ -42,7 +42,7 @@ class NativeModelRunner(ModelRunner):
         self.snapshots = snapshots
         self.kv_budget = kv_budget
         self.block_size = block_size
-        self.batchable = layer_caches.is_batchable(model)
+        self.batchable = layer_caches.batches_rows(model)
         self._fed: list[int] = []  # tokens each decode row's caches hold
         self._have: dict[Sequence, int] = {}  # tokens a prefilling sequence's caches hold
         self._cuts: dict[Sequence, tuple[int, ...]] = {}  # where its prefill snapshots
@@ -100,7 +100,8 @@ class NativeModelRunner(ModelRunner):
         return layer_caches.extend(batch, part)
 
     def _to_batch(self, single: list[Any]) -> list[Any]:
-        return layer_caches.to_batch(single)
+        # A model that cannot batch keeps its one row's caches as they are.
+        return layer_caches.to_batch(single) if self.batchable else single
 
     def _filter_cache(self, keep: list[int]) -> None:
         self._batch = layer_caches.keep_rows(self._batch, keep)
@@ -159,7 +160,8 @@ class NativeModelRunner(ModelRunner):
         tokens = (seq.prompt_ids + seq.output_ids)[: self._fed[i]]
         if len(tokens) != self._fed[i]:
             return  # fed a token past its output (a step ran after it finished)
-        caches = [c.extract(i) for c in self._batch] if self.batchable else self._batch
+        caches = layer_caches.extract(self._batch, i, self.model) if self.batchable else (
+            self._batch)  # fmt: skip
         assert self.snapshots is not None
         self.snapshots.insert(tokens, caches)
 

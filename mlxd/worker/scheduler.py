@@ -153,9 +153,11 @@ class Scheduler:
                 seq.block_ids += self.pool.allocate(1)
         return preempted
 
-    def preempt_one(self) -> Sequence:
+    def preempt_one(self) -> Sequence | None:
         """Preempt the lowest-priority, most recent sequence (the runner is out of room);
-        returns it."""
+        returns it (None: nothing runs, e.g. every row just finished)."""
+        if not self.running and not self.prefilling:
+            return None
         victim = self._victim()
         self._preempt(victim)
         return victim

@@ -61,7 +61,7 @@ class SnapshotCache:
         key = tuple(tokens)
         if not key or key in self._entries:
             return
-        snapshot = copy.deepcopy(caches)
+        snapshot = copy.deepcopy([_compact(c) for c in caches])
         arrays = layer_caches.arrays(snapshot)
         mx.eval(arrays)
         size = sum(a.nbytes for a in arrays)
@@ -111,3 +111,19 @@ class SnapshotCache:
         while self.nbytes > budget and self._entries:
             key = min(self._entries, key=lambda k: self._entries[k].last_used)
             self.nbytes -= self._entries.pop(key).nbytes
+
+
+def _compact(cache: Any) -> Any:
+    """``cache`` without the unused capacity a plain K/V cache grows by (256 tokens at a
+    time): a snapshot copies what it holds, not its room to grow."""
+    from mlx_lm.models.cache import CacheList, KVCache
+
+    if isinstance(cache, CacheList):
+        return CacheList(*(_compact(c) for c in cache.caches))
+    if type(cache) is not KVCache or cache.keys is None or cache.keys.shape[2] == cache.offset:
+        return cache
+    out = KVCache()
+    out.keys = cache.keys[..., : cache.offset, :]
+    out.values = cache.values[..., : cache.offset, :]
+    out.offset = cache.offset
+    return out
