@@ -132,16 +132,16 @@ def test_disconnect_frees_the_streams_blocks(small_pool: Daemon) -> None:
 @pytest.mark.parametrize(
     ("arch", "extra", "why"),
     [
-        ("llama", {"sliding_window": 8}, "sliding-window layers"),
-        ("mamba", {}, "state-space layers"),
+        ("llama", {"sliding_window": 8}, "KVCache, RotatingKVCache layer caches"),
+        ("mamba", {}, "ArraysCache layer caches"),
     ],
     ids=["sliding-window", "state-space"],
 )
-def test_models_the_paged_cache_cannot_hold_are_served_contiguous_and_say_so(
+def test_models_the_paged_cache_cannot_hold_are_served_on_their_own_caches_and_say_so(
     tmp_path: Path, arch: str, extra: dict[str, Any], why: str
 ) -> None:
-    """The paged cache neither masks windows nor holds recurrent state: such models are served
-    on the contiguous runner, and both the daemon's output and the worker's status say so."""
+    """The paged cache neither holds windows nor recurrent state: such models are served on
+    their own mlx-lm caches with the snapshot prefix cache, and the worker's status says so."""
     from mlxd.models.maker import make_model
 
     model_dir = make_model(tmp_path / arch, arch=arch, size="tiny", progress=lambda line: None,
@@ -158,7 +158,7 @@ def test_models_the_paged_cache_cannot_hold_are_served_contiguous_and_say_so(
             assert out.usage.completion_tokens > 0
             r = httpx.get(f"{d.base_url}/admin/models/{d.model}/status", timeout=30)
             assert r.status_code == 200, r.text
-            assert "contiguous" in r.json()["kv_cache"] and why in r.json()["kv_cache"]
+            kv_cache = r.json()["kv_cache"]
+            assert kv_cache == f"contiguous ({why}; snapshot prefix cache)", kv_cache
         finally:
             stop_daemon(d)
-    assert f"has {why}: served with the contiguous KV cache" in log_path.read_text()

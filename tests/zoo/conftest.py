@@ -1,8 +1,9 @@
 """One real daemon serving many zoo models (lazily loaded, evicted under --max-memory), the
 in-process mlx-lm models it is compared with, and the MODELS.md table the tier can write.
 
-Run: ``.venv/bin/python -m pytest -m zoo tests/zoo``. ``MLXD_ZOO_ARCHS=all`` (or a comma list)
-picks the archs; the default leaves out ``LIKE_QWEN3``. ``MLXD_ZOO_WRITE_DOCS=1``
+Part of the whole suite (``scripts/test``); alone: ``scripts/test tests/zoo``; left out with
+``-m "not zoo"``. ``MLXD_ZOO_ARCHS=all`` (or a comma list) picks the archs; the default leaves
+out ``LIKE_QWEN3``. ``MLXD_ZOO_WRITE_DOCS=1``
 rewrites docs/MODELS.md from what the run saw.
 """
 
@@ -51,16 +52,6 @@ def selected_archs() -> tuple[str, ...]:
     return tuple(a for a in chosen.split(",") if a) or tuple(
         a for a in stable if a not in LIKE_QWEN3
     )
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The zoo tier runs only when asked for (``-m zoo``): it takes minutes."""
-    if "zoo" in (config.getoption("markexpr") or ""):
-        return
-    kept = [i for i in items if i.get_closest_marker("zoo") is None]
-    if len(kept) != len(items):
-        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
-        items[:] = kept
 
 
 @functools.cache
@@ -132,19 +123,31 @@ def greedy(path: Path, prompt: list[int], num_tokens: int) -> str:
 
 def pool_gb(path: Path) -> float:
     """A KV budget of POOL_BLOCKS blocks for this model (its paged pool, or snapshot cache)."""
-    from mlxd.cli.footprint import kv_bytes_per_token
     from mlxd.config import VIEW_SHARE
+    from mlxd.worker.model_runner import check_model_supported
 
     model, _ = load(path)
-    try:
+    if not check_model_supported(model):
         from mlxd.worker.paged_cache import KVPool
 
         per_token = KVPool.bytes_per_token(model)
-    except Exception:  # noqa: BLE001 - a model the pool cannot hold: the config's estimate
-        import json
+        return per_token * POOL_BLOCKS * BLOCK_SIZE / (1 - VIEW_SHARE) / 2**30
+    # A model on its own caches: per token (K/V, growing 256 tokens at a time) and per
+    # sequence (recurrent state, windows), measured. Its budget is split in half, the batch's
+    # caches and the snapshots: each half holds POOL_BLOCKS blocks of K/V and three sequences'
+    # state, so four long requests preempt and two snapshots fit.
+    import mlx.core as mx
 
-        per_token = kv_bytes_per_token(json.loads((path / "config.json").read_text()))
-    return per_token * POOL_BLOCKS * BLOCK_SIZE / (1 - VIEW_SHARE) / 2**30
+    from mlxd.worker import layer_caches
+
+    sizes = []
+    for n in (256, 512):
+        caches = layer_caches.model_caches(model)
+        model(mx.zeros((1, n), dtype=mx.int32), cache=caches)
+        sizes.append(layer_caches.nbytes(caches))
+    per_token = (sizes[1] - sizes[0]) / 256
+    per_sequence = sizes[0] - 256 * per_token
+    return 2 * (per_token * POOL_BLOCKS * BLOCK_SIZE + 3 * per_sequence) / 2**30
 
 
 def _write_config(root: Path, dirs: dict[str, Path]) -> Path:
