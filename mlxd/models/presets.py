@@ -86,18 +86,21 @@ _ARCH_BASE: dict[str, dict[str, Any]] = {
     },
 }
 
+# The tiny shape of every preset and of the zoo's models (mlxd/models/zoo.py).
+TINY_SHAPE: dict[str, Any] = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 128,
+    "vocab_size": TRAINED_VOCAB_SIZE,
+    "max_position_embeddings": 4096,
+}
+
 # qwen2 derives head_dim as hidden_size // num_attention_heads, so shapes keep that identity.
 _GENERIC_SHAPES: dict[str, dict[str, Any]] = {
-    "tiny": {
-        "hidden_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "intermediate_size": 128,
-        "vocab_size": TRAINED_VOCAB_SIZE,
-        "max_position_embeddings": 4096,
-    },
+    "tiny": TINY_SHAPE,
     "small": {
         "hidden_size": 256,
         "num_hidden_layers": 4,

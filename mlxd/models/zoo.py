@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxd.errors import ConfigError
+from mlxd.models.presets import TINY_SHAPE
 from mlxd.models.tokenizer_maker import EOS_TOKEN_ID, PAD_TOKEN_ID, TRAINED_VOCAB_SIZE
 
 WINDOW = 8  # sliding-window and chunk size, in tokens
@@ -22,14 +23,7 @@ _SW, _FA = "sliding_attention", "full_attention"
 
 # A superset of the common field names: each ModelArgs.from_dict keeps only its own.
 _BASE: dict[str, Any] = {
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "intermediate_size": 128,
-    "vocab_size": TRAINED_VOCAB_SIZE,
-    "max_position_embeddings": 4096,
+    **TINY_SHAPE,
     "rms_norm_eps": 1e-5,
     "layer_norm_eps": 1e-5,
     "layer_norm_epsilon": 1e-5,

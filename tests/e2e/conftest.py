@@ -76,18 +76,22 @@ def start_daemon(
     proc = subprocess.Popen(
         cmd, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, stderr=stderr
     )
-    daemon = Daemon(proc, f"http://127.0.0.1:{port}", name, model_path)
-    deadline = time.monotonic() + 120
+    return wait_healthy(Daemon(proc, f"http://127.0.0.1:{port}", name, model_path))
+
+
+def wait_healthy(daemon: Daemon, timeout: float = 120) -> Daemon:
+    """``daemon`` once its /health answers 200; fails when it exits or times out first."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"mlxd start exited with {proc.returncode}")
+        if daemon.proc.poll() is not None:
+            raise AssertionError(f"mlxd start exited with {daemon.proc.returncode}")
         try:
             if httpx.get(f"{daemon.base_url}/health", timeout=1).status_code == 200:
                 return daemon
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
-    proc.kill()
+    daemon.proc.kill()
     raise AssertionError("mlxd start did not become healthy")
 
 

@@ -22,7 +22,7 @@ import pytest
 
 from mlxd.cli.footprint import footprint
 from mlxd.config import ModelSpec, ServeConfig
-from tests.e2e.conftest import Daemon, free_port, stop_daemon
+from tests.e2e.conftest import Daemon, free_port, stop_daemon, wait_healthy
 
 pytestmark = [pytest.mark.e2e]
 
@@ -34,18 +34,7 @@ def spawn(config: Path, *extra: str) -> Daemon:
     cmd = [sys.executable, "-m", "mlxd", "start", "--config", str(config), "--port", str(port),
            "--log-level", "warning", "--max-context", str(CONTEXT), *extra]  # fmt: skip
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    daemon = Daemon(proc, f"http://127.0.0.1:{port}", "a", config)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"mlxd start exited with {proc.returncode}"
-        try:
-            if httpx.get(f"{daemon.base_url}/health", timeout=1).status_code == 200:
-                return daemon
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise AssertionError("mlxd start did not become healthy")
+    return wait_healthy(Daemon(proc, f"http://127.0.0.1:{port}", "a", config))
 
 
 def size_of(model: Path) -> int:

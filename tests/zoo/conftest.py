@@ -14,17 +14,15 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from tests.e2e.conftest import Daemon, free_port, stop_daemon
+from tests.e2e.conftest import Daemon, free_port, stop_daemon, wait_healthy
 
 # Plain-KVCache archs the paged pool serves as it serves qwen3 (all checks passed on 2026-11-24):
 # left out of the default run to keep it near 5 minutes; MLXD_ZOO_ARCHS=all runs them too.
@@ -166,18 +164,7 @@ def _start(config: Path, log: Any) -> Daemon:
            "--max-memory", "1200MB", "--kv-block-size", str(BLOCK_SIZE), "--log-level",
            "warning"]  # fmt: skip
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stderr=log)
-    daemon = Daemon(proc, f"http://127.0.0.1:{port}", "", config)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"mlxd start exited with {proc.returncode}"
-        try:
-            if httpx.get(f"{daemon.base_url}/health", timeout=1).status_code == 200:
-                return daemon
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise AssertionError("mlxd start did not become healthy")
+    return wait_healthy(Daemon(proc, f"http://127.0.0.1:{port}", "", config))
 
 
 @pytest.fixture(scope="session")
