@@ -37,7 +37,7 @@ def check_model_supported(model: Any) -> str:
         return f"{', '.join(names)} layer caches"
     if layer_caches.asks_for_windows(model):
         return "sliding-window layers on KVCache"
-    if not layer_caches.batches_rows(model):
+    if not layer_caches.batches_rows(model, compare=False):  # the pool's batches are ours
         return "KVCache layers that cannot batch rows of different lengths"
     return ""
 

@@ -24,10 +24,11 @@ PREEMPT_TOKENS = 40  # 104 + 40 tokens = 9 blocks each: three running outgrow th
 # What mlxd does not yet serve as mlx-lm does, per (arch, test): each is an expected failure
 # (strict: once fixed, the entry must go). The notes say what was found.
 KNOWN = {
-    ("afm7", "test_four_concurrent_equal_each_alone"):
-        "layers reusing another layer's K/V: batched output differs from alone",
     ("minimax_m3_vl", "test_four_concurrent_equal_each_alone"):
-        "sparse/dense mixed attention: batched output differs from alone",
+        "sparse/dense mixed attention: batched output differs from alone in some runs (it "
+        "depends on timing: which requests share a step)",
+    ("minimax_m3_vl", "test_preempted_requests_resume_to_the_same_text"):
+        "as batched (when the four requests meet in one batch, which depends on timing)",
     ("deepseek_v41", "test_greedy_equals_mlx_lm"):
         "compressed-group cache: the output depends on where prefill splits the prompt "
         "(mlx-lm's generate feeds the last prompt token apart)",
@@ -50,8 +51,9 @@ def arch(request: pytest.FixtureRequest) -> str:
 def _known_failures(request: pytest.FixtureRequest) -> None:
     arch = request.node.callspec.params.get("arch") if hasattr(request.node, "callspec") else None
     why = KNOWN.get((str(arch), request.node.originalname))
-    if why:
-        request.applymarker(pytest.mark.xfail(reason=why, strict=True))
+    if why:  # strict, but where the failure depends on timing
+        strict = "depends on timing" not in why
+        request.applymarker(pytest.mark.xfail(reason=why, strict=strict))
 
 
 @pytest.fixture(scope="module")
