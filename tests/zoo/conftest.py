@@ -88,9 +88,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     funcargs = getattr(item, "funcargs", {})
     if report.when == "call" and isinstance(funcargs.get("zoo"), Zoo):
         check = getattr(item, "originalname", item.name)
-        error = "" if report.passed else str(call.excinfo.value if call.excinfo else "failed")
-        funcargs["zoo"].record_fact(funcargs["arch"], check, error.splitlines()[0] if error
-                                    else "ok")  # fmt: skip
+        if hasattr(report, "wasxfail"):  # a known failure (test_zoo.KNOWN), or not this run
+            result = "known" if report.skipped else "ok"
+        elif report.skipped:
+            result = "skipped"
+        else:
+            error = "" if report.passed else str(call.excinfo.value if call.excinfo else "failed")
+            result = error.splitlines()[0] if error else "ok"
+        funcargs["zoo"].record_fact(funcargs["arch"], check, result)
 
 
 @functools.cache
