@@ -90,6 +90,17 @@ _M3_ROPE = {
 }
 
 
+_LONGCAT = {  # longcat_flash and its n-gram variant: MLA, zero experts
+    "ffn_hidden_size": 128,
+    "moe_topk": 2,
+    "expert_ffn_hidden_size": 32,
+    "zero_expert_num": 2,
+    "num_layers": 2,
+    "mla_scale_q_lora": True,
+    "mla_scale_kv_lora": True,
+}
+
+
 def _text(model_type: str, **text: Any) -> dict[str, Any]:
     return {"text_config": {**_BASE, "model_type": model_type, **text}}
 
@@ -279,27 +290,8 @@ ZOO: dict[str, dict[str, Any]] = {
                  "rope_scaling": {"short_factor": [1.0] * 4, "long_factor": [1.0] * 4,
                                   "original_max_position_embeddings": 4096}},
     "mistral4": _dsv3(rope_parameters=_M3_ROPE),
-    "longcat_flash": {
-        "attention_method": "MLA",
-        "zero_expert_type": "identity",
-        "ffn_hidden_size": 128,
-        "moe_topk": 2,
-        "expert_ffn_hidden_size": 32,
-        "zero_expert_num": 2,
-        "num_layers": 2,
-        "mla_scale_q_lora": True,
-        "mla_scale_kv_lora": True,
-    },
-    "longcat_flash_ngram": {
-        "ffn_hidden_size": 128,
-        "moe_topk": 2,
-        "expert_ffn_hidden_size": 32,
-        "zero_expert_num": 2,
-        "num_layers": 2,
-        "mla_scale_q_lora": True,
-        "mla_scale_kv_lora": True,
-        "ngram_vocab_size_ratio": 2,
-    },
+    "longcat_flash": {**_LONGCAT, "attention_method": "MLA", "zero_expert_type": "identity"},
+    "longcat_flash_ngram": {**_LONGCAT, "ngram_vocab_size_ratio": 2},
     # Recurrent only.
     "mamba": {"state_size": 16, "conv_kernel": 4, "time_step_rank": 8, "use_conv_bias": True},
     "mamba2": {"num_heads": 8, "head_dim": 16, "state_size": 16, "conv_kernel": 4, "n_groups": 1,
