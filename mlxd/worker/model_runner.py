@@ -32,8 +32,8 @@ def check_model_supported(model: Any) -> str:
     recurrent state, hybrids, shared-KV or cache-less layers, cache lists) is served by the
     contiguous runner on the model's own mlx-lm caches (``native_runner``), batched by row.
     """
-    names = sorted(set(layer_caches.kinds(layer_caches.model_caches(model))))
     if not layer_caches.is_plain(model):
+        names = sorted(set(layer_caches.kinds(layer_caches.model_caches(model))))
         return f"{', '.join(names)} layer caches"
     if layer_caches.asks_for_windows(model):
         return "sliding-window layers on KVCache"
