@@ -39,6 +39,19 @@ def oai(observed: Gateway) -> Iterator[openai.OpenAI]:
         yield client
 
 
+def scrape_settled(http: httpx.Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """``scrape`` once no request is in flight: a stream's last event can reach the client
+    before the gateway counts the request (``Metrics.finish`` runs once the response is done,
+    and counts it all at once)."""
+    deadline = time.monotonic() + 5
+    while True:
+        samples = scrape(http)
+        if value(samples, "mlxd_requests_in_flight", model=MODEL) == 0:
+            return samples
+        assert time.monotonic() < deadline, "a request stayed in flight"
+        time.sleep(0.01)
+
+
 def scrape(http: httpx.Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """Every sample of ``/metrics`` as ``{(name, sorted labels): value}``."""
     response = http.get("/metrics")
@@ -69,7 +82,7 @@ def test_counters_follow_requests(http: httpx.Client, oai: openai.OpenAI) -> Non
     oai.chat.completions.create(model=MODEL, messages=HELLO)  # type: ignore[arg-type]
     for _ in oai.chat.completions.create(model=MODEL, messages=HELLO, stream=True):  # type: ignore[arg-type]
         pass
-    after = scrape(http)
+    after = scrape_settled(http)
     ok = {"model": MODEL, "endpoint": CHAT, "status": "200"}
     assert (
         value(after, "mlxd_requests_total", **ok) - value(before, "mlxd_requests_total", **ok) == 2
@@ -86,7 +99,7 @@ def test_histograms_follow_requests(http: httpx.Client, oai: openai.OpenAI) -> N
     before = scrape(http)
     for _ in oai.chat.completions.create(model=MODEL, messages=HELLO, stream=True):  # type: ignore[arg-type]
         pass
-    after = scrape(http)
+    after = scrape_settled(http)
 
     def grown(name: str) -> float:
         return value(after, name, model=MODEL) - value(before, name, model=MODEL)
