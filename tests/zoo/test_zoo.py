@@ -31,7 +31,8 @@ KNOWN = {
         "as batched (when the four requests meet in one batch, which depends on timing)",
     ("deepseek_v41", "test_greedy_equals_mlx_lm"):
         "compressed-group cache: the output depends on where prefill splits the prompt "
-        "(mlx-lm's generate feeds the last prompt token apart)",
+        "(mlx-lm's generate feeds the last prompt token apart); at its near-ties the outcome "
+        "depends on the machine (it failed here and passed on a CI machine)",
     # It decodes one sequence at a time: whether these differ depends on timing (where each
     # request's prefill falls among the others' steps).
     ("deepseek_v41", "test_four_concurrent_equal_each_alone"): "as greedy; depends on timing",
@@ -55,8 +56,8 @@ def arch(request: pytest.FixtureRequest) -> str:
 def _known_failures(request: pytest.FixtureRequest) -> None:
     arch = request.node.callspec.params.get("arch") if hasattr(request.node, "callspec") else None
     why = KNOWN.get((str(arch), request.node.originalname))
-    if why:  # strict, but where the failure depends on timing
-        strict = "depends on timing" not in why
+    if why:  # strict, but where the failure depends on timing or on the machine
+        strict = "depends on timing" not in why and "depends on the machine" not in why
         request.applymarker(pytest.mark.xfail(reason=why, strict=strict))
 
 
