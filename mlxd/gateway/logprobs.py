@@ -41,13 +41,6 @@ def completion_logprobs(
     }
 
 
-def merge(parts: list[list[TokenLogprob] | None]) -> list[TokenLogprob] | None:
-    """The entries of several deltas in order; ``None`` when the request did not ask."""
-    if all(p is None for p in parts):
-        return None
-    return [e for p in parts if p is not None for e in p]
-
-
 def _token(t: TokenLogprob | TopLogprob) -> dict[str, Any]:
     return {"token": _text(t.token), "logprob": t.logprob, "bytes": list(t.token)}
 

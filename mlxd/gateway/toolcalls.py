@@ -50,12 +50,6 @@ def parse_calls(
     return None if not calls or None in calls else calls  # type: ignore[return-value]
 
 
-def parse_call(body: str) -> ToolCall | None:
-    """The one JSON call ``{"name", "arguments"}`` in ``body``, or ``None``."""
-    calls = parse_calls(body)
-    return calls[0] if calls and len(calls) == 1 else None
-
-
 def _call(data: Any) -> ToolCall | None:
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
         return None

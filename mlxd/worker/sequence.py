@@ -50,7 +50,6 @@ class Sequence:
     finish_reason: str | None = None
     detok: Any = None
     text: str = ""
-    num_sent_chars: int = 0
     num_sent_tokens: int = 0
     first_token_time: float | None = None
     # (token id, logprob, top alternatives) per output token not sent yet, if the request asks
@@ -75,10 +74,6 @@ class Sequence:
     @property
     def num_prefill_tokens(self) -> int:
         return len(self.prompt_ids) + self.num_resumed
-
-    @property
-    def is_prefilled(self) -> bool:
-        return self.num_prefilled >= self.num_prefill_tokens
 
     @property
     def is_finished(self) -> bool:
