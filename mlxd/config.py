@@ -36,6 +36,10 @@ def data_dir(environ: Mapping[str, str] | None = None) -> Path:
     return Path(base) / "mlxd"
 
 
+REQUEST_LOG_MAX_BYTES = 10 * 2**20  # --request-log-size: 10 MiB, so at most 40 MiB with backups
+MIN_REQUEST_LOG_BYTES = 4096
+
+
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     """Admission, batching and priority knobs of one worker."""
@@ -198,9 +202,13 @@ class ServeConfig:
     kv_cache_gb: float | None = None  # each model's KV budget unless its spec sets one
     curve_keys: CurveKeys | None = field(default=None, repr=False)  # for tcp:// attached workers
     dtype: str = "auto"  # each model's compute dtype unless its spec sets one (DTYPES)
+    request_log: str | None = None  # the rotating request log file; None: not written
+    request_log_max_bytes: int = REQUEST_LOG_MAX_BYTES  # rotated past this (3 old files kept)
 
     def __post_init__(self) -> None:
         _check_dtype(self.dtype, "--dtype")
+        if self.request_log_max_bytes < MIN_REQUEST_LOG_BYTES:
+            raise ConfigError(f"--request-log-size must be >= {MIN_REQUEST_LOG_BYTES} bytes")
         if len({k.name for k in self.api_keys}) != len(self.api_keys):
             raise ConfigError("API key names must be unique")
         if len({k.key for k in self.api_keys}) != len(self.api_keys):

@@ -16,6 +16,7 @@ def main() -> None:
 def _register() -> None:
     from mlxd.cli.bench import bench_group
     from mlxd.cli.keys import keys_command
+    from mlxd.cli.logs import logs_command
     from mlxd.cli.make_model import make_model_command
     from mlxd.cli.ps import ps_command
     from mlxd.cli.service import load_command, status_command, stop_command, unload_command
@@ -32,6 +33,7 @@ def _register() -> None:
     main.add_command(load_command)
     main.add_command(unload_command)
     main.add_command(keys_command)
+    main.add_command(logs_command)
 
 
 _register()

@@ -29,6 +29,7 @@ from mlxd.config import (
     parse_memory,
 )
 from mlxd.errors import ConfigError, MlxdError
+from mlxd.gateway.request_log import FILE_NAME
 from mlxd.protocol import curve
 
 STARTUP_FAILURE = 3
@@ -191,6 +192,21 @@ def scheduler_config(opts: dict[str, object]) -> SchedulerConfig:
     help="Put prompts in the access log (mlxd.access); off by default.",
 )
 @click.option(
+    "--request-log",
+    default=None,
+    metavar="PATH|off",
+    envvar="MLXD_REQUEST_LOG",
+    help="Rotating file of one JSON line per request, never prompts or keys, for `mlxd logs` "
+    "(env MLXD_REQUEST_LOG; default: requests.log in the data dir; off: none).",
+)
+@click.option(
+    "--request-log-size",
+    default="10MB",
+    show_default=True,
+    metavar="SIZE",
+    help="Rotate the request log past this size; 3 older files are kept.",
+)
+@click.option(
     "--admin-key",
     default=None,
     metavar="KEY",
@@ -290,6 +306,8 @@ def start_command(models: tuple[str, ...], host: str, port: int, log_level: str,
             restart_backoff_s=opts["restart_backoff"],  # type: ignore[arg-type]
             max_body_bytes=opts["max_body_bytes"],  # type: ignore[arg-type]
             stream_stall_timeout_s=opts["stream_stall_timeout"],  # type: ignore[arg-type]
+            request_log=_request_log_path(opts["request_log"]),  # type: ignore[arg-type]
+            request_log_max_bytes=parse_memory(str(opts["request_log_size"])),
         )
         _check_port_free(host, port)
         from mlxd.models import sources  # GGUF files and ollama: names: converted once, here
@@ -322,6 +340,12 @@ def _model_specs(models: tuple[str, ...], file: ConfigFile, attached: bool = Fal
         path = ensure_default_model(data_dir(), progress=_progress)
         return (ModelSpec(name=DEFAULT_MODEL, path=str(path)),)
     return tuple(_parse_model(m) for m in models)
+
+
+def _request_log_path(option: str | None) -> str | None:
+    if option == "off":
+        return None
+    return str(Path(option).expanduser()) if option else str(data_dir() / FILE_NAME)
 
 
 def _parse_model(text: str) -> ModelSpec:
@@ -362,6 +386,7 @@ def _serve(config: ServeConfig, log_level: str) -> int:
 
     from mlxd.cli.supervisor import Supervisor
     from mlxd.gateway.app import build_app
+    from mlxd.gateway.request_log import RequestLogFile
 
     if config.host not in ("127.0.0.1", "localhost", "::1") and not config.api_keys:
         logging.getLogger("mlxd").warning(
@@ -369,6 +394,8 @@ def _serve(config: ServeConfig, log_level: str) -> int:
             "with --api-key KEY (or MLXD_API_KEY=KEY) or --api-keys-file FILE",
             config.host,
         )
+    if config.request_log is not None:
+        RequestLogFile(Path(config.request_log), config.request_log_max_bytes).attach()
     runtime_dir = Path(tempfile.mkdtemp(prefix="mlxd-"))  # mode 0700: only we can connect
     supervisor = Supervisor(config, runtime_dir, log_level=log_level.upper())
     app = build_app(config, supervisor)
