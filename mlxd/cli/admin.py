@@ -18,6 +18,9 @@ import click
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+# The daemon's one JSON view (models, workers' figures, recent requests): `mlxd ps`, `mlxd status`
+# and the status page at / all read it.
+OVERVIEW_PATH = "/admin/overview"
 TIMEOUT_S = 30.0
 
 admin_options = [

@@ -1,5 +1,5 @@
 """`mlxd ps`: one line per model of the running daemon (state, pid, memory, queue, tok/s, and
-why a failed model failed)."""
+why a failed model failed), from ``GET /admin/overview``: the JSON the status page draws."""
 
 from __future__ import annotations
 
@@ -7,7 +7,13 @@ from typing import Any
 
 import click
 
-from mlxd.cli.admin import AdminClient, format_bytes, print_json, with_admin_options
+from mlxd.cli.admin import (
+    OVERVIEW_PATH,
+    AdminClient,
+    format_bytes,
+    print_json,
+    with_admin_options,
+)
 
 COLUMNS = ("MODEL", "STATE", "PID", "MEMORY", "RUNNING", "WAITING", "TOK/S", "RESTARTS", "REASON")
 
@@ -16,8 +22,8 @@ COLUMNS = ("MODEL", "STATE", "PID", "MEMORY", "RUNNING", "WAITING", "TOK/S", "RE
 @with_admin_options
 def ps_command(url: str, admin_key: str | None, as_json: bool) -> None:
     """List the daemon's models and how their workers are doing."""
-    client = AdminClient(url, admin_key)
-    rows = [_row(client, m) for m in client.get("/admin/status")["models"]]
+    overview = AdminClient(url, admin_key).get(f"{OVERVIEW_PATH}?fresh=1")
+    rows = [_row(m) for m in overview["models"]]
     if as_json:
         print_json({"models": rows})
         return
@@ -27,20 +33,18 @@ def ps_command(url: str, admin_key: str | None, as_json: bool) -> None:
         click.echo("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
 
 
-def _row(client: AdminClient, model: dict[str, Any]) -> dict[str, Any]:
-    """The supervisor's view of ``model``, plus the worker's own numbers when it answers."""
+def _row(model: dict[str, Any]) -> dict[str, Any]:
+    """The supervisor's view of ``model``, plus the worker's own numbers when it answered."""
     row = {"name": model["name"], "state": model["state"], "pid": model["pid"],
            "restarts": model["restarts"], "memory_bytes": None, "num_running": None,
            "num_waiting": None, "output_tps": None,
            "reason": model["last_error"] if model["state"] == "failed" else None}  # fmt: skip
     if model["state"] != "ready":
         return row
-    try:
-        status = client.get(AdminClient.model_path(model["name"], "status"))
-        stats = client.get(AdminClient.model_path(model["name"], "stats"))
-    except click.ClickException as exc:
-        row.update(state="unresponsive", error=exc.message)  # ready, yet its control did not answer
+    if model["worker"] is None:
+        row.update(state="unresponsive")  # ready, yet its control did not answer
         return row
+    status, stats = model["worker"]["status"], model["worker"]["stats"]
     row.update(
         state=status["state"],
         pid=status["pid"],

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import click
 
-from mlxd.cli.admin import DEFAULT_URL, AdminClient, format_bytes, print_json
+from mlxd.cli.admin import DEFAULT_URL, OVERVIEW_PATH, AdminClient, format_bytes, print_json
 from mlxd.cli.daemon_files import DaemonFiles, DaemonRecord, is_mlxd
 from mlxd.config import data_dir
 
@@ -56,7 +56,7 @@ def status_command(url: str | None, admin_key: str | None, as_json: bool) -> Non
     """Is mlxd running? Where, since when, and its models."""
     url, record = locate(url)
     try:
-        body = AdminClient(url, admin_key).get("/admin/status")
+        body = AdminClient(url, admin_key).get(OVERVIEW_PATH)
     except click.ClickException as exc:
         if as_json:
             print_json({"running": False, "url": url, "error": exc.message})

@@ -151,9 +151,17 @@ class AccessLog:
 
 def access_line(record: RequestRecord) -> str:
     """One request as a compact JSON object (no key, no prompt unless the record holds one)."""
+    line = access_fields(record)
+    if record.prompt is not None:
+        line["prompt"] = record.prompt
+    return json.dumps(line, ensure_ascii=False, separators=(",", ":"))
+
+
+def access_fields(record: RequestRecord) -> dict[str, Any]:
+    """The access line's fields, never the prompt: what the status page shows of a request."""
     prompt_tokens, completion_tokens, cached_tokens = record.tokens()
     first = record.first_token_at
-    line = {
+    return {
         "request_id": record.request_id[:MAX_LOGGED_ID_CHARS],
         "method": record.method,
         "endpoint": record.path,
@@ -168,6 +176,3 @@ def access_line(record: RequestRecord) -> str:
         "ttft_ms": None if first is None else round((first - record.start) * 1000, 2),
         "e2e_ms": round((record.end - record.start) * 1000, 2),
     }
-    if record.prompt is not None:
-        line["prompt"] = record.prompt
-    return json.dumps(line, ensure_ascii=False, separators=(",", ":"))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
@@ -21,14 +21,17 @@ from starlette.routing import Route
 from mlxd.config import ServeConfig
 from mlxd.errors import InternalError, MlxdError, Overloaded
 from mlxd.gateway import openapi
-from mlxd.gateway.accesslog import REQUEST_ID_HEADER, AccessLog
+from mlxd.gateway.accesslog import REQUEST_ID_HEADER, AccessLog, RequestRecord
 from mlxd.gateway.admin import admin_routes
 from mlxd.gateway.anthropic import AnthropicEndpoints
 from mlxd.gateway.auth import ApiKeyAuth
 from mlxd.gateway.embeddings import EmbeddingsEndpoint
 from mlxd.gateway.metrics import Metrics
 from mlxd.gateway.openai import OpenAIEndpoints
+from mlxd.gateway.overview import Overview
 from mlxd.gateway.ratelimit import RateLimiter
+from mlxd.gateway.recent import RecentRequests
+from mlxd.gateway.status_page import status_page_routes
 from mlxd.gateway.worker_metrics import WorkerMetrics
 from mlxd.gateway.workers import WorkerPool
 
@@ -50,7 +53,11 @@ def build_app(config: ServeConfig, pool: WorkerPool, metrics: Metrics | None = N
     metrics.add_source(workers.collect)
     api = OpenAIEndpoints(config, pool, metrics)
     anthropic = AnthropicEndpoints(api)
+    recent = RecentRequests()  # the status page's last requests (no prompts)
+    overview = Overview(pool, workers, recent, config.api_keys, config.admin_key)
     routes = [
+        *status_page_routes(),
+        Route("/admin/overview", overview.endpoint, methods=["GET"]),
         Route("/health", api.health, methods=["GET"]),
         Route("/openapi.json", openapi.endpoint(pool), methods=["GET"]),
         Route("/metrics", metrics.endpoint, methods=["GET"]),
@@ -76,13 +83,23 @@ def build_app(config: ServeConfig, pool: WorkerPool, metrics: Metrics | None = N
 
     admin_key = getattr(config, "admin_key", None)  # ServeConfig grows it with the admin API
     middleware = [  # outermost first: every response, even a 401, gets a record and a request id
-        Middleware(AccessLog, routes=routes, on_finish=metrics.finish),
+        Middleware(AccessLog, routes=routes, on_finish=_both(metrics.finish, recent.add)),
         Middleware(ApiKeyAuth, keys=config.api_keys, limiter=RateLimiter(), admin_key=admin_key),
     ]
     handlers = {MlxdError: render_error, HTTPException: _render_http, Exception: _render_crash}
     return Starlette(
         routes=routes, middleware=middleware, lifespan=lifespan, exception_handlers=handlers
     )
+
+
+def _both(
+    first: Callable[[RequestRecord], None], second: Callable[[RequestRecord], None]
+) -> Callable[[RequestRecord], None]:
+    def call(record: RequestRecord) -> None:
+        first(record)
+        second(record)
+
+    return call
 
 
 async def render_error(request: Request, exc: Exception) -> Response:

@@ -54,6 +54,11 @@ class WorkerMetrics:
         for client in self._clients.values():
             await client.close()
 
+    def latest(self) -> dict[str, tuple[StatusReply, StatsReply]]:
+        """Each ready worker's last answers (``GetStatus``, ``GetStats``), by model name; a worker
+        that did not answer the last poll is absent."""
+        return {name: (snap.status, snap.stats) for name, snap in self._latest.items()}
+
     async def poll_once(self) -> None:
         """Ask every ready worker now (the loop does this every ``interval_s``)."""
         names = [n for n in self.pool.names() if self.pool.info(n).state == "ready"]
