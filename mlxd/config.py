@@ -180,8 +180,10 @@ class ServeConfig:
     port: int = 8000
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
-    chat_timeout_s: float = 900.0
-    completion_timeout_s: float = 600.0
+    # A request still unanswered after this long gets 408 and is cancelled in its worker.
+    chat_timeout_s: float = 900.0  # /v1/chat/completions and /v1/messages
+    completion_timeout_s: float = 600.0  # /v1/completions
+    embeddings_timeout_s: float = 120.0  # /v1/embeddings
     worker_start_timeout_s: float = 300.0
     max_context: int | None = None
     max_body_bytes: int = 8 * 1024 * 1024
@@ -217,6 +219,9 @@ class ServeConfig:
             raise ConfigError("at least one model is needed")
         if not 0 <= self.port <= 65535:
             raise ConfigError("--port must be in 0..65535")
+        for name in ("chat", "completion", "embeddings"):
+            if getattr(self, f"{name}_timeout_s") <= 0:
+                raise ConfigError(f"--{name}-timeout must be > 0 seconds")
         if self.heartbeat_timeout_s <= 0:
             raise ConfigError("--heartbeat-timeout must be > 0 seconds")
         if self.step_timeout_s <= 0:

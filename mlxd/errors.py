@@ -133,7 +133,12 @@ _BY_CODE: dict[str, type[MlxdError]] = {
 }
 
 
-def error_from_code(code: str, message: str, param: str | None = None) -> MlxdError:
-    """Rebuild an error received over the wire; unknown codes become ``InternalError``."""
+def error_from_code(
+    code: str, message: str, param: str | None = None, retry_after: float | None = None
+) -> MlxdError:
+    """Rebuild an error received over the wire; unknown codes become ``InternalError``.
+    ``retry_after`` (seconds) is kept for ``Overloaded`` and its subclasses."""
     cls = _BY_CODE.get(code, InternalError)
+    if retry_after is not None and issubclass(cls, Overloaded):
+        return cls(message, param=param, retry_after=retry_after)
     return cls(message, param=param)

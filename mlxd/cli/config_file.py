@@ -3,6 +3,9 @@
 max_memory = "75%"          # or "24GB"; the same as --max-memory
 keep_alive = "10m"          # idle time before a worker unloads; 0 = never
 kv_cache_gb = 1.0           # each model's KV budget unless it sets its own
+chat_timeout = "15m"        # per-request timeouts (408 past them): chat and messages,
+completion_timeout = "10m"  # completions,
+embeddings_timeout = "2m"   # embeddings; the same as --chat-timeout etc.
 
 [models.qwen]               # the name clients send
 path = "mlx-community/Qwen3-0.6B-4bit"   # a local directory or a Hugging Face repo id
@@ -16,14 +19,21 @@ dtype = "file"              # float weights as computed (default: --dtype, itsel
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mlxd.config import ModelSpec, parse_duration
 from mlxd.errors import ConfigError
 
-TOP_KEYS = {"max_memory", "keep_alive", "kv_cache_gb", "models"}
+TIMEOUTS = ("chat", "completion", "embeddings")  # `{name}_timeout` keys -> `{name}_timeout_s`
+TOP_KEYS = {
+    "max_memory",
+    "keep_alive",
+    "kv_cache_gb",
+    "models",
+    *(f"{t}_timeout" for t in TIMEOUTS),
+}
 MODEL_KEYS = {"path", "aliases", "keep_alive", "pinned", "preload", "kv_cache_gb", "dtype"}
 
 
@@ -35,6 +45,7 @@ class ConfigFile:
     max_memory: str | None = None
     keep_alive_s: float | None = None
     kv_cache_gb: float | None = None
+    timeouts_s: dict[str, float] = field(default_factory=dict)  # "chat" -> seconds, if set
 
 
 def read_config_file(path: Path) -> ConfigFile:
@@ -56,7 +67,20 @@ def read_config_file(path: Path) -> ConfigFile:
         max_memory=None if doc.get("max_memory") is None else str(doc["max_memory"]),
         keep_alive_s=None if keep_alive is None else parse_duration(keep_alive),
         kv_cache_gb=_number(doc.get("kv_cache_gb"), f"{path}: kv_cache_gb"),
+        timeouts_s=_timeouts(doc, str(path)),
     )
+
+
+def _timeouts(doc: dict[str, Any], where: str) -> dict[str, float]:
+    out = {}
+    for name in TIMEOUTS:
+        value = doc.get(f"{name}_timeout")
+        if value is not None:
+            seconds = parse_duration(value)
+            if seconds <= 0:
+                raise ConfigError(f"{where}: {name}_timeout must be > 0")
+            out[name] = seconds
+    return out
 
 
 def _model(name: str, table: Any, where: str) -> ModelSpec:

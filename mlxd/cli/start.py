@@ -256,6 +256,13 @@ def scheduler_config(opts: dict[str, object]) -> SchedulerConfig:
     show_default=True,
     help="Seconds a streaming client may read nothing before its stream is cut and cancelled.",
 )
+@click.option("--chat-timeout", default=None, metavar="DURATION",
+              help="Longest a chat completion (or /v1/messages) may take before it is cut with "
+              "408 (e.g. 900, 15m; default 15m, or chat_timeout in --config).")  # fmt: skip
+@click.option("--completion-timeout", default=None, metavar="DURATION",
+              help="The same for /v1/completions (default 10m).")  # fmt: skip
+@click.option("--embeddings-timeout", default=None, metavar="DURATION",
+              help="The same for /v1/embeddings (default 2m).")  # fmt: skip
 @click.option(
     "--max-body-bytes",
     type=click.IntRange(min=1024),
@@ -306,6 +313,7 @@ def start_command(models: tuple[str, ...], host: str, port: int, log_level: str,
             restart_backoff_s=opts["restart_backoff"],  # type: ignore[arg-type]
             max_body_bytes=opts["max_body_bytes"],  # type: ignore[arg-type]
             stream_stall_timeout_s=opts["stream_stall_timeout"],  # type: ignore[arg-type]
+            **_timeouts(opts, file),
             request_log=_request_log_path(opts["request_log"]),  # type: ignore[arg-type]
             request_log_max_bytes=parse_memory(str(opts["request_log_size"])),
         )
@@ -324,6 +332,17 @@ def start_command(models: tuple[str, ...], host: str, port: int, log_level: str,
     finally:
         files.release()
     sys.exit(code)
+
+
+def _timeouts(opts: dict[str, object], file: ConfigFile) -> dict[str, float]:
+    """``{name}_timeout_s`` for each timeout the command line or the config file sets (the
+    command line wins); the others keep ServeConfig's defaults."""
+    out = {f"{name}_timeout_s": seconds for name, seconds in file.timeouts_s.items()}
+    for name in ("chat", "completion", "embeddings"):
+        value = opts[f"{name}_timeout"]
+        if value is not None:
+            out[f"{name}_timeout_s"] = parse_duration(str(value))
+    return out
 
 
 def _url(host: str, port: int) -> str:

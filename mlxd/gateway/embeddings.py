@@ -33,7 +33,7 @@ class EmbeddingsEndpoint:
     """The ``/v1/embeddings`` endpoint, bound to the config and the worker pool.
 
     Args:
-        config: the request body limit and the timeout (``completion_timeout_s``).
+        config: the request body limit and the timeout (``embeddings_timeout_s``).
         pool: model name -> worker client.
     """
 
@@ -51,7 +51,7 @@ class EmbeddingsEndpoint:
         # Unique on the wire even when a client reuses its X-Request-Id.
         request_id = f"{record.request_id[:MAX_REQUEST_ID_CHARS]}.emb{secrets.token_hex(6)}"
         reply = await worker.embed(
-            Embed(request_id=request_id, inputs=inputs), self.config.completion_timeout_s
+            Embed(request_id=request_id, inputs=inputs), self.config.embeddings_timeout_s
         )
         record.usage = reply.usage
         headers = {REQUEST_ID_HEADER: record.request_id}

@@ -104,7 +104,7 @@ class RequestStream:
         if isinstance(item, Finished):
             return item
         if isinstance(item, Error):
-            raise error_from_code(item.code, item.message, item.param)
+            raise error_from_code(item.code, item.message, item.param, item.retry_after_s)
         raise item
 
     @property
@@ -355,7 +355,8 @@ class WorkerClient:
         waiter = self._replies.get(event.request_id)
         if stream is None and isinstance(event, Error) and waiter is not None:
             if not waiter.done():
-                waiter.set_exception(error_from_code(event.code, event.message, event.param))
+                error = error_from_code(event.code, event.message, event.param, event.retry_after_s)
+                waiter.set_exception(error)
             return
         if stream is None:
             log.debug("dropped %s for unknown request %r", type(event).__name__, event.request_id)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-PROTOCOL_VERSION = b"mlxd/3"  # mlxd/3: Pong.failing, debug_fail_steps (mlxd/2: Pong.busy_s...)
+PROTOCOL_VERSION = b"mlxd/4"  # mlxd/4: Error.retry_after_s (mlxd/3: Pong.failing...)
 
 PRIORITIES = ("high", "normal", "low")
 
@@ -220,6 +220,7 @@ class Error:
     code: str
     message: str
     param: str | None = None
+    retry_after_s: float | None = None  # with "overloaded": from the queue's drain rate
 
 
 @dataclass(frozen=True, kw_only=True)

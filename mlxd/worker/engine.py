@@ -13,6 +13,7 @@ from mlxd.errors import (
     InvalidRequest,
     MlxdError,
     OutOfMemory,
+    Overloaded,
     ProtocolError,
     RequestTimeout,
     WorkerUnavailable,
@@ -419,15 +420,12 @@ class Engine:
         self._step_succeeded()
 
     def _fail(self, seq: Sequence, exc: MlxdError) -> None:
-        self._outbox.setdefault(seq.client, []).append(
-            Error(request_id=seq.request_id, code=exc.code, message=exc.message, param=exc.param)
-        )
+        self._outbox.setdefault(seq.client, []).append(_error(seq.request_id, exc))
         self.scheduler.finish(seq, "error")
         self.stats.on_finish(seq, "error")
 
     def _send_error(self, client: bytes, request_id: str, exc: MlxdError) -> None:
-        err = Error(request_id=request_id, code=exc.code, message=exc.message, param=exc.param)
-        self.channel.send(client, err)
+        self.channel.send(client, _error(request_id, exc))
 
     def _expire(self) -> None:
         for seq in self.scheduler.expired():
@@ -441,3 +439,9 @@ class Engine:
             msg: Message = events[0] if len(events) == 1 else Events(events=events)
             self.channel.send(client, msg)
         self._outbox.clear()
+
+
+def _error(request_id: str, exc: MlxdError) -> Error:
+    retry_after = exc.retry_after if isinstance(exc, Overloaded) else None
+    return Error(request_id=request_id, code=exc.code, message=exc.message, param=exc.param,
+                 retry_after_s=retry_after)  # fmt: skip

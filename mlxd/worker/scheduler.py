@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from mlxd.config import SchedulerConfig
 from mlxd.errors import Overloaded
 from mlxd.worker.block_pool import BlockPool
+from mlxd.worker.drain_rate import DrainRate
 from mlxd.worker.radix_cache import RadixCache
 from mlxd.worker.sequence import Sequence, SequenceStatus
 from mlxd.worker.stats import KVReport
@@ -59,6 +60,7 @@ class Scheduler:
         self.pool = pool  # None: the contiguous cache, no block accounting
         self.radix = RadixCache(pool) if pool is not None else None
         self.counters = CacheCounters()
+        self.drain = DrainRate()  # departures from ``waiting``: the 429's Retry-After
         self.waiting: list[Sequence] = []
         self.prefilling: list[Sequence] = []
         self.running: list[Sequence] = []
@@ -70,7 +72,7 @@ class Scheduler:
         if len(self.waiting) >= self.config.max_queued:
             raise Overloaded(
                 f"the queue is full ({self.config.max_queued} waiting requests); retry later",
-                retry_after=1.0,
+                retry_after=self.drain.retry_after(len(self.waiting), self.clock()),
             )
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
@@ -101,6 +103,7 @@ class Scheduler:
             if not self._allocate_prompt(seq):
                 break  # the best waiting request does not fit yet; nothing jumps ahead of it
             self.waiting.remove(seq)
+            self.drain.observe(self.clock())
             self.prefilling.append(seq)
             chunk = self._chunk(seq, budget)
             budget -= chunk.end - chunk.start
@@ -122,6 +125,8 @@ class Scheduler:
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Take ``seq`` out of every queue, free its blocks, mark it finished with ``reason``."""
+        if seq in self.waiting:
+            self.drain.observe(self.clock())  # a cancelled waiter frees its place too
         for queue in (self.waiting, self.prefilling, self.running):
             if seq in queue:
                 queue.remove(seq)

@@ -3,7 +3,8 @@
 It answers ``Ping`` with ``Pong`` and each ``Generate`` with a scripted reply, a few words per
 tick, coalescing some ticks into ``Events``. Words in the prompt change the script:
 
-- ``ERROR:<code>``: answer with ``Error(code)`` at once (e.g. ``ERROR:overloaded``).
+- ``ERROR:<code>``: answer with ``Error(code)`` at once (e.g. ``ERROR:overloaded``, which
+  carries ``retry_after_s=OVERLOADED_RETRY_S`` as a worker's measured drain rate would).
 - ``MIDERROR:<code>``: stream two pieces, then ``Error(code)``.
 - ``SLOW``: a long reply at ``slow_tick_s`` per tick (time for a client to disconnect).
 - ``SILENT``: never answer (time for a timeout).
@@ -75,6 +76,7 @@ SLOW_PIECES = 400
 FLOOD_PIECES = 5000
 MIDERROR_AFTER = 2
 T = TypeVar("T")
+OVERLOADED_RETRY_S = 6.2  # what ERROR:overloaded says: the gateway sends Retry-After 7
 _TRIGGER = re.compile(r"\b(MIDERROR|ERROR):(\w+)")
 _CACHED = re.compile(r"\bCACHED:(\d+)")
 
@@ -229,9 +231,10 @@ class ScriptedWorker:
         trigger = _TRIGGER.search(text)
         if trigger and trigger.group(1) == "ERROR":
             code = trigger.group(2)
-            self._send(
-                client, Error(request_id=gen.request_id, code=code, message=f"scripted {code}")
-            )
+            retry = OVERLOADED_RETRY_S if code == "overloaded" else None
+            error = Error(request_id=gen.request_id, code=code, message=f"scripted {code}",
+                          retry_after_s=retry)  # fmt: skip
+            self._send(client, error)
             return
         if "SILENT" in text:
             return

@@ -48,6 +48,7 @@ MESSAGES = [
     Finished(request_id="r1", finish_reason="stop", usage=USAGE),
     Finished(request_id="r1", finish_reason="stop", usage=USAGE, stop="END"),
     Error(request_id="r1", code="invalid_request", message="bad", param="top_p"),
+    Error(request_id="r1", code="overloaded", message="full", retry_after_s=7.5),
     Events(events=[TokenDelta(request_id="a", text="x", token_ids=[1]),
                    Finished(request_id="a", finish_reason="length", usage=USAGE)]),
 ]  # fmt: skip

@@ -120,3 +120,20 @@ def test_update_config_validates() -> None:
     assert s.config.max_num_seqs == 3
     with pytest.raises(Exception, match="max-num-seqs"):
         s.update_config(max_num_seqs=0)
+
+
+def test_overloaded_retry_after_follows_the_queue_drain_rate(clock: Clock) -> None:
+    s = sched(clock, max_queued=3, max_num_seqs=1)
+    for rid in "abcd":
+        s.add(make_seq(rid))
+        if rid == "a":
+            run_prefill(s)  # admitted at t=0
+    for t in (4.0, 8.0):  # one admission every 4 s
+        clock.now = t
+        s.finish(s.running[0], "stop")
+        run_prefill(s)
+        s.add(make_seq(f"late{t}"))
+    with pytest.raises(Overloaded) as info:
+        s.add(make_seq("e"))
+    # 3 departures over 8 s; 3 waiting ahead + this one: 4 / (3/8) s
+    assert info.value.retry_after == pytest.approx(4 / (3 / 8))
