@@ -55,6 +55,13 @@ def check_reachable(target: Target) -> str | None:
     return None
 
 
+def served_models(target: Target) -> list[str]:
+    """The model names ``GET /v1/models`` lists; ``httpx.HTTPError`` if it does not answer 200."""
+    r = httpx.get(target.base_url.rstrip("/") + "/v1/models", timeout=10, headers=_auth(target))
+    r.raise_for_status()
+    return [str(m["id"]) for m in r.json()["data"]]
+
+
 async def run_sessions(
     target: Target,
     concurrency: int,

@@ -5,13 +5,16 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from mlxd.bench import report
 from mlxd.bench.workload import SCENARIOS
 from mlxd.config import SchedulerConfig
+
+if TYPE_CHECKING:
+    from mlxd.bench.http import Target
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -24,6 +27,25 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
     if not values or min(values) < 1:
         raise click.BadParameter(f"{what}: every value must be >= 1")
     return values
+
+
+def _only_model(target: Target) -> str:
+    """The server's one model; with several, an error that lists them."""
+    import httpx
+
+    from mlxd.bench.http import served_models
+
+    try:
+        names = served_models(target)
+    except httpx.HTTPError as exc:
+        raise click.ClickException(f"cannot list the models of {target.base_url}: {exc}") from None
+    if len(names) == 1:
+        click.echo(f"bench: --model {names[0]} (the server's only model)", err=True)
+        return names[0]
+    if not names:
+        raise click.ClickException(f"{target.base_url} serves no model")
+    raise click.ClickException(f"{target.base_url} serves {len(names)} models; pick one or more "
+                               f"with --model: {', '.join(names)}")  # fmt: skip
 
 
 def _finish(payload: dict[str, Any], json_path: Path | None, plot_path: Path | None) -> None:
@@ -105,8 +127,8 @@ def with_output_options(fn: _F) -> _F:
     "--model",
     "models",
     multiple=True,
-    required=True,
-    help="Model name on the server (repeat for multi-model: requests go round-robin).",
+    help="Model name on the server (repeat for multi-model: requests go round-robin). "
+    "Default: the server's only model.",
 )
 @click.option(
     "--scenario",
@@ -211,6 +233,7 @@ def run_command(**o: Any) -> None:
     target = Target(o["url"], o["endpoint"], o["stream"], o["timeout"], o["api_key"])
     if (reason := check_reachable(target)) is not None:
         raise click.ClickException(reason)
+    o["models"] = o["models"] or (_only_model(target),)
     opts = WorkloadOptions(
         models=o["models"],
         prompt_tokens=o["prompt_tokens"],

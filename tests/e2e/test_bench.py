@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from mlxd.cli.main import main
-from tests.e2e.conftest import Daemon, free_port
+from tests.e2e.conftest import Daemon, free_port, start_daemon, stop_daemon
 
 pytestmark = pytest.mark.e2e
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
@@ -91,3 +91,28 @@ def test_unreachable_server_is_one_line_and_nonzero() -> None:
     free_url = f"http://127.0.0.1:{free_port()}"
     result = CliRunner().invoke(main, ["bench", "run", "--url", free_url, "--model", "x"])
     assert result.exit_code == 1 and result.output.startswith(f"Error: cannot reach {free_url}")
+
+
+def test_run_without_model_uses_the_servers_only_model(shared_daemon: Daemon) -> None:
+    cmd = ["bench", "run", "--url", shared_daemon.base_url, "--concurrency", "1",
+           "--prompt-tokens", "8", "--max-tokens", "2", "--warmup-tokens", "0"]  # fmt: skip
+    result = CliRunner().invoke(main, cmd, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert f"--model {shared_daemon.model} (the server's only model)" in result.stderr
+    assert [line.split()[:3] for line in result.stdout.splitlines()[1:2]] == [["1", "1", "0"]]
+
+
+def test_run_without_model_lists_the_choices_when_there_are_several(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    config = tmp_path / "two.toml"
+    config.write_text(f'[models.other]\npath = "{tiny_model}"\npreload = false\n')
+    two = start_daemon(tiny_model, "--config", str(config))
+    try:
+        cmd = ["bench", "run", "--url", two.base_url, "--concurrency", "1"]
+        result = CliRunner().invoke(main, cmd, catch_exceptions=False)
+    finally:
+        stop_daemon(two)
+    assert result.exit_code == 1 and not result.stdout
+    assert result.stderr.strip() == (f"Error: {two.base_url} serves 2 models; pick one or more "
+                                     "with --model: other, tiny")  # fmt: skip
