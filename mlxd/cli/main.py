@@ -19,6 +19,7 @@ def _register() -> None:
     from mlxd.cli.logs import logs_command
     from mlxd.cli.make_model import make_model_command
     from mlxd.cli.ps import ps_command
+    from mlxd.cli.run import run_command
     from mlxd.cli.service import load_command, status_command, stop_command, unload_command
     from mlxd.cli.start import start_command
     from mlxd.cli.worker import worker_group
@@ -34,6 +35,7 @@ def _register() -> None:
     main.add_command(unload_command)
     main.add_command(keys_command)
     main.add_command(logs_command)
+    main.add_command(run_command)
 
 
 _register()
