@@ -7,9 +7,10 @@ pool's view of every model (``/admin/status``), each ready worker's last ``GetSt
 (``RecentRequests``: no prompts). ``?fresh=1`` polls the workers first, for a CLI command run
 right after a load. Cloud backends get a ``backends`` list, empty until they exist.
 
-Who may read it: anyone who may call the API. Loopback clients need no key unless both API keys
-and an admin key are configured; other clients send an API key or the admin key (403 when
-neither is configured). Its figures are counts, names and timings; keys and prompts never are.
+Who may read it: anyone who may call the API, and this host's CLI through the admin Unix socket.
+Loopback clients need no key unless both API keys and an admin key are configured; other
+clients send an API key or the admin key (403 when neither is configured). Its figures are
+counts, names and timings; keys and prompts never are.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from mlxd.gateway.workers import WorkerPool
 from mlxd.protocol import codec
 from mlxd.protocol.messages import StatsReply, StatusReply
 
-PATH = "/admin/overview"
+# Set in the scope by ``admin.AdminSocketApp`` for requests through the admin Unix socket.
+ADMIN_SOCKET = "mlxd.admin_socket"
 
 
 class Overview:
@@ -94,6 +96,8 @@ class Overview:
                 "replicas": 1, "worker": worker}  # fmt: skip
 
     def _authorize(self, request: Request) -> None:
+        if request.scope.get(ADMIN_SOCKET):  # this host's CLI, through the 0700 admin socket
+            return
         presented = presented_key(request.headers)
         if presented is not None and self.readers.match(presented) is not None:
             return

@@ -145,7 +145,7 @@ function renderModel(model) {
   const compute = w && w.status.compute;
   card.querySelector(".backend").textContent = [
     `${model.backend} · ${model.replicas} worker`,
-    compute ? `${compute.device} ${compute.dtype}${compute.blas ? ` · ${compute.blas}` : ""}` : "",
+    compute ? `${compute.device} ${compute.dtype}${compute.blas ? ` · ${basename(compute.blas)}` : ""}` : "",
   ].filter(Boolean).join(" · ");
   card.querySelector(".reason").textContent = model.state === "failed" ? model.last_error : "";
   figures(card.querySelector(".figures"), modelFigures(model));
@@ -156,6 +156,7 @@ function renderModel(model) {
   chart(card.querySelector(".chart-tps"), points.tps);
   chart(card.querySelector(".chart-ttft"), points.ttft);
   card.querySelector(".tps-now").textContent = w ? w.stats.output_tps_recent.toFixed(1) : "–";
+  card.querySelector(".tps-peak").textContent = `peak ${Math.max(0, ...points.tps).toFixed(1)}`;
   card.querySelector(".ttft-now").textContent = w ? ms(w.stats.ttft.p50_ms) : "–";
 }
 
@@ -269,6 +270,10 @@ function bytes(n) {
 function ms(v) {
   if (v == null) return "–";
   return v < 1000 ? `${v.toFixed(0)} ms` : `${(v / 1000).toFixed(2)} s`;
+}
+
+function basename(path) {
+  return path.split("/").pop();
 }
 
 function pct(x) {
