@@ -16,6 +16,7 @@ def main() -> None:
 def _register() -> None:
     from mlxd.cli.bench import bench_group
     from mlxd.cli.keys import keys_command
+    from mlxd.cli.login_service import service_group
     from mlxd.cli.logs import logs_command
     from mlxd.cli.make_model import make_model_command
     from mlxd.cli.ps import ps_command
@@ -36,6 +37,7 @@ def _register() -> None:
     main.add_command(keys_command)
     main.add_command(logs_command)
     main.add_command(run_command)
+    main.add_command(service_group)
 
 
 _register()

@@ -55,16 +55,20 @@ def locate(url: str | None) -> tuple[str, DaemonRecord | None]:
 def status_command(url: str | None, admin_key: str | None, as_json: bool) -> None:
     """Is mlxd running? Where, since when, and its models."""
     url, record = locate(url)
+    login = _login_service()
     try:
         body = AdminClient(url, admin_key).get(OVERVIEW_PATH)
     except click.ClickException as exc:
         if as_json:
-            print_json({"running": False, "url": url, "error": exc.message})
+            print_json({"running": False, "url": url, "error": exc.message, "login_service": login})
+        else:
+            click.echo(_login_line(login))
         raise click.ClickException(f"mlxd is not running at {url} ({exc.message})") from None
     out = {"running": True, "url": url, "pid": body["pid"], "version": body["version"],
            "uptime_s": body["uptime_s"], "detached": record is not None,
            "log_file": None if record is None else record.log_file,
-           "memory": body.get("memory"), "models": body["models"]}  # fmt: skip
+           "memory": body.get("memory"), "models": body["models"],
+           "login_service": login}  # fmt: skip
     print_json(out) if as_json else _show_status(out)
 
 
@@ -190,6 +194,7 @@ def _show_status(s: dict[str, Any]) -> None:
                f"{_duration(s['uptime_s'])})")  # fmt: skip
     if s["log_file"]:
         click.echo(f"log: {s['log_file']}")
+    click.echo(_login_line(s["login_service"]))
     memory = s["memory"] or {}
     reserved = format_bytes(memory.get("reserved_bytes") or 0)
     budget = memory.get("max_memory_bytes")
@@ -208,6 +213,20 @@ def _show_status(s: dict[str, Any]) -> None:
         if m["state"] == "failed":
             click.echo(f"{m['name']} failed: {m['last_error']} (`mlxd load {m['name']}` tries "
                        "again)")  # fmt: skip
+
+
+def _login_service() -> dict[str, Any]:
+    from mlxd.cli.login_service import login_service
+
+    service = login_service()
+    return {"installed": service.path.exists(), "path": str(service.path),
+            "platform": service.platform}  # fmt: skip
+
+
+def _login_line(login: dict[str, Any]) -> str:
+    if login["installed"]:
+        return f"login service: installed ({login['path']}; `mlxd service uninstall` removes it)"
+    return "login service: not installed (`mlxd service install` starts mlxd at login)"
 
 
 def _duration(seconds: float) -> str:
