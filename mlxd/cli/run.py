@@ -8,6 +8,7 @@ so `mlxd run MODEL "..." > file` and `echo ... | mlxd run MODEL` work.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -134,24 +135,37 @@ def _start_daemon(url: str, model: str) -> None:
 
 def _served_name(url: str, model: str, api_key: str | None) -> str:
     """The name the daemon serves ``model`` under: as given, ``NAME=``'s name, or a path's."""
-    client = AdminClient(url, api_key)
-    names = [str(m["id"]) for m in client.get("/v1/models")["data"]]
+    names = [str(m["id"]) for m in _get_json(url, "/v1/models", api_key)["data"]]
     candidates = [model, model.partition("=")[0], Path(model).expanduser().name]
     for name in candidates:
         if name in names:
             return name
-    if _is_alias(client, model):
+    if _is_alias(url, model, api_key):
         return model
     raise click.ClickException(f"mlxd at {url} does not serve {model!r}; it serves: "
                                f"{', '.join(names) or 'nothing'}")  # fmt: skip
 
 
-def _is_alias(client: AdminClient, model: str) -> bool:
+def _is_alias(url: str, model: str, api_key: str | None) -> bool:
     try:
-        client.get(f"/v1/models/{quote(model, safe='')}")
+        _get_json(url, f"/v1/models/{quote(model, safe='')}", api_key)
     except click.ClickException:
         return False
     return True
+
+
+def _get_json(url: str, path: str, api_key: str | None) -> dict[str, Any]:
+    """A GET of the OpenAI API (``AdminClient`` speaks to /admin/*, maybe over a Unix socket)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    req = urllib.request.Request(url + path, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310 - our URL
+            body: dict[str, Any] = json.loads(resp.read())
+            return body
+    except urllib.error.HTTPError as exc:
+        raise click.ClickException(f"mlxd at {url} answered {path} with HTTP {exc.code}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise click.ClickException(f"cannot reach mlxd at {url}: {exc}") from None
 
 
 def _wait_loaded(client: AdminClient, name: str) -> None:
