@@ -122,7 +122,10 @@ class NativeModelRunner(ModelRunner):
         caches, have = self._prefill[seq], self._have.get(seq, 0)
         cuts = self._cuts.get(seq, ())
         logits = None
-        for start, end in _spans(max(chunk.start, have), chunk.end, cuts):
+        # The last token apart, as in the paged runner (and mlx-lm's generate): some caches'
+        # output depends on where prefill splits (deepseek_v41's compressed groups).
+        split = (*cuts, chunk.end - 1) if chunk.is_last else cuts
+        for start, end in _spans(max(chunk.start, have), chunk.end, split):
             logits = self.model(mx.array(seq.prefill_ids[start:end])[None], cache=caches)
             if end in cuts and self.snapshots is not None:
                 self.snapshots.insert(seq.prefill_ids[:end], caches)

@@ -50,13 +50,10 @@ class PagedModelRunner(ModelRunner):
         self.tail.flush(self.pool)
         for group in _pack(chunks):
             logits = self._forward(group)
-            last = [i for i, c in enumerate(group) if c.is_last]
-            if not last:
+            if logits is None:
                 mx.eval(self.pool.keys, self.pool.values)  # keep the lazy graph one chunk deep
                 continue
-            if len(last) < len(group):
-                logits = logits[mx.array(last)]
-            seqs = [group[i].seq for i in last]
+            seqs = [c.seq for c in group if c.is_last]
             rows = [self._sample_row(s, emitted=True) for s in seqs]
             first, lp = self._sample(logits, seqs, rows)
             joined.append((seqs, first, lp))
@@ -82,17 +79,34 @@ class PagedModelRunner(ModelRunner):
 
     # Internal helpers
 
-    def _forward(self, group: list[PrefillChunk]) -> mx.array:
-        """One left-padded forward of ``group``'s chunks; the logits of each row's last token."""
-        new = [c.end - c.start for c in group]
-        width = max(new)
-        rows = []
-        for chunk, n in zip(group, new, strict=True):
+    def _forward(self, group: list[PrefillChunk]) -> mx.array | None:
+        """``group``'s chunks in left-padded forwards; the logits of the last token of each
+        prompt whose last chunk this is (None: no such chunk).
+
+        A prompt's last token runs in a forward of its own, after the rest, as mlx-lm's
+        generate feeds it: one query reads the keys as a decode step does, so a lone request
+        computes its first token as mlx-lm does.
+        """
+        for chunk in group:
             assert chunk.start == chunk.seq.num_computed, "a chunk must continue its sequence"
-            rows.append([0] * (width - n) + chunk.seq.prefill_ids[chunk.start : chunk.end])
+        heads = [(c.seq, c.start, c.end - 1 if c.is_last else c.end) for c in group]
+        self._run([(seq, start, end) for seq, start, end in heads if end > start])
+        for chunk in group:
             chunk.seq.num_computed = chunk.end
-        tables = [c.seq.block_ids for c in group]
-        step = PagedStep.build(tables, [c.start for c in group], new, self.pool)
+        tails = [(c.seq, c.end - 1, c.end) for c in group if c.is_last]
+        return self._run(tails) if tails else None
+
+    def _run(self, parts: list[tuple[Sequence, int, int]]) -> mx.array | None:
+        """One left-padded forward of each ``(seq, start, end)`` token range; the logits of
+        each row's last token."""
+        if not parts:
+            return None
+        new = [end - start for _, start, end in parts]
+        width = max(new)
+        rows = [[0] * (width - n) + seq.prefill_ids[start:end]
+                for (seq, start, end), n in zip(parts, new, strict=True)]  # fmt: skip
+        tables = [seq.block_ids for seq, _, _ in parts]
+        step = PagedStep.build(tables, [start for _, start, _ in parts], new, self.pool)
         logits: mx.array = self.model(mx.array(rows), cache=PagedKVCache.for_step(self.pool, step))
         return logits[:, -1, :]
 

@@ -8,7 +8,6 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
@@ -23,25 +22,23 @@ PREEMPT_TOKENS = 40  # 104 + 40 tokens = 9 blocks each: three running outgrow th
 
 # What mlxd does not yet serve as mlx-lm does, per (arch, test): each is an expected failure
 # (strict: once fixed, the entry must go). The issue's notes say what was found.
+_SPLITS = (
+    "compressed-group cache: the output depends on where prefill splits the prompt; "
+    "it depends on timing (where each request's prefill falls among the others' steps)"
+)
 KNOWN = {
     ("minimax_m3_vl", "test_four_concurrent_equal_each_alone"):
         "sparse/dense mixed attention: batched output differs from alone in some runs (it "
         "depends on timing: which requests share a step)",
     ("minimax_m3_vl", "test_preempted_requests_resume_to_the_same_text"):
         "as batched (when the four requests meet in one batch, which depends on timing)",
-    ("deepseek_v41", "test_greedy_equals_mlx_lm"):
-        "compressed-group cache: the output depends on where prefill splits the prompt "
-        "(mlx-lm's generate feeds the last prompt token apart); at its near-ties the outcome "
-        "depends on the machine (it failed here and passed on a CI machine)",
     # It decodes one sequence at a time: whether these differ depends on timing (where each
-    # request's prefill falls among the others' steps).
-    ("deepseek_v41", "test_four_concurrent_equal_each_alone"): "as greedy; depends on timing",
-    ("deepseek_v41", "test_a_request_joining_a_stream_equals_alone"):
-        "as greedy; depends on timing",
-    ("deepseek_v41", "test_a_repeated_long_prompt_hits_the_prefix_cache"):
-        "as greedy; depends on timing",
-    ("plamo3", "test_greedy_equals_mlx_lm"):
-        "its window mask covers window + 1 keys over a window-sized rotating cache (mlx-lm)",
+    # request's prefill falls among the others' steps). Alone it mostly passes now that
+    # prefill feeds the last prompt token apart as mlx-lm does, but not in every run.
+    ("deepseek_v41", "test_greedy_equals_mlx_lm"): _SPLITS,
+    ("deepseek_v41", "test_four_concurrent_equal_each_alone"): _SPLITS,
+    ("deepseek_v41", "test_a_request_joining_a_stream_equals_alone"): _SPLITS,
+    ("deepseek_v41", "test_a_repeated_long_prompt_hits_the_prefix_cache"): _SPLITS,
     ("llama4", "test_a_repeated_long_prompt_hits_the_prefix_cache"):
         "chunked-attention caches: no prefix hit yet",
 }  # fmt: skip
@@ -83,7 +80,7 @@ def text(client: Any, arch: str, ids: list[int], num_tokens: int = NUM_TOKENS) -
 
 
 def admin(zoo: Zoo, arch: str, what: str) -> dict[str, Any]:
-    r = httpx.get(zoo.url(f"/admin/models/{arch}/{what}"), timeout=60)
+    r = zoo.daemon.admin_get(f"/admin/models/{arch}/{what}", timeout=60)
     assert r.status_code == 200, r.text
     return r.json()  # type: ignore[no-any-return]
 
