@@ -106,7 +106,7 @@ class WorkerConfig:
                 raise ConfigError(f"bad worker endpoint {endpoint!r}")
             if endpoint.startswith("tcp://") and self.curve_keys is None:
                 raise ConfigError(f"{endpoint}: tcp:// workers need CURVE keys; make them with "
-                                  "`mlxd keys`")  # fmt: skip
+                                  "`mlxd keys new worker`")  # fmt: skip
         if self.max_context is not None and self.max_context < 2:
             raise ConfigError("--max-context must be >= 2")
         if self.buffer_cache_bytes is not None and self.buffer_cache_bytes < 0:

@@ -1,7 +1,9 @@
 """The CLI's client of the daemon's ``/admin/*`` HTTP endpoints (`mlxd worker ...`, `mlxd ps`).
 
-Standard library HTTP only, so the admin commands need nothing beyond the base install. Every
-failure becomes one ``click.ClickException`` line: click prints it and exits 1.
+A daemon on this host is reached through its admin Unix socket (``admin_socket``: no key, file
+permissions guard it); a remote one, or one whose socket is not found, over TCP with the admin
+key. Standard library HTTP only, so the admin commands need nothing beyond the base install.
+Every failure becomes one ``click.ClickException`` line: click prints it and exits 1.
 """
 
 from __future__ import annotations
@@ -11,9 +13,13 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+
+from mlxd.cli import admin_socket
+from mlxd.config import data_dir
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -44,12 +50,13 @@ class AdminClient:
 
     Args:
         url: the daemon's base URL, e.g. ``http://127.0.0.1:8000``.
-        admin_key: sent as a bearer token when given.
+        admin_key: sent as a bearer token over TCP when given (never over the Unix socket).
     """
 
     def __init__(self, url: str, admin_key: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.admin_key = admin_key
+        self.socket = admin_socket.find(data_dir(), self.url)  # None: remote, or not found
 
     def get(self, path: str) -> dict[str, Any]:
         return self._request("GET", path, None)
@@ -67,6 +74,13 @@ class AdminClient:
         data = None
         if body is not None:
             data, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
+        if self.socket is not None:
+            try:
+                return self._over_socket(self.socket, method, path, data, headers)
+            except (ConnectionRefusedError, FileNotFoundError):
+                self.socket = None  # a stale pointer (a killed daemon): try TCP
+            except OSError as exc:
+                raise click.ClickException(f"cannot reach mlxd at {self.socket}: {exc}") from None
         if self.admin_key:
             headers["Authorization"] = f"Bearer {self.admin_key}"
         req = urllib.request.Request(self.url + path, data=data, headers=headers, method=method)
@@ -78,6 +92,19 @@ class AdminClient:
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise click.ClickException(f"cannot reach mlxd at {self.url}: {reason}") from None
+
+    def _over_socket(self, socket_path: Path, method: str, path: str, data: bytes | None,
+                     headers: dict[str, str]) -> dict[str, Any]:  # fmt: skip
+        conn = admin_socket.UnixHTTPConnection(socket_path, TIMEOUT_S)
+        try:
+            conn.request(method, path, body=data, headers=headers)
+            resp = conn.getresponse()
+            body = resp.read()
+        finally:
+            conn.close()
+        if resp.status >= 400:
+            raise click.ClickException(_error_text(body, resp.reason, resp.status))
+        return _json(body)
 
 
 def format_bytes(num: float) -> str:
@@ -104,9 +131,13 @@ def _json(raw: bytes) -> dict[str, Any]:
 
 
 def _error_line(exc: urllib.error.HTTPError) -> str:
+    return _error_text(exc.read(), str(exc.reason), exc.code)
+
+
+def _error_text(body: bytes, reason: str, status: int) -> str:
     try:
-        error = json.loads(exc.read())["error"]
+        error = json.loads(body)["error"]
         message = " ".join(str(error["message"]).split())  # one line, whatever the message
     except (ValueError, KeyError, TypeError):
-        message = exc.reason
-    return f"{message} (HTTP {exc.code})"
+        message = reason
+    return f"{message} (HTTP {status})"

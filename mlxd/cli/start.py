@@ -211,8 +211,8 @@ def scheduler_config(opts: dict[str, object]) -> SchedulerConfig:
     default=None,
     metavar="KEY",
     envvar="MLXD_ADMIN_KEY",
-    help="Require this key (Authorization: Bearer) on /admin/*; without one, only "
-    "loopback clients may use them.",
+    help="Let clients that send this key (Authorization: Bearer) use /admin/* over TCP; "
+    "without one, admin is only reachable through the Unix socket this host's mlxd CLI uses.",
 )
 @click.option(
     "--heartbeat-timeout",
@@ -287,7 +287,8 @@ def start_command(models: tuple[str, ...], host: str, port: int, log_level: str,
         keep_alive = opts["keep_alive"]
         attached = tuple(_parse_worker(w) for w in opts["workers"])  # type: ignore[attr-defined]
         tcp = [str(s.endpoint) for s in attached if str(s.endpoint).startswith("tcp://")]
-        keys = curve.require(tcp[0], curve.load(curve.keys_dir(data_dir()))) if tcp else None
+        gateway_keys = curve.load(curve.keys_dir(data_dir()), "gateway") if tcp else None
+        keys = curve.require(tcp[0], gateway_keys) if tcp else None
         config = ServeConfig(
             models=_model_specs(models, file, bool(attached)) + attached,
             curve_keys=keys,
@@ -403,7 +404,10 @@ def _progress(line: str) -> None:
 def _serve(config: ServeConfig, log_level: str) -> int:
     import uvicorn
 
+    from mlxd.cli import admin_socket
+    from mlxd.cli.admin_socket import AdminSocket
     from mlxd.cli.supervisor import Supervisor
+    from mlxd.gateway.admin import AdminSocketApp
     from mlxd.gateway.app import build_app
     from mlxd.gateway.request_log import RequestLogFile
 
@@ -434,5 +438,18 @@ def _serve(config: ServeConfig, log_level: str) -> int:
     # that re-raise is a no-op, so a graceful stop exits 0.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
-    server.run()
+    admin = AdminSocket(runtime_dir, data_dir(), config.port)
+    sock = admin.bind()
+    _progress(_admin_note(admin.path, config.admin_key is not None))
+    admin_config = uvicorn.Config(AdminSocketApp(app), lifespan="off", log_level=log_level,
+                                  access_log=False, timeout_graceful_shutdown=1)  # fmt: skip
+    try:
+        admin_socket.serve(server, admin_socket.quiet_server(admin_config), sock)
+    finally:
+        admin.close()
     return 0 if server.started else STARTUP_FAILURE
+
+
+def _admin_note(path: Path, has_key: bool) -> str:
+    tcp = "with the admin key (Authorization: Bearer)" if has_key else "refused (no --admin-key)"
+    return f"admin: this host's mlxd CLI uses the Unix socket {path}; over TCP {tcp}"

@@ -75,7 +75,7 @@ def serve_command(model: str, name: str | None, endpoint: str, control: str | No
         endpoints = (endpoint, control or "")
         keys = None
         if any(e.startswith("tcp://") for e in endpoints):
-            keys = curve.load(keys_dir or curve.keys_dir(data_dir()))
+            keys = curve.load(keys_dir or curve.keys_dir(data_dir()), "worker")
         config = WorkerConfig(
             model=model,
             name=name or model,

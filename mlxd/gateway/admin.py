@@ -1,15 +1,18 @@
 """Admin endpoints: daemon and worker status, stats, and control commands over ``/admin/*``.
 
 Each model route sends one control message to the worker's control socket (``ControlClient``)
-and renders the reply as JSON. Loopback clients may call them freely unless an admin key is
-configured; then every caller must send it as ``Authorization: Bearer <key>`` (401 otherwise).
-Other clients get 403 when no admin key is configured.
+and renders the reply as JSON. Who may call them:
+
+- requests that come through the daemon's admin Unix socket (``AdminSocketApp`` marks them): no
+  key, the socket's 0700 directory is the guard, as for Docker's socket;
+- requests over TCP: only with the admin key, ``Authorization: Bearer <key>`` (401 otherwise),
+  whatever their address. Without ``--admin-key`` TCP gets 403: a same-host reverse proxy or
+  tunnel makes every outside client look like loopback, and so does any local user's process.
 """
 
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import os
 import time
 from dataclasses import asdict
@@ -18,6 +21,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mlxd import __version__
 from mlxd.errors import Forbidden, InvalidRequest, Unauthorized, WorkerUnavailable
@@ -48,6 +52,8 @@ ACTIONS: dict[str, type[Drain | Pause | Resume | FlushCache | Shutdown]] = {
     "shutdown": Shutdown,
 }
 # SetConfig's fields: JSON numbers are checked here so a bad one is a 400 naming the field.
+# Set in the ASGI scope by ``AdminSocketApp`` only; a client cannot put keys in a scope.
+ADMIN_SOCKET = "mlxd.admin_socket"
 SETTABLE: dict[str, type] = {"max_num_seqs": int, "max_queued": int, "prefill_chunk": int,
                              "stream_interval": int, "aging_s": float}  # fmt: skip
 
@@ -73,7 +79,7 @@ class AdminEndpoints:
 
     Args:
         pool: model name -> worker clients, control clients and supervisor view.
-        admin_key: required from every client when set; ``None`` allows loopback only.
+        admin_key: required over TCP; ``None`` leaves admin to the Unix socket alone.
     """
 
     def __init__(self, pool: WorkerPool, admin_key: str | None) -> None:
@@ -149,13 +155,15 @@ class AdminEndpoints:
         return JSONResponse({"name": name, **_body(reply)})
 
     def _authorize(self, request: Request) -> None:
-        if self.admin_key is not None:
-            scheme, _, token = request.headers.get("authorization", "").partition(" ")
-            presented = token.strip() if scheme.lower() == "bearer" else ""
-            if not hmac.compare_digest(presented.encode(), self.admin_key.encode()):
-                raise Unauthorized("a valid admin key is required: Authorization: Bearer <key>")
-        elif not _is_loopback(request):
-            raise Forbidden("admin endpoints are only open to loopback clients without --admin-key")
+        if request.scope.get(ADMIN_SOCKET):
+            return  # the admin Unix socket: file permissions decided who got here
+        if self.admin_key is None:
+            raise Forbidden("admin over TCP needs the daemon to run with --admin-key; on its "
+                            "host the mlxd CLI reaches admin through its Unix socket")  # fmt: skip
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        presented = token.strip() if scheme.lower() == "bearer" else ""
+        if not hmac.compare_digest(presented.encode(), self.admin_key.encode()):
+            raise Unauthorized("a valid admin key is required: Authorization: Bearer <key>")
 
 
 def _body(reply: ControlReply) -> dict[str, Any]:
@@ -179,10 +187,18 @@ def _parse_settings(body: Any) -> dict[str, int | float]:
     return out
 
 
-def _is_loopback(request: Request) -> bool:
-    if request.client is None:  # a Unix socket
-        return True
-    try:
-        return ipaddress.ip_address(request.client.host).is_loopback
-    except ValueError:
-        return False
+class AdminSocketApp:
+    """The gateway app as served on the admin Unix socket: marks each request's scope with
+    ``ADMIN_SOCKET``, so admin endpoints take it without a key.
+
+    Args:
+        app: the same app the TCP server runs (its lifespan runs there, not here).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope = {**scope, ADMIN_SOCKET: True}
+        await self.app(scope, receive, send)

@@ -119,7 +119,7 @@ class ControlClient:
             sock = self._context.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             if self._keys is not None:
-                curve.make_client(sock, self._keys)
+                curve.make_client(sock, self._keys, self.name)
             # No zmq.IMMEDIATE: with it, a reply from a worker that exits right after sending
             # (shutdown) can be lost. Stale commands are dropped by _disconnect instead.
             sock.connect(self.endpoint)

@@ -182,7 +182,7 @@ class WorkerClient:
         sock.setsockopt(zmq.SNDHWM, 0)
         sock.setsockopt(zmq.RCVHWM, 0)
         if self._keys is not None:
-            curve.make_client(sock, self._keys)
+            curve.make_client(sock, self._keys, self.name)
         sock.connect(self.endpoint)
         self._socket = sock
         self._reader = asyncio.create_task(self._read_loop(), name=f"mlxd-reader-{self.name}")

@@ -16,6 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
+from mlxd.cli import admin_socket
+from mlxd.config import data_dir
+
 
 @dataclass
 class Daemon:
@@ -23,6 +26,23 @@ class Daemon:
     base_url: str
     model: str
     model_path: Path
+    env: dict[str, str] | None = None
+
+    def admin_socket(self) -> Path:
+        path = admin_socket.find(data_dir({**os.environ, **(self.env or {})}), self.base_url)
+        assert path is not None, "the daemon published no admin socket"
+        return path
+
+    def admin(self) -> httpx.Client:
+        """A client of the daemon's admin Unix socket, as the mlxd CLI on this host uses it
+        (over TCP, admin needs the admin key)."""
+        transport = httpx.HTTPTransport(uds=str(self.admin_socket()))
+        return httpx.Client(transport=transport, base_url="http://mlxd", timeout=30)
+
+    def admin_get(self, path: str, timeout: float = 30) -> httpx.Response:
+        """``GET path`` through the admin socket."""
+        with self.admin() as client:
+            return client.get(path, timeout=timeout)
 
     def children(self) -> list[int]:
         return child_pids(self.proc.pid)
@@ -76,7 +96,7 @@ def start_daemon(
     proc = subprocess.Popen(
         cmd, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, stderr=stderr
     )
-    return wait_healthy(Daemon(proc, f"http://127.0.0.1:{port}", name, model_path))
+    return wait_healthy(Daemon(proc, f"http://127.0.0.1:{port}", name, model_path, env))
 
 
 def wait_healthy(daemon: Daemon, timeout: float = 120) -> Daemon:

@@ -20,11 +20,15 @@ pytestmark = [pytest.mark.e2e]
 ADMIN_KEY = "s3cret-admin"
 
 
-def mlxd(daemon: Daemon, *args: str, key: str | None = None) -> subprocess.CompletedProcess[str]:
+def mlxd(daemon: Daemon, *args: str, key: str | None = None, home: Path | None = None
+         ) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """The CLI against ``daemon``; another ``home`` hides its admin socket (as from elsewhere)."""
     env = {k: v for k, v in os.environ.items() if k not in ("MLXD_URL", "MLXD_ADMIN_KEY")}
     env["MLXD_URL"] = daemon.base_url
     if key is not None:
         env["MLXD_ADMIN_KEY"] = key
+    if home is not None:
+        env["MLXD_HOME"] = str(home)
     return subprocess.run([sys.executable, "-m", "mlxd", *args], capture_output=True, text=True,
                           timeout=60, env=env)  # fmt: skip
 
@@ -60,22 +64,23 @@ def test_cli_status_and_stats_after_a_request(daemon: Daemon) -> None:
 
 
 def test_http_admin_round_trip(daemon: Daemon) -> None:
-    daemon_status = httpx.get(f"{daemon.base_url}/admin/status").json()
-    (model,) = daemon_status["models"]
-    assert (model["name"], model["state"], model["restarts"]) == ("tiny", "ready", 0)
-    assert model["pid"] in daemon.children()
-    status = httpx.get(f"{daemon.base_url}/admin/models/tiny/status").json()
-    assert status["pid"] == model["pid"] and status["max_context"] == 512
-    assert status["memory"]["weights_bytes"] > 0
-    r = httpx.post(f"{daemon.base_url}/admin/models/tiny/flush-cache")
-    assert r.status_code == 200 and r.json()["state"] == "running"
-    assert httpx.get(f"{daemon.base_url}/admin/models/nope/stats").status_code == 404
+    with daemon.admin() as admin:
+        (model,) = admin.get("/admin/status").json()["models"]
+        assert (model["name"], model["state"], model["restarts"]) == ("tiny", "ready", 0)
+        assert model["pid"] in daemon.children()
+        status = admin.get("/admin/models/tiny/status").json()
+        assert status["pid"] == model["pid"] and status["max_context"] == 512
+        assert status["memory"]["weights_bytes"] > 0
+        r = admin.post("/admin/models/tiny/flush-cache")
+        assert r.status_code == 200 and r.json()["state"] == "running"
+        assert admin.get("/admin/models/nope/stats").status_code == 404
 
 
 def test_cli_set_changes_settings_live(daemon: Daemon) -> None:
     r = mlxd(daemon, "worker", "set", "tiny", "max_num_seqs=8", "aging_s=5")
     assert r.returncode == 0 and "max_num_seqs=8" in r.stdout, r.stderr
-    status = httpx.get(f"{daemon.base_url}/admin/models/tiny/status").json()
+    with daemon.admin() as admin:
+        status = admin.get("/admin/models/tiny/status").json()
     assert status["scheduler"]["max_num_seqs"] == 8 and status["scheduler"]["aging_s"] == 5.0
 
 
@@ -103,18 +108,37 @@ def test_ps_lists_the_model(daemon: Daemon) -> None:
     assert row.split()[:2] == ["tiny", "running"]
 
 
-def test_loopback_admin_without_a_key_is_open(daemon: Daemon) -> None:
-    assert httpx.get(f"{daemon.base_url}/admin/status").status_code == 200
+def test_tcp_admin_without_a_key_is_refused_even_from_loopback(daemon: Daemon) -> None:
+    # A same-host proxy or tunnel makes every outside client loopback: TCP is no guard.
+    for method, path in [("GET", "/admin/status"), ("POST", "/admin/models/tiny/drain"),
+                         ("POST", "/admin/models/tiny/unload")]:  # fmt: skip
+        r = httpx.request(method, f"{daemon.base_url}{path}")
+        assert r.status_code == 403 and "Unix socket" in r.json()["error"]["message"], r.text
+    assert complete(daemon).status_code == 200  # nothing was drained or unloaded
 
 
-def test_admin_key_is_required_when_set(keyed: Daemon) -> None:
+def test_the_admin_socket_is_private_to_the_daemons_user(daemon: Daemon) -> None:
+    path = daemon.admin_socket()
+    with daemon.admin() as admin:
+        assert admin.get("/admin/status").status_code == 200
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert path.parent.stat().st_mode & 0o777 == 0o700
+
+
+def test_the_cli_elsewhere_needs_the_key_over_tcp(daemon: Daemon, tmp_path: Path) -> None:
+    r = mlxd(daemon, "worker", "status", "tiny", home=tmp_path)
+    assert r.returncode != 0 and "HTTP 403" in r.stderr and "--admin-key" in r.stderr
+
+
+def test_admin_key_is_required_when_set(keyed: Daemon, tmp_path: Path) -> None:
     url = f"{keyed.base_url}/admin/models/tiny/stats"
     assert httpx.get(url).status_code == 401
     assert httpx.get(url, headers={"Authorization": "Bearer nope"}).status_code == 401
     assert httpx.get(url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}).status_code == 200
-    denied = mlxd(keyed, "worker", "status", "tiny", key="nope")
+    denied = mlxd(keyed, "worker", "status", "tiny", key="nope", home=tmp_path)
     assert denied.returncode != 0 and "HTTP 401" in denied.stderr
-    assert mlxd(keyed, "worker", "status", "tiny", key=ADMIN_KEY).returncode == 0
+    assert mlxd(keyed, "worker", "status", "tiny", key=ADMIN_KEY, home=tmp_path).returncode == 0
+    assert mlxd(keyed, "worker", "status", "tiny").returncode == 0  # this host: the socket
 
 
 def test_shutdown_stops_the_worker_for_good(keyed: Daemon) -> None:

@@ -14,6 +14,7 @@ from tests.e2e.conftest import Daemon, start_daemon, stop_daemon
 
 pytestmark = [pytest.mark.e2e]
 
+LONG_TOKENS = 4000  # a stream that would run for seconds: most of the tiny model's 4096 context
 PROMPTS = ["hello world", "The quick brown fox", "import os", "a b c d e f", "Python is", "zz"]
 
 
@@ -59,10 +60,17 @@ def test_flood_gets_429_and_every_admitted_request_completes(narrow: Daemon) -> 
 
 
 def test_disconnecting_client_frees_its_slot(narrow: Daemon) -> None:
-    body = {"model": narrow.model, "prompt": "hello", "max_tokens": 400, "stream": True,
+    stats = f"/admin/models/{narrow.model}/stats"
+    before = narrow.admin_get(stats).json()
+    body = {"model": narrow.model, "prompt": "hello", "max_tokens": LONG_TOKENS, "stream": True,
             "ignore_eos": True}  # fmt: skip
     with httpx.stream("POST", f"{narrow.base_url}/v1/completions", json=body, timeout=30) as r:
         chunks = r.iter_lines()
         assert next(chunks).startswith("data: ")
     # The only slot was taken by the stream above; it must be free again now.
     assert _complete(narrow, "import os", max_tokens=4)
+    after = narrow.admin_get(stats).json()
+    # Had the slot not been freed, the follow-up would just have queued behind the stream until
+    # its LONG_TOKENS were out: so the stream must have been cancelled, far short of them.
+    assert after["requests_cancelled"] == before["requests_cancelled"] + 1
+    assert after["output_tokens"] - before["output_tokens"] < LONG_TOKENS // 2

@@ -40,7 +40,7 @@ def no_blas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, 
 
 
 def status(d: Daemon, model: str) -> dict[str, Any]:
-    r = httpx.get(f"{d.base_url}/admin/models/{model}/status", timeout=30)
+    r = d.admin_get(f"/admin/models/{model}/status")
     assert r.status_code == 200, r.text
     return r.json()  # type: ignore[no-any-return]
 

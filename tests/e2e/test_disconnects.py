@@ -28,7 +28,7 @@ def chunky(tiny_model: Path) -> Iterator[Daemon]:
 
 
 def admin(d: Daemon, what: str) -> dict[str, Any]:
-    r = httpx.get(f"{d.base_url}/admin/models/{d.model}/{what}", timeout=10)
+    r = d.admin_get(f"/admin/models/{d.model}/{what}", timeout=10)
     assert r.status_code == 200, r.text
     return dict(r.json())
 

@@ -82,7 +82,7 @@ def complete(d: Daemon, model: str) -> str:
 
 
 def model_info(d: Daemon, name: str) -> dict:
-    models = httpx.get(f"{d.base_url}/admin/status", timeout=10).json()["models"]
+    models = d.admin_get("/admin/status", timeout=10).json()["models"]
     return next(m for m in models if m["name"] == name)
 
 

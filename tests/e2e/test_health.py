@@ -77,7 +77,7 @@ def control(d: Daemon, name: str, msg: DebugCrash | DebugFailSteps) -> object:
 
 
 def model_info(d: Daemon, name: str) -> dict[str, Any]:
-    models = httpx.get(f"{d.base_url}/admin/status", timeout=10).json()["models"]
+    models = d.admin_get("/admin/status", timeout=10).json()["models"]
     return next(m for m in models if m["name"] == name)  # type: ignore[no-any-return]
 
 

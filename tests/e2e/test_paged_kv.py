@@ -36,7 +36,7 @@ def client(small_pool: Daemon) -> Iterator[openai.OpenAI]:
 
 
 def stats(d: Daemon) -> dict[str, Any]:
-    r = httpx.get(f"{d.base_url}/admin/models/{d.model}/stats", timeout=30)
+    r = d.admin_get(f"/admin/models/{d.model}/stats")
     assert r.status_code == 200, r.text
     return r.json()  # type: ignore[no-any-return]
 
@@ -156,7 +156,7 @@ def test_models_the_paged_cache_cannot_hold_are_served_on_their_own_caches_and_s
                                                 "six seven eight nine ten", max_tokens=24,
                                                 temperature=0)  # fmt: skip
             assert out.usage.completion_tokens > 0
-            r = httpx.get(f"{d.base_url}/admin/models/{d.model}/status", timeout=30)
+            r = d.admin_get(f"/admin/models/{d.model}/status")
             assert r.status_code == 200, r.text
             kv_cache = r.json()["kv_cache"]
             assert kv_cache == f"contiguous ({why}; snapshot prefix cache)", kv_cache

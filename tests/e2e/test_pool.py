@@ -65,7 +65,7 @@ preload = false
 
 
 def models(d: Daemon) -> dict[str, dict]:
-    body = httpx.get(f"{d.base_url}/admin/status", timeout=10).json()
+    body = d.admin_get("/admin/status", timeout=10).json()
     return {m["name"]: m for m in body["models"]}
 
 
@@ -84,7 +84,7 @@ def test_models_lists_configured_models_with_their_state(pool: Daemon, tiny_mode
     assert listed["a"]["loaded"] and listed["b"]["loaded"] and not listed["c"]["loaded"]
     assert listed["c"]["state"] == "unloaded" and listed["c"]["aliases"] == ["cee"]
     assert client.models.retrieve("cee").id == "cee"
-    status = httpx.get(f"{pool.base_url}/admin/status", timeout=10).json()
+    status = pool.admin_get("/admin/status", timeout=10).json()
     assert status["memory"]["reserved_bytes"] == 2 * size_of(tiny_model)
     assert models(pool)["a"]["memory_bytes"] == size_of(tiny_model)
 
@@ -95,7 +95,7 @@ def test_under_the_budget_each_worker_caps_its_buffer_cache_to_its_headroom(pool
 
     info = models(pool)["a"]
     headroom = info["memory_bytes"] - info["weights_bytes"] - info["kv_bytes"]
-    status = httpx.get(f"{pool.base_url}/admin/models/a/status", timeout=10).json()
+    status = pool.admin_get("/admin/models/a/status", timeout=10).json()
     limit = status["memory"]["cache_limit_bytes"]
     assert limit is not None and abs(limit - max(64 * 2**20, headroom - RUNTIME_BYTES)) <= 1
 

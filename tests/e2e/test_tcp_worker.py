@@ -1,5 +1,6 @@
-"""Workers over tcp:// with CURVE: `mlxd keys`, a worker process bound on TCP, right and wrong
-keys, and links without keys refused on both sides."""
+"""Workers over tcp:// with CURVE: `mlxd keys`, a worker process bound on TCP, each side with its
+own keypair checking the other's against its authorized list, wrong keys and links without keys
+refused on both sides."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from mlxd.gateway.control import ControlClient
 from mlxd.gateway.workers import WorkerClient
 from mlxd.protocol import codec, curve
 from mlxd.protocol.messages import Finished, Generate, GetStatus, Ping, SamplingParams, TextPrompt
-from tests.e2e.conftest import free_port
+from tests.e2e.conftest import Daemon, free_port
 
 pytestmark = [pytest.mark.e2e]
 
@@ -38,21 +39,36 @@ def _env(home: Path) -> dict[str, str]:
 
 
 def test_keys_are_private_and_never_silently_replaced(tmp_path: Path) -> None:
-    r = mlxd(tmp_path, "keys")
+    r = mlxd(tmp_path, "keys", "new", "worker")
     assert r.returncode == 0 and "public key:" in r.stdout, r.stderr
-    secret = tmp_path / "keys" / curve.SECRET_FILE
+    secret = tmp_path / "keys" / "worker.key"
     assert secret.stat().st_mode & 0o777 == 0o600
     assert secret.parent.stat().st_mode & 0o777 == 0o700
-    keys = curve.load(secret.parent)
-    assert keys is not None and (tmp_path / "keys" / curve.PUBLIC_FILE).read_bytes().strip() == (
-        keys.public
-    )
-    again = mlxd(tmp_path, "keys")
+    keys = curve.load(secret.parent, "worker")
+    assert keys is not None
+    assert (tmp_path / "keys" / "worker.pub").read_bytes().strip() == keys.public
+    again = mlxd(tmp_path, "keys", "new", "worker")
     assert again.returncode == 1 and "exists" in again.stderr
-    assert curve.load(secret.parent) == keys
+    assert curve.load(secret.parent, "worker") == keys
+    listed = mlxd(tmp_path, "keys", "list")
+    assert keys.public.decode() in listed.stdout and keys.secret.decode() not in listed.stdout
+    assert keys.secret.decode() not in repr(keys) + r.stdout + r.stderr
     secret.chmod(0o644)
     with pytest.raises(ConfigError, match="readable by other users"):
-        curve.load(secret.parent)
+        curve.load(secret.parent, "worker")
+
+
+def test_trust_and_revoke_edit_the_authorized_lists(tmp_path: Path) -> None:
+    gateway = curve.generate(curve.keys_dir(tmp_path), "gateway")
+    worker = curve.generate(tmp_path / "elsewhere", "worker").public.decode()
+    assert mlxd(tmp_path, "keys", "trust", "worker", worker, "--name", "m").returncode == 0
+    loaded = curve.load(curve.keys_dir(tmp_path), "gateway")
+    assert loaded is not None and loaded.peers == ((worker.encode(), "m"),)
+    assert loaded.server_key("m") == worker.encode() and gateway.public != worker.encode()
+    bad = mlxd(tmp_path, "keys", "trust", "worker", "not-a-key")
+    assert bad.returncode == 1 and "40 z85" in bad.stderr
+    assert mlxd(tmp_path, "keys", "revoke", worker).returncode == 0
+    assert curve.load(curve.keys_dir(tmp_path), "gateway").peers == ()  # type: ignore[union-attr]
 
 
 def test_tcp_without_keys_is_refused_on_both_sides(tiny_model: Path, tmp_path: Path) -> None:
@@ -65,10 +81,22 @@ def test_tcp_without_keys_is_refused_on_both_sides(tiny_model: Path, tmp_path: P
         ControlClient("m", endpoint)
 
 
+def two_hosts(home: Path, gateway_home: Path) -> tuple[curve.CurveKeys, curve.CurveKeys]:
+    """A worker's and a gateway's keys, each in its own data dir, trusting each other."""
+    worker = curve.generate(curve.keys_dir(home), "worker")
+    gateway = curve.generate(curve.keys_dir(gateway_home), "gateway")
+    curve.trust(curve.keys_dir(home), "gateway", gateway.public.decode())
+    curve.trust(curve.keys_dir(gateway_home), "worker", worker.public.decode())
+    loaded = curve.load(curve.keys_dir(gateway_home), "gateway"), curve.load(curve.keys_dir(home),
+                                                                             "worker")  # fmt: skip
+    assert loaded[0] is not None and loaded[1] is not None
+    return loaded[0], loaded[1]
+
+
 @pytest.fixture(scope="module")
 def tcp_worker(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
     home = tmp_path_factory.mktemp("tcp")
-    keys = curve.generate(curve.keys_dir(home))
+    keys, worker_keys = two_hosts(home, home / "gateway")
     for _ in range(3):  # another process may take a free port before the worker binds it
         port = free_port_pair()  # the control socket is the next port, as `--worker` expects
         data, ctl = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}"
@@ -81,7 +109,7 @@ def tcp_worker(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     else:
         raise AssertionError("the tcp worker did not start (three tries)")
     try:
-        yield data, ctl, keys, home
+        yield data, ctl, keys, home / "gateway", worker_keys
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -100,7 +128,7 @@ def free_port_pair() -> int:
 
 
 def test_the_gateway_attaches_a_tcp_worker_with_the_keys(tcp_worker: tuple) -> None:
-    data, _, _, home = tcp_worker
+    data, _, _, home, _ = tcp_worker
     port = free_port()
     cmd = [sys.executable, "-m", "mlxd", "start", "--worker", f"m={data}", "--port", str(port),
            "--log-level", "warning"]  # fmt: skip
@@ -118,9 +146,11 @@ def test_the_gateway_attaches_a_tcp_worker_with_the_keys(tcp_worker: tuple) -> N
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
         r = client.completions.create(model="m", prompt="hi", max_tokens=3)
         assert r.usage is not None and r.usage.completion_tokens == 3
-        [info] = httpx.get(f"{base}/admin/status", timeout=10).json()["models"]
+        admin = Daemon(proc, base, "m", Path(), {"MLXD_HOME": str(home)}).admin()
+        with admin:
+            [info] = admin.get("/admin/status").json()["models"]
+            r2 = admin.post("/admin/models/m/unload")
         assert info["state"] == "ready" and info["pid"] is None and info["memory_bytes"] == 0
-        r2 = httpx.post(f"{base}/admin/models/m/unload", timeout=10)
         assert r2.status_code == 400 and "attached" in r2.json()["error"]["message"]
     finally:
         proc.terminate()
@@ -148,7 +178,7 @@ async def _wait_pong(endpoint: str, keys: curve.CurveKeys, proc: subprocess.Pope
 
 
 def test_a_client_with_the_keys_is_served(tcp_worker: tuple) -> None:
-    data, ctl, keys, _ = tcp_worker
+    data, ctl, keys, _, _ = tcp_worker
 
     async def main() -> None:
         client = WorkerClient("m", data, keys=keys)
@@ -169,8 +199,9 @@ def test_a_client_with_the_keys_is_served(tcp_worker: tuple) -> None:
 
 
 def test_wrong_keys_and_plain_clients_are_refused(tcp_worker: tuple, tmp_path: Path) -> None:
-    data, _, keys, _ = tcp_worker
-    wrong = curve.generate(tmp_path / "other")
+    data, _, keys, _, worker = tcp_worker
+    wrong = curve.generate(tmp_path / "other", "gateway")
+    wrong = curve.CurveKeys(wrong.public, wrong.secret, keys.peers)
 
     async def with_wrong_keys() -> None:
         client = WorkerClient("m", data, keys=wrong)
@@ -183,10 +214,20 @@ def test_wrong_keys_and_plain_clients_are_refused(tcp_worker: tuple, tmp_path: P
 
     asyncio.run(with_wrong_keys())
     assert not answers(data, None), "a client without CURVE got an answer"
-    # Knowing the worker's public key (curve.pub is not secret) is not enough: the ZAP handler
-    # admits only clients that hold the deployment's own keypair.
-    assert not answers(data, (keys.public, *zmq.curve_keypair())), "an unknown client key got in"
-    assert answers(data, (keys.public, keys.public, keys.secret)), "the control case failed"
+    # Knowing the worker's public key (worker.pub is not secret) is not enough: the ZAP handler
+    # admits only clients whose key is in authorized_gateways.
+    assert not answers(data, (worker.public, *zmq.curve_keypair())), "an unknown client got in"
+    # Not even the worker's own keypair: each side has its own identity now.
+    assert not answers(data, (worker.public, worker.public, worker.secret)), "worker key got in"
+    assert answers(data, (worker.public, keys.public, keys.secret)), "the control case failed"
+
+
+def test_the_gateway_refuses_a_worker_with_another_key(tcp_worker: tuple) -> None:
+    data, _, keys, _, worker = tcp_worker
+    impostor = zmq.curve_keypair()[0]  # the gateway pins this key: the real worker cannot prove it
+    assert not answers(data, (impostor, keys.public, keys.secret))
+    pinned = curve.CurveKeys(keys.public, keys.secret, ((impostor, "m"), (worker.public, "x")))
+    assert pinned.server_key("m") == impostor
 
 
 def answers(endpoint: str, creds: tuple[bytes, bytes, bytes] | None) -> bool:

@@ -1,4 +1,5 @@
-"""Admin endpoint guards (loopback / admin key) and ControlClient over a real ZMQ ROUTER."""
+"""Admin endpoint guards (the admin socket / the admin key over TCP) and ControlClient over a real
+ZMQ ROUTER."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from starlette.testclient import TestClient
 
 from mlxd.config import ModelSpec, ServeConfig
 from mlxd.errors import InvalidRequest, WorkerUnavailable
+from mlxd.gateway.admin import AdminSocketApp
 from mlxd.gateway.app import build_app
 from mlxd.gateway.control import ControlClient
 from mlxd.gateway.workers import StaticPool
@@ -20,11 +22,45 @@ from mlxd.protocol import codec
 from mlxd.protocol.messages import Ack, Error, Pause, SetConfig
 
 
-def _client(admin_key: str | None = None) -> TestClient:
-    """The app without its lifespan: no worker is connected. TestClient's peer is not loopback."""
+def _client(admin_key: str | None = None, peer: str = "testclient", on_socket: bool = False
+            ) -> TestClient:  # fmt: skip
+    """The app without its lifespan: no worker is connected. ``on_socket``: as served on the
+    admin Unix socket (``AdminSocketApp``)."""
     config = ServeConfig(models=(ModelSpec(name="m", path="/m"),), admin_key=admin_key)
     pool = StaticPool({"m": f"ipc:///tmp/mlxd-test-{uuid.uuid4().hex}.sock"})
-    return TestClient(build_app(config, pool))
+    app = build_app(config, pool)
+    return TestClient(AdminSocketApp(app) if on_socket else app, client=(peer, 50000))
+
+
+CONTROL = [("post", "/admin/models/m/drain"), ("post", "/admin/models/m/shutdown"),
+           ("post", "/admin/models/m/unload"), ("post", "/admin/models/m/set"),
+           ("get", "/admin/status")]  # fmt: skip
+
+
+@pytest.mark.parametrize("peer", ["127.0.0.1", "::1"])
+@pytest.mark.parametrize(("method", "path"), CONTROL)
+def test_loopback_over_tcp_is_refused_without_an_admin_key(peer: str, method: str, path: str
+                                                           ) -> None:  # fmt: skip
+    # A same-host proxy or tunnel that adds no X-Forwarded-For makes every client loopback.
+    r = _client(peer=peer).request(method, path, json={"max_num_seqs": 2})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
+    assert "Unix socket" in r.json()["error"]["message"]
+
+
+def test_loopback_over_tcp_needs_the_admin_key_when_set() -> None:
+    r = _client("secret", peer="127.0.0.1").post("/admin/models/m/drain")
+    assert r.status_code == 401
+
+
+@pytest.mark.parametrize("admin_key", [None, "secret"])
+def test_the_admin_socket_needs_no_key(admin_key: str | None) -> None:
+    r = _client(admin_key, on_socket=True).get("/admin/status")
+    assert r.status_code == 200 and r.json()["models"][0]["name"] == "m"
+
+
+def test_the_admin_socket_marker_cannot_come_from_a_header() -> None:
+    r = _client(peer="127.0.0.1").get("/admin/status", headers={"mlxd.admin_socket": "1"})
+    assert r.status_code == 403
 
 
 def test_non_loopback_clients_are_refused_without_an_admin_key() -> None:
