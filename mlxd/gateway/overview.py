@@ -26,15 +26,13 @@ from starlette.responses import JSONResponse, Response
 from mlxd import __version__
 from mlxd.config import ApiKey
 from mlxd.errors import Forbidden, Unauthorized
+from mlxd.gateway.admin import ADMIN_SOCKET
 from mlxd.gateway.auth import KeyRing, is_loopback, presented_key
 from mlxd.gateway.recent import RecentRequests
 from mlxd.gateway.worker_metrics import WorkerMetrics
 from mlxd.gateway.workers import WorkerPool
 from mlxd.protocol import codec
 from mlxd.protocol.messages import StatsReply, StatusReply
-
-# Set in the scope by ``admin.AdminSocketApp`` for requests through the admin Unix socket.
-ADMIN_SOCKET = "mlxd.admin_socket"
 
 
 class Overview:

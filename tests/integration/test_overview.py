@@ -54,8 +54,13 @@ def test_other_hosts_are_refused_when_no_key_is_set() -> None:
 
 @pytest.mark.parametrize(
     ("headers", "status"),
-    [({}, 401), (_bearer("wrong"), 401), (_bearer(KEY.key), 200), (_bearer(ADMIN), 200),
-     ({"x-api-key": KEY.key}, 200)],  # fmt: skip
+    [
+        ({}, 401),
+        (_bearer("wrong"), 401),
+        (_bearer(KEY.key), 200),
+        (_bearer(ADMIN), 200),
+        ({"x-api-key": KEY.key}, 200),
+    ],  # fmt: skip
 )
 def test_with_keys_an_api_key_or_the_admin_key_is_needed(
     keyed: Gateway, headers: dict[str, str], status: int
