@@ -285,10 +285,6 @@ class Engine:
             return
         for chunk in chunks:
             self.scheduler.complete_chunk(chunk)
-        now = self.clock()
-        for seq, _ in firsts:
-            if seq.first_token_time is None:  # a resumed sequence had its first token before
-                seq.first_token_time = now
         self._accept(firsts)  # a sequence done at its first token is retired at step end
 
     def _reserve(self) -> None:
@@ -352,7 +348,10 @@ class Engine:
 
     def _accept(self, events: list[TokenEvent]) -> None:
         self.stats.on_tokens(events)
+        now = self.clock()
         for seq, token in events:
+            if seq.first_token_time is None:  # a resumed sequence had its first token before
+                seq.first_token_time = now
             if not seq.is_finished:
                 self._add_token(seq, token)
 

@@ -211,7 +211,9 @@ class ModelRunner:
         pads = [width - s.num_prefill_tokens for s in seqs]
         tokens = mx.array([[0] * p + s.prefill_ids for s, p in zip(seqs, pads, strict=True)])
         caches = [BatchKVCache.for_prefill(pads) for _ in range(self.num_layers)]
-        logits = self.model(tokens, cache=caches)[:, -1, :]
+        if width > 1:  # the last token apart, as mlx-lm's generate feeds it (see paged_runner)
+            self.model(tokens[:, :-1], cache=caches)
+        logits = self.model(tokens[:, -1:], cache=caches)[:, -1, :]
         first, lp = self._sample(logits, seqs, [self._sample_row(s, emitted=True) for s in seqs])
         return seqs, first, caches, lp
 
@@ -219,6 +221,9 @@ class ModelRunner:
         seq = chunk.seq
         caches = self._prefill.setdefault(seq, self._new_caches(batch=False))
         tokens = mx.array(seq.prefill_ids[chunk.start : chunk.end])[None]
+        if chunk.is_last and tokens.shape[1] > 1:  # the last token apart, as in _prefill_whole
+            self.model(tokens[:, :-1], cache=caches)
+            tokens = tokens[:, -1:]
         logits = self.model(tokens, cache=caches)
         if not chunk.is_last:
             mx.eval(layer_caches.arrays(caches))  # keep the lazy graph one chunk deep

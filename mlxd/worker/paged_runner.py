@@ -41,26 +41,32 @@ class PagedModelRunner(ModelRunner):
     # Public API
 
     def prefill(self, chunks: list[PrefillChunk]) -> list[TokenEvent]:
-        """Run this step's chunks; rows whose prefill is done join the decode batch."""
-        joined = []
+        """Run this step's chunks but the last token of each prompt they finish; those rows join
+        the decode batch with that token as their next input.
+
+        So a prompt's last token runs in a decode step, as mlx-lm feeds it (its generate and its
+        batch generator alike): a lone request computes its first token as mlx-lm does, and a
+        batched one as it would alone. (On an H100 in float16, taking it from the prefill
+        forward changed a greedy answer at a near-tie: docs/PERFORMANCE.md, fidelity.) It costs
+        no forward of its own: the token rides in the decode step the batch runs anyway.
+        Returns no tokens: the first ones come from that step.
+        """
         if self._pending is not None:
             mx.eval(self._pending)  # a decode step in flight holds the pool: writes would copy it
         # Prefill reads the pool (prefix hits) and must see it all; the flush also completes
         # the last prefill's writes, so these go on top of evaluated arrays.
         self.tail.flush(self.pool)
+        joined: list[Sequence] = []
         for group in _pack(chunks):
-            logits = self._forward(group)
-            if logits is None:
+            self._forward(group)
+            done = [c.seq for c in group if c.is_last]
+            if not done:
                 mx.eval(self.pool.keys, self.pool.values)  # keep the lazy graph one chunk deep
-                continue
-            seqs = [c.seq for c in group if c.is_last]
-            rows = [self._sample_row(s, emitted=True) for s in seqs]
-            first, lp = self._sample(logits, seqs, rows)
-            joined.append((seqs, first, lp))
-        if not joined:
-            return []
-        self.tail.restart()  # new rows' tokens are in the pool only: the next step starts there
-        return self._join(joined)
+            joined += done
+        if joined:
+            self.tail.restart()  # new rows' tokens are in the pool only: the next step starts there
+            self._enter(joined)
+        return []
 
     @property
     def kv_bytes(self) -> int:
@@ -79,36 +85,33 @@ class PagedModelRunner(ModelRunner):
 
     # Internal helpers
 
-    def _forward(self, group: list[PrefillChunk]) -> mx.array | None:
-        """``group``'s chunks in left-padded forwards; the logits of the last token of each
-        prompt whose last chunk this is (None: no such chunk).
-
-        A prompt's last token runs in a forward of its own, after the rest, as mlx-lm's
-        generate feeds it: one query reads the keys as a decode step does, so a lone request
-        computes its first token as mlx-lm does.
-        """
+    def _forward(self, group: list[PrefillChunk]) -> None:
+        """One left-padded forward of ``group``'s chunks, without the last token of a prompt
+        (a chunk left with none joins no forward)."""
+        parts = []
         for chunk in group:
             assert chunk.start == chunk.seq.num_computed, "a chunk must continue its sequence"
-        heads = [(c.seq, c.start, c.end - 1 if c.is_last else c.end) for c in group]
-        self._run([(seq, start, end) for seq, start, end in heads if end > start])
-        for chunk in group:
-            chunk.seq.num_computed = chunk.end
-        tails = [(c.seq, c.end - 1, c.end) for c in group if c.is_last]
-        return self._run(tails) if tails else None
-
-    def _run(self, parts: list[tuple[Sequence, int, int]]) -> mx.array | None:
-        """One left-padded forward of each ``(seq, start, end)`` token range; the logits of
-        each row's last token."""
+            end = chunk.end - 1 if chunk.is_last else chunk.end
+            chunk.seq.num_computed = end
+            if end > chunk.start:
+                parts.append((chunk.seq, chunk.start, end))
         if not parts:
-            return None
+            return
         new = [end - start for _, start, end in parts]
         width = max(new)
         rows = [[0] * (width - n) + seq.prefill_ids[start:end]
                 for (seq, start, end), n in zip(parts, new, strict=True)]  # fmt: skip
         tables = [seq.block_ids for seq, _, _ in parts]
         step = PagedStep.build(tables, [start for _, start, _ in parts], new, self.pool)
-        logits: mx.array = self.model(mx.array(rows), cache=PagedKVCache.for_step(self.pool, step))
-        return logits[:, -1, :]
+        self.model(mx.array(rows), cache=PagedKVCache.for_step(self.pool, step))
+
+    def _enter(self, seqs: list[Sequence]) -> None:
+        """Prefilled rows join the decode batch: their next input is their prompt's last token,
+        which is not theirs to emit (it is read back with the step, and dropped)."""
+        self.rows += seqs
+        self._emitted += [True] * len(seqs)
+        last = mx.array([s.prefill_ids[-1] for s in seqs], dtype=mx.uint32)
+        self._pending = last if self._pending is None else mx.concatenate([self._pending, last])
 
     def reset(self) -> list[Sequence]:
         self.tail.drop_batch()

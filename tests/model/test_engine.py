@@ -288,3 +288,36 @@ def test_prompts_that_end_at_their_first_token_leave_no_pending_pool_writes(
         first_token_only(str(i), [t + i for t in prompt])
     kv = len(prompt) * KVPool.bytes_per_token(h.engine.runner.model)
     assert mx.get_active_memory() - before < 4 * kv  # 32 prompts' K/V would be 32x
+
+
+@pytest.mark.parametrize("kv", KV_MODES)
+def test_the_first_token_is_computed_as_mlx_lm_computes_it(
+    harness_factory: Any, tiny_model: Path, kv: str
+) -> None:
+    """The prompt's last token runs in a one-query forward after the rest, as mlx-lm's
+    generate feeds it: the first token's log probabilities are mlx-lm's to the bit, not those
+    of a forward over the whole prompt (on a GPU in half precision the two pick different
+    tokens at near-ties: docs/PERFORMANCE.md, fidelity)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model, tok = load_model(tiny_model)
+    ids = tok.encode(PROMPTS[1])
+
+    def first_logprobs(split: bool) -> list[float]:
+        cache = make_prompt_cache(model)
+        logits = model(mx.array([ids[:-1] if split else ids]), cache=cache)[:, -1]
+        if split:
+            logits = model(mx.array([ids[-1:]]), cache=cache)[:, -1]
+        logits = logits.astype(mx.float32)
+        return (logits - mx.logsumexp(logits, axis=-1, keepdims=True))[0].tolist()  # type: ignore[no-any-return]
+
+    split, whole = first_logprobs(True), first_logprobs(False)
+    h = harness_factory(**KV_MODES[kv])
+    h.generate("r", PROMPTS[1], max_tokens=1, logprobs=True, top_logprobs=5)
+    first = h.run()["r"].logprobs[0]
+    got = [t.logprob for t in first.top_logprobs]
+    top = sorted(range(len(split)), key=lambda i: -split[i])[:5]
+    assert [t.token_id for t in first.top_logprobs] == top
+    assert got == [split[i] for i in top]
+    assert got != [whole[i] for i in top]  # the test tells the two apart
