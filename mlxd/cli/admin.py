@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 
 import click
 
-from mlxd.cli import admin_socket
 from mlxd.config import data_dir
+from mlxd.daemon import admin_socket
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 

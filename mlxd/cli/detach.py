@@ -15,7 +15,7 @@ import urllib.request
 
 import click
 
-from mlxd.cli.daemon_files import DaemonFiles
+from mlxd.daemon.daemon_files import DaemonFiles
 
 HEALTHY_WITHIN_S = 900.0  # a first start may download or make a model
 

@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 import click
 
 from mlxd.cli.admin import DEFAULT_URL, OVERVIEW_PATH, AdminClient, format_bytes, print_json
-from mlxd.cli.daemon_files import DaemonFiles, DaemonRecord, is_mlxd
 from mlxd.config import data_dir
+from mlxd.daemon.daemon_files import DaemonFiles, DaemonRecord, is_mlxd
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 

@@ -15,7 +15,6 @@ import click
 
 from mlxd.cli.api_keys import api_keys
 from mlxd.cli.config_file import ConfigFile, read_config_file
-from mlxd.cli.daemon_files import DaemonFiles, busy_message
 from mlxd.cli.detach import detach
 from mlxd.config import (
     DEFAULT_MODEL,
@@ -28,6 +27,7 @@ from mlxd.config import (
     parse_duration,
     parse_memory,
 )
+from mlxd.daemon.daemon_files import DaemonFiles, busy_message
 from mlxd.errors import ConfigError, MlxdError
 from mlxd.gateway.request_log import FILE_NAME
 from mlxd.protocol import curve
@@ -404,9 +404,9 @@ def _progress(line: str) -> None:
 def _serve(config: ServeConfig, log_level: str) -> int:
     import uvicorn
 
-    from mlxd.cli import admin_socket
-    from mlxd.cli.admin_socket import AdminSocket
-    from mlxd.cli.supervisor import Supervisor
+    from mlxd.daemon import admin_socket
+    from mlxd.daemon.admin_socket import AdminSocket
+    from mlxd.daemon.supervisor import Supervisor
     from mlxd.gateway.admin import AdminSocketApp
     from mlxd.gateway.app import build_app
     from mlxd.gateway.request_log import RequestLogFile

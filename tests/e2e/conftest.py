@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from mlxd.cli import admin_socket
 from mlxd.config import data_dir
+from mlxd.daemon import admin_socket
 
 
 @dataclass

@@ -20,8 +20,8 @@ import httpx
 import openai
 import pytest
 
-from mlxd.cli.footprint import footprint
 from mlxd.config import ModelSpec, ServeConfig
+from mlxd.daemon.footprint import footprint
 from tests.e2e.conftest import Daemon, free_port, stop_daemon, wait_healthy
 
 pytestmark = [pytest.mark.e2e]
@@ -91,7 +91,7 @@ def test_models_lists_configured_models_with_their_state(pool: Daemon, tiny_mode
 
 def test_under_the_budget_each_worker_caps_its_buffer_cache_to_its_headroom(pool: Daemon) -> None:
     """What MLX keeps of freed buffers counts against the reservation: the worker is told so."""
-    from mlxd.cli.footprint import RUNTIME_BYTES
+    from mlxd.daemon.footprint import RUNTIME_BYTES
 
     info = models(pool)["a"]
     headroom = info["memory_bytes"] - info["weights_bytes"] - info["kv_bytes"]

@@ -82,7 +82,7 @@ def test_greedy_output_float32_vs_the_files_float16(half_model: Path) -> None:
 def test_footprint_growth_matches_the_cast(half_model: Path) -> None:
     import json
 
-    from mlxd.cli.footprint import dtype_growth
+    from mlxd.daemon.footprint import dtype_growth
     from mlxd.worker import cpu_backend
 
     model, _ = _load(half_model)

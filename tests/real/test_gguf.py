@@ -146,8 +146,8 @@ def test_types_mlx_cannot_load_are_dequantized(tmp_path: Path) -> None:
 def test_the_memory_budget_counts_the_converted_weights(
     gguf_path: Path, converted_dir: Path, mlxd_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mlxd.cli.footprint import footprint
     from mlxd.config import ModelSpec, ServeConfig
+    from mlxd.daemon.footprint import footprint
 
     monkeypatch.setenv("MLXD_HOME", str(mlxd_home))
     spec = ModelSpec(name="smollm2", path=str(gguf_path))

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from mlxd.cli.config_file import read_config_file
-from mlxd.cli.footprint import dtype_growth, footprint
-from mlxd.cli.supervisor import Supervisor
 from mlxd.config import ModelSpec, ServeConfig, WorkerConfig
+from mlxd.daemon.footprint import dtype_growth, footprint
+from mlxd.daemon.supervisor import Supervisor
 from mlxd.errors import ConfigError
 
 

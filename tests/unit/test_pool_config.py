@@ -7,9 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mlxd.cli.budget import Resident, evictions
 from mlxd.cli.config_file import read_config_file
-from mlxd.cli.footprint import RUNTIME_BYTES, footprint, kv_bytes_per_token
 from mlxd.config import (
     VIEW_SHARE,
     CacheConfig,
@@ -18,6 +16,8 @@ from mlxd.config import (
     parse_duration,
     parse_memory,
 )
+from mlxd.daemon.budget import Resident, evictions
+from mlxd.daemon.footprint import RUNTIME_BYTES, footprint, kv_bytes_per_token
 from mlxd.errors import ConfigError
 
 

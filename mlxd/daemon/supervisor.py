@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlxd.cli.budget import Resident, evictions
-from mlxd.cli.footprint import Footprint, buffer_cache_bytes, footprint
 from mlxd.config import ModelSpec, SchedulerConfig, ServeConfig
+from mlxd.daemon.budget import Resident, evictions
+from mlxd.daemon.footprint import Footprint, buffer_cache_bytes, footprint
 from mlxd.errors import (
     ConfigError,
     InvalidRequest,
