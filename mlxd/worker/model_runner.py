@@ -58,6 +58,8 @@ class ModelRunner:
         self._pending: mx.array | None = None  # last sampled token of each row
         self._pending_lp: StepLogprobs | None = None  # their logprobs, for the rows that ask
         self._emitted: list[bool] = []  # whether that token was already handed out
+        # Rows whose pending token is their prompt's last one (see ``_read_entered``).
+        self._entering: set[Sequence] = set()
         self._prefill: dict[Sequence, list[Any]] = {}
 
     # Public API
@@ -85,6 +87,7 @@ class ModelRunner:
         """Drop ``seqs`` from the batch and from prefill; frees their KV."""
         for seq in seqs:
             self._prefill.pop(seq, None)
+        self._entering -= seqs
         keep = [i for i, s in enumerate(self.rows) if s not in seqs]
         if len(keep) == len(self.rows):
             return  # only prefill caches (or nothing) went
@@ -126,7 +129,9 @@ class ModelRunner:
         self._pending, self._pending_lp = self._sample(logits, rows, sample_rows)
         mx.async_eval(self._pending, *(self._pending_lp.arrays() if self._pending_lp else ()))
         self._emitted = [False] * len(rows)
-        return events if events is not None else self._collect(prev, rows, emitted, prev_lp)
+        if events is None:
+            events = self._collect(prev, rows, emitted, prev_lp)
+        return events + self._read_entered(rows)
 
     def needs_room(self) -> bool:
         """Whether the batch's KV is over the runner's own budget, so a row must leave (a
@@ -151,6 +156,7 @@ class ModelRunner:
         lost = self.rows + list(self._prefill)
         self.rows, self._emitted, self._pending, self._prefill = [], [], None, {}
         self._pending_lp = None
+        self._entering = set()
         self._batch = self._new_caches(batch=True)
         return lost
 
@@ -165,6 +171,19 @@ class ModelRunner:
         return single + layer_caches.nbytes(self._batch)
 
     # Internal helpers (the cache hooks are what the paged runner replaces)
+
+    def _read_entered(self, rows: list[Sequence]) -> list[TokenEvent]:
+        """The first tokens of rows that entered the batch with their prompt's last token as
+        input, read now rather than with the next step: one wait for this step, as a prefill's
+        first token had (read with the next step, a first token came one step later: on an
+        H100, 19-24 ms of TTFT for one stream against 8-9)."""
+        fresh = [s in self._entering for s in rows]
+        self._entering.clear()
+        if not any(fresh):
+            return []
+        out = self._collect(self._pending, rows, [not f for f in fresh], self._pending_lp)
+        self._emitted = fresh
+        return out
 
     def _decode_cache(self, rows: list[Sequence]) -> list[Any]:
         return self._batch  # type: ignore[return-value]

@@ -107,9 +107,10 @@ class PagedModelRunner(ModelRunner):
 
     def _enter(self, seqs: list[Sequence]) -> None:
         """Prefilled rows join the decode batch: their next input is their prompt's last token,
-        which is not theirs to emit (it is read back with the step, and dropped)."""
+        which is not theirs to emit; the step reads their first token back at once."""
         self.rows += seqs
         self._emitted += [True] * len(seqs)
+        self._entering.update(seqs)
         last = mx.array([s.prefill_ids[-1] for s in seqs], dtype=mx.uint32)
         self._pending = last if self._pending is None else mx.concatenate([self._pending, last])
 
