@@ -13,16 +13,29 @@ import mlx.core as mx
 import numpy as np
 
 from mlxd.errors import InvalidRequest
+from mlxd.worker.scheduler import EmbedChunk
 
 # Largest padded batch (rows x longest input) per forward pass: bounds the activation memory.
 MAX_BATCH_TOKENS = 8192
 
 
 class Embedder:
-    """Embeds token lists with one model; every call runs on the engine thread."""
+    """Embeds token lists with one model; every call runs on the engine thread, a step's
+    budget of inputs at a time (``Scheduler.schedule_prefill``)."""
 
     def __init__(self, model: Any) -> None:
         self.body: Any = getattr(model, "model", None)  # mlx-lm's transformer body
+
+    @property
+    def is_supported(self) -> bool:
+        return self.body is not None
+
+    def run(self, chunk: EmbedChunk) -> None:
+        """Embed the inputs of one step's ``chunk`` into its job's ``vectors``."""
+        job = chunk.job
+        vectors = self.embed([job.input_ids[i] for i in chunk.input_indices])
+        for i, vec in zip(chunk.input_indices, vectors, strict=True):
+            job.vectors[i] = vec
 
     def embed(self, inputs: list[list[int]]) -> list[bytes]:
         """One unit vector per input, as little-endian float32 bytes (OpenAI's base64 layout)."""

@@ -23,7 +23,6 @@ from mlxd.protocol.messages import (
     Cancel,
     CountTokens,
     Embed,
-    Embeddings,
     Error,
     Event,
     Events,
@@ -42,10 +41,11 @@ from mlxd.protocol.messages import (
 )
 from mlxd.protocol.validate import check_priority, check_sampling
 from mlxd.worker.detokenizer import OutputText
+from mlxd.worker.embed_job import EmbedJob
 from mlxd.worker.embedder import Embedder
 from mlxd.worker.grammar import Grammar
 from mlxd.worker.model_runner import ModelRunner, TokenEvent
-from mlxd.worker.scheduler import PrefillChunk, Scheduler
+from mlxd.worker.scheduler import EmbedChunk, PrefillChunk, Scheduler
 from mlxd.worker.sequence import PRIORITY_LEVELS, Sequence
 from mlxd.worker.stats import Stats
 from mlxd.worker.tokenizer import PromptEncoder
@@ -138,11 +138,13 @@ class Engine:
         self.channel.send(client, Error(request_id=request_id, code=err.code, message=err.message))
 
     def step(self) -> None:
-        """One scheduling iteration: expire, retire, prefill a chunk budget, decode once."""
+        """One scheduling iteration: expire, retire, prefill and embed a token budget, decode."""
         self._expire()
         self._retire()
         decoded = 0
-        chunks = self.scheduler.schedule_prefill(admit=self.runner.has_room())
+        work = self.scheduler.schedule_prefill(admit=self.runner.has_room())
+        self._embed([c for c in work if isinstance(c, EmbedChunk)])
+        chunks = [c for c in work if isinstance(c, PrefillChunk)]
         if chunks:
             self._prefill(chunks)
             self._flush()  # first tokens go now, not after the decode step is built and launched
@@ -175,6 +177,9 @@ class Engine:
             self._send_error(client, msg.request_id, exc)
 
     def _on_cancel(self, client: bytes, msg: Cancel) -> None:
+        job = self.scheduler.find_embed(msg.request_id, client)
+        if job is not None:
+            self.scheduler.drop_embed(job)  # its inputs not embedded yet are never computed
         seq = self.scheduler.find(msg.request_id, client)
         if seq is not None:
             self.scheduler.finish(seq, "cancelled")  # nothing more is ever sent for it
@@ -183,27 +188,25 @@ class Engine:
             self.runner.remove({seq})
 
     def _on_embed(self, client: bytes, msg: Embed) -> None:
-        # Runs at once, between decode steps: embedding inputs are short and make one forward.
+        # Queued like a prompt: each step embeds at most a prefill budget of inputs, then
+        # decodes, so a 2,048-input request cannot stall the running streams (issue #25).
         try:
             if self.draining:
                 raise WorkerUnavailable(f"the worker for {self.name!r} is draining")
-            if self.embedder is None:
-                raise InvalidRequest("this worker does not make embeddings", param="model")
+            if self.embedder is None or not self.embedder.is_supported:
+                raise InvalidRequest("this model cannot make embeddings", param="model")
+            if self.scheduler.find_embed(msg.request_id, client) is not None:
+                raise InvalidRequest(f"request id {msg.request_id!r} is already in flight")
             ids = [self._embedding_input(p, i) for i, p in enumerate(msg.inputs)]
-            vectors = self.embedder.embed(ids)
+            job = EmbedJob(request_id=msg.request_id, client=client, input_ids=ids,
+                           arrival=self.clock())  # fmt: skip
+            if ids:
+                self.scheduler.add_embed(job)
         except MlxdError as exc:
             self._send_error(client, msg.request_id, exc)
             return
-        except (RuntimeError, ValueError) as exc:  # MLX reports failures as these
-            log.exception("embedding failed for %s", msg.request_id)
-            self._send_error(client, msg.request_id, InternalError(f"embedding failed: {exc}"))
-            return
-        usage = Usage(prompt_tokens=sum(map(len, ids)), completion_tokens=0)
-        dims = len(vectors[0]) // 4 if vectors else 0
-        reply = Embeddings(
-            request_id=msg.request_id, dimensions=dims, embeddings=vectors, usage=usage
-        )
-        self.channel.send(client, reply)
+        if not ids:
+            self.channel.send(client, job.reply())
 
     def _embedding_input(self, prompt: TextPrompt | TokenPrompt, index: int) -> list[int]:
         try:
@@ -273,6 +276,26 @@ class Engine:
             vocab = self.encoder.token_vocab("response_format")
             seq.grammar = Grammar.compile(msg.sampling.response_format, vocab)
         return seq
+
+    def _embed(self, chunks: list[EmbedChunk]) -> None:
+        """One forward per chunk, so that a failure fails only its own request."""
+        failed: set[str] = set()  # a request may have two chunks in a step (a long input)
+        for chunk in chunks:
+            job = chunk.job
+            assert self.embedder is not None, "an embeddings request queued without an embedder"
+            if job.request_id in failed:
+                continue
+            try:
+                self.embedder.run(chunk)
+            except (RuntimeError, ValueError) as exc:  # MLX reports failures as these
+                log.exception("embedding failed for %s", job.request_id)
+                failed.add(job.request_id)
+                self.scheduler.drop_embed(job)
+                self._send_error(job.client, job.request_id,
+                                 InternalError(f"embedding failed: {exc}"))  # fmt: skip
+                continue
+            if chunk.is_last:
+                self.channel.send(job.client, job.reply())
 
     def _prefill(self, chunks: list[PrefillChunk]) -> None:
         try:

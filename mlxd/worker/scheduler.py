@@ -5,6 +5,10 @@ blocks of its prompt fit (after reusing cached prefix blocks and evicting unrefe
 and when decode needs a block that is not there it preempts the lowest-priority, most recent
 sequence, which waits again and later recomputes its prompt and output so far.
 
+Embeddings requests share the prompts' token budget per step (``prefill_chunk``): they wait in
+the same priority order, and a large one runs a budget of inputs per step between decode steps
+instead of stalling every running stream for its whole length.
+
 Pure Python on ints: no MLX here, so the policy is cheap to import and to unit-test.
 """
 
@@ -18,6 +22,7 @@ from mlxd.config import SchedulerConfig
 from mlxd.errors import Overloaded
 from mlxd.worker.block_pool import BlockPool
 from mlxd.worker.drain_rate import DrainRate
+from mlxd.worker.embed_job import EmbedJob
 from mlxd.worker.radix_cache import RadixCache
 from mlxd.worker.sequence import Sequence, SequenceStatus
 from mlxd.worker.stats import KVReport
@@ -34,6 +39,32 @@ class PrefillChunk:
     @property
     def is_last(self) -> bool:
         return self.end >= self.seq.num_prefill_tokens
+
+    @property
+    def num_tokens(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedChunk:
+    """Inputs ``job.order[start:end]`` of ``job`` are embedded in this step, in one batch."""
+
+    job: EmbedJob
+    start: int
+    end: int
+
+    @property
+    def is_last(self) -> bool:
+        return self.end >= self.job.num_inputs
+
+    @property
+    def input_indices(self) -> list[int]:
+        return self.job.order[self.start : self.end]
+
+    @property
+    def num_tokens(self) -> int:
+        """Padded tokens: every input of the batch costs the longest (the last, shortest first)."""
+        return self.job.length(self.end - 1) * (self.end - self.start)
 
 
 @dataclass(slots=True)
@@ -64,49 +95,45 @@ class Scheduler:
         self.waiting: list[Sequence] = []
         self.prefilling: list[Sequence] = []
         self.running: list[Sequence] = []
+        self.embedding: list[EmbedJob] = []  # embeddings requests with inputs left to schedule
 
     # Public API
 
     def add(self, seq: Sequence) -> None:
         """Queue ``seq``; raise ``Overloaded`` when the waiting queue is full."""
-        if len(self.waiting) >= self.config.max_queued:
-            raise Overloaded(
-                f"the queue is full ({self.config.max_queued} waiting requests); retry later",
-                retry_after=self.drain.retry_after(len(self.waiting), self.clock()),
-            )
+        self._check_queue_room()
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
 
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.prefilling or self.running)
+    def add_embed(self, job: EmbedJob) -> None:
+        """Queue an embeddings request; ``Overloaded`` as for ``add`` (they share the queue)."""
+        self._check_queue_room()
+        self.embedding.append(job)
 
-    def schedule_prefill(self, admit: bool = True) -> list[PrefillChunk]:
-        """The prompt chunks to run this step: at most ``prefill_chunk`` tokens in all.
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.running or self.embedding)
+
+    def schedule_prefill(self, admit: bool = True) -> list[PrefillChunk | EmbedChunk]:
+        """The work to run before this step's decode: at most ``prefill_chunk`` tokens in all.
 
         Sequences already prefilling continue first, so a long prompt finishes before new ones
-        start; new sequences are admitted by effective priority while batch slots remain (and
-        ``admit``: the runner has room for one more).
+        start. Then queued requests by effective priority: a waiting sequence is admitted while
+        batch slots remain (and ``admit``: the runner has room for one more); an embeddings
+        request gets its next inputs, shortest first, as many as fit padded. Inputs are never
+        split, so one longer than a whole step's budget runs alone in a step of its own.
         """
         budget = self.config.prefill_chunk
-        chunks: list[PrefillChunk] = []
+        chunks: list[PrefillChunk | EmbedChunk] = []
         for seq in self.prefilling:
             if budget <= 0:
                 return chunks
-            chunk = self._chunk(seq, budget)
-            budget -= chunk.end - chunk.start
-            chunks.append(chunk)
-        while (admit and budget > 0 and self.waiting
-               and self._num_slots_used() < self.config.max_num_seqs):  # fmt: skip
-            seq = self._best_waiting()
-            if self._prefix_in_flight(seq):
-                break  # next step its prefix is cached: reuse it rather than compute it twice
-            if not self._allocate_prompt(seq):
-                break  # the best waiting request does not fit yet; nothing jumps ahead of it
-            self.waiting.remove(seq)
-            self.drain.observe(self.clock())
-            self.prefilling.append(seq)
-            chunk = self._chunk(seq, budget)
-            budget -= chunk.end - chunk.start
+            chunks.append(self._chunk(seq, budget))
+            budget -= chunks[-1].num_tokens
+        while budget > 0:
+            chunk = self._next_queued_chunk(admit, budget)
+            if chunk is None:
+                break
+            budget -= chunk.num_tokens
             chunks.append(chunk)
         return chunks
 
@@ -171,6 +198,18 @@ class Scheduler:
         """Drop every cached block no running sequence uses; returns how many were freed."""
         return self.radix.evict(self.radix.num_cached_blocks) if self.radix is not None else 0
 
+    def find_embed(self, request_id: str, client: bytes) -> EmbedJob | None:
+        for job in self.embedding:
+            if job.request_id == request_id and job.client == client:
+                return job
+        return None
+
+    def drop_embed(self, job: EmbedJob) -> None:
+        """Forget the inputs of ``job`` not scheduled yet (cancelled, or it failed)."""
+        if job in self.embedding:
+            self.embedding.remove(job)
+            self.drain.observe(self.clock())
+
     def find(self, request_id: str, client: bytes) -> Sequence | None:
         for queue in (self.waiting, self.prefilling, self.running):
             for seq in queue:
@@ -188,15 +227,63 @@ class Scheduler:
             if s.deadline is not None and s.deadline <= now
         ]
 
-    def effective_priority(self, seq: Sequence, now: float) -> float:
+    def effective_priority(self, item: Sequence | EmbedJob, now: float) -> float:
         """Lower runs first: the priority level, improved by one level per ``aging_s`` waited."""
-        return seq.priority - (now - seq.arrival) / self.config.aging_s
+        return item.priority - (now - item.arrival) / self.config.aging_s
 
     def update_config(self, **changes: object) -> None:
         """Apply new limits live (validated by SchedulerConfig)."""
         self.config = replace(self.config, **changes)  # type: ignore[arg-type]
 
     # Internal helpers
+
+    def _check_queue_room(self) -> None:
+        num_queued = len(self.waiting) + len(self.embedding)
+        if num_queued >= self.config.max_queued:
+            raise Overloaded(
+                f"the queue is full ({self.config.max_queued} waiting requests); retry later",
+                retry_after=self.drain.retry_after(num_queued, self.clock()),
+            )
+
+    def _next_queued_chunk(self, admit: bool, budget: int) -> PrefillChunk | EmbedChunk | None:
+        """The best queued request's work within ``budget``; None when nothing queued may start
+        or the best must wait (then nothing jumps ahead of it)."""
+        best = self._best_queued(admit)
+        if isinstance(best, EmbedJob):
+            return self._embed_chunk(best, budget)
+        if best is None or self._prefix_in_flight(best):
+            return None  # next step its prefix is cached: reuse it rather than compute it twice
+        if not self._allocate_prompt(best):
+            return None  # the best waiting request does not fit yet
+        self.waiting.remove(best)
+        self.drain.observe(self.clock())
+        self.prefilling.append(best)
+        return self._chunk(best, budget)
+
+    def _best_queued(self, admit: bool) -> Sequence | EmbedJob | None:
+        queued: list[Sequence | EmbedJob] = list(self.embedding)
+        if admit and self._num_slots_used() < self.config.max_num_seqs:
+            queued += self.waiting
+        if not queued:
+            return None
+        now = self.clock()
+        return min(queued, key=lambda q: (self.effective_priority(q, now), q.arrival))
+
+    def _embed_chunk(self, job: EmbedJob, budget: int) -> EmbedChunk | None:
+        """``job``'s next inputs whose padded batch fits ``budget``: None if not even one does,
+        unless the budget is a whole step's (an input longer than that runs alone)."""
+        start = end = job.num_scheduled
+        while end < job.num_inputs and job.length(end) * (end + 1 - start) <= budget:
+            end += 1
+        if end == start:
+            if budget < self.config.prefill_chunk:
+                return None
+            end += 1
+        job.num_scheduled = end
+        chunk = EmbedChunk(job, start, end)
+        if chunk.is_last:  # every input is scheduled: the engine answers after this step
+            self.drop_embed(job)
+        return chunk
 
     def _prefix_in_flight(self, seq: Sequence) -> bool:
         """Whether a sequence being prefilled starts with ``seq``'s first full block, which the
@@ -218,10 +305,6 @@ class Scheduler:
     def _chunk(self, seq: Sequence, budget: int) -> PrefillChunk:
         start = seq.num_prefilled
         return PrefillChunk(seq, start, min(seq.num_prefill_tokens, start + budget))
-
-    def _best_waiting(self) -> Sequence:
-        now = self.clock()
-        return min(self.waiting, key=lambda s: (self.effective_priority(s, now), s.arrival))
 
     def _allocate_prompt(self, seq: Sequence) -> bool:
         """Give ``seq`` the cached blocks of its longest cached prefix plus new blocks for the

@@ -20,6 +20,8 @@ from mlxd.config import SchedulerConfig
 from mlxd.protocol import codec
 from mlxd.protocol.channel import WorkerChannel
 from mlxd.protocol.messages import (
+    Embed,
+    Embeddings,
     Error,
     Events,
     Finished,
@@ -48,6 +50,8 @@ class Result:
     error: Error | None = None
     steps_to_first_token: int | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    embeddings: Embeddings | None = None
+    steps_to_embeddings: int | None = None
 
 
 class Harness:
@@ -58,6 +62,7 @@ class Harness:
         block_size: int = 16, max_view_tokens: int | None = None, **sched: Any,
     ) -> None:  # fmt: skip
         from mlxd.worker.block_pool import BlockPool
+        from mlxd.worker.embedder import Embedder
         from mlxd.worker.engine import Engine
         from mlxd.worker.model_runner import ModelRunner, check_model_supported
         from mlxd.worker.native_runner import NativeModelRunner
@@ -94,6 +99,7 @@ class Harness:
                                 **({"clock": clock} if clock else {})),
             encoder=encoder,
             channel=self.channel, max_context=min(512, num_blocks * block_size),
+            embedder=Embedder(model),
         )  # fmt: skip
         self.results: dict[str, Result] = {}
         self.steps = 0
@@ -115,6 +121,10 @@ class Harness:
         self.results.setdefault(rid, Result())
         self.send(Generate(request_id=rid, prompt=TokenPrompt(token_ids=ids),
                            sampling=SamplingParams(**sampling)))  # fmt: skip
+
+    def embed(self, rid: str, texts: list[str]) -> None:
+        self.results[rid] = Result()
+        self.send(Embed(request_id=rid, inputs=[TextPrompt(text=t) for t in texts]))
 
     def step(self, n: int = 1) -> None:
         for _ in range(n):
@@ -155,6 +165,9 @@ class Harness:
             res.finished = msg
         elif isinstance(msg, Error):
             res.error = msg
+        elif isinstance(msg, Embeddings):
+            res.embeddings = msg
+            res.steps_to_embeddings = self.steps
 
 
 @pytest.fixture

@@ -5,7 +5,8 @@ import pytest
 from mlxd.config import SchedulerConfig
 from mlxd.errors import Overloaded
 from mlxd.protocol.messages import SamplingParams
-from mlxd.worker.scheduler import Scheduler
+from mlxd.worker.embed_job import EmbedJob
+from mlxd.worker.scheduler import EmbedChunk, Scheduler
 from mlxd.worker.sequence import PRIORITY_LEVELS, Sequence, SequenceStatus
 
 
@@ -137,3 +138,61 @@ def test_overloaded_retry_after_follows_the_queue_drain_rate(clock: Clock) -> No
         s.add(make_seq("e"))
     # 3 departures over 8 s; 3 waiting ahead + this one: 4 / (3/8) s
     assert info.value.retry_after == pytest.approx(4 / (3 / 8))
+
+
+def make_job(rid: str, lengths: list[int], priority: str = "normal", at: float = 0.0) -> EmbedJob:
+    return EmbedJob(request_id=rid, client=b"c", input_ids=[[7] * n for n in lengths],
+                    priority=PRIORITY_LEVELS[priority], arrival=at)  # fmt: skip
+
+
+def embed_spans(s: Scheduler) -> list[tuple[str, int, int, int]]:
+    """One step's embedding work: (request id, start, end, padded tokens)."""
+    return [(c.job.request_id, c.start, c.end, c.num_tokens)
+            for c in s.schedule_prefill() if isinstance(c, EmbedChunk)]  # fmt: skip
+
+
+def test_embeddings_run_a_padded_budget_of_inputs_per_step_shortest_first(clock: Clock) -> None:
+    s = sched(clock, prefill_chunk=16)
+    job = make_job("e", [5, 2, 4, 3, 9, 8])
+    s.add_embed(job)
+    assert job.order == [1, 3, 2, 0, 5, 4]
+    assert embed_spans(s) == [("e", 0, 3, 12)]  # 2, 3, 4 padded to 4; a 4th would pad to 20
+    assert embed_spans(s) == [("e", 3, 5, 16)]  # 5 and 8, padded to 8
+    assert embed_spans(s) == [("e", 5, 6, 9)]
+    assert not s.has_work()
+
+
+def test_an_input_longer_than_a_step_runs_alone(clock: Clock) -> None:
+    s = sched(clock, prefill_chunk=16)
+    s.add_embed(make_job("e", [3, 40]))
+    assert embed_spans(s) == [("e", 0, 1, 3)]  # 40 does not fit the 13 left: next step
+    assert embed_spans(s) == [("e", 1, 2, 40)]
+
+
+def test_embeddings_and_prompts_share_the_budget_in_priority_order(clock: Clock) -> None:
+    s = sched(clock, prefill_chunk=16)
+    s.add_embed(make_job("e", [4, 4, 4, 4, 4], at=1.0))
+    s.add(make_seq("first", n_prompt=6, at=0.0))
+    s.add(make_seq("high", n_prompt=6, priority="high", at=2.0))
+    step = s.schedule_prefill()
+    names = [c.job.request_id if isinstance(c, EmbedChunk) else c.seq.request_id for c in step]
+    assert names == ["high", "first", "e"]
+    assert sum(c.num_tokens for c in step) <= 16  # high 6 + first 6 + one 4-token input
+
+
+def test_the_queue_limit_counts_embeddings_requests(clock: Clock) -> None:
+    s = sched(clock, max_queued=2)
+    s.add_embed(make_job("e", [3]))
+    s.add(make_seq("a"))
+    with pytest.raises(Overloaded):
+        s.add_embed(make_job("f", [3]))
+
+
+def test_dropping_an_embeddings_request_forgets_its_inputs(clock: Clock) -> None:
+    s = sched(clock, prefill_chunk=16)
+    s.add_embed(make_job("e", [8, 8, 8, 8]))
+    assert embed_spans(s) == [("e", 0, 2, 16)]
+    job = s.find_embed("e", b"c")
+    assert job is not None
+    s.drop_embed(job)
+    assert s.find_embed("e", b"c") is None and not s.has_work() and embed_spans(s) == []
