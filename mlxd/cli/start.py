@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import logging
-import signal
-import socket
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -15,7 +12,6 @@ import click
 
 from mlxd.cli.api_keys import api_keys
 from mlxd.cli.config_file import ConfigFile, read_config_file
-from mlxd.cli.detach import detach
 from mlxd.config import (
     DEFAULT_MODEL,
     DTYPES,
@@ -28,11 +24,12 @@ from mlxd.config import (
     parse_memory,
 )
 from mlxd.daemon.daemon_files import DaemonFiles, busy_message
+from mlxd.daemon.detach import detach
+from mlxd.daemon.server import check_port_free
 from mlxd.errors import ConfigError, MlxdError
 from mlxd.gateway.request_log import FILE_NAME
 from mlxd.protocol import curve
 
-STARTUP_FAILURE = 3
 F = TypeVar("F", bound=Callable[..., Any])  # a command function, as click's decorators keep it
 
 _SCHED = SchedulerConfig()  # the options' defaults are the config's
@@ -318,12 +315,12 @@ def start_command(models: tuple[str, ...], host: str, port: int, log_level: str,
             request_log=_request_log_path(opts["request_log"]),  # type: ignore[arg-type]
             request_log_max_bytes=parse_memory(str(opts["request_log_size"])),
         )
-        _check_port_free(host, port)
+        check_port_free(host, port)
         from mlxd.models import sources  # GGUF files and ollama: names: converted once, here
 
         sources.prepare(config.models, config.dtype, _progress)
         if opts["detach"]:
-            sys.exit(detach(files, _url(host, port)))
+            sys.exit(_detach(files, _url(host, port)))
         if opts["claim_data_dir"]:
             files.claim(_url(host, port))
     except MlxdError as exc:
@@ -344,6 +341,13 @@ def _timeouts(opts: dict[str, object], file: ConfigFile) -> dict[str, float]:
         if value is not None:
             out[f"{name}_timeout_s"] = parse_duration(str(value))
     return out
+
+
+def _detach(files: DaemonFiles, url: str) -> int:
+    args = [a for a in sys.argv[1:] if a != "--detach"] + ["--claim-data-dir"]
+    pid = detach(files, url, args, _progress)
+    click.echo(f"mlxd is running at {url} (pid {pid})")
+    return 0
 
 
 def _url(host: str, port: int) -> str:
@@ -387,69 +391,12 @@ def _parse_worker(text: str) -> ModelSpec:
     return ModelSpec(name=name, path=endpoint, endpoint=endpoint)
 
 
-def _check_port_free(host: str, port: int) -> None:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        # As uvicorn binds: a port whose last connections linger in TIME_WAIT is free to it.
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as exc:
-            raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-
-
 def _progress(line: str) -> None:
     click.echo(f"mlxd: {line}", err=True)
 
 
 def _serve(config: ServeConfig, log_level: str) -> int:
-    import uvicorn
+    """The one call into the daemon's runtime (tests patch it to see the config)."""
+    from mlxd.daemon import server  # uvicorn, the gateway and the supervisor: only to serve
 
-    from mlxd.daemon import admin_socket
-    from mlxd.daemon.admin_socket import AdminSocket
-    from mlxd.daemon.supervisor import Supervisor
-    from mlxd.gateway.admin import AdminSocketApp
-    from mlxd.gateway.app import build_app
-    from mlxd.gateway.request_log import RequestLogFile
-
-    if config.host not in ("127.0.0.1", "localhost", "::1") and not config.api_keys:
-        logging.getLogger("mlxd").warning(
-            "listening on %s with no API key: anyone who can reach it can use it; require one "
-            "with --api-key KEY (or MLXD_API_KEY=KEY) or --api-keys-file FILE",
-            config.host,
-        )
-    if config.request_log is not None:
-        RequestLogFile(Path(config.request_log), config.request_log_max_bytes).attach()
-    runtime_dir = Path(tempfile.mkdtemp(prefix="mlxd-"))  # mode 0700: only we can connect
-    supervisor = Supervisor(config, runtime_dir, log_level=log_level.upper())
-    app = build_app(config, supervisor)
-    # No uvicorn access log: mlxd.access writes one richer line per request.
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=config.host,
-            port=config.port,
-            log_level=log_level,
-            lifespan="on",
-            timeout_graceful_shutdown=max(1, round(config.drain_timeout_s)),
-            access_log=False,
-        )  # fmt: skip
-    )
-    # uvicorn re-raises the signal that stopped it once it has shut down; with these in place
-    # that re-raise is a no-op, so a graceful stop exits 0.
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: None)
-    admin = AdminSocket(runtime_dir, data_dir(), config.port)
-    sock = admin.bind()
-    _progress(_admin_note(admin.path, config.admin_key is not None))
-    admin_config = uvicorn.Config(AdminSocketApp(app), lifespan="off", log_level=log_level,
-                                  access_log=False, timeout_graceful_shutdown=1)  # fmt: skip
-    try:
-        admin_socket.serve(server, admin_socket.quiet_server(admin_config), sock)
-    finally:
-        admin.close()
-    return 0 if server.started else STARTUP_FAILURE
-
-
-def _admin_note(path: Path, has_key: bool) -> str:
-    tcp = "with the admin key (Authorization: Bearer)" if has_key else "refused (no --admin-key)"
-    return f"admin: this host's mlxd CLI uses the Unix socket {path}; over TCP {tcp}"
+    return server.serve(config, log_level, _progress)

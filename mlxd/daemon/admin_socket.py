@@ -9,15 +9,11 @@ daemon leaves a pointer, ``run/admin-PORT`` in the data dir, that the CLI reads 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import http.client
-import os
 import socket
 import urllib.parse
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 SOCKET_NAME = "admin.sock"
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -87,38 +83,3 @@ class UnixHTTPConnection(http.client.HTTPConnection):
             sock.close()
             raise
         self.sock = sock
-
-
-def serve(server: Any, admin: Any, sock: socket.socket) -> None:
-    """Run uvicorn ``server`` (TCP, with the lifespan) and ``admin`` (the same app, on ``sock``)
-    in one event loop. ``admin`` starts once the app has started and stops when ``server`` does;
-    ``server`` alone handles SIGINT/SIGTERM (see ``quiet_server``)."""
-
-    async def both() -> None:
-        main = asyncio.ensure_future(server.serve())
-        while not server.started and not main.done():
-            await asyncio.sleep(0.05)
-        side = asyncio.ensure_future(admin.serve(sockets=[sock])) if server.started else None
-        try:
-            await main
-        finally:
-            if side is not None:
-                admin.should_exit = True
-                await side
-
-    with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:
-        runner.run(both())
-    with contextlib.suppress(OSError):
-        os.unlink(sock.getsockname())
-
-
-def quiet_server(config: Any) -> Any:
-    """A uvicorn server that leaves signals alone: the TCP server's handlers stop both."""
-    import uvicorn
-
-    class _Quiet(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            yield
-
-    return _Quiet(config)

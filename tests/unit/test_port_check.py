@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from mlxd.cli.start import _check_port_free
+from mlxd.daemon.server import check_port_free
 from mlxd.errors import ConfigError
 
 
@@ -27,7 +27,7 @@ def _time_wait_port() -> int:
 
 
 def test_a_port_in_time_wait_is_free() -> None:
-    _check_port_free("127.0.0.1", _time_wait_port())
+    check_port_free("127.0.0.1", _time_wait_port())
 
 
 def test_a_port_with_a_listener_is_refused() -> None:
@@ -35,4 +35,4 @@ def test_a_port_with_a_listener_is_refused() -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         with pytest.raises(ConfigError, match="cannot listen"):
-            _check_port_free("127.0.0.1", busy.getsockname()[1])
+            check_port_free("127.0.0.1", busy.getsockname()[1])

@@ -1,0 +1,128 @@
+"""The daemon's servers: uvicorn on TCP for the API, and the same app on the admin Unix socket.
+
+Both run in one event loop, the gateway's, which also runs the supervisor's watcher. The TCP
+server owns the lifespan (the supervisor starts and stops with it) and the signal handlers; the
+admin server starts once the app has started and stops when the TCP server does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from mlxd.config import ServeConfig, data_dir
+from mlxd.errors import ConfigError
+
+STARTUP_FAILURE = 3  # `mlxd start`'s exit code when the app did not start
+
+
+def serve(config: ServeConfig, log_level: str, progress: Callable[[str], None]) -> int:
+    """Run the daemon in the foreground until SIGINT/SIGTERM: 0 after a graceful stop,
+    ``STARTUP_FAILURE`` if the app never started. ``progress`` gets one-line notes for the user."""
+    import uvicorn
+
+    from mlxd.daemon.admin_socket import AdminSocket
+    from mlxd.daemon.supervisor import Supervisor
+    from mlxd.gateway.admin import AdminSocketApp
+    from mlxd.gateway.app import build_app
+    from mlxd.gateway.request_log import RequestLogFile
+
+    _warn_without_keys(config)
+    if config.request_log is not None:
+        RequestLogFile(Path(config.request_log), config.request_log_max_bytes).attach()
+    runtime_dir = Path(tempfile.mkdtemp(prefix="mlxd-"))  # mode 0700: only we can connect
+    supervisor = Supervisor(config, runtime_dir, log_level=log_level.upper())
+    app = build_app(config, supervisor)
+    server = uvicorn.Server(_tcp_config(app, config, log_level))
+    # uvicorn re-raises the signal that stopped it once it has shut down; with these in place
+    # that re-raise is a no-op, so a graceful stop exits 0.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
+    admin = AdminSocket(runtime_dir, data_dir(), config.port)
+    sock = admin.bind()
+    progress(_admin_note(admin.path, config.admin_key is not None))
+    admin_config = uvicorn.Config(AdminSocketApp(app), lifespan="off", log_level=log_level,
+                                  access_log=False, timeout_graceful_shutdown=1)  # fmt: skip
+    try:
+        run_both(server, quiet_server(admin_config), sock)
+    finally:
+        admin.close()
+    return 0 if server.started else STARTUP_FAILURE
+
+
+def check_port_free(host: str, port: int) -> None:
+    """``ConfigError`` unless ``host:port`` can be bound, checked before a model is prepared."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        # As uvicorn binds: a port whose last connections linger in TIME_WAIT is free to it.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
+def run_both(server: Any, admin: Any, sock: socket.socket) -> None:
+    """Run uvicorn ``server`` (TCP, with the lifespan) and ``admin`` (the same app, on ``sock``)
+    in one event loop. ``admin`` starts once the app has started and stops when ``server`` does;
+    ``server`` alone handles SIGINT/SIGTERM (see ``quiet_server``)."""
+
+    async def both() -> None:
+        main = asyncio.ensure_future(server.serve())
+        while not server.started and not main.done():
+            await asyncio.sleep(0.05)
+        side = asyncio.ensure_future(admin.serve(sockets=[sock])) if server.started else None
+        try:
+            await main
+        finally:
+            if side is not None:
+                admin.should_exit = True
+                await side
+
+    with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:
+        runner.run(both())
+    with contextlib.suppress(OSError):
+        os.unlink(sock.getsockname())
+
+
+def quiet_server(config: Any) -> Any:
+    """A uvicorn server that leaves signals alone: the TCP server's handlers stop both."""
+    import uvicorn
+
+    class _Quiet(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return _Quiet(config)
+
+
+def _warn_without_keys(config: ServeConfig) -> None:
+    if config.host not in ("127.0.0.1", "localhost", "::1") and not config.api_keys:
+        logging.getLogger("mlxd").warning(
+            "listening on %s with no API key: anyone who can reach it can use it; require one "
+            "with --api-key KEY (or MLXD_API_KEY=KEY) or --api-keys-file FILE",
+            config.host,
+        )
+
+
+def _tcp_config(app: Any, config: ServeConfig, log_level: str) -> Any:
+    import uvicorn
+
+    # No uvicorn access log: mlxd.access writes one richer line per request.
+    grace = max(1, round(config.drain_timeout_s))
+    return uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
+                          lifespan="on", timeout_graceful_shutdown=grace,
+                          access_log=False)  # fmt: skip
+
+
+def _admin_note(path: Path, has_key: bool) -> str:
+    tcp = "with the admin key (Authorization: Bearer)" if has_key else "refused (no --admin-key)"
+    return f"admin: this host's mlxd CLI uses the Unix socket {path}; over TCP {tcp}"
