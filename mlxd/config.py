@@ -134,6 +134,7 @@ class ModelSpec:
     kv_cache_gb: float | None = None
     endpoint: str | None = None
     dtype: str | None = None  # one of DTYPES; None: the daemon's --dtype
+    fallbacks: tuple[str, ...] = ()  # models tried in turn when this one is unavailable
 
     def __post_init__(self) -> None:
         if not self.name or not self.path:
@@ -144,6 +145,77 @@ class ModelSpec:
             raise ConfigError(f"model {self.name!r}: keep_alive must be >= 0 (0 = forever)")
         if self.kv_cache_gb is not None and self.kv_cache_gb <= 0:
             raise ConfigError(f"model {self.name!r}: kv_cache_gb must be > 0")
+
+
+BACKEND_KINDS = ("openai", "anthropic")
+RESERVED_BACKEND_NAMES = ("ollama", "local")
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSpec:
+    """A remote HTTP API that models can be routed to (``[backends.NAME]``).
+
+    ``api_key_env`` names the environment variable holding the key, so the key itself is in no
+    file, argv or repr; ``api_key`` reads it when the gateway starts. ``timeout_s``: longest
+    silence from the upstream (connect included) before the request fails with 504 (or fails
+    over). ``max_concurrency``: requests sent at once; more wait in line. ``headers``: extra
+    request headers (e.g. an organization id).
+    """
+
+    name: str
+    kind: str
+    base_url: str
+    api_key_env: str | None = None
+    timeout_s: float = 60.0
+    max_concurrency: int | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        where = f"backend {self.name!r}"
+        if not self.name or ":" in self.name or "=" in self.name:
+            raise ConfigError(f"{where}: a backend name must be non-empty, without ':' or '='")
+        if self.name in RESERVED_BACKEND_NAMES:  # `--model NAME=ollama:TAG` is a local model
+            raise ConfigError(f"{where}: that name is taken by a model source; choose another")
+        if self.kind not in BACKEND_KINDS:
+            raise ConfigError(f"{where}: kind must be one of {', '.join(BACKEND_KINDS)}")
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"{where}: base_url must start with http:// or https://")
+        if self.timeout_s <= 0:
+            raise ConfigError(f"{where}: timeout must be > 0 seconds")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise ConfigError(f"{where}: max_concurrency must be >= 1")
+
+    def api_key(self, environ: Mapping[str, str]) -> str | None:
+        """The key from ``environ[api_key_env]``; ``ConfigError`` if that variable is unset."""
+        if self.api_key_env is None:
+            return None
+        key = environ.get(self.api_key_env, "")
+        if not key:
+            raise ConfigError(f"backend {self.name!r}: the environment variable "
+                              f"{self.api_key_env} (api_key_env) is not set")  # fmt: skip
+        return key
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteModelSpec:
+    """A model served by a remote backend: clients send ``name``, the upstream gets
+    ``upstream_model`` (default: the same name). ``fallbacks`` are tried in turn when the
+    backend fails before anything was streamed."""
+
+    name: str
+    backend: str
+    upstream_model: str = ""
+    aliases: tuple[str, ...] = ()
+    fallbacks: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.backend:
+            raise ConfigError("every remote model needs a name and a backend")
+
+    @property
+    def upstream(self) -> str:
+        """The model name sent to the backend."""
+        return self.upstream_model or self.name
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,16 +278,19 @@ class ServeConfig:
     dtype: str = "auto"  # each model's compute dtype unless its spec sets one (DTYPES)
     request_log: str | None = None  # the rotating request log file; None: not written
     request_log_max_bytes: int = REQUEST_LOG_MAX_BYTES  # rotated past this (3 old files kept)
+    backends: tuple[BackendSpec, ...] = ()  # remote APIs (docs/BACKENDS.md)
+    remote_models: tuple[RemoteModelSpec, ...] = ()  # models served by those backends
 
     def __post_init__(self) -> None:
         _check_dtype(self.dtype, "--dtype")
+        _check_routes(self)
         if self.request_log_max_bytes < MIN_REQUEST_LOG_BYTES:
             raise ConfigError(f"--request-log-size must be >= {MIN_REQUEST_LOG_BYTES} bytes")
         if len({k.name for k in self.api_keys}) != len(self.api_keys):
             raise ConfigError("API key names must be unique")
         if len({k.key for k in self.api_keys}) != len(self.api_keys):
             raise ConfigError("the same API key is configured twice")
-        if not self.models:
+        if not self.models and not self.remote_models:
             raise ConfigError("at least one model is needed")
         if not 0 <= self.port <= 65535:
             raise ConfigError("--port must be in 0..65535")
@@ -234,7 +309,7 @@ class ServeConfig:
             raise ConfigError("--max-crashes must be >= 1")
         if self.crash_window_s <= 0 or self.restart_backoff_s < 0:
             raise ConfigError("--crash-window must be > 0 and --restart-backoff >= 0 seconds")
-        names = [n for m in self.models for n in (m.name, *m.aliases)]
+        names = [n for m in _all_models(self) for n in (m.name, *m.aliases)]
         if len(set(names)) != len(names):
             raise ConfigError("model names and aliases must be unique")
         if self.max_memory_bytes is not None and self.max_memory_bytes <= 0:
@@ -245,6 +320,26 @@ class ServeConfig:
     def keep_alive(self, spec: ModelSpec) -> float:
         """``spec``'s idle seconds before unloading (0 = never)."""
         return self.keep_alive_s if spec.keep_alive_s is None else spec.keep_alive_s
+
+
+def _all_models(config: ServeConfig) -> list[ModelSpec | RemoteModelSpec]:
+    return [*config.models, *config.remote_models]
+
+
+def _check_routes(config: ServeConfig) -> None:
+    """Backends named once; every remote model's backend and every fallback exists."""
+    backends = {b.name for b in config.backends}
+    if len(backends) != len(config.backends):
+        raise ConfigError("backend names must be unique")
+    for remote in config.remote_models:
+        if remote.backend not in backends:
+            raise ConfigError(f"model {remote.name!r}: no backend named {remote.backend!r}")
+    models = {n for m in _all_models(config) for n in (m.name, *m.aliases)}
+    for model in _all_models(config):
+        for fallback in model.fallbacks:
+            if fallback not in models or fallback in (model.name, *model.aliases):
+                raise ConfigError(f"model {model.name!r}: fallback {fallback!r} is not another "
+                                  "model served here")  # fmt: skip
 
 
 def _check_dtype(dtype: str, what: str) -> None:

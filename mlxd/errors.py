@@ -93,6 +93,23 @@ class OutOfMemory(WorkerUnavailable):
     code = "out_of_memory"
 
 
+class UpstreamError(MlxdError):
+    """A remote backend failed us: connection refused, a 5xx, a broken stream, our credentials
+    refused. The message names the backend, never its key."""
+
+    status_code = 502
+    type = "server_error"
+    code = "upstream_error"
+
+
+class UpstreamTimeout(MlxdError):
+    """A remote backend sent nothing within its ``timeout``."""
+
+    status_code = 504
+    type = "timeout_error"
+    code = "upstream_timeout"
+
+
 class ProtocolError(MlxdError):
     status_code = 500
     type = "server_error"
@@ -126,6 +143,8 @@ _BY_CODE: dict[str, type[MlxdError]] = {
         WorkerUnavailable,
         MemoryBudgetExceeded,
         OutOfMemory,
+        UpstreamError,
+        UpstreamTimeout,
         ProtocolError,
         InternalError,
         ConfigError,

@@ -14,6 +14,16 @@ keep_alive = 0              # never unload
 pinned = true               # never unloaded to make room
 preload = false             # load on its first request (default: at start)
 dtype = "file"              # float weights as computed (default: --dtype, itself auto)
+fallbacks = ["cloud"]       # tried in turn when this model is unavailable
+
+[backends.openai]           # a remote API (see backend_options.py and docs/BACKENDS.md)
+kind = "openai"
+base_url = "https://api.openai.com/v1"
+api_key_env = "OPENAI_API_KEY"
+
+[models.cloud]              # a model served by a backend
+backend = "openai"
+upstream_model = "gpt-4o-mini"
 """
 
 from __future__ import annotations
@@ -23,7 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlxd.config import ModelSpec, parse_duration
+from mlxd.cli.backend_options import backend_table, fallbacks_of, remote_model_table
+from mlxd.config import BackendSpec, ModelSpec, RemoteModelSpec, parse_duration
 from mlxd.errors import ConfigError
 
 TIMEOUTS = ("chat", "completion", "embeddings")  # `{name}_timeout` keys -> `{name}_timeout_s`
@@ -32,9 +43,11 @@ TOP_KEYS = {
     "keep_alive",
     "kv_cache_gb",
     "models",
+    "backends",
     *(f"{t}_timeout" for t in TIMEOUTS),
 }
-MODEL_KEYS = {"path", "aliases", "keep_alive", "pinned", "preload", "kv_cache_gb", "dtype"}
+MODEL_KEYS = {"path", "aliases", "keep_alive", "pinned", "preload", "kv_cache_gb", "dtype",
+              "fallbacks", "fallback"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -46,6 +59,8 @@ class ConfigFile:
     keep_alive_s: float | None = None
     kv_cache_gb: float | None = None
     timeouts_s: dict[str, float] = field(default_factory=dict)  # "chat" -> seconds, if set
+    backends: tuple[BackendSpec, ...] = ()
+    remote_models: tuple[RemoteModelSpec, ...] = ()  # [models.NAME] tables with a backend
 
 
 def read_config_file(path: Path) -> ConfigFile:
@@ -60,10 +75,18 @@ def read_config_file(path: Path) -> ConfigFile:
     models = doc.get("models", {})
     if not isinstance(models, dict):
         raise ConfigError(f"{path}: models must be tables: [models.NAME]")
-    specs = tuple(_model(name, table, f"{path}: [models.{name}]") for name, table in models.items())
+    local = {n: t for n, t in models.items() if not (isinstance(t, dict) and "backend" in t)}
+    specs = tuple(_model(name, table, f"{path}: [models.{name}]") for name, table in local.items())
+    remote = tuple(remote_model_table(n, t, f"{path}: [models.{n}]")
+                   for n, t in models.items() if n not in local)  # fmt: skip
+    backends = doc.get("backends", {})
+    if not isinstance(backends, dict):
+        raise ConfigError(f"{path}: backends must be tables: [backends.NAME]")
     keep_alive = doc.get("keep_alive")
     return ConfigFile(
         models=specs,
+        remote_models=remote,
+        backends=tuple(backend_table(n, t, f"{path}: [backends.{n}]") for n, t in backends.items()),
         max_memory=None if doc.get("max_memory") is None else str(doc["max_memory"]),
         keep_alive_s=None if keep_alive is None else parse_duration(keep_alive),
         kv_cache_gb=_number(doc.get("kv_cache_gb"), f"{path}: kv_cache_gb"),
@@ -106,6 +129,7 @@ def _model(name: str, table: Any, where: str) -> ModelSpec:
         preload=table.get("preload", True),
         kv_cache_gb=_number(table.get("kv_cache_gb"), f"{where}: kv_cache_gb"),
         dtype=None if table.get("dtype") is None else str(table["dtype"]),
+        fallbacks=fallbacks_of(table, where),
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any, TypeVar
 import click
 
 from mlxd.cli.api_keys import api_keys
+from mlxd.cli.backend_options import check_backend_keys, cli_routes
 from mlxd.cli.config_file import ConfigFile, read_config_file
 from mlxd.config import (
     DEFAULT_MODEL,
@@ -267,6 +269,19 @@ def scheduler_config(opts: dict[str, object]) -> SchedulerConfig:
     show_default=True,
     help="Largest request body accepted; bigger ones get 413 before they are read.",
 )
+@click.option(
+    "--backend",
+    "backends",
+    multiple=True,
+    metavar="NAME=KIND:URL",
+    help="A remote API (kind openai or anthropic), e.g. up=openai:http://host:8000/v1; "
+    "serve its models with --model NAME=BACKEND:UPSTREAM (docs/BACKENDS.md).",
+)
+@click.option("--backend-key", "backend_keys", multiple=True, metavar="NAME=ENV_VAR",
+              help="The environment variable holding backend NAME's API key (its name, never "
+              "the key).")  # fmt: skip
+@click.option("--fallback", "fallbacks", multiple=True, metavar="MODEL=OTHER[,OTHER]",
+              help="Models tried in turn when MODEL fails before its answer starts.")  # fmt: skip
 @with_scheduler_options
 def start_command(models: tuple[str, ...], host: str, port: int, log_level: str,
                   **opts: object) -> None:  # fmt: skip
@@ -283,11 +298,19 @@ def start_command(models: tuple[str, ...], host: str, port: int, log_level: str,
         max_memory = opts["max_memory"] or file.max_memory
         keep_alive = opts["keep_alive"]
         attached = tuple(_parse_worker(w) for w in opts["workers"])  # type: ignore[attr-defined]
+        routes = cli_routes(models, opts["backends"], opts["backend_keys"], opts["fallbacks"],  # type: ignore[arg-type]
+                            file.backends, file.remote_models)  # fmt: skip
+        models = routes.local_models
+        check_backend_keys(routes.backends, os.environ)
         tcp = [str(s.endpoint) for s in attached if str(s.endpoint).startswith("tcp://")]
         gateway_keys = curve.load(curve.keys_dir(data_dir()), "gateway") if tcp else None
         keys = curve.require(tcp[0], gateway_keys) if tcp else None
         config = ServeConfig(
-            models=_model_specs(models, file, bool(attached)) + attached,
+            models=routes.with_fallbacks(
+                _model_specs(models, file, bool(attached) or bool(routes.remote_models)) + attached
+            ),
+            backends=routes.backends,
+            remote_models=routes.with_fallbacks(routes.remote_models),
             curve_keys=keys,
             max_memory_bytes=None if max_memory is None else parse_memory(str(max_memory)),
             keep_alive_s=file.keep_alive_s or 0.0

@@ -57,6 +57,7 @@ class RequestRecord:
     usage: Usage | None = None
     finish_reason: str | None = None
     in_flight: bool = False
+    backend: str = ""  # with backends configured: "local" or the remote backend's name
 
     def tokens(self) -> tuple[int, int, int]:
         """Prompt, completion and cached tokens: the worker's usage, or what streamed so far."""
@@ -167,6 +168,7 @@ def access_fields(record: RequestRecord) -> dict[str, Any]:
         "endpoint": record.path,
         "status": record.status,
         "model": record.model or None,
+        **({"backend": record.backend} if record.backend else {}),
         "key": record.key.name if record.key is not None else None,
         "stream": record.stream,
         "prompt_tokens": prompt_tokens,

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator, Callable
+import os
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
@@ -25,6 +26,7 @@ from mlxd.gateway.accesslog import REQUEST_ID_HEADER, AccessLog, RequestRecord
 from mlxd.gateway.admin import admin_routes
 from mlxd.gateway.anthropic import AnthropicEndpoints
 from mlxd.gateway.auth import ApiKeyAuth
+from mlxd.gateway.backends.dispatch import Dispatcher
 from mlxd.gateway.embeddings import EmbeddingsEndpoint
 from mlxd.gateway.metrics import Metrics
 from mlxd.gateway.openai import OpenAIEndpoints
@@ -40,19 +42,26 @@ log = logging.getLogger(__name__)
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
 
 
-def build_app(config: ServeConfig, pool: WorkerPool, metrics: Metrics | None = None) -> Starlette:
+def build_app(
+    config: ServeConfig,
+    pool: WorkerPool,
+    metrics: Metrics | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Starlette:
     """The gateway ASGI app; its lifespan starts and stops ``pool``.
 
     Args:
         config: timeouts, limits (``chat_timeout_s``, ``max_body_bytes``...) and API keys.
         pool: model name -> ``WorkerClient``; ``StaticPool`` or the supervisor's pool.
         metrics: served at ``/metrics``; pass one to add sources (``Metrics.add_source``).
+        environ: where remote backends' keys are read (``api_key_env``); default ``os.environ``.
     """
     metrics = Metrics(pool) if metrics is None else metrics
     workers = WorkerMetrics(pool)  # queue depth, running sequences, KV blocks, prefix cache
     metrics.add_source(workers.collect)
     api = OpenAIEndpoints(config, pool, metrics)
     anthropic = AnthropicEndpoints(api)
+    routed = Dispatcher(config, api, metrics, os.environ if environ is None else environ)
     recent = RecentRequests()  # the status page's last requests (no prompts)
     overview = Overview(pool, workers, recent, config.api_keys, config.admin_key)
     routes = [
@@ -61,10 +70,10 @@ def build_app(config: ServeConfig, pool: WorkerPool, metrics: Metrics | None = N
         Route("/health", api.health, methods=["GET"]),
         Route("/openapi.json", openapi.endpoint(pool), methods=["GET"]),
         Route("/metrics", metrics.endpoint, methods=["GET"]),
-        Route("/v1/models", api.list_models, methods=["GET"]),
-        Route("/v1/models/{model:path}", api.retrieve_model, methods=["GET"]),
-        Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
-        Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/v1/models", routed.list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", routed.retrieve_model, methods=["GET"]),
+        Route("/v1/chat/completions", routed.chat_completions, methods=["POST"]),
+        Route("/v1/completions", routed.completions, methods=["POST"]),
         Route("/v1/messages", anthropic.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", anthropic.count_tokens, methods=["POST"]),
         Route("/v1/embeddings", EmbeddingsEndpoint(config, pool).create, methods=["POST"]),
@@ -80,6 +89,7 @@ def build_app(config: ServeConfig, pool: WorkerPool, metrics: Metrics | None = N
         finally:
             await workers.stop()
             await pool.stop()
+            await routed.close()
 
     admin_key = getattr(config, "admin_key", None)  # ServeConfig grows it with the admin API
     middleware = [  # outermost first: every response, even a 401, gets a record and a request id

@@ -90,6 +90,12 @@ class Metrics:
         record.in_flight = True
         return _observer(record, self.ttft.labels(record.model), self.itl.labels(record.model))
 
+    def untrack(self, record: RequestRecord) -> None:
+        """Take ``record`` out of flight before it moves to another model (failover)."""
+        if record.in_flight:
+            self.in_flight.labels(record.model).dec()
+            record.in_flight = False
+
     def finish(self, record: RequestRecord) -> None:
         """Count a request whose response is done (``AccessLog`` calls it)."""
         model = record.model

@@ -87,7 +87,7 @@ class OpenAIEndpoints:
 
     async def list_models(self, request: Request) -> Response:
         """``GET /v1/models``."""
-        data = [self._model(name) for name in self.pool.names()]
+        data = [self.model_row(name) for name in self.pool.names()]
         return JSONResponse({"object": "list", "data": data})
 
     async def retrieve_model(self, request: Request) -> Response:
@@ -95,7 +95,7 @@ class OpenAIEndpoints:
         name = request.path_params["model"]
         if name not in self.pool.names():
             self.pool.info(name)  # an alias is fine; an unknown name raises ModelNotFound
-        return JSONResponse(self._model(name))
+        return JSONResponse(self.model_row(name))
 
     async def chat_completions(self, request: Request) -> Response:
         """``POST /v1/chat/completions``."""
@@ -183,7 +183,8 @@ class OpenAIEndpoints:
             record.prompt = loggable_prompt(parsed.prompt)
         return self.metrics.track(record)
 
-    def _model(self, name: str) -> dict[str, Any]:
+    def model_row(self, name: str) -> dict[str, Any]:
+        """``name``'s ``/v1/models`` entry."""
         # Beyond OpenAI's fields: whether the model is loaded (a request loads it if not), and
         # why it failed (a failed model answers 503 until `mlxd load` tries it again).
         info = self.pool.info(name)

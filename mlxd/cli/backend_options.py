@@ -1,0 +1,180 @@
+"""`mlxd start` options and `--config` tables for remote backends (docs/BACKENDS.md).
+
+Command line, for the simple case::
+
+    --backend up=openai:http://gpu-box:8000/v1  --backend-key up=UP_API_KEY
+    --model fast=up:qwen3-8b                    # NAME=BACKEND:UPSTREAM_MODEL
+    --fallback local-qwen=fast                  # MODEL=FALLBACK[,FALLBACK...]
+
+Config file::
+
+    [backends.up]
+    kind = "openai"                     # or "anthropic"
+    base_url = "http://gpu-box:8000/v1"
+    api_key_env = "UP_API_KEY"          # the variable's name; the key never goes in a file
+    timeout = "30s"                     # silence before 504 (or failover); default 60s
+    max_concurrency = 16
+    headers = { "OpenAI-Organization" = "org-1" }
+
+    [models.fast]
+    backend = "up"
+    upstream_model = "qwen3-8b"         # default: the entry's name
+    fallbacks = ["local-qwen"]          # any model entry may list them
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from mlxd.config import BackendSpec, ModelSpec, RemoteModelSpec, parse_duration
+from mlxd.errors import ConfigError
+
+_Spec = TypeVar("_Spec", ModelSpec, RemoteModelSpec)
+
+BACKEND_KEYS = {"kind", "base_url", "api_key_env", "timeout", "max_concurrency", "headers"}
+REMOTE_MODEL_KEYS = {"backend", "upstream_model", "aliases", "fallbacks", "fallback"}
+
+
+def parse_backend_option(text: str, key_envs: dict[str, str]) -> BackendSpec:
+    """``NAME=KIND:URL`` (``--backend``), with the key variable ``--backend-key`` gave it."""
+    name, _, rest = text.partition("=")
+    kind, _, url = rest.partition(":")
+    if not name or not kind or not url:
+        raise ConfigError(f"bad --backend {text!r}: use NAME=openai:URL or NAME=anthropic:URL")
+    return BackendSpec(name=name, kind=kind, base_url=url, api_key_env=key_envs.get(name))
+
+
+def parse_backend_keys(options: Iterable[str]) -> dict[str, str]:
+    """``--backend-key NAME=ENV_VAR`` options -> backend name -> variable name."""
+    out = {}
+    for text in options:
+        name, _, env = text.partition("=")
+        if not name or not env or not env.isidentifier():
+            raise ConfigError(f"bad --backend-key {text!r}: use NAME=ENV_VAR (the variable's "
+                              "name, never the key itself)")  # fmt: skip
+        out[name] = env
+    return out
+
+
+def parse_remote_model(text: str, backends: set[str]) -> RemoteModelSpec | None:
+    """``NAME=BACKEND:UPSTREAM`` when BACKEND is one of ``backends``; ``None`` otherwise (a
+    local model: a path, a repo id, ``ollama:NAME``)."""
+    name, sep, rest = text.partition("=")
+    backend, colon, upstream = rest.partition(":")
+    if not sep or not colon or backend not in backends:
+        return None
+    if not name or not upstream:
+        raise ConfigError(f"bad --model {text!r}: use NAME=BACKEND:UPSTREAM_MODEL")
+    return RemoteModelSpec(name=name, backend=backend, upstream_model=upstream)
+
+
+def parse_fallback_options(options: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """``--fallback MODEL=OTHER[,OTHER...]`` options -> model -> its fallbacks in order."""
+    out: dict[str, tuple[str, ...]] = {}
+    for text in options:
+        name, _, rest = text.partition("=")
+        fallbacks = tuple(f for f in rest.split(",") if f)
+        if not name or not fallbacks:
+            raise ConfigError(f"bad --fallback {text!r}: use MODEL=FALLBACK[,FALLBACK...]")
+        out[name] = out.get(name, ()) + fallbacks
+    return out
+
+
+def backend_table(name: str, table: Any, where: str) -> BackendSpec:
+    """A ``[backends.NAME]`` table."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where} must be a table")
+    _no_unknown(table, BACKEND_KEYS, where)
+    for key in ("kind", "base_url"):
+        if not isinstance(table.get(key), str):
+            raise ConfigError(f"{where}: {key} (a string) is required")
+    headers = table.get("headers", {})
+    if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+        raise ConfigError(f"{where}: headers must be a table of strings")
+    key_env, limit = table.get("api_key_env"), table.get("max_concurrency")
+    if key_env is not None and (not isinstance(key_env, str) or not key_env.isidentifier()):
+        raise ConfigError(f"{where}: api_key_env must name an environment variable")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+        raise ConfigError(f"{where}: max_concurrency must be an integer")
+    timeout = table.get("timeout")
+    return BackendSpec(name=name, kind=table["kind"], base_url=table["base_url"],
+                       api_key_env=key_env, max_concurrency=limit,
+                       timeout_s=60.0 if timeout is None else parse_duration(timeout),
+                       headers=tuple(headers.items()))  # fmt: skip
+
+
+def remote_model_table(name: str, table: dict[str, Any], where: str) -> RemoteModelSpec:
+    """A ``[models.NAME]`` table that has ``backend``."""
+    _no_unknown(table, REMOTE_MODEL_KEYS, where)
+    backend, upstream = table.get("backend"), table.get("upstream_model", "")
+    if not isinstance(backend, str) or not isinstance(upstream, str):
+        raise ConfigError(f"{where}: backend and upstream_model must be strings")
+    return RemoteModelSpec(name=name, backend=backend, upstream_model=upstream,
+                           aliases=names_list(table.get("aliases", []), f"{where}: aliases"),
+                           fallbacks=fallbacks_of(table, where))  # fmt: skip
+
+
+def fallbacks_of(table: dict[str, Any], where: str) -> tuple[str, ...]:
+    """A model table's ``fallbacks`` (``fallback`` is accepted too)."""
+    return names_list(table.get("fallbacks", table.get("fallback", [])), f"{where}: fallbacks")
+
+
+def names_list(value: Any, where: str) -> tuple[str, ...]:
+    """A TOML list of non-empty names."""
+    if not isinstance(value, list) or not all(isinstance(a, str) and a for a in value):
+        raise ConfigError(f"{where} must be a list of names")
+    return tuple(value)
+
+
+def _no_unknown(table: dict[str, Any], known: set[str], where: str) -> None:
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r}; use {', '.join(sorted(known))}")
+
+
+@dataclass(frozen=True)
+class Routes:
+    """What `mlxd start`'s options and config file say about backends and remote models."""
+
+    local_models: tuple[str, ...]  # the --model options that name local models
+    backends: tuple[BackendSpec, ...]
+    remote_models: tuple[RemoteModelSpec, ...]
+    fallbacks: dict[str, tuple[str, ...]]  # from --fallback
+
+    def with_fallbacks(self, specs: tuple[_Spec, ...]) -> tuple[_Spec, ...]:
+        """``specs`` with the ``--fallback`` lists added to the models they name."""
+        names = {s.name for s in specs} | {r.name for r in self.remote_models}
+        for name in self.fallbacks:
+            if name not in names:
+                raise ConfigError(f"--fallback {name}=...: no model named {name!r}")
+        return tuple(replace(s, fallbacks=s.fallbacks + self.fallbacks.get(s.name, ()))
+                     for s in specs)  # fmt: skip
+
+
+def cli_routes(
+    models: tuple[str, ...],
+    backends: Iterable[str],
+    keys: Iterable[str],
+    fallbacks: Iterable[str],
+    file_backends: tuple[BackendSpec, ...],
+    file_remote: tuple[RemoteModelSpec, ...],
+) -> Routes:
+    """Split the ``--model`` options into local and remote ones, and gather the backends."""
+    key_envs = parse_backend_keys(keys)
+    specs = (*file_backends, *(parse_backend_option(b, key_envs) for b in backends))
+    names = {b.name for b in specs}
+    for name in key_envs:
+        if name not in names:
+            raise ConfigError(f"--backend-key {name}=...: no backend named {name!r}")
+    remote = [(m, parse_remote_model(m, names)) for m in models]
+    return Routes(local_models=tuple(m for m, r in remote if r is None), backends=specs,
+                  remote_models=(*file_remote, *(r for _, r in remote if r is not None)),
+                  fallbacks=parse_fallback_options(fallbacks))  # fmt: skip
+
+
+def check_backend_keys(backends: Iterable[BackendSpec], environ: Mapping[str, str]) -> None:
+    """Fail now (``ConfigError``, exit 2) when a backend's ``api_key_env`` is not set."""
+    for backend in backends:
+        backend.api_key(environ)

@@ -1,0 +1,282 @@
+"""Relays ``/v1/chat/completions`` and ``/v1/completions`` to an OpenAI-compatible backend.
+
+The body goes upstream as the client sent it, with ``model`` set to the upstream's name; the
+answer comes back with ``model`` set to the name the client knows. A stream is committed only
+once its first event arrived, so a backend that fails before that can still be failed over
+(``dispatch``); after it, a failure ends the stream with an ``{"error": ...}`` event. The
+request's record gets the backend, the usage and the time to first token, so the access log,
+rate limits and per-model metrics treat remote models as local ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+
+import anyio
+import httpx
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from mlxd.errors import MlxdError, RequestTimeout, UpstreamError
+from mlxd.gateway.accesslog import REQUEST_ID_HEADER, RequestRecord, record_of
+from mlxd.gateway.backends.metrics import BackendMetrics
+from mlxd.gateway.backends.router import Target
+from mlxd.gateway.backends.upstream import RemoteBackend
+from mlxd.gateway.metrics import Metrics
+from mlxd.gateway.streaming import DONE, sse
+from mlxd.protocol.messages import Usage
+
+log = logging.getLogger(__name__)
+
+BACKEND_HEADER = "X-Mlxd-Backend"
+_DONE_DATA = "[DONE]"
+
+
+class OpenAIProxy:
+    """Serves requests for remote models on OpenAI-compatible backends.
+
+    Args:
+        backends: backend name -> its client.
+        metrics: the gateway's per-model metrics (in flight, time to first token).
+        backend_metrics: the per-backend counters.
+    """
+
+    def __init__(
+        self,
+        backends: Mapping[str, RemoteBackend],
+        metrics: Metrics,
+        backend_metrics: BackendMetrics,
+    ) -> None:
+        self.backends = backends
+        self.metrics = metrics
+        self.backend_metrics = backend_metrics
+
+    async def serve(
+        self, request: Request, target: Target, path: str, doc: dict[str, Any], timeout_s: float
+    ) -> Response:
+        """Send ``doc`` to ``target``'s backend at ``path`` and answer with what it returns.
+
+        Raises:
+            MlxdError: the backend failed before anything was sent to the client.
+        """
+        backend = self.backends[target.backend]
+        record = record_of(request)
+        record.model, record.backend = target.name, backend.name
+        record.stream = doc.get("stream") is True
+        started = time.perf_counter()
+        try:
+            response = await backend.send(path, {**doc, "model": target.upstream},
+                                          record.request_id)  # fmt: skip
+        except MlxdError as exc:
+            self.backend_metrics.done(backend.name, target.name, exc.code)
+            raise
+        headers = {REQUEST_ID_HEADER: record.request_id, BACKEND_HEADER: backend.name}
+        done = self._finisher(backend, target, response, started)
+        if not record.stream:
+            return await self._collect(record, backend, response, headers, timeout_s, done)
+        return await self._relay(record, backend, response, headers, done)
+
+    # Internal helpers
+
+    def _finisher(
+        self, backend: RemoteBackend, target: Target, response: httpx.Response, started: float
+    ) -> Callable[[str], Awaitable[None]]:
+        gauge = self.backend_metrics.in_flight.labels(backend.name)
+        gauge.inc()
+        finished = False
+
+        async def done(outcome: str) -> None:
+            nonlocal finished
+            if finished:
+                return
+            finished = True
+            gauge.dec()
+            seconds = time.perf_counter() - started if outcome == "ok" else None
+            self.backend_metrics.done(backend.name, target.name, outcome, seconds)
+            await backend.release(response)
+
+        return done
+
+    async def _collect(
+        self,
+        record: RequestRecord,
+        backend: RemoteBackend,
+        response: httpx.Response,
+        headers: dict[str, str],
+        timeout_s: float,
+        done: Callable[[str], Awaitable[None]],
+    ) -> Response:
+        outcome = "ok"
+        try:
+            async with asyncio.timeout(timeout_s):
+                payload = json.loads(await response.aread())
+            if not isinstance(payload, dict):
+                raise ValueError("not a JSON object")
+        except TimeoutError:
+            outcome = RequestTimeout.code
+            raise RequestTimeout("The request did not finish in time") from None
+        except httpx.HTTPError as exc:
+            error = backend.failure(exc)
+            outcome = error.code
+            raise error from None
+        except ValueError:
+            outcome = UpstreamError.code
+            raise UpstreamError(f"backend {backend.name!r} answered with bad JSON") from None
+        finally:
+            await done(outcome)
+        self.metrics.track(record)
+        _observe(record, payload, self.metrics)
+        return JSONResponse({**payload, "model": record.model}, 200, headers)
+
+    async def _relay(
+        self,
+        record: RequestRecord,
+        backend: RemoteBackend,
+        response: httpx.Response,
+        headers: dict[str, str],
+        done: Callable[[str], Awaitable[None]],
+    ) -> Response:
+        events = _sse_data(response)
+        try:
+            first = await anext(events)
+        except StopAsyncIteration:
+            await done(UpstreamError.code)
+            raise UpstreamError(
+                f"backend {backend.name!r} ended its stream before any event"
+            ) from None
+        except httpx.HTTPError as exc:
+            error = backend.failure(exc)
+            await done(error.code)
+            raise error from None
+        self.metrics.track(record)
+        frames = self._frames(record, backend, first, events, done)
+        return _RelayResponse(frames, done, headers)
+
+    async def _frames(
+        self,
+        record: RequestRecord,
+        backend: RemoteBackend,
+        first: str,
+        events: AsyncIterator[str],
+        done: Callable[[str], Awaitable[None]],
+    ) -> AsyncGenerator[bytes, None]:
+        outcome = "ok"
+        data: str | None = first
+        try:
+            while data is not None and data != _DONE_DATA:
+                yield self._frame(record, backend, data)
+                data = await anext(events, None)
+            if data is None:
+                outcome = UpstreamError.code
+                cut = UpstreamError(f"backend {backend.name!r} ended its stream unfinished")
+                yield sse({"error": cut.to_dict()})
+        except httpx.HTTPError as exc:
+            error = backend.failure(exc)
+            outcome = error.code
+            log.warning("request %s failed mid-stream: %s", record.request_id, error.message)
+            yield sse({"error": error.to_dict()})
+        except BaseException:  # cancelled or closed: the client went away
+            outcome = "client_closed"
+            raise
+        finally:
+            with anyio.CancelScope(shield=True):
+                await done(outcome)
+        yield DONE
+
+    def _frame(self, record: RequestRecord, backend: RemoteBackend, data: str) -> bytes:
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            chunk = None
+        if not isinstance(chunk, dict):
+            error = UpstreamError(f"backend {backend.name!r} sent an event that is not JSON")
+            return sse({"error": error.to_dict()})
+        if isinstance(chunk.get("error"), dict):
+            message = str(chunk["error"].get("message", ""))
+            chunk["error"] = {**chunk["error"], "message": backend.redact(message)}
+            return sse(chunk)
+        _observe(record, chunk, self.metrics)
+        return sse({**chunk, "model": record.model} if "model" in chunk else chunk)
+
+
+class _RelayResponse(StreamingResponse):
+    """An SSE response that releases the upstream stream however it ends (client gone too)."""
+
+    media_type = "text/event-stream"
+
+    def __init__(
+        self,
+        frames: AsyncGenerator[bytes, None],
+        done: Callable[[str], Awaitable[None]],
+        headers: Mapping[str, str],
+    ) -> None:
+        self._frames = frames
+        self._done = done
+        sse_headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers}
+        super().__init__(frames, headers=sse_headers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except ClientDisconnect:
+            log.info("client of a remote stream disconnected")
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._frames.aclose()  # never started, or stopped by a gone client
+                await self._done("client_closed")
+
+
+async def _sse_data(response: httpx.Response) -> AsyncIterator[str]:
+    """The ``data`` of each server-sent event of ``response`` (comments and ids skipped)."""
+    lines: list[str] = []
+    async for line in response.aiter_lines():
+        if line.startswith("data:"):
+            lines.append(line[6:] if line.startswith("data: ") else line[5:])
+        elif not line and lines:
+            yield "\n".join(lines)
+            lines = []
+    if lines:
+        yield "\n".join(lines)
+
+
+def _observe(record: RequestRecord, chunk: dict[str, Any], metrics: Metrics) -> None:
+    """Take usage, finish reason and the first token's time from a chunk or a whole answer."""
+    for choice in chunk.get("choices") or ():
+        if not isinstance(choice, dict):
+            continue
+        if choice.get("finish_reason"):
+            record.finish_reason = str(choice["finish_reason"])
+        if _has_text(choice):
+            record.completion_seen += 1
+            if record.first_token_at is None:
+                record.first_token_at = time.perf_counter()
+                metrics.ttft.labels(record.model).observe(record.first_token_at - record.start)
+    usage = chunk.get("usage")
+    if isinstance(usage, dict):
+        record.usage = _usage(usage)
+
+
+def _has_text(choice: dict[str, Any]) -> bool:
+    delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else None
+    source = delta if delta is not None else choice.get("message") or choice
+    if not isinstance(source, dict):
+        return False
+    return bool(source.get("content") or source.get("text") or source.get("tool_calls"))
+
+
+def _usage(usage: dict[str, Any]) -> Usage:
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else 0
+    return Usage(prompt_tokens=_count(usage.get("prompt_tokens")),
+                 completion_tokens=_count(usage.get("completion_tokens")),
+                 cached_tokens=_count(cached))  # fmt: skip
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0

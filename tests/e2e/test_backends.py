@@ -1,0 +1,300 @@
+"""Remote backends (docs/BACKENDS.md): a front `mlxd start` routes models to a second real mlxd
+daemon (the `openai` kind) and to a small misbehaving HTTP app in this process (500s that echo
+the key, a stall, a stream cut mid-way, a closed port), through the official OpenAI client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from tests.e2e.conftest import Daemon, free_port, start_daemon, stop_daemon
+
+SECRET = f"sk-mlxd-upstream-{secrets.token_hex(12)}"  # the backend's key: must leak nowhere
+CLIENT_KEY = "client-key-1"  # the front daemon's own API key
+KEY_ENV = "MLXD_TEST_UPSTREAM_KEY"
+GREEDY = {"temperature": 0, "max_tokens": 8, "seed": 1}
+MESSAGES = [{"role": "user", "content": "hello there"}]
+
+
+@dataclass
+class Front:
+    daemon: Daemon
+    log: Path  # the daemon's stderr (debug level)
+    request_log: Path
+    upstream: Daemon
+
+    openai_client: openai.OpenAI | None = None
+
+    def client(self) -> openai.OpenAI:
+        if self.openai_client is None:  # one, closed at teardown: sockets left open warn
+            url = f"{self.daemon.base_url}/v1"
+            self.openai_client = openai.OpenAI(
+                base_url=url, api_key=CLIENT_KEY, max_retries=0, timeout=30
+            )
+        return self.openai_client
+
+    def upstream_client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.upstream.base_url}/v1", api_key=SECRET,
+                             max_retries=0, timeout=30)  # fmt: skip
+
+    def post(self, path: str, body: dict[str, object]) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {CLIENT_KEY}"}
+        return httpx.post(f"{self.daemon.base_url}{path}", json=body, headers=headers, timeout=30)
+
+
+async def _flaky(request: Request) -> Response:
+    # Each upstream model name is one way for a cloud API to fail.
+    body = await request.json()
+    model = body["model"]
+    if model == "fail500":  # some APIs echo (part of) the key they were sent
+        echo = request.headers.get("authorization", "")
+        return JSONResponse({"error": {"message": f"bad key {echo}", "type": "x"}}, 500)
+    if model == "stall":
+        await asyncio.sleep(10)
+        return JSONResponse({})
+    return StreamingResponse(_cut_stream(), media_type="text/event-stream")
+
+
+async def _cut_stream() -> AsyncIterator[bytes]:
+    chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "cut",
+             "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hi"},
+                          "finish_reason": None}]}  # fmt: skip
+    yield f"data: {json.dumps(chunk)}\n\n".encode()
+    await asyncio.sleep(0.2)
+    raise RuntimeError("connection cut mid-stream")  # uvicorn drops the connection
+
+
+@pytest.fixture(scope="module")
+def flaky_url() -> Iterator[str]:
+    app = Starlette(routes=[Route("/v1/chat/completions", _flaky, methods=["POST"])])
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="critical", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def _config(tmp: Path, flaky_url: str) -> Path:
+    remote = [
+        ("m500", "flaky", "fail500", True),
+        ("mstall", "flaky", "stall", True),
+        ("mdead", "dead", "x", True),
+        ("mcut", "flaky", "cut", True),
+        ("only500", "flaky", "fail500", False),
+        ("onlystall", "flaky", "stall", False),
+    ]
+    lines = [
+        f'[backends.flaky]\nkind = "openai"\nbase_url = "{flaky_url}"\n'
+        f'api_key_env = "{KEY_ENV}"\ntimeout = "1s"\n',
+        f'[backends.dead]\nkind = "openai"\nbase_url = "http://127.0.0.1:{free_port()}/v1"\n',
+    ]
+    for name, backend, upstream, fallback in remote:
+        lines.append(f'[models.{name}]\nbackend = "{backend}"\nupstream_model = "{upstream}"\n'
+                     + ('fallbacks = ["remote"]\n' if fallback else ""))  # fmt: skip
+    broken = tmp / "broken-model"  # a local model whose worker cannot load: 503 at first use
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    lines.append(f'[models.broken]\npath = "{broken}"\npreload = false\nfallbacks = ["remote"]\n')
+    path = tmp / "backends.toml"
+    path.write_text("\n".join(lines))
+    return path
+
+
+@pytest.fixture(scope="module")
+def front(tiny_model: Path, flaky_url: str, tmp_path_factory: pytest.TempPathFactory
+          ) -> Iterator[Front]:  # fmt: skip
+    tmp = tmp_path_factory.mktemp("backends")
+    upstream = start_daemon(tiny_model, "--max-context", "512", "--api-key", SECRET)
+    log, request_log = tmp / "front.log", tmp / "requests.log"
+    with log.open("wb") as stderr:
+        daemon = start_daemon(
+            tiny_model, "--max-context", "512", "--api-key", CLIENT_KEY, "--log-level", "debug",
+            "--backend", f"up=openai:{upstream.base_url}/v1", "--backend-key", f"up={KEY_ENV}",
+            "--model", "remote=up:tiny", "--config", str(_config(tmp, flaky_url)),
+            "--request-log", str(request_log), env={KEY_ENV: SECRET}, stderr=stderr,
+        )  # fmt: skip
+    made = Front(daemon, log, request_log, upstream)
+    yield made
+    if made.openai_client is not None:
+        made.openai_client.close()
+    for d in (daemon, upstream):
+        if d.proc.poll() is None:
+            stop_daemon(d)
+
+
+def _direct_chat(front: Front, **extra: object) -> str:
+    with front.upstream_client() as up:
+        answer = up.chat.completions.create(model="tiny", messages=MESSAGES, **GREEDY, **extra)  # type: ignore[call-overload]
+    return str(answer.choices[0].message.content)
+
+
+def test_chat_goes_to_the_remote_backend(front: Front) -> None:
+    raw = front.client().chat.completions.with_raw_response.create(
+        model="remote",
+        messages=MESSAGES,
+        **GREEDY,  # type: ignore[arg-type]
+    )
+    answer = raw.parse()
+    assert raw.headers["x-mlxd-backend"] == "up"
+    assert answer.model == "remote"
+    assert answer.choices[0].message.content == _direct_chat(front)
+    assert answer.usage is not None and answer.usage.completion_tokens == 8
+
+
+def test_chat_stream_relays_every_chunk(front: Front) -> None:
+    stream = front.client().chat.completions.create(
+        model="remote", messages=MESSAGES, stream=True,
+        stream_options={"include_usage": True}, **GREEDY,  # type: ignore[arg-type]
+    )  # fmt: skip
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == _direct_chat(front)
+    assert {c.model for c in chunks} == {"remote"}
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
+
+
+def test_completions_stream_and_not(front: Front) -> None:
+    client = front.client()
+    whole = client.completions.create(model="remote", prompt="hello", **GREEDY)  # type: ignore[arg-type]
+    parts = client.completions.create(model="remote", prompt="hello", stream=True, **GREEDY)  # type: ignore[arg-type]
+    with front.upstream_client() as up:
+        direct = up.completions.create(model="tiny", prompt="hello", **GREEDY)  # type: ignore[arg-type]
+    assert whole.model == "remote" and whole.choices[0].text == direct.choices[0].text
+    assert "".join(p.choices[0].text for p in parts if p.choices) == direct.choices[0].text
+
+
+def test_models_lists_remote_models(front: Front) -> None:
+    rows = {m.id: m for m in front.client().models.list()}
+    assert "tiny" in rows
+    remote = rows["remote"].model_dump()
+    assert remote["backend"] == "up" and remote["upstream_model"] == "tiny"
+    assert remote["kind"] == "openai"
+
+
+def test_the_daemons_own_key_is_required(front: Front) -> None:
+    r = httpx.post(f"{front.daemon.base_url}/v1/chat/completions",
+                   json={"model": "remote", "messages": MESSAGES}, timeout=30)  # fmt: skip
+    assert r.status_code == 401
+
+
+def test_upstream_400_comes_back_as_400(front: Front) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        front.client().chat.completions.create(model="remote", messages=MESSAGES, temperature=7)
+    assert info.value.body["param"] == "temperature"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("model", ["m500", "mstall", "mdead"])
+def test_failover_before_the_first_byte(front: Front, model: str) -> None:
+    raw = front.client().chat.completions.with_raw_response.create(
+        model=model,
+        messages=MESSAGES,
+        **GREEDY,  # type: ignore[arg-type]
+    )
+    assert raw.parse().model == "remote" and raw.headers["x-mlxd-backend"] == "up"
+    assert raw.parse().choices[0].message.content == _direct_chat(front)
+    metrics = httpx.get(f"{front.daemon.base_url}/metrics").text
+    assert f'mlxd_backend_failovers_total{{from_model="{model}",to_model="remote"}} 1.0' in metrics
+
+
+def test_a_failed_local_model_fails_over_to_a_remote_one(front: Front) -> None:
+    raw = front.client().chat.completions.with_raw_response.create(
+        model="broken",
+        messages=MESSAGES,
+        **GREEDY,  # type: ignore[arg-type]
+    )
+    assert raw.parse().model == "remote" and raw.headers["x-mlxd-backend"] == "up"
+    assert raw.parse().choices[0].message.content == _direct_chat(front)
+
+
+def test_failover_of_a_stream_before_its_first_event(front: Front) -> None:
+    chunks = list(front.client().chat.completions.create(
+        model="mdead", messages=MESSAGES, stream=True, **GREEDY))  # type: ignore[arg-type]  # fmt: skip
+    assert {c.model for c in chunks} == {"remote"}
+
+
+def test_5xx_without_fallback_is_502_naming_the_backend(front: Front) -> None:
+    r = front.post("/v1/chat/completions", {"model": "only500", "messages": MESSAGES})
+    assert r.status_code == 502
+    error = r.json()["error"]
+    assert error["code"] == "upstream_error" and "'flaky'" in error["message"]
+    assert "answered HTTP 500" in error["message"] and "[redacted]" in error["message"]
+
+
+def test_silence_past_the_timeout_is_504(front: Front) -> None:
+    started = time.monotonic()
+    r = front.post("/v1/chat/completions", {"model": "onlystall", "messages": MESSAGES})
+    assert r.status_code == 504 and r.json()["error"]["code"] == "upstream_timeout"
+    assert "'flaky'" in r.json()["error"]["message"] and time.monotonic() - started < 5
+
+
+def test_no_failover_after_the_first_token(front: Front) -> None:
+    body = {"model": "mcut", "messages": MESSAGES, "stream": True}
+    headers = {"Authorization": f"Bearer {CLIENT_KEY}"}
+    url = f"{front.daemon.base_url}/v1/chat/completions"
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=30) as r:
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert r.status_code == 200 and r.headers["x-mlxd-backend"] == "flaky"
+    assert json.loads(events[0])["choices"][0]["delta"]["content"] == "Hi"
+    assert json.loads(events[0])["model"] == "mcut"
+    assert json.loads(events[1])["error"]["code"] == "upstream_error"
+    assert events[2:] == ["[DONE]"]
+
+
+def test_metrics_and_access_log_name_the_backend(front: Front) -> None:
+    front.client().chat.completions.create(model="remote", messages=MESSAGES, **GREEDY)  # type: ignore[arg-type]
+    metrics = httpx.get(f"{front.daemon.base_url}/metrics").text
+    assert 'mlxd_backend_requests_total{backend="up",model="remote",outcome="ok"}' in metrics
+    assert (
+        'mlxd_backend_requests_total{backend="flaky",model="only500",outcome="upstream_error"}'
+        in metrics
+    )
+    assert 'model="remote",status="200"' in metrics  # the per-model request counter
+    lines = [json.loads(x) for x in front.request_log.read_text().splitlines()]
+    assert any(x["model"] == "remote" and x.get("backend") == "up" for x in lines)
+
+
+def test_the_key_appears_in_no_output(front: Front) -> None:
+    """Last in the file: every earlier request's logs are in place. The key must be in no log
+    line, metric, error, listing or `mlxd ps --json`."""
+    base = front.daemon.base_url
+    env = {**os.environ, "MLXD_URL": base}
+    ps = subprocess.run([sys.executable, "-m", "mlxd", "ps", "--json"], capture_output=True,
+                        text=True, timeout=60, env=env)  # fmt: skip
+    assert ps.returncode == 0, ps.stderr
+    auth = {"Authorization": f"Bearer {CLIENT_KEY}"}
+    outputs = {
+        "ps": ps.stdout + ps.stderr,
+        "metrics": httpx.get(f"{base}/metrics").text,
+        "models": httpx.get(f"{base}/v1/models", headers=auth).text,
+        "overview": httpx.get(f"{base}/admin/overview", headers=auth).text,
+        "502": front.post("/v1/chat/completions", {"model": "only500", "messages": MESSAGES}).text,
+        "log": front.log.read_text(errors="replace"),
+        "request log": front.request_log.read_text(),
+    }
+    assert "backend 'flaky'" in outputs["log"] or "flaky" in outputs["502"]
+    leaked = [name for name, text in outputs.items() if SECRET in text]
+    assert leaked == []
