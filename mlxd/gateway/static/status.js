@@ -175,7 +175,7 @@ function modelFigures(model) {
   const stats = w.stats;
   const asked = stats.prefix_cache_hits + stats.prefix_cache_misses;
   return rows.concat([
-    ["KV used", kvUsed(st, stats)],
+    ["KV in flight", kvUsed(st, stats)],
     ["MLX active", bytes(st.memory.active_bytes)],
     ["queue", st.num_waiting],
     ["running rows", `${st.num_running + st.num_prefilling} of ${st.scheduler.max_num_seqs}`],
@@ -187,10 +187,11 @@ function modelFigures(model) {
   ]);
 }
 
+// Bytes held by requests in flight; the block count also holds the prefix cache's blocks.
 function kvUsed(status, stats) {
   const used = bytes(status.memory.kv_bytes);
   if (!stats.kv_blocks_total) return used;
-  return `${used} · ${stats.kv_blocks_used}/${stats.kv_blocks_total} blocks`;
+  return `${used} · blocks ${stats.kv_blocks_used}/${stats.kv_blocks_total} with prefix cache`;
 }
 
 function figures(dl, rows) {
