@@ -61,7 +61,7 @@ def build_app(
     metrics.add_source(workers.collect)
     api = OpenAIEndpoints(config, pool, metrics)
     anthropic = AnthropicEndpoints(api)
-    routed = Dispatcher(config, api, metrics, os.environ if environ is None else environ)
+    routed = Dispatcher(config, api, anthropic, metrics, os.environ if environ is None else environ)
     recent = RecentRequests()  # the status page's last requests (no prompts)
     overview = Overview(pool, workers, recent, config.api_keys, config.admin_key)
     routes = [
@@ -74,7 +74,7 @@ def build_app(
         Route("/v1/models/{model:path}", routed.retrieve_model, methods=["GET"]),
         Route("/v1/chat/completions", routed.chat_completions, methods=["POST"]),
         Route("/v1/completions", routed.completions, methods=["POST"]),
-        Route("/v1/messages", anthropic.messages, methods=["POST"]),
+        Route("/v1/messages", routed.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", anthropic.count_tokens, methods=["POST"]),
         Route("/v1/embeddings", EmbeddingsEndpoint(config, pool).create, methods=["POST"]),
         *admin_routes(pool, config.admin_key),

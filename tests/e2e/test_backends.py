@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -134,7 +135,9 @@ def front(tiny_model: Path, flaky_url: str, tmp_path_factory: pytest.TempPathFac
         daemon = start_daemon(
             tiny_model, "--max-context", "512", "--api-key", CLIENT_KEY, "--log-level", "debug",
             "--backend", f"up=openai:{upstream.base_url}/v1", "--backend-key", f"up={KEY_ENV}",
-            "--model", "remote=up:tiny", "--config", str(_config(tmp, flaky_url)),
+            "--model", "remote=up:tiny", "--backend", f"ant=anthropic:{upstream.base_url}/v1",
+            "--backend-key", f"ant={KEY_ENV}", "--model", "claude=ant:tiny",
+            "--config", str(_config(tmp, flaky_url)),
             "--request-log", str(request_log), env={KEY_ENV: SECRET}, stderr=stderr,
         )  # fmt: skip
     made = Front(daemon, log, request_log, upstream)
@@ -275,6 +278,33 @@ def test_metrics_and_access_log_name_the_backend(front: Front) -> None:
     assert 'model="remote",status="200"' in metrics  # the per-model request counter
     lines = [json.loads(x) for x in front.request_log.read_text().splitlines()]
     assert any(x["model"] == "remote" and x.get("backend") == "up" for x in lines)
+
+
+def _ask_claude(url: str, key: str, model: str, stream: bool = False) -> tuple[str, str]:
+    with anthropic.Anthropic(base_url=url, api_key=key, max_retries=0) as client:
+        args = {"model": model, "max_tokens": 8, "messages": MESSAGES,
+                "extra_body": {"temperature": 0}}  # fmt: skip
+        if not stream:
+            answer = client.messages.create(**args)  # type: ignore[call-overload]
+            return answer.model, "".join(b.text for b in answer.content if b.type == "text")
+        with client.messages.stream(**args) as events:  # type: ignore[arg-type]
+            text = "".join(events.text_stream)
+            return events.get_final_message().model, text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_messages_go_to_an_anthropic_backend(front: Front, stream: bool) -> None:
+    model, text = _ask_claude(front.daemon.base_url, CLIENT_KEY, "claude", stream)
+    direct = _ask_claude(front.upstream.base_url, SECRET, "tiny")[1]
+    assert model == "claude" and text == direct and text
+    metrics = httpx.get(f"{front.daemon.base_url}/metrics").text
+    assert 'mlxd_backend_requests_total{backend="ant",model="claude",outcome="ok"}' in metrics
+
+
+def test_messages_to_an_openai_backend_are_refused_naming_the_model(front: Front) -> None:
+    with pytest.raises(anthropic.BadRequestError) as info:
+        _ask_claude(front.daemon.base_url, CLIENT_KEY, "remote")
+    assert "'remote'" in info.value.message and "kind openai" in info.value.message
 
 
 def test_the_key_appears_in_no_output(front: Front) -> None:

@@ -16,14 +16,18 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Message
 
 from mlxd.config import ServeConfig
-from mlxd.errors import UpstreamError, UpstreamTimeout, WorkerUnavailable
+from mlxd.errors import InvalidRequest, MlxdError, UpstreamError, UpstreamTimeout, WorkerUnavailable
 from mlxd.gateway import schemas
 from mlxd.gateway.accesslog import record_of
+from mlxd.gateway.anthropic import AnthropicEndpoints
+from mlxd.gateway.anthropic import render_error as render_anthropic_error
+from mlxd.gateway.backends.anthropic_proxy import AnthropicProxy
 from mlxd.gateway.backends.metrics import BackendMetrics
 from mlxd.gateway.backends.openai_proxy import BACKEND_HEADER, OpenAIProxy
 from mlxd.gateway.backends.router import LOCAL, Router, Target
@@ -35,6 +39,7 @@ from mlxd.gateway.openai import OpenAIEndpoints
 log = logging.getLogger(__name__)
 
 FAILOVER_ERRORS = (WorkerUnavailable, UpstreamError, UpstreamTimeout)
+_KINDS = {"chat/completions": "openai", "completions": "openai", "messages": "anthropic"}
 _Endpoint = Callable[[Request], Awaitable[Response]]
 
 
@@ -45,6 +50,7 @@ class Dispatcher:
     Args:
         config: timeouts, the body limit, the backends and remote models.
         local: the endpoints of the local worker pool.
+        anthropic: the local ``/v1/messages`` endpoint.
         metrics: the gateway's metrics (the backend families join its registry).
         environ: where each backend's ``api_key_env`` is read.
     """
@@ -53,16 +59,19 @@ class Dispatcher:
         self,
         config: ServeConfig,
         local: OpenAIEndpoints,
+        anthropic: AnthropicEndpoints,
         metrics: Metrics,
         environ: Mapping[str, str],
     ) -> None:
         self.config = config
         self.local = local
+        self.anthropic = anthropic
         self.metrics = metrics
         self.router = Router(config)
         self.backends = {b.name: RemoteBackend(b, b.api_key(environ)) for b in config.backends}
         self.backend_metrics = BackendMetrics(metrics)
         self.proxy = OpenAIProxy(self.backends, metrics, self.backend_metrics)
+        self.anthropic_proxy = AnthropicProxy(self.backends, metrics, self.backend_metrics)
         self.created = int(time.time())
 
     async def close(self) -> None:
@@ -79,6 +88,15 @@ class Dispatcher:
         """``POST /v1/completions``."""
         return await self._dispatch(request, "completions", self.local.completions,
                                     self.config.completion_timeout_s)  # fmt: skip
+
+    async def messages(self, request: Request) -> Response:
+        """``POST /v1/messages``: local models through the Anthropic endpoints, remote ones on
+        ``anthropic`` backends relayed (errors in Anthropic's shape)."""
+        try:
+            return await self._dispatch(request, "messages", self.anthropic.messages,
+                                        self.config.chat_timeout_s)  # fmt: skip
+        except (MlxdError, HTTPException) as exc:
+            return render_anthropic_error(request, exc)
 
     async def list_models(self, request: Request) -> Response:
         """``GET /v1/models``: the local models, then the remote ones."""
@@ -126,6 +144,14 @@ class Dispatcher:
         timeout_s: float,
     ) -> Response:
         if not target.is_local:
+            kind = self.backends[target.backend].spec.kind
+            if kind != _KINDS[path]:
+                raise InvalidRequest(f"model {target.name!r} is served by backend "
+                                     f"{target.backend!r} of kind {kind}, which {path} cannot "
+                                     "reach (no translation between the APIs yet)",
+                                     param="model")  # fmt: skip
+            if kind == "anthropic":
+                return await self.anthropic_proxy.serve(request, target, doc, timeout_s)
             return await self.proxy.serve(request, target, path, doc, timeout_s)
         record_of(request).backend = LOCAL
         body = json.dumps({**doc, "model": target.name}).encode()

@@ -77,31 +77,12 @@ class OpenAIProxy:
             self.backend_metrics.done(backend.name, target.name, exc.code)
             raise
         headers = {REQUEST_ID_HEADER: record.request_id, BACKEND_HEADER: backend.name}
-        done = self._finisher(backend, target, response, started)
+        done = finisher(self.backend_metrics, backend, target, response, started)
         if not record.stream:
             return await self._collect(record, backend, response, headers, timeout_s, done)
         return await self._relay(record, backend, response, headers, done)
 
     # Internal helpers
-
-    def _finisher(
-        self, backend: RemoteBackend, target: Target, response: httpx.Response, started: float
-    ) -> Callable[[str], Awaitable[None]]:
-        gauge = self.backend_metrics.in_flight.labels(backend.name)
-        gauge.inc()
-        finished = False
-
-        async def done(outcome: str) -> None:
-            nonlocal finished
-            if finished:
-                return
-            finished = True
-            gauge.dec()
-            seconds = time.perf_counter() - started if outcome == "ok" else None
-            self.backend_metrics.done(backend.name, target.name, outcome, seconds)
-            await backend.release(response)
-
-        return done
 
     async def _collect(
         self,
@@ -156,7 +137,7 @@ class OpenAIProxy:
             raise error from None
         self.metrics.track(record)
         frames = self._frames(record, backend, first, events, done)
-        return _RelayResponse(frames, done, headers)
+        return RelayResponse(frames, done, headers)
 
     async def _frames(
         self,
@@ -205,7 +186,32 @@ class OpenAIProxy:
         return sse({**chunk, "model": record.model} if "model" in chunk else chunk)
 
 
-class _RelayResponse(StreamingResponse):
+def finisher(
+    backend_metrics: BackendMetrics,
+    backend: RemoteBackend,
+    target: Target,
+    response: httpx.Response,
+    started: float,
+) -> Callable[[str], Awaitable[None]]:
+    """The once-only ``done(outcome)`` of one upstream response: counts it, closes it."""
+    gauge = backend_metrics.in_flight.labels(backend.name)
+    gauge.inc()
+    finished = False
+
+    async def done(outcome: str) -> None:
+        nonlocal finished
+        if finished:
+            return
+        finished = True
+        gauge.dec()
+        seconds = time.perf_counter() - started if outcome == "ok" else None
+        backend_metrics.done(backend.name, target.name, outcome, seconds)
+        await backend.release(response)
+
+    return done
+
+
+class RelayResponse(StreamingResponse):
     """An SSE response that releases the upstream stream however it ends (client gone too)."""
 
     media_type = "text/event-stream"
