@@ -114,16 +114,28 @@ class SnapshotCache:
 
 
 def _compact(cache: Any) -> Any:
-    """``cache`` without the unused capacity a plain K/V cache grows by (256 tokens at a
-    time): a snapshot copies what it holds, not its room to grow."""
-    from mlx_lm.models.cache import CacheList, KVCache
+    """``cache`` without the unused capacity a K/V cache grows by (256 tokens at a time): a
+    snapshot copies what it holds, not its room to grow (a chunked cache's room made llama4's
+    snapshots so large that the one left at a request's end evicted its prompt's)."""
+    from mlx_lm.models.cache import CacheList
 
     if isinstance(cache, CacheList):
         return CacheList(*(_compact(c) for c in cache.caches))
-    if type(cache) is not KVCache or cache.keys is None or cache.keys.shape[2] == cache.offset:
+    end = _held(cache)
+    if end is None or cache.keys is None or cache.keys.shape[2] == end:
         return cache
-    out = KVCache()
-    out.keys = cache.keys[..., : cache.offset, :]
-    out.values = cache.values[..., : cache.offset, :]
-    out.offset = cache.offset
+    out = copy.copy(cache)
+    out.keys = cache.keys[..., :end, :]
+    out.values = cache.values[..., :end, :]
     return out
+
+
+def _held(cache: Any) -> int | None:
+    """The K/V columns ``cache`` holds, for the kinds that grow by steps (else None)."""
+    from mlx_lm.models.cache import ChunkedKVCache, KVCache
+
+    if type(cache) is KVCache:
+        return int(cache.offset)
+    if type(cache) is ChunkedKVCache:
+        return int(cache.offset - cache.start_position)
+    return None

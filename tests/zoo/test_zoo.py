@@ -39,8 +39,6 @@ KNOWN = {
     ("deepseek_v41", "test_four_concurrent_equal_each_alone"): _SPLITS,
     ("deepseek_v41", "test_a_request_joining_a_stream_equals_alone"): _SPLITS,
     ("deepseek_v41", "test_a_repeated_long_prompt_hits_the_prefix_cache"): _SPLITS,
-    ("llama4", "test_a_repeated_long_prompt_hits_the_prefix_cache"):
-        "chunked-attention caches: no prefix hit yet",
 }  # fmt: skip
 
 
