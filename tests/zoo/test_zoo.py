@@ -27,11 +27,13 @@ _SPLITS = (
     "it depends on timing (where each request's prefill falls among the others' steps)"
 )
 KNOWN = {
+    # Its sparse attention picks key blocks cut over cache slots ("place queries by slot, not
+    # content", mlx-lm): a left-padded row of a batch picks other blocks than it would alone,
+    # in mlx-lm's batch generator too. Whether the requests meet in one batch depends on timing.
     ("minimax_m3_vl", "test_four_concurrent_equal_each_alone"):
-        "sparse/dense mixed attention: batched output differs from alone in some runs (it "
-        "depends on timing: which requests share a step)",
+        "block-sparse attention over padded slots; it depends on timing",
     ("minimax_m3_vl", "test_preempted_requests_resume_to_the_same_text"):
-        "as batched (when the four requests meet in one batch, which depends on timing)",
+        "as batched; it depends on timing",
     # It decodes one sequence at a time: whether these differ depends on timing (where each
     # request's prefill falls among the others' steps). Alone it mostly passes now that
     # prefill feeds the last prompt token apart as mlx-lm does, but not in every run.
