@@ -1,8 +1,18 @@
-"""The memory budget: which idle workers to unload so that a new one fits (LRU first)."""
+"""The memory budget: which idle workers to unload so that a new one fits (LRU first).
+
+``evictions`` is the policy on plain values; the functions below it apply it to the supervisor's
+worker slots. Every worker that is starting, ready or stopping holds its ``Footprint`` against
+``--max-memory``; only ready, idle, unpinned, local ones may be unloaded to make room.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mlxd.daemon.worker_process import WorkerProcess
 
 
 @dataclass(frozen=True)
@@ -26,3 +36,47 @@ def evictions(need: int, budget: int, residents: list[Resident]) -> list[str] | 
         chosen.append(r.name)
         free += r.bytes
     return chosen if free >= need else None
+
+
+def residents(workers: Iterable[WorkerProcess]) -> list[WorkerProcess]:
+    """The workers that hold memory now: starting, ready or stopping."""
+    return [w for w in workers if w.state in ("starting", "ready", "stopping")]
+
+
+def reserved_bytes(workers: Iterable[WorkerProcess]) -> int:
+    """What the residents among ``workers`` reserve, in bytes."""
+    return sum(w.size.total_bytes for w in residents(workers))
+
+
+def fits(worker: WorkerProcess, workers: Iterable[WorkerProcess], budget: int | None) -> bool:
+    """Whether ``worker`` fits beside the other residents, unloading none."""
+    used = sum(w.size.total_bytes for w in residents(workers) if w is not worker)
+    return budget is None or used + worker.size.total_bytes <= budget
+
+
+def victims(worker: WorkerProcess, workers: Iterable[WorkerProcess], budget: int
+            ) -> list[str] | None:  # fmt: skip
+    """The names to unload, least recently used first, so ``worker`` fits; ``None``: it can't."""
+    others = [Resident(w.spec.name, w.size.total_bytes, w.last_used,
+                       evictable=w.state == "ready" and not w.spec.pinned
+                       and not w.client.in_flight and not w.attached)
+              for w in residents(workers) if w is not worker]  # fmt: skip
+    return evictions(worker.size.total_bytes, budget, others)
+
+
+def budget_text(worker: WorkerProcess, workers: Iterable[WorkerProcess], budget: int | None
+                ) -> str:  # fmt: skip
+    """Why ``worker`` does not fit: its footprint, the budget, and who holds it."""
+    s = worker.size
+    others = [w for w in residents(workers) if w is not worker]
+    used = sum(w.size.total_bytes for w in others)
+    busy = [w.spec.name for w in others if w.spec.pinned or w.client.in_flight
+            or w.state != "ready"]  # fmt: skip
+    return (f"it needs {_gb(s.total_bytes)} (weights {_gb(s.weights_bytes)}, KV "
+            f"{_gb(s.kv_bytes)}, headroom {_gb(s.headroom_bytes)}); the --max-memory budget "
+            f"is {_gb(budget or 0)}, {_gb(used)} of it held by models that cannot be unloaded "
+            f"now ({', '.join(busy) or 'none'})")  # fmt: skip
+
+
+def _gb(num: int) -> str:
+    return f"{num / 2**30:.2f} GB"
