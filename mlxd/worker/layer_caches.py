@@ -71,6 +71,56 @@ def batches_rows(model: Any, compare: bool = True) -> bool:
     return all(_close(logits[i], a) for i, a in enumerate(alone))
 
 
+def prefills_rows(model: Any) -> bool:
+    """Whether ``model`` prefills prompts of different lengths together (``prefill``) as it
+    prefills each alone: two decode steps after, against each prompt's own (a probe at load,
+    as ``batches_rows``; not the prefill's logits: the worker's head computes only the last
+    position's, a padding one for the shorter prompt). Prompts run past a sliding window (up
+    to 256 tokens), where plamo3's window mask tells padded rows from their own."""
+    past = min(_window(model_caches(model)), 256)
+    prompts = [[i % 50 + 1 for i in range(past + n)] for n in (3, 5)]
+    alone = []
+    for p in prompts:
+        caches = model_caches(model)
+        model(mx.array([p]), cache=caches)
+        alone.append([model(mx.array([[t]]), cache=caches)[0, -1] for t in (9, 10)])
+    try:
+        batch, _ = prefill(model, [model_caches(model) for _ in prompts], prompts)
+        steps = [model(mx.array([[t], [t]]), cache=batch)[:, -1] for t in (9, 10)]
+        mx.eval(steps)
+    except Exception:  # noqa: BLE001 - any failure means: one prompt at a time
+        return False
+    return all(_close(step[i], own[k]) for k, step in enumerate(steps)
+               for i, own in enumerate(alone))  # fmt: skip
+
+
+def prefill(
+    model: Any, rows: list[list[Any]], prompts: list[list[int]]
+) -> tuple[list[Any], mx.array]:
+    """Prompts of different lengths in one forward, right-padded, on their merged caches
+    (mlx-lm's batch generator does the same: the caches mask each row's padding, ``prepare``,
+    and move it to the left after, ``finalize``). Returns the batch's caches and the logits."""
+    batch = merge(rows)
+    lengths = [len(p) for p in prompts]
+    width = max(lengths)
+    pads = [width - n for n in lengths]
+    if any(pads):
+        for cache in batch:
+            cache.prepare(lengths=lengths, right_padding=pads)
+    logits = model(mx.array([p + [0] * (width - len(p)) for p in prompts]), cache=batch)
+    if any(pads):
+        for cache in batch:
+            cache.finalize()
+    return batch, logits
+
+
+def _window(caches: list[Any]) -> int:
+    """The largest sliding window among ``caches`` (0: none)."""
+    sizes = [_window(c.caches) if hasattr(c, "caches") else getattr(c, "max_size", 0) or 0
+             for c in caches]  # fmt: skip
+    return max(sizes, default=0)
+
+
 def _close(batched: mx.array, alone: mx.array) -> bool:
     """Equal up to rounding: a batch changes kernel shapes, so half precision may differ."""
     tol = 1e-3 if alone.dtype == mx.float32 else 3e-2
@@ -99,6 +149,11 @@ def extract(batch: list[Any], row: int, model: Any) -> list[Any]:
     nothing yet, such as a linear-attention layer's unused K/V, gets a fresh one)."""
     fresh = model_caches(model)
     return [fresh[i] if _is_empty(c) else c.extract(row) for i, c in enumerate(batch)]
+
+
+def merge(rows: list[list[Any]]) -> list[Any]:
+    """Several sequences' caches as one batch, layer by layer (mlx-lm's ``merge``)."""
+    return [type(c).merge([r[i] for r in rows]) for i, c in enumerate(rows[0])]
 
 
 def to_batch(caches: list[Any]) -> list[Any]:

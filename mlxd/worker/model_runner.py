@@ -172,6 +172,16 @@ class ModelRunner:
 
     # Internal helpers (the cache hooks are what the paged runner replaces)
 
+    def _enter(self, seqs: list[Sequence]) -> None:
+        """Prefilled rows join the decode batch with their prompt's last token as their next
+        input (not theirs to emit): it runs in the decode step, as mlx-lm feeds it (see
+        ``paged_runner.prefill``), and the step reads their first token back at once."""
+        self.rows += seqs
+        self._emitted += [True] * len(seqs)
+        self._entering.update(seqs)
+        last = mx.array([s.prefill_ids[-1] for s in seqs], dtype=mx.uint32)
+        self._pending = last if self._pending is None else mx.concatenate([self._pending, last])
+
     def _read_entered(self, rows: list[Sequence]) -> list[TokenEvent]:
         """The first tokens of rows that entered the batch with their prompt's last token as
         input, read now rather than with the next step: one wait for this step, as a prefill's

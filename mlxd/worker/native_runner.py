@@ -43,11 +43,20 @@ class NativeModelRunner(ModelRunner):
         self.kv_budget = kv_budget
         self.block_size = block_size
         self.batchable = layer_caches.batches_rows(model)
+        self.prefills_together = self.batchable and layer_caches.prefills_rows(model)
         self._fed: list[int] = []  # tokens each decode row's caches hold
         self._have: dict[Sequence, int] = {}  # tokens a prefilling sequence's caches hold
         self._cuts: dict[Sequence, tuple[int, ...]] = {}  # where its prefill snapshots
 
     # Public API
+
+    def prefill(self, chunks: list[PrefillChunk]) -> list[TokenEvent]:
+        """New whole prompts with nothing cached prefill together (``_prefill_together``);
+        the others one at a time, as the base runner does."""
+        together = self._together(chunks)
+        if together:
+            self._prefill_together(together)
+        return super().prefill([c for c in chunks if c.seq not in together])
 
     def remove(self, seqs: set[Sequence]) -> None:
         """Finished rows leave a snapshot for the next turn, preempted ones to resume from."""
@@ -135,6 +144,39 @@ class NativeModelRunner(ModelRunner):
             return None
         first, lp = self._sample(logits[:, -1, :], [seq], [self._sample_row(seq, emitted=True)])
         return [seq], first, self._to_batch(self._prefill.pop(seq)), lp
+
+    def _together(self, chunks: list[PrefillChunk]) -> list[Sequence]:
+        """The sequences of ``chunks`` to prefill in one forward: whole new prompts with no
+        snapshot to restore and none to leave but at their end (a prompt that shares a prefix
+        with an earlier one stops there to snapshot it, so it goes alone). Each one's caches
+        are made here once (``_restore`` records its blocks)."""
+        picked = []
+        for chunk in chunks:
+            seq = chunk.seq
+            if not self.prefills_together or chunk.start or not chunk.is_last or (
+                    seq in self._prefill or seq.num_prefill_tokens < 2):  # fmt: skip
+                continue
+            self._prefill[seq] = self._restore(seq)
+            last = (seq.num_prefill_tokens - 1) // self.block_size * self.block_size
+            if not self._have.get(seq) and all(c == last for c in self._cuts.get(seq, ())):
+                picked.append(seq)
+        return picked if len(picked) > 1 else []
+
+    def _prefill_together(self, seqs: list[Sequence]) -> None:
+        """One right-padded forward of the prompts but their last tokens, which enter the
+        decode batch (``_enter``); each row leaves a snapshot of its prompt but the last token
+        (a repeated prompt or its next turn continues from it)."""
+        heads = [s.prefill_ids[:-1] for s in seqs]
+        batch, _ = layer_caches.prefill(self.model, [self._prefill.pop(s) for s in seqs], heads)
+        if self.snapshots is not None:
+            for i, head in enumerate(heads):
+                self.snapshots.insert(head, layer_caches.extract(batch, i, self.model))
+        self._batch = self._extend(self._batch, batch)
+        self._fed += [len(h) for h in heads]
+        for seq in seqs:
+            self._have.pop(seq, None)
+            self._cuts.pop(seq, None)
+        self._enter(seqs)
 
     def _restore(self, seq: Sequence) -> list[Any]:
         """Fresh caches, or the longest snapshot that prefixes ``seq``'s prompt; notes where

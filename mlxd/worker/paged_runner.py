@@ -105,15 +105,6 @@ class PagedModelRunner(ModelRunner):
         step = PagedStep.build(tables, [start for _, start, _ in parts], new, self.pool)
         self.model(mx.array(rows), cache=PagedKVCache.for_step(self.pool, step))
 
-    def _enter(self, seqs: list[Sequence]) -> None:
-        """Prefilled rows join the decode batch: their next input is their prompt's last token,
-        which is not theirs to emit; the step reads their first token back at once."""
-        self.rows += seqs
-        self._emitted += [True] * len(seqs)
-        self._entering.update(seqs)
-        last = mx.array([s.prefill_ids[-1] for s in seqs], dtype=mx.uint32)
-        self._pending = last if self._pending is None else mx.concatenate([self._pending, last])
-
     def reset(self) -> list[Sequence]:
         self.tail.drop_batch()
         return super().reset()

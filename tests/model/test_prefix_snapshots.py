@@ -136,3 +136,49 @@ def test_rows_over_the_budget_are_preempted_and_resume_from_their_snapshots(
     assert hits == preemptions  # every resume, and nothing else (the prompts share nothing)
     for i, ids in enumerate(prompts):
         assert results[f"r{i}"].token_ids == reference_ids(model_path, ids, 40), i
+
+
+class _Counting:
+    """The model, recording the shape of every forward's tokens."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __call__(self, tokens: Any, cache: Any = None) -> Any:
+        self.shapes.append(tuple(tokens.shape))
+        return self.model(tokens, cache=cache)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+
+def test_new_prompts_prefill_in_one_forward_and_continue_as_alone(model_path: Path) -> None:
+    """Whole new prompts of different lengths prefill together, right-padded: one forward for
+    all but their last tokens (which run in the first decode step, as mlx-lm feeds them). Each
+    continues as it would alone, and each leaves a snapshot a repeat of its prompt hits."""
+    from tests.model.conftest import Result
+
+    h = Harness(model_path, block_size=BLOCK)
+    counting = _Counting(h.engine.runner.model)
+    h.engine.runner.model = counting
+    try:
+        tokenizer = h.engine.encoder.tokenizer
+        prompts = [tokenizer.encode(p) for p in (LONG, PROMPTS[1], PROMPTS[0] * 2)]
+        for i, ids in enumerate(prompts):
+            h.results[str(i)] = Result()
+            h.generate_ids(str(i), ids, max_tokens=12, ignore_eos=True)
+        out = h.run()
+        again = _run(h, "again", prompts[1])
+    finally:
+        h.close()
+    # mlx-lm's Mamba lets right padding into its state (it reads no lengths from its cache):
+    # the load probe sees it, and its prompts prefill one at a time.
+    together = model_path.parent.name.rstrip("0123456789") != "mamba"
+    assert h.engine.runner.prefills_together == together
+    assert ((3, max(len(p) for p in prompts) - 1) in counting.shapes) == together
+    for i, ids in enumerate(prompts):
+        assert out[str(i)].token_ids == reference_ids(model_path, ids, 12), i
+    n = len(prompts[1])
+    assert again.finished.usage.cached_tokens == (n - 1 if together else (n - 1) // BLOCK * BLOCK)
+    assert again.token_ids == out["1"].token_ids

@@ -34,6 +34,12 @@ KNOWN = {
         "block-sparse attention over padded slots; it depends on timing",
     ("minimax_m3_vl", "test_preempted_requests_resume_to_the_same_text"):
         "as batched; it depends on timing",
+    # Prefilled together, each prompt's last token runs in a decode step of four rows, where
+    # alone it runs in a forward of one: products of another shape round differently, and a
+    # near-tie of this random model flips twelve tokens on (the caches after the prompts are
+    # equal to the bit). Rounding: it depends on the machine.
+    ("plamo3", "test_preempted_requests_resume_to_the_same_text"):
+        "rounding of a four-row step against a one-row forward; it depends on the machine",
     # It decodes one sequence at a time: whether these differ depends on timing (where each
     # request's prefill falls among the others' steps). Alone it mostly passes now that
     # prefill feeds the last prompt token apart as mlx-lm does, but not in every run.
