@@ -16,6 +16,7 @@ from mlxd.cli.admin import (
 )
 
 COLUMNS = ("MODEL", "STATE", "PID", "MEMORY", "RUNNING", "WAITING", "TOK/S", "RESTARTS", "REASON")
+BACKEND_COLUMNS = ("BACKEND", "KIND", "URL", "STATE", "REQUESTS", "FAILED", "LAST ERROR")
 
 
 @click.command("ps")
@@ -24,13 +25,27 @@ def ps_command(url: str, admin_key: str | None, as_json: bool) -> None:
     """List the daemon's models and how their workers are doing."""
     overview = AdminClient(url, admin_key).get(f"{OVERVIEW_PATH}?fresh=1")
     rows = [_row(m) for m in overview["models"]]
+    backends = overview.get("backends", [])
     if as_json:
-        print_json({"models": rows})
+        print_json({"models": rows, "backends": backends})
         return
-    table = [COLUMNS, *(_cells(r) for r in rows)]
-    widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
+    _echo_table([COLUMNS, *(_cells(r) for r in rows)])
+    if backends:
+        click.echo("")
+        _echo_table([BACKEND_COLUMNS, *(_backend_cells(b) for b in backends)])
+
+
+def _echo_table(table: list[tuple[str, ...]]) -> None:
+    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
     for line in table:
         click.echo("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
+
+
+def _backend_cells(b: dict[str, Any]) -> tuple[str, ...]:
+    """A remote backend's row: its last error only while it is failing."""
+    error = b["last_error"] if b["state"] == "failing" else ""
+    return (b["name"], b["kind"], b["base_url"], b["state"], str(b["requests"]),
+            str(b["failures"]), error or "")  # fmt: skip
 
 
 def _row(model: dict[str, Any]) -> dict[str, Any]:

@@ -63,7 +63,8 @@ def build_app(
     anthropic = AnthropicEndpoints(api)
     routed = Dispatcher(config, api, anthropic, metrics, os.environ if environ is None else environ)
     recent = RecentRequests()  # the status page's last requests (no prompts)
-    overview = Overview(pool, workers, recent, config.api_keys, config.admin_key)
+    overview = Overview(pool, workers, recent, config.api_keys, config.admin_key,
+                        list(routed.backends.values()))  # fmt: skip
     routes = [
         *status_page_routes(),
         Route("/admin/overview", overview.endpoint, methods=["GET"]),

@@ -5,7 +5,7 @@ It joins what the gateway already knows, without asking any worker on the reques
 pool's view of every model (``/admin/status``), each ready worker's last ``GetStatus`` /
 ``GetStats`` answers from the ``WorkerMetrics`` poller (every 2 s), and the last API requests
 (``RecentRequests``: no prompts). ``?fresh=1`` polls the workers first, for a CLI command run
-right after a load. Cloud backends get a ``backends`` list, empty until they exist.
+right after a load. Remote backends get a ``backends`` list: kind, URL, limits and health.
 
 Who may read it: anyone who may call the API, and this host's CLI through the admin Unix socket.
 Loopback clients need no key unless both API keys and an admin key are configured; other
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -28,6 +29,7 @@ from mlxd.config import ApiKey
 from mlxd.errors import Forbidden, Unauthorized
 from mlxd.gateway.admin import ADMIN_SOCKET
 from mlxd.gateway.auth import KeyRing, is_loopback, presented_key
+from mlxd.gateway.backends.upstream import RemoteBackend
 from mlxd.gateway.recent import RecentRequests
 from mlxd.gateway.worker_metrics import WorkerMetrics
 from mlxd.gateway.workers import WorkerPool
@@ -44,6 +46,7 @@ class Overview:
         recent: the last API requests.
         api_keys: the client keys (any of them may read the overview).
         admin_key: the admin key (it may too).
+        backends: the remote backends, whose health it shows.
     """
 
     def __init__(
@@ -53,8 +56,10 @@ class Overview:
         recent: RecentRequests,
         api_keys: tuple[ApiKey, ...],
         admin_key: str | None,
+        backends: Sequence[RemoteBackend] = (),
     ) -> None:
         self.pool = pool
+        self.backends = backends
         self.workers = workers
         self.recent = recent
         self.readers = KeyRing([*api_keys, *([ApiKey("admin", admin_key)] if admin_key else [])])
@@ -78,7 +83,7 @@ class Overview:
             "memory": self.pool.budget(),
             "models": [self._model(name, latest.get(name)) for name in self.pool.names()],
             "recent_requests": self.recent.rows(),
-            "backends": [],  # cloud backends: none yet; each will list its name, url and health
+            "backends": [b.describe() for b in self.backends],  # remote ones: health, no key
         }
 
     # Internal helpers

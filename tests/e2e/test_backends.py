@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import secrets
 import socket
 import subprocess
@@ -305,6 +306,28 @@ def test_messages_to_an_openai_backend_are_refused_naming_the_model(front: Front
     with pytest.raises(anthropic.BadRequestError) as info:
         _ask_claude(front.daemon.base_url, CLIENT_KEY, "remote")
     assert "'remote'" in info.value.message and "kind openai" in info.value.message
+
+
+def test_backend_health_shows_on_the_overview_and_in_ps(front: Front) -> None:
+    """A backend whose last request failed is ``failing`` with that (redacted) error, one that
+    answered is ``ok``: on ``/admin/overview`` (the status page draws it) and in ``mlxd ps``."""
+    assert front.post("/v1/chat/completions", {"model": "only500", "messages": MESSAGES}
+                      ).status_code == 502  # fmt: skip
+    assert front.post("/v1/chat/completions", {"model": "remote", "messages": MESSAGES,
+                                               **GREEDY}).status_code == 200  # fmt: skip
+    base = front.daemon.base_url
+    auth = {"Authorization": f"Bearer {CLIENT_KEY}"}
+    listed = httpx.get(f"{base}/admin/overview", headers=auth).json()["backends"]
+    flaky, up = (next(b for b in listed if b["name"] == n) for n in ("flaky", "up"))
+    assert flaky["state"] == "failing" and flaky["failures"] >= 1
+    assert "answered HTTP 500" in flaky["last_error"] and SECRET not in flaky["last_error"]
+    assert up["state"] == "ok" and up["consecutive_failures"] == 0 and up["kind"] == "openai"
+    ps = subprocess.run([sys.executable, "-m", "mlxd", "ps"], capture_output=True, text=True,
+                        timeout=60, env={**os.environ, "MLXD_URL": base})  # fmt: skip
+    assert ps.returncode == 0, ps.stderr
+    assert re.search(r"^flaky\s+openai\s+\S+\s+failing\s+\d+\s+\d+\s+.*HTTP 500", ps.stdout,
+                     re.M), ps.stdout  # fmt: skip
+    assert re.search(r"^up\s+openai\s+\S+\s+ok\s", ps.stdout, re.M), ps.stdout
 
 
 def test_the_key_appears_in_no_output(front: Front) -> None:

@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import math
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,6 +19,7 @@ import httpx
 
 from mlxd.config import BackendSpec
 from mlxd.errors import InvalidRequest, MlxdError, Overloaded, UpstreamError, UpstreamTimeout
+from mlxd.gateway.backends.health import BackendHealth
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,7 @@ class RemoteBackend:
         )
         limit = spec.max_concurrency
         self._slots = asyncio.Semaphore(limit) if limit is not None else None
+        self.health = BackendHealth()
 
     async def close(self) -> None:
         """Close the connection pool."""
@@ -73,23 +76,27 @@ class RemoteBackend:
         if self._slots is not None:
             await self._slots.acquire()
         try:
-            request = self._client.build_request(
-                "POST", path, json=body, headers={"X-Request-Id": request_id}
-            )
-            response = await self._client.send(request, stream=True)
-            if response.status_code >= 300:
-                await self._refuse(response)
-        except httpx.TimeoutException:
+            response = await self._send(path, body, request_id)
+        except (UpstreamError, UpstreamTimeout, Overloaded) as exc:
+            self.health.failed(exc.message, time.time())
             self._free_slot()
-            raise UpstreamTimeout(f"backend {self.name!r} sent nothing within "
-                                  f"{self.spec.timeout_s:g}s") from None  # fmt: skip
-        except httpx.HTTPError as exc:
+            raise
+        except InvalidRequest:
+            self.health.ok(time.time())  # it answered: the request was the client's mistake
             self._free_slot()
-            raise self.failure(exc) from None
+            raise
         except BaseException:
             self._free_slot()
             raise
+        self.health.ok(time.time())
         return response
+
+    def describe(self) -> dict[str, Any]:
+        """Name, kind, URL, limits and health, for ``/admin/overview`` (never the key)."""
+        s = self.spec
+        return {"name": s.name, "kind": s.kind, "base_url": s.base_url,
+                "max_concurrency": s.max_concurrency, "timeout_s": s.timeout_s,
+                **self.health.to_dict()}  # fmt: skip
 
     async def release(self, response: httpx.Response) -> None:
         """Close ``response`` (an unread stream tells the upstream to stop) and free its slot."""
@@ -114,6 +121,19 @@ class RemoteBackend:
         return text
 
     # Internal helpers
+
+    async def _send(self, path: str, body: Mapping[str, Any], request_id: str) -> httpx.Response:
+        """``send`` without the slot: every failure as an ``MlxdError``."""
+        try:
+            request = self._client.build_request(
+                "POST", path, json=body, headers={"X-Request-Id": request_id}
+            )
+            response = await self._client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise self.failure(exc) from None
+        if response.status_code >= 300:
+            await self._refuse(response)
+        return response
 
     def _free_slot(self) -> None:
         if self._slots is not None:

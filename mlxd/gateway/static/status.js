@@ -201,7 +201,18 @@ function figures(dl, rows) {
 function renderBackends(backends) {
   if (!backends.length) return; // the page's placeholder says none are configured
   const box = document.getElementById("backends");
-  box.replaceChildren(...backends.map((b) => el("p", `${b.name}: ${b.health ?? "unknown"}`)));
+  box.replaceChildren(...backends.map(backendLine));
+}
+
+// One remote backend: where it is, its state and what its last failure said (never its key).
+function backendLine(b) {
+  const p = el("p", `${b.name} (${b.kind}, ${b.base_url}): `);
+  const state = el("span", b.state);
+  state.className = `state ${b.state === "failing" ? "failed" : b.state === "ok" ? "running" : ""}`;
+  const counts = ` ${b.requests} requests, ${b.failures} failed`;
+  const last = b.state === "failing" && b.last_error ? ` · last error: ${b.last_error}` : "";
+  p.append(state, counts + last);
+  return p;
 }
 
 function renderRequests(rows) {
