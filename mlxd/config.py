@@ -12,6 +12,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mlxd.errors import ConfigError
+from mlxd.knobs import (
+    AGING_S,
+    BLOCK_SIZE,
+    DTYPE,
+    KV_CACHE_GB,
+    MAX_CONTEXT,
+    MAX_NUM_SEQS,
+    MAX_QUEUED,
+    PAGED,
+    PREFILL_CHUNK,
+    STREAM_INTERVAL,
+    Knob,
+    section,
+)
 
 if TYPE_CHECKING:
     from mlxd.protocol.curve import CurveKeys
@@ -22,9 +36,6 @@ API_KEY_TIERS = ("high", "normal", "low")  # the protocol's priorities, highest 
 # K/V that makes each step read one contiguous array; see worker/decode_tail.py); the pool
 # gets the rest, so the budget caps both.
 VIEW_SHARE = 0.2
-# How a worker computes with float weights (worker/cpu_backend.py): "auto" casts half precision
-# to float32 on the CPU backend only, "file" keeps the file's dtypes, a dtype casts to it.
-DTYPES = ("auto", "float32", "float16", "bfloat16", "file")
 
 
 def data_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -44,23 +55,14 @@ MIN_REQUEST_LOG_BYTES = 4096
 class SchedulerConfig:
     """Admission, batching and priority knobs of one worker."""
 
-    max_num_seqs: int = 64
-    max_queued: int = 256
-    prefill_chunk: int = 2048
-    stream_interval: int = 1
-    aging_s: float = 10.0
+    max_num_seqs: int = MAX_NUM_SEQS.default
+    max_queued: int = MAX_QUEUED.default
+    prefill_chunk: int = PREFILL_CHUNK.default
+    stream_interval: int = STREAM_INTERVAL.default
+    aging_s: float = AGING_S.default
 
     def __post_init__(self) -> None:
-        if self.max_num_seqs < 1:
-            raise ConfigError("--max-num-seqs must be >= 1")
-        if self.max_queued < 0:
-            raise ConfigError("--max-queued must be >= 0")
-        if self.prefill_chunk < 16:
-            raise ConfigError("--prefill-chunk must be >= 16")
-        if self.stream_interval < 1:
-            raise ConfigError("--stream-interval must be >= 1")
-        if self.aging_s <= 0:
-            raise ConfigError("--priority-aging must be > 0 seconds")
+        _check_knobs(self, section("scheduler"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,15 +70,12 @@ class CacheConfig:
     """The worker's KV memory: a pool of ``block_size``-token blocks, ``kv_cache_gb`` big
     (None: a default share of memory), or the contiguous per-batch cache when not ``paged``."""
 
-    kv_cache_gb: float | None = None
-    block_size: int = 32
-    paged: bool = True
+    kv_cache_gb: float | None = KV_CACHE_GB.default
+    block_size: int = BLOCK_SIZE.default
+    paged: bool = PAGED.default
 
     def __post_init__(self) -> None:
-        if self.kv_cache_gb is not None and self.kv_cache_gb <= 0:
-            raise ConfigError("--kv-cache-gb must be > 0")
-        if not 1 <= self.block_size <= 1024:
-            raise ConfigError("--kv-block-size must be in 1..1024")
+        _check_knobs(self, section("cache"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,27 +87,25 @@ class WorkerConfig:
     endpoint: str
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
-    max_context: int | None = None
+    max_context: int | None = MAX_CONTEXT.default
     parent_pid: int | None = None
     reason_file: str | None = None  # where a startup failure's one-line reason is written
     control_endpoint: str | None = None  # None: derived from ``endpoint`` (w0.ctl.sock)
     enable_test_faults: bool = False  # accept DebugCrash on the control socket (tests only)
     buffer_cache_bytes: int | None = None  # cap on MLX's cache of freed buffers (None: default)
     curve_keys: CurveKeys | None = None  # required for tcp:// endpoints (mlxd.protocol.curve)
-    dtype: str = "auto"  # one of DTYPES
+    dtype: str = DTYPE.default  # one of DTYPES
 
     def __post_init__(self) -> None:
         if not self.model:
             raise ConfigError("a worker needs a model")
-        _check_dtype(self.dtype, "--dtype")
+        _check_knobs(self, section("worker"))
         for endpoint in (self.endpoint, self.control_endpoint or self.endpoint):
             if not endpoint.startswith(("ipc://", "tcp://", "inproc://")):
                 raise ConfigError(f"bad worker endpoint {endpoint!r}")
             if endpoint.startswith("tcp://") and self.curve_keys is None:
                 raise ConfigError(f"{endpoint}: tcp:// workers need CURVE keys; make them with "
                                   "`mlxd keys new worker`")  # fmt: skip
-        if self.max_context is not None and self.max_context < 2:
-            raise ConfigError("--max-context must be >= 2")
         if self.buffer_cache_bytes is not None and self.buffer_cache_bytes < 0:
             raise ConfigError("--buffer-cache-gb must be >= 0")
 
@@ -257,7 +254,7 @@ class ServeConfig:
     completion_timeout_s: float = 600.0  # /v1/completions
     embeddings_timeout_s: float = 120.0  # /v1/embeddings
     worker_start_timeout_s: float = 300.0
-    max_context: int | None = None
+    max_context: int | None = MAX_CONTEXT.default
     max_body_bytes: int = 8 * 1024 * 1024
     api_keys: tuple[ApiKey, ...] = ()
     log_prompts: bool = False
@@ -275,14 +272,14 @@ class ServeConfig:
     keep_alive_s: float = 0.0  # idle seconds before a worker is unloaded; 0 = never
     kv_cache_gb: float | None = None  # each model's KV budget unless its spec sets one
     curve_keys: CurveKeys | None = field(default=None, repr=False)  # for tcp:// attached workers
-    dtype: str = "auto"  # each model's compute dtype unless its spec sets one (DTYPES)
+    dtype: str = DTYPE.default  # each model's compute dtype unless its spec sets one (DTYPES)
     request_log: str | None = None  # the rotating request log file; None: not written
     request_log_max_bytes: int = REQUEST_LOG_MAX_BYTES  # rotated past this (3 old files kept)
     backends: tuple[BackendSpec, ...] = ()  # remote APIs (docs/BACKENDS.md)
     remote_models: tuple[RemoteModelSpec, ...] = ()  # models served by those backends
 
     def __post_init__(self) -> None:
-        _check_dtype(self.dtype, "--dtype")
+        _check_knobs(self, section("worker"))
         _check_routes(self)
         if self.request_log_max_bytes < MIN_REQUEST_LOG_BYTES:
             raise ConfigError(f"--request-log-size must be >= {MIN_REQUEST_LOG_BYTES} bytes")
@@ -343,8 +340,12 @@ def _check_routes(config: ServeConfig) -> None:
 
 
 def _check_dtype(dtype: str, what: str) -> None:
-    if dtype not in DTYPES:
-        raise ConfigError(f"{what} must be one of {', '.join(DTYPES)}, not {dtype!r}")
+    DTYPE.check(dtype, what)
+
+
+def _check_knobs(config: object, knobs: tuple[Knob[object], ...]) -> None:
+    for knob in knobs:
+        knob.check(getattr(config, knob.field))
 
 
 _SIZE_UNITS = {"": 2**30, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20,

@@ -5,21 +5,17 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
 
 import click
 
 from mlxd.cli.api_keys import api_keys
 from mlxd.cli.backend_options import check_backend_keys, cli_routes
 from mlxd.cli.config_file import ConfigFile, read_config_file
+from mlxd.cli.knob_options import cache_config, scheduler_config, with_knob_options
 from mlxd.config import (
     DEFAULT_MODEL,
-    DTYPES,
-    CacheConfig,
     ModelSpec,
-    SchedulerConfig,
     ServeConfig,
     data_dir,
     parse_duration,
@@ -31,89 +27,6 @@ from mlxd.daemon.server import check_port_free
 from mlxd.errors import ConfigError, MlxdError
 from mlxd.gateway.request_log import FILE_NAME
 from mlxd.protocol import curve
-
-F = TypeVar("F", bound=Callable[..., Any])  # a command function, as click's decorators keep it
-
-_SCHED = SchedulerConfig()  # the options' defaults are the config's
-scheduler_options = [
-    click.option(
-        "--max-num-seqs",
-        default=_SCHED.max_num_seqs,
-        show_default=True,
-        help="Most sequences decoded together.",
-    ),
-    click.option(
-        "--max-queued",
-        default=_SCHED.max_queued,
-        show_default=True,
-        help="Most requests waiting; beyond it clients get 429.",
-    ),
-    click.option(
-        "--prefill-chunk",
-        default=_SCHED.prefill_chunk,
-        show_default=True,
-        help="Prompt tokens per step, so long prompts never stall running streams.",
-    ),
-    click.option(
-        "--stream-interval",
-        default=_SCHED.stream_interval,
-        show_default=True,
-        help="Send output every N tokens.",
-    ),
-    click.option(
-        "--priority-aging",
-        "aging_s",
-        default=_SCHED.aging_s,
-        show_default=True,
-        help="Seconds of waiting that raise a request by one priority level.",
-    ),
-    click.option(
-        "--kv-cache-gb",
-        type=float,
-        default=None,
-        help="KV block pool size per model (default: half the memory the weights leave, at most "
-        "max-num-seqs full contexts).",
-    ),
-    click.option(
-        "--kv-block-size", default=32, show_default=True, help="Tokens per KV cache block."
-    ),
-    click.option(
-        "--paged-kv/--no-paged-kv",
-        default=True,
-        show_default=True,
-        help="Keep KV in the block pool (prefix cache, preemption) or contiguous per batch.",
-    ),
-    click.option(
-        "--max-context",
-        type=int,
-        default=None,
-        help="Cap on prompt + output tokens (default: the model's).",
-    ),
-    click.option(
-        "--dtype",
-        type=click.Choice(DTYPES),
-        default="auto",
-        show_default=True,
-        help="Float weights as computed: auto casts half precision to float32 on the CPU "
-        "backend (fast BLAS, twice the memory) and keeps them elsewhere; file keeps the file's.",
-    ),
-]
-
-
-def with_scheduler_options(fn: F) -> F:
-    for option in reversed(scheduler_options):
-        fn = option(fn)
-    return fn
-
-
-def cache_config(opts: dict[str, object]) -> CacheConfig:
-    return CacheConfig(kv_cache_gb=opts["kv_cache_gb"], block_size=opts["kv_block_size"],  # type: ignore[arg-type]
-                       paged=bool(opts["paged_kv"]))  # fmt: skip
-
-
-def scheduler_config(opts: dict[str, object]) -> SchedulerConfig:
-    keys = ("max_num_seqs", "max_queued", "prefill_chunk", "stream_interval", "aging_s")
-    return SchedulerConfig(**{k: opts[k] for k in keys})  # type: ignore[arg-type]
 
 
 @click.command("start")
@@ -282,7 +195,7 @@ def scheduler_config(opts: dict[str, object]) -> SchedulerConfig:
               "the key).")  # fmt: skip
 @click.option("--fallback", "fallbacks", multiple=True, metavar="MODEL=OTHER[,OTHER]",
               help="Models tried in turn when MODEL fails before its answer starts.")  # fmt: skip
-@with_scheduler_options
+@with_knob_options
 def start_command(models: tuple[str, ...], host: str, port: int, log_level: str,
                   **opts: object) -> None:  # fmt: skip
     """Serve the OpenAI API on HOST:PORT until Ctrl-C or SIGTERM."""

@@ -11,9 +11,10 @@ from typing import Any
 import click
 
 from mlxd.cli.admin import AdminClient, format_bytes, print_json, with_admin_options
-from mlxd.cli.start import cache_config, scheduler_config, with_scheduler_options
+from mlxd.cli.knob_options import cache_config, scheduler_config, with_knob_options
 from mlxd.config import WorkerConfig, data_dir
 from mlxd.errors import MlxdError
+from mlxd.knobs import LIVE_KNOBS
 from mlxd.protocol import curve
 
 
@@ -60,7 +61,7 @@ def worker_group() -> None:
     help="Cap on MLX's cache of freed buffers, so the worker stays within its memory "
     "reservation (default: MLX's; `mlxd start --max-memory` sets it from the reservation).",
 )
-@with_scheduler_options
+@with_knob_options
 def serve_command(model: str, name: str | None, endpoint: str, control: str | None,
                   parent_pid: int | None, log_level: str, keys_dir: Path | None,
                   enable_test_faults: bool, reason_file: str | None,
@@ -126,14 +127,13 @@ def stats_command(model: str, url: str, admin_key: str | None, as_json: bool) ->
     print_json(reply) if as_json else _show_stats(reply)
 
 
-@worker_group.command("set")
+@worker_group.command("set", help="Change MODEL's scheduler settings live: "
+                      + ", ".join(k.field for k in LIVE_KNOBS) + ".")  # fmt: skip
 @click.argument("model")
 @click.argument("settings", nargs=-1, required=True, metavar="KEY=VALUE...")
 @with_admin_options
 def set_command(model: str, settings: tuple[str, ...], url: str, admin_key: str | None,
                 as_json: bool) -> None:  # fmt: skip
-    """Change MODEL's scheduler settings live: max_num_seqs, max_queued, prefill_chunk,
-    stream_interval, aging_s."""
     body = dict(_parse_setting(s) for s in settings)
     reply = AdminClient(url, admin_key).post(AdminClient.model_path(model, "set"), body)
     print_json(reply) if as_json else _show_ack(reply)

@@ -27,6 +27,7 @@ from mlxd import __version__
 from mlxd.errors import Forbidden, InvalidRequest, Unauthorized, WorkerUnavailable
 from mlxd.gateway import schemas
 from mlxd.gateway.workers import WorkerPool
+from mlxd.knobs import LIVE_KNOBS
 from mlxd.protocol import codec
 from mlxd.protocol.messages import (
     ControlReply,
@@ -51,11 +52,10 @@ ACTIONS: dict[str, type[Drain | Pause | Resume | FlushCache | Shutdown]] = {
     "flush-cache": FlushCache,
     "shutdown": Shutdown,
 }
-# SetConfig's fields: JSON numbers are checked here so a bad one is a 400 naming the field.
 # Set in the ASGI scope by ``AdminSocketApp`` only; a client cannot put keys in a scope.
 ADMIN_SOCKET = "mlxd.admin_socket"
-SETTABLE: dict[str, type] = {"max_num_seqs": int, "max_queued": int, "prefill_chunk": int,
-                             "stream_interval": int, "aging_s": float}  # fmt: skip
+# SetConfig's fields: JSON numbers are checked here so a bad one is a 400 naming the field.
+SETTABLE: dict[str, type] = {k.field: k.kind for k in LIVE_KNOBS}
 
 
 def admin_routes(pool: WorkerPool, admin_key: str | None) -> list[Route]:

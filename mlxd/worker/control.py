@@ -21,6 +21,7 @@ from mlx.utils import tree_flatten
 
 from mlxd.config import SchedulerConfig
 from mlxd.errors import ConfigError, InvalidRequest, MlxdError, ProtocolError
+from mlxd.knobs import LIVE_KNOBS
 from mlxd.protocol.messages import (
     Ack,
     ComputeInfo,
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SETTABLE = ("max_num_seqs", "max_queued", "prefill_chunk", "stream_interval", "aging_s")
+SETTABLE = tuple(k.field for k in LIVE_KNOBS)  # SetConfig's fields
 
 
 class Control:

@@ -1,0 +1,134 @@
+"""Every worker knob, defined once: name, type, default, range, help, and whether it is live.
+
+The config values check themselves against this table (config.py), the options of `mlxd start`
+and `mlxd worker serve` are built from it (cli/knob_options.py), and `mlxd worker set` takes
+its live ones (gateway/admin.py, worker/control.py). So a knob cannot drift between them:
+before, ``max_num_seqs`` was listed by hand in six places (issue #25 point 5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from mlxd.errors import ConfigError
+
+T = TypeVar("T")
+
+# How a worker computes with float weights (worker/cpu_backend.py): "auto" casts half precision
+# to float32 on the CPU backend only, "file" keeps the file's dtypes, a dtype casts to it.
+DTYPES = ("auto", "float32", "float16", "bfloat16", "file")
+
+
+@dataclass(frozen=True, slots=True)
+class Knob(Generic[T]):
+    """One knob. ``field`` names it in its config class (``section``) and in `worker set`;
+    ``flag`` is its command-line option, ``dest`` that option's parameter name where it differs
+    from ``field`` (kept, as ``MLXD_*`` environment variables are named after it)."""
+
+    field: str
+    section: str  # "scheduler" (SchedulerConfig), "cache" (CacheConfig), "worker" (both configs)
+    flag: str
+    kind: type  # int, float, bool or str; the type of a set value (None: unset)
+    default: T
+    help: str
+    minimum: float | None = None
+    maximum: float | None = None
+    above: bool = False  # the minimum itself is out of range (> rather than >=)
+    unit: str = ""  # said after the bound in errors: "--priority-aging must be > 0 seconds"
+    choices: tuple[str, ...] = ()
+    live: bool = False  # changeable on a running worker (`mlxd worker set`)
+    dest: str = ""
+
+    @property
+    def param(self) -> str:
+        """The click parameter name (and ``opts`` key) of this knob's option."""
+        return self.dest or self.field
+
+    @property
+    def rule(self) -> str:
+        """The range in words: ">= 1", "> 0 seconds", "in 1..1024", "one of a, b"."""
+        if self.choices:
+            return f"one of {', '.join(self.choices)}"
+        if self.minimum is not None and self.maximum is not None:
+            return f"in {self.minimum:g}..{self.maximum:g}"
+        return f"{'>' if self.above else '>='} {self.minimum:g}{self.unit}"
+
+    def is_valid(self, value: object) -> bool:
+        """Whether ``value`` is in range (``None``, unset, always is)."""
+        if value is None or (not self.choices and self.minimum is None):
+            return True
+        if self.choices:
+            return value in self.choices
+        number = float(value)  # type: ignore[arg-type]
+        low = self.minimum if self.minimum is not None else float("-inf")
+        high = self.maximum if self.maximum is not None else float("inf")
+        return (number > low if self.above else number >= low) and number <= high
+
+    def check(self, value: object, what: str = "") -> None:
+        """Raise ``ConfigError`` naming ``what`` (default: the flag) when out of range."""
+        if not self.is_valid(value):
+            tail = f", not {value!r}" if self.choices else ""
+            raise ConfigError(f"{what or self.flag} must be {self.rule}{tail}")
+
+
+MAX_NUM_SEQS: Knob[int] = Knob(
+    "max_num_seqs", "scheduler", "--max-num-seqs", int, 64,
+    "Most sequences decoded together.", minimum=1, live=True,
+)  # fmt: skip
+MAX_QUEUED: Knob[int] = Knob(
+    "max_queued", "scheduler", "--max-queued", int, 256,
+    "Most requests waiting; beyond it clients get 429.", minimum=0, live=True,
+)  # fmt: skip
+PREFILL_CHUNK: Knob[int] = Knob(
+    "prefill_chunk", "scheduler", "--prefill-chunk", int, 2048,
+    "Prompt tokens per step, so long prompts never stall running streams.", minimum=16, live=True,
+)  # fmt: skip
+STREAM_INTERVAL: Knob[int] = Knob(
+    "stream_interval", "scheduler", "--stream-interval", int, 1,
+    "Send output every N tokens.", minimum=1, live=True,
+)  # fmt: skip
+AGING_S: Knob[float] = Knob(
+    "aging_s", "scheduler", "--priority-aging", float, 10.0,
+    "Seconds of waiting that raise a request by one priority level.", minimum=0, above=True,
+    unit=" seconds", live=True,
+)  # fmt: skip
+KV_CACHE_GB: Knob[float | None] = Knob(
+    "kv_cache_gb", "cache", "--kv-cache-gb", float, None,
+    "KV block pool size per model (default: half the memory the weights leave, at most "
+    "max-num-seqs full contexts).", minimum=0, above=True,
+)  # fmt: skip
+BLOCK_SIZE: Knob[int] = Knob(
+    "block_size", "cache", "--kv-block-size", int, 32,
+    "Tokens per KV cache block.", minimum=1, maximum=1024, dest="kv_block_size",
+)  # fmt: skip
+PAGED: Knob[bool] = Knob(
+    "paged", "cache", "--paged-kv", bool, True,
+    "Keep KV in the block pool (prefix cache, preemption) or contiguous per batch.",
+    dest="paged_kv",
+)  # fmt: skip
+MAX_CONTEXT: Knob[int | None] = Knob(
+    "max_context", "worker", "--max-context", int, None,
+    "Cap on prompt + output tokens (default: the model's).", minimum=2,
+)  # fmt: skip
+DTYPE: Knob[str] = Knob(
+    "dtype", "worker", "--dtype", str, "auto",
+    "Float weights as computed: auto casts half precision to float32 on the CPU backend (fast "
+    "BLAS, twice the memory) and keeps them elsewhere; file keeps the file's.", choices=DTYPES,
+)  # fmt: skip
+
+# In the order their options are listed in `--help`.
+_ALL = (MAX_NUM_SEQS, MAX_QUEUED, PREFILL_CHUNK, STREAM_INTERVAL, AGING_S, KV_CACHE_GB,
+        BLOCK_SIZE, PAGED, MAX_CONTEXT, DTYPE)  # fmt: skip
+KNOBS: tuple[Knob[object], ...] = _ALL  # type: ignore[assignment]
+LIVE_KNOBS = tuple(k for k in KNOBS if k.live)
+
+
+def section(name: str) -> tuple[Knob[object], ...]:
+    """The knobs of one config class: "scheduler", "cache" or "worker"."""
+    return tuple(k for k in KNOBS if k.section == name)
+
+
+def live_knob(field: str) -> Knob[object] | None:
+    """The live knob named ``field``, or None (not a knob, or not settable while running)."""
+    return next((k for k in LIVE_KNOBS if k.field == field), None)
