@@ -31,6 +31,13 @@ def parse_messages(
     body: Any, header_priority: str | None = None, tier: str | None = None
 ) -> ParsedRequest:
     """Validate a Messages body; ``header_priority`` and ``tier`` as for ``parse_chat``."""
+    return parse_chat(to_openai_chat(body), header_priority, tier)
+
+
+def to_openai_chat(body: Any) -> dict[str, Any]:
+    """A Messages body, its Anthropic fields checked, as an OpenAI chat request body (absent
+    fields as ``None``; tool-call ``arguments`` as objects). The local path and the
+    ``openai``-backend translation both start here."""
     body = _check_fields(body, _FIELDS)
     max_tokens = body.get("max_tokens")
     if type(max_tokens) is not int or max_tokens < 1:
@@ -45,7 +52,7 @@ def parse_messages(
         "stream": body.get("stream"), "temperature": temperature, "top_p": body.get("top_p"),
         "top_k": body.get("top_k"), "stop": stops or None, **_tool_fields(body),
     }  # fmt: skip
-    return parse_chat(chat, header_priority, tier)
+    return chat
 
 
 def parse_count_tokens(body: Any) -> ParsedRequest:

@@ -302,10 +302,10 @@ def test_messages_go_to_an_anthropic_backend(front: Front, stream: bool) -> None
     assert 'mlxd_backend_requests_total{backend="ant",model="claude",outcome="ok"}' in metrics
 
 
-def test_messages_to_an_openai_backend_are_refused_naming_the_model(front: Front) -> None:
-    with pytest.raises(anthropic.BadRequestError) as info:
-        _ask_claude(front.daemon.base_url, CLIENT_KEY, "remote")
-    assert "'remote'" in info.value.message and "kind openai" in info.value.message
+def test_completions_to_an_anthropic_backend_are_refused_naming_the_model(front: Front) -> None:
+    r = front.post("/v1/completions", {"model": "claude", "prompt": "hi", "max_tokens": 4})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+    assert "'claude'" in r.json()["error"]["message"]
 
 
 def test_backend_health_shows_on_the_overview_and_in_ps(front: Front) -> None:

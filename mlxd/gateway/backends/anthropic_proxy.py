@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from functools import partial
 from typing import Any
 
 import anyio
@@ -20,14 +21,20 @@ from starlette.responses import JSONResponse, Response
 
 from mlxd.errors import MlxdError, RequestTimeout, UpstreamError
 from mlxd.gateway.accesslog import REQUEST_ID_HEADER, RequestRecord, record_of
+from mlxd.gateway.backends import anthropic_to_openai
 from mlxd.gateway.backends.metrics import BackendMetrics
-from mlxd.gateway.backends.openai_proxy import BACKEND_HEADER, RelayResponse, finisher
+from mlxd.gateway.backends.relay import (
+    BACKEND_HEADER,
+    Done,
+    RelayResponse,
+    finisher,
+    sse_data,
+    sse_events,
+)
 from mlxd.gateway.backends.router import Target
 from mlxd.gateway.backends.upstream import RemoteBackend
 from mlxd.gateway.metrics import Metrics
 from mlxd.protocol.messages import Usage
-
-_Done = Callable[[str], Awaitable[None]]
 
 
 class AnthropicProxy:
@@ -61,18 +68,40 @@ class AnthropicProxy:
         record = record_of(request)
         record.model, record.backend = target.name, backend.name
         record.stream = doc.get("stream") is True
+        translated = backend.spec.kind == "openai"
+        if translated:
+            path, body = "chat/completions", anthropic_to_openai.request(doc, target.upstream)
+        else:
+            path, body = "messages", {**doc, "model": target.upstream}
         started = time.perf_counter()
         try:
-            response = await backend.send("messages", {**doc, "model": target.upstream},
-                                          record.request_id)  # fmt: skip
+            response = await backend.send(path, body, record.request_id)
         except MlxdError as exc:
             self.backend_metrics.done(backend.name, target.name, exc.code)
             raise
         headers = {REQUEST_ID_HEADER: record.request_id, BACKEND_HEADER: backend.name}
         done = finisher(self.backend_metrics, backend, target, response, started)
         if not record.stream:
-            return await self._collect(record, backend, response, headers, timeout_s, done)
-        events = _sse_blocks(response)
+            reshape = partial(anthropic_to_openai.response, model=target.name) if translated \
+                else _same  # fmt: skip
+            return await self._collect(record, backend, response, headers, timeout_s, done,
+                                       reshape)  # fmt: skip
+        if translated:
+            events = anthropic_to_openai.events(sse_data(response), target.name)
+        else:
+            events = sse_events(response)
+        return await self._relay(record, backend, events, headers, done)
+
+    # Internal helpers
+
+    async def _relay(
+        self,
+        record: RequestRecord,
+        backend: RemoteBackend,
+        events: AsyncIterator[tuple[str, str]],
+        headers: dict[str, str],
+        done: Done,
+    ) -> Response:
         try:
             first = await anext(events)
         except (StopAsyncIteration, httpx.HTTPError) as exc:
@@ -83,8 +112,6 @@ class AnthropicProxy:
         self.metrics.track(record)
         return RelayResponse(self._frames(record, backend, first, events, done), done, headers)
 
-    # Internal helpers
-
     async def _collect(
         self,
         record: RequestRecord,
@@ -92,7 +119,8 @@ class AnthropicProxy:
         response: httpx.Response,
         headers: dict[str, str],
         timeout_s: float,
-        done: _Done,
+        done: Done,
+        reshape: Callable[[dict[str, Any]], dict[str, Any]],
     ) -> Response:
         outcome = "ok"
         try:
@@ -100,6 +128,7 @@ class AnthropicProxy:
                 payload = json.loads(await response.aread())
             if not isinstance(payload, dict):
                 raise ValueError("not a JSON object")
+            payload = reshape(payload)
         except TimeoutError:
             outcome = RequestTimeout.code
             raise RequestTimeout("The request did not finish in time") from None
@@ -122,7 +151,7 @@ class AnthropicProxy:
         backend: RemoteBackend,
         first: tuple[str, str],
         events: AsyncIterator[tuple[str, str]],
-        done: _Done,
+        done: Done,
     ) -> AsyncGenerator[bytes, None]:
         outcome = "ok"
         event: tuple[str, str] | None = first
@@ -157,19 +186,8 @@ class AnthropicProxy:
         return _event(name, json.dumps(body, separators=(",", ":")))
 
 
-async def _sse_blocks(response: httpx.Response) -> AsyncIterator[tuple[str, str]]:
-    """Each server-sent event of ``response`` as (event name, data)."""
-    name, lines = "message", []
-    async for line in response.aiter_lines():
-        if line.startswith("event:"):
-            name = line[6:].strip()
-        elif line.startswith("data:"):
-            lines.append(line[6:] if line.startswith("data: ") else line[5:])
-        elif not line and lines:
-            yield name, "\n".join(lines)
-            name, lines = "message", []
-    if lines:
-        yield name, "\n".join(lines)
+def _same(payload: dict[str, Any]) -> dict[str, Any]:
+    return payload
 
 
 def _event(name: str, data: str) -> bytes:

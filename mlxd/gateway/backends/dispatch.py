@@ -29,7 +29,8 @@ from mlxd.gateway.anthropic import AnthropicEndpoints
 from mlxd.gateway.anthropic import render_error as render_anthropic_error
 from mlxd.gateway.backends.anthropic_proxy import AnthropicProxy
 from mlxd.gateway.backends.metrics import BackendMetrics
-from mlxd.gateway.backends.openai_proxy import BACKEND_HEADER, OpenAIProxy
+from mlxd.gateway.backends.openai_proxy import OpenAIProxy
+from mlxd.gateway.backends.relay import BACKEND_HEADER
 from mlxd.gateway.backends.router import LOCAL, Router, Target
 from mlxd.gateway.backends.upstream import RemoteBackend
 from mlxd.gateway.body import read_body
@@ -39,7 +40,6 @@ from mlxd.gateway.openai import OpenAIEndpoints
 log = logging.getLogger(__name__)
 
 FAILOVER_ERRORS = (WorkerUnavailable, UpstreamError, UpstreamTimeout)
-_KINDS = {"chat/completions": "openai", "completions": "openai", "messages": "anthropic"}
 _Endpoint = Callable[[Request], Awaitable[Response]]
 
 
@@ -143,14 +143,14 @@ class Dispatcher:
         local: _Endpoint,
         timeout_s: float,
     ) -> Response:
-        if not target.is_local:
+        if not target.is_local:  # the proxies translate between the APIs where kinds differ
             kind = self.backends[target.backend].spec.kind
-            if kind != _KINDS[path]:
+            if path == "completions" and kind == "anthropic":
                 raise InvalidRequest(f"model {target.name!r} is served by backend "
-                                     f"{target.backend!r} of kind {kind}, which {path} cannot "
-                                     "reach (no translation between the APIs yet)",
+                                     f"{target.backend!r} of kind anthropic, which has no "
+                                     "text completions: use /v1/chat/completions",
                                      param="model")  # fmt: skip
-            if kind == "anthropic":
+            if path == "messages":
                 return await self.anthropic_proxy.serve(request, target, doc, timeout_s)
             return await self.proxy.serve(request, target, path, doc, timeout_s)
         record_of(request).backend = LOCAL

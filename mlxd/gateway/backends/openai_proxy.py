@@ -14,18 +14,26 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from typing import Any
 
 import anyio
 import httpx
-from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 from mlxd.errors import MlxdError, RequestTimeout, UpstreamError
 from mlxd.gateway.accesslog import REQUEST_ID_HEADER, RequestRecord, record_of
+from mlxd.gateway.backends import openai_to_anthropic
 from mlxd.gateway.backends.metrics import BackendMetrics
+from mlxd.gateway.backends.relay import (
+    BACKEND_HEADER,
+    Done,
+    RelayResponse,
+    finisher,
+    sse_data,
+    sse_events,
+)
 from mlxd.gateway.backends.router import Target
 from mlxd.gateway.backends.upstream import RemoteBackend
 from mlxd.gateway.metrics import Metrics
@@ -34,7 +42,6 @@ from mlxd.protocol.messages import Usage
 
 log = logging.getLogger(__name__)
 
-BACKEND_HEADER = "X-Mlxd-Backend"
 _DONE_DATA = "[DONE]"
 
 
@@ -69,18 +76,28 @@ class OpenAIProxy:
         record = record_of(request)
         record.model, record.backend = target.name, backend.name
         record.stream = doc.get("stream") is True
+        translated = backend.spec.kind == "anthropic"  # only chat/completions gets here
+        if translated:
+            path, body = "messages", openai_to_anthropic.request(doc, target.upstream)
+        else:
+            body = {**doc, "model": target.upstream}
         started = time.perf_counter()
         try:
-            response = await backend.send(path, {**doc, "model": target.upstream},
-                                          record.request_id)  # fmt: skip
+            response = await backend.send(path, body, record.request_id)
         except MlxdError as exc:
             self.backend_metrics.done(backend.name, target.name, exc.code)
             raise
         headers = {REQUEST_ID_HEADER: record.request_id, BACKEND_HEADER: backend.name}
         done = finisher(self.backend_metrics, backend, target, response, started)
         if not record.stream:
-            return await self._collect(record, backend, response, headers, timeout_s, done)
-        return await self._relay(record, backend, response, headers, done)
+            reshape = openai_to_anthropic.response if translated else _same
+            return await self._collect(record, backend, response, headers, timeout_s, done,
+                                       reshape)  # fmt: skip
+        if translated:
+            events = openai_to_anthropic.chunks(sse_events(response), _includes_usage(doc))
+        else:
+            events = sse_data(response)
+        return await self._relay(record, backend, events, headers, done)
 
     # Internal helpers
 
@@ -91,7 +108,8 @@ class OpenAIProxy:
         response: httpx.Response,
         headers: dict[str, str],
         timeout_s: float,
-        done: Callable[[str], Awaitable[None]],
+        done: Done,
+        reshape: Callable[[dict[str, Any]], dict[str, Any]],
     ) -> Response:
         outcome = "ok"
         try:
@@ -99,6 +117,7 @@ class OpenAIProxy:
                 payload = json.loads(await response.aread())
             if not isinstance(payload, dict):
                 raise ValueError("not a JSON object")
+            payload = reshape(payload)
         except TimeoutError:
             outcome = RequestTimeout.code
             raise RequestTimeout("The request did not finish in time") from None
@@ -119,11 +138,10 @@ class OpenAIProxy:
         self,
         record: RequestRecord,
         backend: RemoteBackend,
-        response: httpx.Response,
+        events: AsyncIterator[str],
         headers: dict[str, str],
-        done: Callable[[str], Awaitable[None]],
+        done: Done,
     ) -> Response:
-        events = _sse_data(response)
         try:
             first = await anext(events)
         except StopAsyncIteration:
@@ -145,7 +163,7 @@ class OpenAIProxy:
         backend: RemoteBackend,
         first: str,
         events: AsyncIterator[str],
-        done: Callable[[str], Awaitable[None]],
+        done: Done,
     ) -> AsyncGenerator[bytes, None]:
         outcome = "ok"
         data: str | None = first
@@ -186,69 +204,13 @@ class OpenAIProxy:
         return sse({**chunk, "model": record.model} if "model" in chunk else chunk)
 
 
-def finisher(
-    backend_metrics: BackendMetrics,
-    backend: RemoteBackend,
-    target: Target,
-    response: httpx.Response,
-    started: float,
-) -> Callable[[str], Awaitable[None]]:
-    """The once-only ``done(outcome)`` of one upstream response: counts it, closes it."""
-    gauge = backend_metrics.in_flight.labels(backend.name)
-    gauge.inc()
-    finished = False
-
-    async def done(outcome: str) -> None:
-        nonlocal finished
-        if finished:
-            return
-        finished = True
-        gauge.dec()
-        seconds = time.perf_counter() - started if outcome == "ok" else None
-        backend_metrics.done(backend.name, target.name, outcome, seconds)
-        await backend.release(response)
-
-    return done
+def _same(payload: dict[str, Any]) -> dict[str, Any]:
+    return payload
 
 
-class RelayResponse(StreamingResponse):
-    """An SSE response that releases the upstream stream however it ends (client gone too)."""
-
-    media_type = "text/event-stream"
-
-    def __init__(
-        self,
-        frames: AsyncGenerator[bytes, None],
-        done: Callable[[str], Awaitable[None]],
-        headers: Mapping[str, str],
-    ) -> None:
-        self._frames = frames
-        self._done = done
-        sse_headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers}
-        super().__init__(frames, headers=sse_headers)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        except ClientDisconnect:
-            log.info("client of a remote stream disconnected")
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self._frames.aclose()  # never started, or stopped by a gone client
-                await self._done("client_closed")
-
-
-async def _sse_data(response: httpx.Response) -> AsyncIterator[str]:
-    """The ``data`` of each server-sent event of ``response`` (comments and ids skipped)."""
-    lines: list[str] = []
-    async for line in response.aiter_lines():
-        if line.startswith("data:"):
-            lines.append(line[6:] if line.startswith("data: ") else line[5:])
-        elif not line and lines:
-            yield "\n".join(lines)
-            lines = []
-    if lines:
-        yield "\n".join(lines)
+def _includes_usage(doc: dict[str, Any]) -> bool:
+    options = doc.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
 
 
 def _observe(record: RequestRecord, chunk: dict[str, Any], metrics: Metrics) -> None:

@@ -1,0 +1,93 @@
+"""What both proxies share to relay one upstream response: its once-only finisher, the SSE
+response that releases it however the client leaves, and the readers of upstream SSE."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+
+import anyio
+import httpx
+from starlette.requests import ClientDisconnect
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from mlxd.gateway.backends.metrics import BackendMetrics
+from mlxd.gateway.backends.router import Target
+from mlxd.gateway.backends.upstream import RemoteBackend
+
+log = logging.getLogger(__name__)
+
+BACKEND_HEADER = "X-Mlxd-Backend"
+Done = Callable[[str], Awaitable[None]]
+
+
+def finisher(
+    backend_metrics: BackendMetrics,
+    backend: RemoteBackend,
+    target: Target,
+    response: httpx.Response,
+    started: float,
+) -> Done:
+    """The once-only ``done(outcome)`` of one upstream response: counts it, closes it."""
+    gauge = backend_metrics.in_flight.labels(backend.name)
+    gauge.inc()
+    finished = False
+
+    async def done(outcome: str) -> None:
+        nonlocal finished
+        if finished:
+            return
+        finished = True
+        gauge.dec()
+        seconds = time.perf_counter() - started if outcome == "ok" else None
+        backend_metrics.done(backend.name, target.name, outcome, seconds)
+        await backend.release(response)
+
+    return done
+
+
+class RelayResponse(StreamingResponse):
+    """An SSE response that releases the upstream stream however it ends (client gone too)."""
+
+    media_type = "text/event-stream"
+
+    def __init__(
+        self, frames: AsyncGenerator[bytes, None], done: Done, headers: Mapping[str, str]
+    ) -> None:
+        self._frames = frames
+        self._done = done
+        sse_headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers}
+        super().__init__(frames, headers=sse_headers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except ClientDisconnect:
+            log.info("client of a remote stream disconnected")
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._frames.aclose()  # never started, or stopped by a gone client
+                await self._done("client_closed")
+
+
+async def sse_data(response: httpx.Response) -> AsyncIterator[str]:
+    """The ``data`` of each server-sent event of ``response`` (names, comments, ids skipped)."""
+    async for _, data in sse_events(response):
+        yield data
+
+
+async def sse_events(response: httpx.Response) -> AsyncIterator[tuple[str, str]]:
+    """Each server-sent event of ``response`` as (event name, data)."""
+    name, lines = "message", []
+    async for line in response.aiter_lines():
+        if line.startswith("event:"):
+            name = line[6:].strip()
+        elif line.startswith("data:"):
+            lines.append(line[6:] if line.startswith("data: ") else line[5:])
+        elif not line and lines:
+            yield name, "\n".join(lines)
+            name, lines = "message", []
+    if lines:
+        yield name, "\n".join(lines)
