@@ -5,6 +5,8 @@ Validation raises ``ConfigError`` (the CLI prints it and exits 2); never ``asser
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -36,6 +38,14 @@ API_KEY_TIERS = ("high", "normal", "low")  # the protocol's priorities, highest 
 # K/V that makes each step read one contiguous array; see worker/decode_tail.py); the pool
 # gets the rest, so the budget caps both.
 VIEW_SHARE = 0.2
+
+
+def kv_bytes_wanted(per_token: int, max_num_seqs: int, context: int, paged: bool) -> int:
+    """The KV memory ``max_num_seqs`` full contexts take, ``per_token`` bytes a token; a paged
+    worker also holds decode's view (``VIEW_SHARE`` of its budget). The one sizing rule of the
+    daemon's footprint and the worker's pool, so the two agree."""
+    wanted = per_token * max_num_seqs * context
+    return int(wanted / (1 - VIEW_SHARE)) if paged else wanted
 
 
 def data_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -108,6 +118,23 @@ class WorkerConfig:
                                   "`mlxd keys new worker`")  # fmt: skip
         if self.buffer_cache_bytes is not None and self.buffer_cache_bytes < 0:
             raise ConfigError("--buffer-cache-gb must be >= 0")
+
+    def to_json(self) -> str:
+        """This config as one JSON object: how the supervisor hands a spawned worker its whole
+        config (`mlxd worker serve --config-json`) instead of an option per knob. CURVE keys
+        stay out (secrets in no argv); a tcp:// worker loads its own."""
+        return json.dumps(dataclasses.asdict(dataclasses.replace(self, curve_keys=None)))
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerConfig:
+        """The config ``to_json`` wrote; ``ConfigError`` for anything else."""
+        try:
+            raw = json.loads(text)
+            scheduler = SchedulerConfig(**raw.pop("scheduler", {}))
+            cache = CacheConfig(**raw.pop("cache", {}))
+            return cls(**raw, scheduler=scheduler, cache=cache)
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise ConfigError(f"bad worker config JSON: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,7 @@ running daemon's workers through its admin endpoints (status, stats, drain, set.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -26,11 +27,11 @@ def worker_group() -> None:
 @worker_group.command("serve")
 @click.option(
     "--model",
-    required=True,
+    default=None,
     help="Local mlx-lm directory, Hugging Face repo id, GGUF file or ollama:NAME[:TAG].",
 )
 @click.option("--name", default=None, help="The model name clients use (default: --model).")
-@click.option("--bind", "endpoint", required=True, help="ZMQ endpoint, e.g. ipc:///tmp/w.sock.")
+@click.option("--bind", "endpoint", default=None, help="ZMQ endpoint, e.g. ipc:///tmp/w.sock.")
 @click.option("--control", default=None, help="Control endpoint (default: w.sock -> w.ctl.sock).")
 @click.option("--parent-pid", type=int, default=None, help="Exit when this process is gone.")
 @click.option("--log-level", default="INFO", show_default=True)
@@ -61,11 +62,16 @@ def worker_group() -> None:
     help="Cap on MLX's cache of freed buffers, so the worker stays within its memory "
     "reservation (default: MLX's; `mlxd start --max-memory` sets it from the reservation).",
 )
+@click.option(
+    "--config-json",
+    default=None,
+    hidden=True,
+    help="The whole WorkerConfig as JSON (how `mlxd start` spawns workers); the options above "
+    "but --log-level, --keys and --enable-test-faults are then ignored.",
+)
 @with_knob_options
-def serve_command(model: str, name: str | None, endpoint: str, control: str | None,
-                  parent_pid: int | None, log_level: str, keys_dir: Path | None,
-                  enable_test_faults: bool, reason_file: str | None,
-                  buffer_cache_gb: float | None, **opts: object) -> None:  # fmt: skip
+def serve_command(log_level: str, keys_dir: Path | None, enable_test_faults: bool,
+                  config_json: str | None, **opts: Any) -> None:  # fmt: skip
     """Load MODEL and serve it on ENDPOINT until SIGTERM."""
     from mlxd.worker import blas
 
@@ -73,29 +79,38 @@ def serve_command(model: str, name: str | None, endpoint: str, control: str | No
     from mlxd.worker.main import configure_logging, serve
 
     try:
-        endpoints = (endpoint, control or "")
-        keys = None
-        if any(e.startswith("tcp://") for e in endpoints):
-            keys = curve.load(keys_dir or curve.keys_dir(data_dir()), "worker")
-        config = WorkerConfig(
-            model=model,
-            name=name or model,
-            endpoint=endpoint,
-            scheduler=scheduler_config(opts),
-            cache=cache_config(opts),
-            max_context=opts["max_context"],  # type: ignore[arg-type]
-            parent_pid=parent_pid,
-            reason_file=reason_file,
-            control_endpoint=control,
-            enable_test_faults=enable_test_faults,
-            curve_keys=keys,
-            buffer_cache_bytes=None if buffer_cache_gb is None else int(buffer_cache_gb * 2**30),
-            dtype=str(opts["dtype"]),
-        )
+        if config_json:  # spawned by `mlxd start`: ipc:// endpoints, no CURVE keys
+            config = WorkerConfig.from_json(config_json)
+        else:
+            config = _from_options(opts, keys_dir)
+        config = dataclasses.replace(config, enable_test_faults=enable_test_faults)
     except MlxdError as exc:
         raise click.ClickException(exc.message) from None
     configure_logging(config.name, log_level.upper())
     sys.exit(serve(config))
+
+
+def _from_options(opts: dict[str, Any], keys_dir: Path | None) -> WorkerConfig:
+    if not opts["model"] or not opts["endpoint"]:
+        raise click.UsageError("--model and --bind are required (or --config-json)")
+    keys = None
+    if any(str(e).startswith("tcp://") for e in (opts["endpoint"], opts["control"])):
+        keys = curve.load(keys_dir or curve.keys_dir(data_dir()), "worker")
+    gb = opts["buffer_cache_gb"]
+    return WorkerConfig(
+        model=opts["model"],
+        name=opts["name"] or opts["model"],
+        endpoint=opts["endpoint"],
+        scheduler=scheduler_config(opts),
+        cache=cache_config(opts),
+        max_context=opts["max_context"],
+        parent_pid=opts["parent_pid"],
+        reason_file=opts["reason_file"],
+        control_endpoint=opts["control"],
+        buffer_cache_bytes=None if gb is None else int(gb * 2**30),
+        dtype=opts["dtype"],
+        curve_keys=keys,
+    )
 
 
 # Admin commands: talk to `mlxd start` over HTTP (/admin/models/MODEL/...).

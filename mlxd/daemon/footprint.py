@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlxd.config import VIEW_SHARE, ModelSpec, ServeConfig
+from mlxd.config import ModelSpec, ServeConfig, kv_bytes_wanted
 from mlxd.models import sources
 
 log = logging.getLogger(__name__)
@@ -60,8 +60,7 @@ def footprint(spec: ModelSpec, config: ServeConfig) -> Footprint:
     model_config = _read_config(directory)
     growth = dtype_growth(model_config, spec.dtype or config.dtype)
     weights = int(weights * growth)
-    budgets = (spec.kv_cache_gb, config.kv_cache_gb, config.cache.kv_cache_gb)
-    kv_gb = next((gb for gb in budgets if gb is not None), None)  # the model's, then global
+    kv_gb = kv_cache_gb(spec, config)
     if kv_gb is not None:
         kv = int(kv_gb * 2**30)
     else:
@@ -69,12 +68,18 @@ def footprint(spec: ModelSpec, config: ServeConfig) -> Footprint:
             model_config.get("max_position_embeddings") or DEFAULT_CONTEXT
         )
         per_token = int(kv_bytes_per_token(model_config) * growth)  # K/V take the compute dtype
-        most_useful = per_token * config.scheduler.max_num_seqs * context
-        if config.cache.paged:  # as the worker sizes it: the pool plus decode's view
-            most_useful = int(most_useful / (1 - VIEW_SHARE))
-        kv = min(most_useful, DEFAULT_KV_BYTES)
+        wanted = kv_bytes_wanted(per_token, config.scheduler.max_num_seqs, context,
+                                 config.cache.paged)  # fmt: skip
+        kv = min(wanted, DEFAULT_KV_BYTES)
     headroom = RUNTIME_BYTES + int(HEADROOM_SHARE * (weights + kv))
     return Footprint(weights, kv, headroom)
+
+
+def kv_cache_gb(spec: ModelSpec, config: ServeConfig) -> float | None:
+    """``spec``'s KV budget in GiB: its own ``kv_cache_gb``, else the daemon's (config file or
+    ``--kv-cache-gb``); None: sized from ``max_num_seqs`` full contexts."""
+    budgets = (spec.kv_cache_gb, config.kv_cache_gb, config.cache.kv_cache_gb)
+    return next((gb for gb in budgets if gb is not None), None)
 
 
 def model_dir(path: str) -> Path | None:

@@ -17,7 +17,7 @@ from typing import Any
 import zmq
 from mlx.utils import tree_flatten
 
-from mlxd.config import VIEW_SHARE, SchedulerConfig, WorkerConfig
+from mlxd.config import VIEW_SHARE, SchedulerConfig, WorkerConfig, kv_bytes_wanted
 from mlxd.errors import ConfigError
 from mlxd.protocol import curve
 from mlxd.protocol.channel import WorkerChannel, control_endpoint
@@ -162,8 +162,8 @@ def _runner(
     bs = config.cache.block_size
     per_token = KVPool.bytes_per_token(model)
     per_block = per_token * bs
-    most_useful = per_token * config.scheduler.max_num_seqs * max_context
-    budget = _kv_budget(model, config, int(most_useful / (1 - VIEW_SHARE)))
+    wanted = kv_bytes_wanted(per_token, config.scheduler.max_num_seqs, max_context, paged=True)
+    budget = _kv_budget(model, config, wanted)
     view_bytes = int(budget * VIEW_SHARE)
     num_blocks = (budget - view_bytes) // per_block
     if num_blocks < 2:

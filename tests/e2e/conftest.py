@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from mlxd.config import data_dir
+from mlxd.config import WorkerConfig, data_dir
 from mlxd.daemon import admin_socket
 
 
@@ -48,19 +48,22 @@ class Daemon:
         return child_pids(self.proc.pid)
 
     def worker_endpoint(self, name: str | None = None) -> str:
-        return self._worker_arg(name, "--bind")[1]
+        return self._worker_config(name)[1].endpoint
 
     def worker_pid(self, name: str | None = None) -> int:
-        return self._worker_arg(name, "--name")[0]
+        return self._worker_config(name)[0]
 
-    def _worker_arg(self, name: str | None, option: str) -> tuple[int, str]:
+    def _worker_config(self, name: str | None) -> tuple[int, WorkerConfig]:
+        """A spawned worker's pid and the config it got (`worker serve --config-json`)."""
         for pid in self.children():
             try:
                 args = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
             except OSError:
                 continue
-            if "--bind" in args and (name is None or args[args.index("--name") + 1] == name):
-                return pid, args[args.index(option) + 1]
+            if "--config-json" in args:
+                config = WorkerConfig.from_json(args[args.index("--config-json") + 1])
+                if name is None or config.name == name:
+                    return pid, config
         raise AssertionError(f"no worker process found for {name or 'any model'}")
 
 

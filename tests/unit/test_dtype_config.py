@@ -10,7 +10,7 @@ from mlxd.cli.config_file import read_config_file
 from mlxd.config import ModelSpec, ServeConfig, WorkerConfig
 from mlxd.daemon.footprint import dtype_growth, footprint
 from mlxd.daemon.supervisor import Supervisor
-from mlxd.daemon.worker_command import worker_args
+from mlxd.daemon.worker_command import worker_config
 from mlxd.errors import ConfigError
 
 
@@ -41,8 +41,8 @@ def test_config_file_bad_dtype_names_the_model(tmp_path: Path) -> None:
 def test_worker_gets_its_models_dtype_else_the_daemons(tmp_path: Path) -> None:
     specs = (ModelSpec(name="a", path="org/a", dtype="file"), ModelSpec(name="b", path="org/b"))
     supervisor = Supervisor(ServeConfig(models=specs, dtype="float32"), tmp_path)
-    args = [worker_args(supervisor._worker(name), supervisor.config, "INFO") for name in "ab"]
-    assert [a[a.index("--dtype") + 1] for a in args] == ["file", "float32"]
+    configs = [worker_config(supervisor._worker(name), supervisor.config) for name in "ab"]
+    assert [c.dtype for c in configs] == ["file", "float32"]
 
 
 @pytest.mark.parametrize(

@@ -5,13 +5,16 @@ agree everywhere."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import click
 import pytest
 
 from mlxd.cli.start import start_command
 from mlxd.cli.worker import serve_command, set_command
-from mlxd.config import CacheConfig, SchedulerConfig, ServeConfig, WorkerConfig
+from mlxd.config import CacheConfig, ModelSpec, SchedulerConfig, ServeConfig, WorkerConfig
+from mlxd.daemon.supervisor import Supervisor
+from mlxd.daemon.worker_command import worker_command
 from mlxd.errors import ConfigError
 from mlxd.gateway import admin
 from mlxd.knobs import KNOBS, LIVE_KNOBS, Knob
@@ -74,3 +77,26 @@ def test_worker_set_takes_exactly_the_live_knobs() -> None:
 def test_every_scheduler_and_cache_field_is_a_knob() -> None:
     fields = {f.name for cls in (SchedulerConfig, CacheConfig) for f in dataclasses.fields(cls)}
     assert fields == {k.field for k in KNOBS if k.section in ("scheduler", "cache")}
+
+
+def test_spawned_worker_gets_the_daemons_knobs_as_one_config(tmp_path: Path) -> None:
+    scheduler, cache = SchedulerConfig(max_num_seqs=3, aging_s=2.5), CacheConfig(block_size=16)
+    config = ServeConfig(models=(ModelSpec(name="m", path="org/m", kv_cache_gb=0.5),),
+                         scheduler=scheduler, cache=cache, max_context=99)  # fmt: skip
+    supervisor = Supervisor(config, tmp_path)
+    argv = worker_command(supervisor._worker("m"), config, "INFO")
+    sent = WorkerConfig.from_json(argv[argv.index("--config-json") + 1])
+    assert sent.scheduler == scheduler and sent.max_context == 99 and sent.name == "m"
+    assert sent.cache == dataclasses.replace(cache, kv_cache_gb=0.5)  # the model's own budget
+    assert not any(a.startswith("--max-num-seqs") for a in argv)
+
+
+def test_worker_config_json_round_trips_and_rejects_junk() -> None:
+    config = WorkerConfig(model="m", name="n", endpoint="ipc:///tmp/w.sock",
+                          scheduler=SchedulerConfig(prefill_chunk=64),
+                          buffer_cache_bytes=7)  # fmt: skip
+    assert WorkerConfig.from_json(config.to_json()) == config
+    with pytest.raises(ConfigError, match="bad worker config JSON"):
+        WorkerConfig.from_json('{"model": "m", "bogus": 1}')
+    with pytest.raises(ConfigError, match="--max-num-seqs must be >= 1"):
+        WorkerConfig.from_json(config.to_json().replace('"max_num_seqs": 64', '"max_num_seqs": 0'))
