@@ -25,7 +25,7 @@ from mlxd.protocol.messages import (
     TextPrompt,
     TokenPrompt,
 )
-from mlxd.protocol.validate import MAX_TOP_LOGPROBS
+from mlxd.protocol.validate import MAX_TOP_LOGPROBS, SAMPLING_BOUNDS
 
 MAX_STOP = 16
 MAX_N = 16  # choices per request: each is a sequence in the worker's batch
@@ -197,13 +197,19 @@ def _sampling(body: dict[str, Any], max_tokens: int | None) -> SamplingParams:
     top_k = _int(body, "top_k", 0, -1)  # -1 is vLLM's "off"
     return SamplingParams(
         max_tokens=max_tokens,
-        temperature=_float(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=_float(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
+        temperature=_float(body, "temperature", 1.0, *SAMPLING_BOUNDS["temperature"]),
+        top_p=_float(body, "top_p", 1.0, *SAMPLING_BOUNDS["top_p"]),
         top_k=max(top_k, 0),
-        min_p=_float(body, "min_p", 0.0, 0.0, 1.0),
-        repetition_penalty=_float(body, "repetition_penalty", 1.0, 0.0, math.inf, low_open=True),
-        presence_penalty=_float(body, "presence_penalty", 0.0, -2.0, 2.0),
-        frequency_penalty=_float(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        min_p=_float(body, "min_p", 0.0, *SAMPLING_BOUNDS["min_p"]),
+        repetition_penalty=_float(
+            body, "repetition_penalty", 1.0, *SAMPLING_BOUNDS["repetition_penalty"]
+        ),
+        presence_penalty=_float(
+            body, "presence_penalty", 0.0, *SAMPLING_BOUNDS["presence_penalty"]
+        ),
+        frequency_penalty=_float(
+            body, "frequency_penalty", 0.0, *SAMPLING_BOUNDS["frequency_penalty"]
+        ),
         logit_bias=_logit_bias(body.get("logit_bias")),
         seed=_seed(body),
         stop=_stop(body.get("stop")),

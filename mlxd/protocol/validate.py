@@ -5,23 +5,54 @@ The worker checks again because anything may connect to its socket, not only our
 
 from __future__ import annotations
 
+import math
+from typing import NamedTuple
+
 from mlxd.errors import InvalidRequest
 from mlxd.protocol.messages import PRIORITIES, SamplingParams
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 
 
+class Bounds(NamedTuple):
+    """A float parameter's range; ``low_open`` leaves ``low`` itself out."""
+
+    low: float
+    high: float = math.inf
+    low_open: bool = False
+
+    def contains(self, value: float) -> bool:
+        above = value > self.low if self.low_open else value >= self.low
+        return above and value <= self.high
+
+    @property
+    def words(self) -> str:
+        if self.high == math.inf:
+            return f"{'>' if self.low_open else '>='} {self.low:g}"
+        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
+
+
+# One range per float parameter: the gateway parses with these (schemas.py), the worker checks
+# them again, so both give the same rule (OpenAI's where it has one).
+SAMPLING_BOUNDS = {
+    "temperature": Bounds(0.0, 2.0),
+    "top_p": Bounds(0.0, 1.0, low_open=True),
+    "min_p": Bounds(0.0, 1.0),
+    "repetition_penalty": Bounds(0.0, low_open=True),
+    "presence_penalty": Bounds(-2.0, 2.0),
+    "frequency_penalty": Bounds(-2.0, 2.0),
+}
+
+
 def check_sampling(p: SamplingParams) -> None:
     """Raise ``InvalidRequest`` naming the first out-of-range parameter."""
     checks: list[tuple[bool, str, str]] = [
         (p.max_tokens is None or p.max_tokens >= 1, "max_tokens", "must be >= 1"),
-        (p.temperature >= 0.0, "temperature", "must be >= 0"),
-        (0.0 < p.top_p <= 1.0, "top_p", "must be in (0, 1]"),
+        *(
+            (b.contains(getattr(p, name)), name, f"must be {b.words}")
+            for name, b in SAMPLING_BOUNDS.items()
+        ),
         (p.top_k >= 0, "top_k", "must be >= 0"),
-        (0.0 <= p.min_p <= 1.0, "min_p", "must be in [0, 1]"),
-        (p.repetition_penalty > 0.0, "repetition_penalty", "must be > 0"),
-        (-2.0 <= p.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]"),
-        (-2.0 <= p.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]"),
         (
             all(-100.0 <= b <= 100.0 for b in p.logit_bias.values()),
             "logit_bias",
