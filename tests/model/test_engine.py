@@ -320,4 +320,5 @@ def test_the_first_token_is_computed_as_mlx_lm_computes_it(
     top = sorted(range(len(split)), key=lambda i: -split[i])[:5]
     assert [t.token_id for t in first.top_logprobs] == top
     assert got == [split[i] for i in top]
-    assert got != [whole[i] for i in top]  # the test tells the two apart
+    if any(split[i] != whole[i] for i in top):  # with OpenBLAS here; the reference BLAS rounds
+        assert got != [whole[i] for i in top]  # the two alike, and nothing tells them apart
