@@ -31,17 +31,15 @@ from mlxd.protocol.messages import (
     Message,
     Ping,
     Pong,
-    TextPrompt,
     TokenCount,
     TokenDelta,
     TokenLogprob,
-    TokenPrompt,
     TopLogprob,
     Usage,
 )
 from mlxd.protocol.validate import check_priority, check_sampling
 from mlxd.worker.detokenizer import OutputText
-from mlxd.worker.embed_job import EmbedJob
+from mlxd.worker.embed_requests import EmbedRequests
 from mlxd.worker.embedder import Embedder
 from mlxd.worker.grammar import Grammar
 from mlxd.worker.model_runner import ModelRunner, TokenEvent
@@ -91,6 +89,10 @@ class Engine:
         self.clock = clock or scheduler.clock
         self.should_exit = False
         self.stats = Stats(self.clock)
+        self.embeddings = EmbedRequests(name=name, scheduler=scheduler, encoder=encoder,
+                                        channel=channel, max_context=max_context,
+                                        embedder=embedder, send_error=self._send_error,
+                                        clock=self.clock)  # fmt: skip
         # Control plane state (worker/control.py sets these between steps).
         self.control: Control | None = None
         self.paused = False
@@ -143,7 +145,7 @@ class Engine:
         self._retire()
         decoded = 0
         work = self.scheduler.schedule_prefill(admit=self.runner.has_room())
-        self._embed([c for c in work if isinstance(c, EmbedChunk)])
+        self.embeddings.run([c for c in work if isinstance(c, EmbedChunk)])
         chunks = [c for c in work if isinstance(c, PrefillChunk)]
         if chunks:
             self._prefill(chunks)
@@ -177,9 +179,7 @@ class Engine:
             self._send_error(client, msg.request_id, exc)
 
     def _on_cancel(self, client: bytes, msg: Cancel) -> None:
-        job = self.scheduler.find_embed(msg.request_id, client)
-        if job is not None:
-            self.scheduler.drop_embed(job)  # its inputs not embedded yet are never computed
+        self.embeddings.cancel(msg.request_id, client)
         seq = self.scheduler.find(msg.request_id, client)
         if seq is not None:
             self.scheduler.finish(seq, "cancelled")  # nothing more is ever sent for it
@@ -188,35 +188,7 @@ class Engine:
             self.runner.remove({seq})
 
     def _on_embed(self, client: bytes, msg: Embed) -> None:
-        # Queued like a prompt: each step embeds at most a prefill budget of inputs, then
-        # decodes, so a 2,048-input request cannot stall the running streams (issue #25).
-        try:
-            if self.draining:
-                raise WorkerUnavailable(f"the worker for {self.name!r} is draining")
-            if self.embedder is None or not self.embedder.is_supported:
-                raise InvalidRequest("this model cannot make embeddings", param="model")
-            if self.scheduler.find_embed(msg.request_id, client) is not None:
-                raise InvalidRequest(f"request id {msg.request_id!r} is already in flight")
-            ids = [self._embedding_input(p, i) for i, p in enumerate(msg.inputs)]
-            job = EmbedJob(request_id=msg.request_id, client=client, input_ids=ids,
-                           arrival=self.clock())  # fmt: skip
-            if ids:
-                self.scheduler.add_embed(job)
-        except MlxdError as exc:
-            self._send_error(client, msg.request_id, exc)
-            return
-        if not ids:
-            self.channel.send(client, job.reply())
-
-    def _embedding_input(self, prompt: TextPrompt | TokenPrompt, index: int) -> list[int]:
-        try:
-            ids = self.encoder.encode(prompt)
-        except InvalidRequest as exc:
-            raise InvalidRequest(exc.message, param=f"input[{index}]") from None
-        if len(ids) > self.max_context:
-            raise InvalidRequest(f"input {index} has {len(ids)} tokens; this model's context is "
-                                 f"{self.max_context} tokens", param=f"input[{index}]")  # fmt: skip
-        return ids
+        self.embeddings.add(client, msg, draining=self.draining)
 
     def _on_count_tokens(self, client: bytes, msg: CountTokens) -> None:
         try:
@@ -276,26 +248,6 @@ class Engine:
             vocab = self.encoder.token_vocab("response_format")
             seq.grammar = Grammar.compile(msg.sampling.response_format, vocab)
         return seq
-
-    def _embed(self, chunks: list[EmbedChunk]) -> None:
-        """One forward per chunk, so that a failure fails only its own request."""
-        failed: set[str] = set()  # a request may have two chunks in a step (a long input)
-        for chunk in chunks:
-            job = chunk.job
-            assert self.embedder is not None, "an embeddings request queued without an embedder"
-            if job.request_id in failed:
-                continue
-            try:
-                self.embedder.run(chunk)
-            except (RuntimeError, ValueError) as exc:  # MLX reports failures as these
-                log.exception("embedding failed for %s", job.request_id)
-                failed.add(job.request_id)
-                self.scheduler.drop_embed(job)
-                self._send_error(job.client, job.request_id,
-                                 InternalError(f"embedding failed: {exc}"))  # fmt: skip
-                continue
-            if chunk.is_last:
-                self.channel.send(job.client, job.reply())
 
     def _prefill(self, chunks: list[PrefillChunk]) -> None:
         try:
