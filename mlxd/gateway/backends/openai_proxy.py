@@ -10,7 +10,6 @@ rate limits and per-model metrics treat remote models as local ones.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -22,7 +21,7 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from mlxd.errors import MlxdError, RequestTimeout, UpstreamError
+from mlxd.errors import MlxdError, UpstreamError
 from mlxd.gateway.accesslog import REQUEST_ID_HEADER, RequestRecord, record_of
 from mlxd.gateway.backends import openai_to_anthropic
 from mlxd.gateway.backends.metrics import BackendMetrics
@@ -31,6 +30,7 @@ from mlxd.gateway.backends.relay import (
     Done,
     RelayResponse,
     finisher,
+    read_json,
     sse_data,
     sse_events,
 )
@@ -111,25 +111,7 @@ class OpenAIProxy:
         done: Done,
         reshape: Callable[[dict[str, Any]], dict[str, Any]],
     ) -> Response:
-        outcome = "ok"
-        try:
-            async with asyncio.timeout(timeout_s):
-                payload = json.loads(await response.aread())
-            if not isinstance(payload, dict):
-                raise ValueError("not a JSON object")
-            payload = reshape(payload)
-        except TimeoutError:
-            outcome = RequestTimeout.code
-            raise RequestTimeout("The request did not finish in time") from None
-        except httpx.HTTPError as exc:
-            error = backend.failure(exc)
-            outcome = error.code
-            raise error from None
-        except ValueError:
-            outcome = UpstreamError.code
-            raise UpstreamError(f"backend {backend.name!r} answered with bad JSON") from None
-        finally:
-            await done(outcome)
+        payload = await read_json(backend, response, timeout_s, done, reshape)
         self.metrics.track(record)
         _observe(record, payload, self.metrics)
         return JSONResponse({**payload, "model": record.model}, 200, headers)

@@ -3,9 +3,12 @@ response that releases it however the client leaves, and the readers of upstream
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
 
 import anyio
 import httpx
@@ -13,6 +16,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from mlxd.errors import RequestTimeout, UpstreamError
 from mlxd.gateway.backends.metrics import BackendMetrics
 from mlxd.gateway.backends.router import Target
 from mlxd.gateway.backends.upstream import RemoteBackend
@@ -46,6 +50,36 @@ def finisher(
         await backend.release(response)
 
     return done
+
+
+async def read_json(
+    backend: RemoteBackend,
+    response: httpx.Response,
+    timeout_s: float,
+    done: Done,
+    reshape: Callable[[dict[str, Any]], dict[str, Any]],
+) -> dict[str, Any]:
+    """A non-streamed upstream answer as a JSON object, reshaped for the client's API; every
+    way it can fail becomes the typed error the client gets, and ``done`` counts it."""
+    outcome = "ok"
+    try:
+        async with asyncio.timeout(timeout_s):
+            payload = json.loads(await response.aread())
+        if not isinstance(payload, dict):
+            raise ValueError("not a JSON object")
+        return reshape(payload)
+    except TimeoutError:
+        outcome = RequestTimeout.code
+        raise RequestTimeout("The request did not finish in time") from None
+    except httpx.HTTPError as exc:
+        error = backend.failure(exc)
+        outcome = error.code
+        raise error from None
+    except ValueError:
+        outcome = UpstreamError.code
+        raise UpstreamError(f"backend {backend.name!r} answered with bad JSON") from None
+    finally:
+        await done(outcome)
 
 
 class RelayResponse(StreamingResponse):
