@@ -7,14 +7,18 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import uvicorn
+from starlette.types import ASGIApp
 
 from mlxd.config import WorkerConfig, data_dir
 from mlxd.daemon import admin_socket
@@ -84,6 +88,24 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextmanager
+def serving(app: ASGIApp) -> Iterator[str]:
+    """Serve ``app`` (a small upstream a test scripts) with real uvicorn in a thread on a free
+    loopback port; yields its ``http://127.0.0.1:PORT/v1`` base URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="critical", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
 
 
 def start_daemon(

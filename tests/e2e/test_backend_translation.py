@@ -6,9 +6,6 @@ one), a scripted app answering in each API's own format."""
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,13 +14,12 @@ from typing import Any
 import anthropic
 import openai
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.e2e.conftest import Daemon, start_daemon, stop_daemon
+from tests.e2e.conftest import Daemon, serving, start_daemon, stop_daemon
 
 SYSTEM = "You are terse."
 MESSAGES = [{"role": "user", "content": "hello there"}]
@@ -137,17 +133,8 @@ def scripted() -> Iterator[tuple[Scripted, str]]:
     made = Scripted()
     routes = [Route("/v1/messages", made.messages, methods=["POST"]),
               Route("/v1/chat/completions", made.chat, methods=["POST"])]  # fmt: skip
-    app = Starlette(routes=routes)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="critical", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    yield made, f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serving(Starlette(routes=routes)) as url:
+        yield made, url
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,8 @@ import json
 import os
 import re
 import secrets
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -22,13 +20,12 @@ import anthropic
 import httpx
 import openai
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.e2e.conftest import Daemon, free_port, start_daemon, stop_daemon
+from tests.e2e.conftest import Daemon, free_port, serving, start_daemon, stop_daemon
 
 SECRET = f"sk-mlxd-upstream-{secrets.token_hex(12)}"  # the backend's key: must leak nowhere
 CLIENT_KEY = "client-key-1"  # the front daemon's own API key
@@ -88,16 +85,8 @@ async def _cut_stream() -> AsyncIterator[bytes]:
 @pytest.fixture(scope="module")
 def flaky_url() -> Iterator[str]:
     app = Starlette(routes=[Route("/v1/chat/completions", _flaky, methods=["POST"])])
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="critical", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serving(app) as url:
+        yield url
 
 
 def _config(tmp: Path, flaky_url: str) -> Path:
