@@ -28,6 +28,7 @@ from mlxd.gateway.anthropic import AnthropicEndpoints
 from mlxd.gateway.auth import ApiKeyAuth
 from mlxd.gateway.backends.dispatch import Dispatcher
 from mlxd.gateway.embeddings import EmbeddingsEndpoint
+from mlxd.gateway.health import Health
 from mlxd.gateway.metrics import Metrics
 from mlxd.gateway.openai import OpenAIEndpoints
 from mlxd.gateway.overview import Overview
@@ -68,7 +69,7 @@ def build_app(
     routes = [
         *status_page_routes(),
         Route("/admin/overview", overview.endpoint, methods=["GET"]),
-        Route("/health", api.health, methods=["GET"]),
+        Route("/health", Health(pool, overview.backends).endpoint, methods=["GET"]),
         Route("/openapi.json", openapi.endpoint(pool), methods=["GET"]),
         Route("/metrics", metrics.endpoint, methods=["GET"]),
         Route("/v1/models", routed.list_models, methods=["GET"]),

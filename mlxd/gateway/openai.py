@@ -75,16 +75,6 @@ class OpenAIEndpoints:
         self._id_prefix = secrets.token_hex(3)
         self._id_counter = itertools.count()
 
-    async def health(self, request: Request) -> Response:
-        """``GET /health``: 200 ``{"status": "ok"}``, or 503 ``{"status": "degraded", "failed":
-        [{"model", "reason"}, ...]}`` while a model is failed (the supervisor's view; no worker
-        round-trip)."""
-        infos = ((name, self.pool.info(name)) for name in self.pool.names())
-        failed = [{"model": n, "reason": i.last_error} for n, i in infos if i.state == "failed"]
-        if failed:
-            return JSONResponse({"status": "degraded", "failed": failed}, 503)
-        return JSONResponse({"status": "ok"})
-
     async def list_models(self, request: Request) -> Response:
         """``GET /v1/models``."""
         data = [self.model_row(name) for name in self.pool.names()]
@@ -191,4 +181,4 @@ class OpenAIEndpoints:
         reason = info.last_error if info.state == "failed" else None
         return {"id": name, "object": "model", "created": self.created, "owned_by": "mlxd",
                 "state": info.state, "loaded": info.state == "ready", "reason": reason,
-                "aliases": info.aliases}  # fmt: skip
+                "aliases": info.aliases, "replicas": len(info.replica_rows) or 1}  # fmt: skip

@@ -319,6 +319,35 @@ def test_backend_health_shows_on_the_overview_and_in_ps(front: Front) -> None:
     assert re.search(r"^up\s+openai\s+\S+\s+ok\s", ps.stdout, re.M), ps.stdout
 
 
+def _flaky_health(front: Front) -> dict[str, object]:
+    auth = {"Authorization": f"Bearer {CLIENT_KEY}"}
+    listed = httpx.get(f"{front.daemon.base_url}/admin/overview", headers=auth).json()
+    return dict(next(b for b in listed["backends"] if b["name"] == "flaky"))
+
+
+def test_a_stream_cut_mid_way_counts_against_the_backend(front: Front) -> None:
+    """The cut stream's headers came (200), so the request looked fine when sent: its broken
+    body must still mark the backend failing."""
+    body = {"model": "mcut", "messages": MESSAGES, "stream": True}
+    url = f"{front.daemon.base_url}/v1/chat/completions"
+    with httpx.stream("POST", url, json=body, headers={"Authorization": f"Bearer {CLIENT_KEY}"},
+                      timeout=30) as r:  # fmt: skip
+        list(r.iter_lines())
+    health = _flaky_health(front)
+    assert health["state"] == "failing" and "broke off" in str(health["last_error"]), health
+
+
+def test_health_names_a_backend_that_keeps_failing(front: Front) -> None:
+    for _ in range(3):
+        r = front.post("/v1/chat/completions", {"model": "only500", "messages": MESSAGES})
+        assert r.status_code == 502
+    r = httpx.get(f"{front.daemon.base_url}/health")
+    assert r.status_code == 503 and r.json()["status"] == "degraded", r.text
+    (flaky,) = [f for f in r.json()["failed"] if f.get("backend") == "flaky"]
+    assert "HTTP 500" in flaky["reason"] and SECRET not in r.text
+    assert not any(f.get("backend") == "up" for f in r.json()["failed"])
+
+
 def test_the_key_appears_in_no_output(front: Front) -> None:
     """Last in the file: every earlier request's logs are in place. The key must be in no log
     line, metric, error, listing or `mlxd ps --json`."""

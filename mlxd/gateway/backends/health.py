@@ -10,9 +10,10 @@ from typing import Any
 
 @dataclass
 class BackendHealth:
-    """A backend's request outcomes, counted where the request is sent (``RemoteBackend.send``):
-    a failure is one the backend caused (unreachable, 5xx, timeout, our key refused, 429); a
-    request it refused as malformed (400) still shows it answering."""
+    """A backend's request outcomes, counted where the request is sent (``RemoteBackend.send``)
+    and again if its body fails after that (``relay.finisher``): a failure is one the backend
+    caused (unreachable, 5xx, timeout, our key refused, 429, a broken stream); a request it
+    refused as malformed (400) still shows it answering."""
 
     requests: int = 0
     failures: int = 0
@@ -35,6 +36,13 @@ class BackendHealth:
 
     def failed(self, message: str, now: float) -> None:
         self.requests += 1
+        self.failures += 1
+        self.consecutive_failures += 1
+        self.last_error, self.last_error_at = message, now
+
+    def broke(self, message: str, now: float) -> None:
+        """A request counted ``ok`` when its headers came failed later (a stream cut mid-way,
+        a body that never finished or was not JSON): a failure after all."""
         self.failures += 1
         self.consecutive_failures += 1
         self.last_error, self.last_error_at = message, now

@@ -16,7 +16,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from mlxd.errors import RequestTimeout, UpstreamError
+from mlxd.errors import RequestTimeout, UpstreamError, UpstreamTimeout
 from mlxd.gateway.backends.metrics import BackendMetrics
 from mlxd.gateway.backends.router import Target
 from mlxd.gateway.backends.upstream import RemoteBackend
@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 
 BACKEND_HEADER = "X-Mlxd-Backend"
 Done = Callable[[str], Awaitable[None]]
+# Outcomes of a started response that are the backend's fault (not the client leaving, not
+# our own deadline).
+_BACKEND_FAULTS = {UpstreamError.code, UpstreamTimeout.code}
 
 
 def finisher(
@@ -45,6 +48,8 @@ def finisher(
             return
         finished = True
         gauge.dec()
+        if outcome in _BACKEND_FAULTS:
+            backend.health.broke(f"the response broke off ({outcome})", time.time())
         seconds = time.perf_counter() - started if outcome == "ok" else None
         backend_metrics.done(backend.name, target.name, outcome, seconds)
         await backend.release(response)
