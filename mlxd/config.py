@@ -159,10 +159,16 @@ class ModelSpec:
     endpoint: str | None = None
     dtype: str | None = None  # one of DTYPES; None: the daemon's --dtype
     fallbacks: tuple[str, ...] = ()  # models tried in turn when this one is unavailable
+    replicas: int = 1  # local workers serving it (--replicas, `replicas`); routed by prefix
+    replica_endpoints: tuple[str, ...] = ()  # more attached workers of it (--worker NAME= again)
 
     def __post_init__(self) -> None:
         if not self.name or not self.path:
             raise ConfigError("every model needs a name and a path or repo id")
+        if self.replicas < 1:
+            raise ConfigError(f"model {self.name!r}: replicas must be >= 1")
+        if self.replica_endpoints and self.endpoint is None:
+            raise ConfigError(f"model {self.name!r}: replica endpoints need a first --worker")
         if self.dtype is not None:
             _check_dtype(self.dtype, f"model {self.name!r}: dtype")
         if self.keep_alive_s is not None and self.keep_alive_s < 0:
@@ -170,8 +176,21 @@ class ModelSpec:
         if self.kv_cache_gb is not None and self.kv_cache_gb <= 0:
             raise ConfigError(f"model {self.name!r}: kv_cache_gb must be > 0")
 
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        """The attached workers' endpoints, one per replica (empty: spawned here)."""
+        return () if self.endpoint is None else (self.endpoint, *self.replica_endpoints)
+
+    @property
+    def num_replicas(self) -> int:
+        """How many workers serve it: one per attached endpoint, else ``replicas``."""
+        return len(self.endpoints) or self.replicas
+
 
 BACKEND_KINDS = ("openai", "anthropic")
+# cache_aware: the replica that served the prompt's prefix, unless much busier (SGLang's router);
+# round_robin: in turn (the baseline the benchmark compares with).
+ROUTINGS = ("cache_aware", "round_robin")
 RESERVED_BACKEND_NAMES = ("ollama", "local")
 
 
@@ -304,9 +323,12 @@ class ServeConfig:
     request_log_max_bytes: int = REQUEST_LOG_MAX_BYTES  # rotated past this (3 old files kept)
     backends: tuple[BackendSpec, ...] = ()  # remote APIs (docs/BACKENDS.md)
     remote_models: tuple[RemoteModelSpec, ...] = ()  # models served by those backends
+    routing: str = "cache_aware"  # how a request picks one of a model's replicas (ROUTINGS)
 
     def __post_init__(self) -> None:
         _check_knobs(self, section("worker"))
+        if self.routing not in ROUTINGS:
+            raise ConfigError(f"--routing must be one of {', '.join(ROUTINGS)}")
         _check_routes(self)
         if self.request_log_max_bytes < MIN_REQUEST_LOG_BYTES:
             raise ConfigError(f"--request-log-size must be >= {MIN_REQUEST_LOG_BYTES} bytes")

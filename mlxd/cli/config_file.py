@@ -14,6 +14,10 @@ keep_alive = 0              # never unload
 pinned = true               # never unloaded to make room
 preload = false             # load on its first request (default: at start)
 dtype = "file"              # float weights as computed (default: --dtype, itself auto)
+replicas = 2                # workers serving it, routed by prefix (default 1; --replicas wins)
+
+[models.big]                # workers already running elsewhere, one per replica (--worker)
+workers = ["tcp://10.0.0.2:5555", "tcp://10.0.0.3:5555"]
 fallbacks = ["cloud"]       # tried in turn when this model is unavailable
 
 [backends.openai]           # a remote API (see backend_options.py and docs/BACKENDS.md)
@@ -47,7 +51,7 @@ TOP_KEYS = {
     *(f"{t}_timeout" for t in TIMEOUTS),
 }
 MODEL_KEYS = {"path", "aliases", "keep_alive", "pinned", "preload", "kv_cache_gb", "dtype",
-              "fallbacks", "fallback"}  # fmt: skip
+              "fallbacks", "fallback", "replicas", "workers"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -110,7 +114,8 @@ def _model(name: str, table: Any, where: str) -> ModelSpec:
     if not isinstance(table, dict):
         raise ConfigError(f"{where} must be a table")
     _no_unknown(table, MODEL_KEYS, where)
-    path, aliases = table.get("path"), table.get("aliases", [])
+    endpoints = _endpoints(table.get("workers", []), where)
+    path, aliases = table.get("path", endpoints[0] if endpoints else None), table.get("aliases", [])
     if not isinstance(path, str) or not path:
         raise ConfigError(f"{where}: path (a local directory or a repo id) is required")
     if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
@@ -130,7 +135,23 @@ def _model(name: str, table: Any, where: str) -> ModelSpec:
         kv_cache_gb=_number(table.get("kv_cache_gb"), f"{where}: kv_cache_gb"),
         dtype=None if table.get("dtype") is None else str(table["dtype"]),
         fallbacks=fallbacks_of(table, where),
+        replicas=_replicas(table.get("replicas", 1), where),
+        endpoint=endpoints[0] if endpoints else None,
+        replica_endpoints=tuple(endpoints[1:]),
     )
+
+
+def _replicas(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{where}: replicas must be a whole number >= 1")
+    return value
+
+
+def _endpoints(value: Any, where: str) -> list[str]:
+    ok = isinstance(value, list) and all(isinstance(e, str) for e in value)
+    if not ok or not all(e.startswith(("tcp://", "ipc://")) for e in value):
+        raise ConfigError(f"{where}: workers must be a list of tcp:// or ipc:// endpoints")
+    return list(value)
 
 
 def _number(value: Any, where: str) -> float | None:

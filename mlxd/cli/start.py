@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -45,7 +46,23 @@ from mlxd.protocol import curve
     multiple=True,
     metavar="NAME=ENDPOINT",
     help="Attach a worker already running elsewhere (`mlxd worker serve --bind tcp://…`; "
-    "its control socket is the next port). tcp:// needs the keys from `mlxd keys`.",
+    "its control socket is the next port). tcp:// needs the keys from `mlxd keys`. The same "
+    "NAME again adds a replica.",
+)
+@click.option(
+    "--replicas",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Workers per local model (each its own process and KV cache); requests are routed "
+    "by --routing. Default 1, or `replicas` in the model's [models.NAME] table.",
+)
+@click.option(
+    "--routing",
+    type=click.Choice(["cache_aware", "round_robin"]),
+    default="cache_aware",
+    show_default=True,
+    help="How a request picks a model's replica: the one that served its prompt's prefix "
+    "unless much busier (cache_aware), or in turn (round_robin).",
 )
 @click.option(
     "--config",
@@ -210,18 +227,23 @@ def start_command(models: tuple[str, ...], host: str, port: int, log_level: str,
         file = read_config_file(path) if isinstance(path, Path) else ConfigFile(models=())
         max_memory = opts["max_memory"] or file.max_memory
         keep_alive = opts["keep_alive"]
-        attached = tuple(_parse_worker(w) for w in opts["workers"])  # type: ignore[attr-defined]
+        attached = _parse_workers(opts["workers"])  # type: ignore[arg-type]
         routes = cli_routes(models, opts["backends"], opts["backend_keys"], opts["fallbacks"],  # type: ignore[arg-type]
                             file.backends, file.remote_models)  # fmt: skip
         models = routes.local_models
         check_backend_keys(routes.backends, os.environ)
-        tcp = [str(s.endpoint) for s in attached if str(s.endpoint).startswith("tcp://")]
+        tcp = [e for s in (*attached, *file.models) for e in s.endpoints if e.startswith("tcp://")]
         gateway_keys = curve.load(curve.keys_dir(data_dir()), "gateway") if tcp else None
         keys = curve.require(tcp[0], gateway_keys) if tcp else None
         config = ServeConfig(
             models=routes.with_fallbacks(
-                _model_specs(models, file, bool(attached) or bool(routes.remote_models)) + attached
+                _with_replicas(
+                    _model_specs(models, file, bool(attached) or bool(routes.remote_models)),
+                    opts["replicas"],  # type: ignore[arg-type]
+                )
+                + attached
             ),
+            routing=str(opts["routing"]),
             backends=routes.backends,
             remote_models=routes.with_fallbacks(routes.remote_models),
             curve_keys=keys,
@@ -320,11 +342,23 @@ def _parse_model(text: str) -> ModelSpec:
     return ModelSpec(name=name, path=str(local.resolve()) if local.exists() else path)
 
 
-def _parse_worker(text: str) -> ModelSpec:
-    name, _, endpoint = text.partition("=")
-    if not name or not endpoint.startswith(("tcp://", "ipc://")):
-        raise ConfigError(f"bad --worker {text!r}: use NAME=tcp://HOST:PORT")
-    return ModelSpec(name=name, path=endpoint, endpoint=endpoint)
+def _parse_workers(texts: tuple[str, ...]) -> tuple[ModelSpec, ...]:
+    """One attached model per NAME; its endpoints in order are its replicas."""
+    endpoints: dict[str, list[str]] = {}
+    for text in texts:
+        name, _, endpoint = text.partition("=")
+        if not name or not endpoint.startswith(("tcp://", "ipc://")):
+            raise ConfigError(f"bad --worker {text!r}: use NAME=tcp://HOST:PORT")
+        endpoints.setdefault(name, []).append(endpoint)
+    return tuple(ModelSpec(name=name, path=first, endpoint=first, replica_endpoints=tuple(more))
+                 for name, (first, *more) in endpoints.items())  # fmt: skip
+
+
+def _with_replicas(specs: tuple[ModelSpec, ...], replicas: int | None) -> tuple[ModelSpec, ...]:
+    """``--replicas`` for every local model (it wins over the config file's ``replicas``)."""
+    if replicas is None:
+        return specs
+    return tuple(dataclasses.replace(s, replicas=replicas) for s in specs)
 
 
 def _progress(line: str) -> None:

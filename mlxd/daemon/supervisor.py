@@ -21,12 +21,18 @@ This file holds the pool and the watcher loop; its parts are beside it: ``worker
 slot and its process), ``worker_command`` (the worker's argv), ``heartbeat`` (liveness),
 ``restart_policy`` (backoff and when to give up), ``budget`` (what fits, what to unload) and
 ``attach`` (workers on other hosts).
+
+A model may have several replicas (``--replicas N``, or several ``--worker NAME=...``): each is
+a slot of its own (process, heartbeat, restarts), ``self.groups`` lists a model's slots, and
+the model's client is a ``ReplicaSet`` that routes each request to one ready replica. The model
+is ready while one replica is; loading, unloading and keep-alive act on all of them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import shutil
 import time
@@ -49,8 +55,9 @@ from mlxd.errors import (
     ModelNotFound,
     WorkerUnavailable,
 )
-from mlxd.gateway.control import ControlClient, WorkerInfo
-from mlxd.gateway.workers import WorkerClient
+from mlxd.gateway.control import ControlClient, ReplicaInfo, WorkerInfo
+from mlxd.gateway.replicas import Replica, ReplicaSet
+from mlxd.gateway.workers import ModelClient, WorkerClient
 from mlxd.protocol.channel import control_endpoint
 from mlxd.protocol.messages import Shutdown
 
@@ -64,9 +71,13 @@ class Supervisor:
         self.config = config
         self.runtime_dir = runtime_dir
         self.log_level = log_level
-        self.workers = {
-            spec.name: self._make_worker(spec, i) for i, spec in enumerate(config.models)
-        }
+        self.groups = {spec.name: [self._make_worker(spec, i, r) for r in
+                                   range(spec.num_replicas)]
+                       for i, spec in enumerate(config.models)}  # fmt: skip
+        self.workers = {name: group[0] for name, group in self.groups.items()}  # replica 0
+        self.slots = [w for group in self.groups.values() for w in group]
+        self.replica_sets = {name: self._replica_set(name, group)
+                             for name, group in self.groups.items() if len(group) > 1}  # fmt: skip
         self.aliases = {a: spec.name for spec in config.models for a in spec.aliases}
         self._stopping = False
         self._watcher: asyncio.Task[None] | None = None
@@ -81,21 +92,29 @@ class Supervisor:
     def budget(self) -> dict[str, int | None]:
         """``--max-memory`` and how much of it loaded workers reserve, in bytes."""
         return {"max_memory_bytes": self.config.max_memory_bytes,
-                "reserved_bytes": budget.reserved_bytes(self.workers.values())}  # fmt: skip
+                "reserved_bytes": budget.reserved_bytes(self.slots)}  # fmt: skip
 
     def restarts(self, name: str) -> int:
-        worker = self.workers.get(name)
-        return 0 if worker is None else worker.restarts
+        return sum(w.restarts for w in self.groups.get(name, ()))
 
     def control(self, name: str) -> ControlClient:
         return self._worker(name).control
 
     def info(self, name: str) -> WorkerInfo:
         worker = self._worker(name)
-        return worker.info(self.config.keep_alive(worker.spec))
+        info = worker.info(self.config.keep_alive(worker.spec))
+        group = self.groups[worker.spec.name]
+        if len(group) == 1:
+            return info
+        return _summary(info, group, self.replica_sets[worker.spec.name])
 
-    async def client(self, name: str) -> WorkerClient:
+    async def client(self, name: str) -> ModelClient:
         worker = self._worker(name)
+        group = self.groups[worker.spec.name]
+        if len(group) > 1 and any(w.state == "ready" for w in group):
+            for w in group:
+                w.last_used = time.monotonic()
+            return self.replica_sets[worker.spec.name]
         worker.last_used = time.monotonic()
         if worker.state != "ready":
             if worker.state in ("failed", "stopped"):  # an operator's `mlxd load` brings it back
@@ -104,7 +123,7 @@ class Supervisor:
                 )
             await self.load(worker.spec.name)
         worker.last_used = time.monotonic()
-        return worker.client
+        return self.replica_sets.get(worker.spec.name) or worker.client
 
     async def load(self, name: str, wait: bool = True) -> WorkerInfo:
         """Start ``name``'s worker unless it runs, unloading LRU idle ones to make room.
@@ -113,18 +132,12 @@ class Supervisor:
             MemoryBudgetExceeded: it does not fit and nothing can be unloaded (at once).
             WorkerUnavailable: with ``wait``, it failed or was not ready in time.
         """
-        worker = self._worker(name)
+        group = self.groups[self._worker(name).spec.name]
         async with self._lock:
-            if worker.attached:
-                pass  # nothing to start here: wait for its pong
-            elif worker.state in ("unloaded", "stopped", "failed"):
-                await self._make_room(worker)
-                await worker.terminate()  # a failing worker may still be exiting
-                worker.start_failures, worker.crashes, worker.last_error = 0, [], ""
-                self._spawn(worker)
-                self._background(self._await_ready(worker))
+            for worker in group:
+                await self._load(worker)
         if wait:
-            await self._wait_ready(worker)
+            await asyncio.gather(*(self._wait_ready(w) for w in group))
         return self.info(name)
 
     async def unload(self, name: str, reason: str = "unloaded on request") -> WorkerInfo:
@@ -134,21 +147,24 @@ class Supervisor:
             raise InvalidRequest(f"{worker.spec.name!r} is an attached worker (--worker): stop "
                                  "it on its own host")  # fmt: skip
         async with self._lock:
-            await self._unload(worker, reason)
+            for replica in self.groups[worker.spec.name]:
+                await self._unload(replica, reason)
         return self.info(name)
 
     async def start(self) -> None:
         """Start the preloaded workers (within the budget) and wait until each is ready."""
-        for worker in self.workers.values():
+        for worker in self.slots:
             await worker.client.start()
-        attached = [w for w in self.workers.values() if w.attached]
+        attached = [w for w in self.slots if w.attached]
         for worker in attached:
             worker.state = "starting"  # until its first pong
         self._preload()
-        spawned = [w for w in self.workers.values() if w.state == "starting" and not w.attached]
+        spawned = [w for w in self.slots if w.state == "starting" and not w.attached]
         await asyncio.gather(*(self._await_ready(w) for w in spawned),
                              *(attach(w, ATTACH_WAIT_S) for w in attached))  # fmt: skip
         self._watcher = asyncio.create_task(self._watch(), name="supervisor")
+        for replica_set in self.replica_sets.values():
+            self._background(replica_set.poll())
 
     async def stop(self) -> None:
         """SIGTERM every worker, wait for them, SIGKILL stragglers, remove the runtime dir."""
@@ -160,12 +176,14 @@ class Supervisor:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await asyncio.gather(*(w.terminate() for w in self.workers.values()))
-        for worker in self.workers.values():
+        await asyncio.gather(*(w.terminate() for w in self.slots))
+        for worker in self.slots:
             worker.client.fail_all(WorkerUnavailable("the server is shutting down"))
             await worker.client.close()
             await worker.control.close()
             await worker.heartbeat.close()
+        for replica_set in self.replica_sets.values():
+            await replica_set.close()
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
 
     # Internal helpers: slots and tasks
@@ -176,17 +194,23 @@ class Supervisor:
             raise ModelNotFound(f"the model {name!r} does not exist", param="model")
         return worker
 
-    def _make_worker(self, spec: ModelSpec, index: int) -> WorkerProcess:
-        endpoint = spec.endpoint or f"ipc://{self.runtime_dir / f'w{index}.sock'}"
+    def _make_worker(self, spec: ModelSpec, index: int, replica: int = 0) -> WorkerProcess:
+        stem = f"w{index}" if replica == 0 else f"w{index}r{replica}"
+        endpoint = (spec.endpoints[replica] if spec.endpoints
+                    else f"ipc://{self.runtime_dir / f'{stem}.sock'}")  # fmt: skip
         keys = self.config.curve_keys
-        client = WorkerClient(spec.name, endpoint, keys=keys)
+        label = spec.name if replica == 0 else f"{spec.name}#{replica}"
+        client = WorkerClient(label, endpoint, keys=keys)
         control = ControlClient(spec.name, control_endpoint(endpoint), keys=keys)
         heartbeat = control.sibling()  # its own connection: a ping never queues behind a command
         attached = spec.endpoint is not None
         size = Footprint(0, 0, 0) if attached else footprint(spec, self.config)
         return WorkerProcess(spec=spec, endpoint=endpoint, client=client, control=control,
-                             heartbeat=heartbeat, size=size, attached=attached,
-                             reason_file=self.runtime_dir / f"w{index}.reason")  # fmt: skip
+                             heartbeat=heartbeat, size=size, attached=attached, replica=replica,
+                             reason_file=self.runtime_dir / f"{stem}.reason")  # fmt: skip
+
+    def _replica_set(self, name: str, group: list[WorkerProcess]) -> ReplicaSet:
+        return ReplicaSet(name, [_replica(w) for w in group], self.config.routing)
 
     def _background(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -200,14 +224,14 @@ class Supervisor:
 
     def _preload(self) -> None:
         """Spawn the pinned, then the preload models that fit (a pinned one must)."""
-        preload = [w for w in self.workers.values()
+        preload = [w for w in self.slots
                    if (w.spec.preload or w.spec.pinned) and not w.attached]  # fmt: skip
         max_memory = self.config.max_memory_bytes
         for worker in sorted(preload, key=lambda w: not w.spec.pinned):
-            if budget.fits(worker, self.workers.values(), max_memory):
+            if budget.fits(worker, self.slots, max_memory):
                 self._spawn(worker)
                 continue
-            text = budget.budget_text(worker, self.workers.values(), max_memory)
+            text = budget.budget_text(worker, self.slots, max_memory)
             if worker.spec.pinned:
                 raise ConfigError(f"the pinned model {worker.spec.name!r} does not fit: " + text)
             log.warning("not preloading %s: %s", worker.spec.name, text)
@@ -216,14 +240,25 @@ class Supervisor:
         max_memory = self.config.max_memory_bytes
         if max_memory is None:
             return
-        victims = budget.victims(worker, self.workers.values(), max_memory)
+        victims = budget.victims(worker, self.slots, max_memory)
         if victims is None:
-            text = budget.budget_text(worker, self.workers.values(), max_memory)
+            text = budget.budget_text(worker, self.slots, max_memory)
             raise MemoryBudgetExceeded(f"cannot load {worker.spec.name!r}: " + text)
-        for name in victims:
+        for name in dict.fromkeys(victims):  # a model's replicas go together
             log.info("unloading %s (least recently used) to make room for %s", name,
                      worker.spec.name)  # fmt: skip
-            await self._unload(self.workers[name], f"unloaded to make room for {worker.spec.name}")
+            for replica in self.groups[name]:
+                await self._unload(replica, f"unloaded to make room for {worker.spec.name}")
+
+    async def _load(self, worker: WorkerProcess) -> None:
+        if worker.attached:
+            return  # nothing to start here: wait for its pong
+        if worker.state in ("unloaded", "stopped", "failed"):
+            await self._make_room(worker)
+            await worker.terminate()  # a failing worker may still be exiting
+            worker.start_failures, worker.crashes, worker.last_error = 0, [], ""
+            self._spawn(worker)
+            self._background(self._await_ready(worker))
 
     async def _wait_ready(self, worker: WorkerProcess) -> None:
         timeout = self.config.worker_start_timeout_s
@@ -272,6 +307,9 @@ class Supervisor:
             idle = time.monotonic() - worker.last_used > keep_alive
             if worker.state == "ready" and not worker.client.in_flight and idle:
                 await self._unload(worker, f"idle for {keep_alive:g} s (keep-alive)")
+                if worker.replica == 0:  # the model's last_used is replica 0's
+                    for replica in self.groups[worker.spec.name][1:]:
+                        await self._unload(replica, f"idle for {keep_alive:g} s (keep-alive)")
 
     # Internal helpers: the watcher (start, heartbeat, exit, restart)
 
@@ -296,8 +334,9 @@ class Supervisor:
     async def _watch(self) -> None:
         while not self._stopping:
             await asyncio.sleep(0.5)
-            for worker in self.workers.values():
+            for worker in self.slots:
                 await self._check(worker)
+            for worker in self.workers.values():
                 self._check_idle(worker)
 
     async def _check(self, worker: WorkerProcess) -> None:
@@ -363,3 +402,28 @@ class Supervisor:
         worker.last_error = ""
         self._spawn(worker)
         await self._await_ready(worker)
+
+
+def _replica(worker: WorkerProcess) -> Replica:
+    """The router's view of a slot: ready or not, and its epoch (when it became ready)."""
+    return Replica(worker.client, is_ready=lambda: worker.state == "ready",
+                   epoch=lambda: worker.started_at, control=worker.control.sibling())  # fmt: skip
+
+
+def _summary(info: WorkerInfo, group: list[WorkerProcess], replica_set: ReplicaSet) -> WorkerInfo:
+    """A replicated model as one row: ready while one replica is, in-flight and memory summed,
+    and one ``ReplicaInfo`` per replica."""
+    states = [w.state for w in group]
+    state = next((s for s in ("ready", "starting", "stopping") if s in states), info.state)
+    replicas = [ReplicaInfo(index=w.replica, state=w.state, endpoint=w.endpoint,
+                            pid=None if w.proc is None else w.proc.pid, restarts=w.restarts,
+                            in_flight=w.client.in_flight, routed=replica_set.routed[w.replica],
+                            num_waiting=r.num_waiting, num_running=r.num_running,
+                            last_error=w.last_error)
+                for w, r in zip(group, replica_set.replicas, strict=True)]  # fmt: skip
+    return dataclasses.replace(
+        info, state=state, restarts=sum(w.restarts for w in group),
+        in_flight=sum(r.in_flight for r in replicas),
+        memory_bytes=sum(w.size.total_bytes for w in group), replica_rows=replicas,
+        last_error="" if state == "ready" else info.last_error,
+    )  # fmt: skip

@@ -38,6 +38,7 @@ class WorkerProcess:
     heartbeat: ControlClient  # its own socket: an admin command in flight never delays a ping
     size: Footprint
     attached: bool = False  # runs elsewhere (--worker): pinged, never spawned or unloaded
+    replica: int = 0  # which of its model's replicas (0 unless --replicas or several --worker)
     proc: subprocess.Popen[bytes] | None = None
     state: str = "unloaded"  # unloaded | starting | ready | stopping | failed | stopped
     started_at: float = 0.0

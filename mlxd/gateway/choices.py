@@ -11,7 +11,7 @@ import asyncio
 from dataclasses import replace
 
 from mlxd.errors import MlxdError, RequestTimeout
-from mlxd.gateway.workers import MAX_BUFFERED_EVENTS, RequestStream, StreamObserver, WorkerClient
+from mlxd.gateway.workers import MAX_BUFFERED_EVENTS, ModelClient, RequestStream, StreamObserver
 from mlxd.protocol.messages import Finished, Generate, TokenDelta, Usage
 
 _SEED_SPAN = 2**64  # seeds wrap within the signed 64-bit range the API accepts
@@ -43,7 +43,7 @@ class Choices:
 
     @classmethod
     async def open(
-        cls, worker: WorkerClient, generates: list[Generate], observer: StreamObserver | None
+        cls, worker: ModelClient, generates: list[Generate], observer: StreamObserver | None
     ) -> Choices:
         """Send every ``Generate``; if one cannot be sent, cancel those already sent."""
         observers = _observers(observer, len(generates))

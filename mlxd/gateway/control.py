@@ -47,6 +47,25 @@ class WorkerInfo:
     in_flight: int = 0
     uptime_s: float | None = None
     idle_s: float | None = None
+    # One entry per replica when several workers serve the model (--replicas, several
+    # --worker NAME=...): the fields above then sum or summarise them.
+    replica_rows: list[ReplicaInfo] = field(default_factory=list)
+
+
+@dataclass
+class ReplicaInfo:
+    """One replica of a model served by several workers (``WorkerInfo.replicas``)."""
+
+    index: int
+    state: str
+    endpoint: str
+    pid: int | None = None
+    restarts: int = 0
+    in_flight: int = 0
+    routed: int = 0  # requests the gateway sent it since the daemon started
+    num_waiting: int = 0  # as it last reported (polled every 2 s)
+    num_running: int = 0
+    last_error: str = ""
 
 
 class ControlClient:

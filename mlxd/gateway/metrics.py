@@ -146,11 +146,21 @@ def _pool_metrics(pool: WorkerPool) -> Iterator[Metric]:
         "1 while a model is failed (not restarted; /health is degraded).",
         labels=["model"],
     )
+    ready = GaugeMetricFamily("mlxd_replica_ready", "1 while a replica of a model served by "
+                              "several workers is ready.", labels=["model", "replica"])  # fmt: skip
+    routed = CounterMetricFamily("mlxd_replica_routed", "Requests routed to each replica.",
+                                 labels=["model", "replica"])  # fmt: skip
     for name in pool.names():
+        info = pool.info(name)
         family.add_metric([name], pool.restarts(name))
-        failed.add_metric([name], float(pool.info(name).state == "failed"))
+        failed.add_metric([name], float(info.state == "failed"))
+        for r in info.replica_rows:
+            ready.add_metric([name, str(r.index)], float(r.state == "ready"))
+            routed.add_metric([name, str(r.index)], r.routed)
     yield family
     yield failed
+    yield ready
+    yield routed
 
 
 class _Sources(Collector):

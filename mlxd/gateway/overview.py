@@ -96,7 +96,7 @@ class Overview:
             status, stats = answers
             worker = {"status": _body(status), "stats": _body(stats)}
         return {**asdict(info), "name": name, "backend": "remote" if remote else "local",
-                "replicas": 1, "worker": worker}  # fmt: skip
+                "replicas": len(info.replica_rows) or 1, "worker": worker}  # fmt: skip
 
     def _authorize(self, request: Request) -> None:
         if request.scope.get(ADMIN_SOCKET):  # this host's CLI, through the 0700 admin socket

@@ -79,6 +79,8 @@ class RequestStream:
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._is_done = False
         self._cancelled = False  # the worker was told to stop (cancel, or a client too slow)
+        self.gen: Generate | None = None  # what was sent: another replica may take it over
+        self.num_received = 0  # events from the worker; none yet: it may go to another replica
 
     def __aiter__(self) -> RequestStream:
         return self
@@ -123,6 +125,7 @@ class RequestStream:
             await self._client._send(Cancel(request_id=self.request_id))
 
     def _put(self, item: _Item) -> None:
+        self.num_received += not isinstance(item, MlxdError)
         if self._queue.qsize() >= self._max_buffered and not isinstance(item, MlxdError):
             # The client reads slower than the worker writes: the stream ends (after what it
             # holds) and the worker stops the request, so a stalled reader costs bounded memory.
@@ -166,6 +169,9 @@ class WorkerClient:
         self._ping_ids = itertools.count()
         self._background: set[asyncio.Future[None]] = set()
         self._described: Pong | None = None
+        # Set by a ReplicaSet: offered each failed stream that received nothing yet; True means
+        # another replica took it over (gateway/replicas.py).
+        self.rescue: Callable[[RequestStream, WorkerClient], bool] | None = None
 
     @property
     def in_flight(self) -> int:
@@ -237,6 +243,7 @@ class WorkerClient:
         if gen.request_id in self._streams:
             raise InternalError(f"request id {gen.request_id!r} is already in flight")
         stream = RequestStream(self, gen.request_id, observer)
+        stream.gen = gen
         self._streams[gen.request_id] = stream
         try:
             await self._send(gen)
@@ -261,7 +268,11 @@ class WorkerClient:
         Call it from the event loop thread; pending pings fail the same way.
         """
         streams, self._streams = self._streams, {}
-        for stream in streams.values():
+        rescue = self.rescue
+        for stream in list(streams.values()):
+            if rescue is not None and stream.num_received == 0 and rescue(stream, self):
+                del streams[stream.request_id]  # retried on another replica: nothing was lost
+                continue
             stream._put(error)
         futures: list[asyncio.Future[Any]] = [*self._pings.values(), *self._replies.values()]
         for future in futures:
@@ -269,6 +280,26 @@ class WorkerClient:
                 future.set_exception(error)
         if streams:
             log.warning("failed %d request(s) on %r: %s", len(streams), self.name, error.message)
+
+    def adopt(self, stream: RequestStream) -> None:
+        """Take over ``stream`` from a failed replica: register it and send its ``Generate``
+        again (from synchronous code: the send runs as a task; if it fails, the stream ends
+        with ``WorkerUnavailable``)."""
+        assert stream.gen is not None
+        gen = stream.gen
+        stream._client = self
+        self._streams[gen.request_id] = stream
+
+        async def send() -> None:
+            try:
+                await self._send(gen)
+            except MlxdError as exc:
+                self._unregister(gen.request_id)
+                stream._put(exc)
+
+        task = asyncio.ensure_future(send())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     # Internal helpers
 
@@ -364,6 +395,26 @@ class WorkerClient:
         stream._put(event)
 
 
+class ModelClient(Protocol):
+    """What the endpoints use of a model's workers: one ``WorkerClient``, or a ``ReplicaSet``
+    (gateway/replicas.py) that picks a replica per request."""
+
+    name: str
+
+    @property
+    def in_flight(self) -> int: ...
+
+    async def describe(self, timeout_s: float) -> Pong: ...
+
+    async def open_stream(
+        self, gen: Generate, observer: StreamObserver | None = None
+    ) -> RequestStream: ...
+
+    async def embed(self, msg: Embed, timeout_s: float) -> Embeddings: ...
+
+    async def count_tokens(self, msg: CountTokens, timeout_s: float) -> TokenCount: ...
+
+
 class WorkerPool(Protocol):
     """Model name -> ``WorkerClient``. The supervisor implements it for spawned workers."""
 
@@ -371,7 +422,7 @@ class WorkerPool(Protocol):
         """The model names served, in display order."""
         ...
 
-    async def client(self, name: str) -> WorkerClient:
+    async def client(self, name: str) -> ModelClient:
         """The client for ``name``; raise ``ModelNotFound`` (param ``model``) if unknown."""
         ...
 

@@ -144,7 +144,7 @@ function renderModel(model) {
   card.dataset.state = state;
   const compute = w && w.status.compute;
   card.querySelector(".backend").textContent = [
-    `${model.backend} · ${model.replicas} worker`,
+    `${model.backend} · ${model.replicas} worker${model.replicas > 1 ? "s" : ""}`,
     compute ? `${compute.device} ${compute.dtype}${compute.blas ? ` · ${basename(compute.blas)}` : ""}` : "",
   ].filter(Boolean).join(" · ");
   card.querySelector(".reason").textContent = model.state === "failed" ? model.last_error : "";
@@ -170,6 +170,11 @@ function modelFigures(model) {
     ["restarts", model.restarts],
     ["uptime", model.uptime_s == null ? "–" : duration(model.uptime_s)],
   ];
+  // Several replicas: each one's state, what it runs and holds, and how many requests it got.
+  for (const r of model.replica_rows || []) {
+    rows.push([`replica ${r.index}`, `${r.state} · pid ${r.pid ?? "–"} · ` +
+      `${r.num_running} running, ${r.num_waiting} waiting · ${r.routed} routed`]);
+  }
   if (!w) return rows;
   const st = w.status;
   const stats = w.stats;
