@@ -44,7 +44,7 @@ class AnthropicEndpoints:
     async def messages(self, request: Request) -> Response:
         """``POST /v1/messages``."""
         try:
-            return await self._messages(request)
+            return await self.serve_messages(request)
         except (MlxdError, HTTPException) as exc:
             return render_error(request, exc)
 
@@ -57,7 +57,9 @@ class AnthropicEndpoints:
 
     # Internal helpers
 
-    async def _messages(self, request: Request) -> Response:
+    async def serve_messages(self, request: Request) -> Response:
+        """``messages`` that raises its errors instead of answering them: the dispatcher fails
+        over on a local model that is unavailable before the answer starts."""
         timeout_s = self.api.config.chat_timeout_s
         opened = await self.api.open_request(request, parse_messages, timeout_s)
         parsed, stream, headers, deadline = (

@@ -223,6 +223,14 @@ def test_a_failed_local_model_fails_over_to_a_remote_one(front: Front) -> None:
     assert raw.parse().choices[0].message.content == _direct_chat(front)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_messages_fail_over_from_a_failed_local_model(front: Front, stream: bool) -> None:
+    """``/v1/messages`` on a local model that cannot load goes to its fallback (a remote model
+    on an ``openai`` backend, translated), as ``/v1/chat/completions`` does."""
+    model, text = _ask_claude(front.daemon.base_url, CLIENT_KEY, "broken", stream)
+    assert model == "remote" and text == _ask_claude(front.upstream.base_url, SECRET, "tiny")[1]
+
+
 def test_failover_of_a_stream_before_its_first_event(front: Front) -> None:
     chunks = list(front.client().chat.completions.create(
         model="mdead", messages=MESSAGES, stream=True, **GREEDY))  # type: ignore[arg-type]  # fmt: skip

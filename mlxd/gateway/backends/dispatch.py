@@ -93,7 +93,7 @@ class Dispatcher:
         """``POST /v1/messages``: local models through the Anthropic endpoints, remote ones on
         ``anthropic`` backends relayed (errors in Anthropic's shape)."""
         try:
-            return await self._dispatch(request, "messages", self.anthropic.messages,
+            return await self._dispatch(request, "messages", self.anthropic.serve_messages,
                                         self.config.chat_timeout_s)  # fmt: skip
         except (MlxdError, HTTPException) as exc:
             return render_anthropic_error(request, exc)
