@@ -24,6 +24,7 @@ from mlxd.knobs import (
     MAX_QUEUED,
     PAGED,
     PREFILL_CHUNK,
+    SPECULATE,
     STREAM_INTERVAL,
     Knob,
     section,
@@ -70,6 +71,7 @@ class SchedulerConfig:
     prefill_chunk: int = PREFILL_CHUNK.default
     stream_interval: int = STREAM_INTERVAL.default
     aging_s: float = AGING_S.default
+    speculate: str = SPECULATE.default  # "ngram" or "off" (docs/SPECULATION.md)
 
     def __post_init__(self) -> None:
         _check_knobs(self, section("scheduler"))

@@ -117,8 +117,15 @@ DTYPE: Knob[str] = Knob(
     "BLAS, twice the memory) and keeps them elsewhere; file keeps the file's.", choices=DTYPES,
 )  # fmt: skip
 
+SPECULATE: Knob[str] = Knob(
+    "speculate", "scheduler", "--speculate", str, "ngram",
+    "Speculative decoding: ngram drafts tokens from each request's own prompt and output "
+    "(prompt lookup) and verifies them in the batch's forward; off decodes one token per step. "
+    "Requests opt out with speculate: false.", choices=("ngram", "off"),
+)  # fmt: skip
+
 # In the order their options are listed in `--help`.
-_ALL = (MAX_NUM_SEQS, MAX_QUEUED, PREFILL_CHUNK, STREAM_INTERVAL, AGING_S, KV_CACHE_GB,
+_ALL = (MAX_NUM_SEQS, MAX_QUEUED, PREFILL_CHUNK, STREAM_INTERVAL, AGING_S, SPECULATE, KV_CACHE_GB,
         BLOCK_SIZE, PAGED, MAX_CONTEXT, DTYPE)  # fmt: skip
 KNOBS: tuple[Knob[object], ...] = _ALL  # type: ignore[assignment]
 LIVE_KNOBS = tuple(k for k in KNOBS if k.live)

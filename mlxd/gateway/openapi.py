@@ -50,6 +50,7 @@ _SAMPLING: dict[str, Any] = {
     "min_tokens": _nullable({**_INT, "minimum": 0}),
     "stop_token_ids": _nullable({"type": "array", "items": {**_INT, "minimum": 0}}),
     "priority": _nullable({"enum": ["high", "normal", "low"]}),
+    "speculate": _nullable(_BOOL),
 }
 _CONTENT_PART = {
     "type": "object",

@@ -36,7 +36,8 @@ _MAX_SEED = 2**63 - 1
 _SAMPLING_FIELDS = frozenset(
     {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop",
      "seed", "presence_penalty", "frequency_penalty", "logit_bias", "user", "top_k", "min_p",
-     "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids", "priority"}
+     "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids", "priority",
+     "speculate"}
 )  # fmt: skip
 _CHAT_FIELDS = _SAMPLING_FIELDS | {
     "messages", "max_completion_tokens", "tools", "tool_choice", "response_format", "logprobs",
@@ -216,6 +217,7 @@ def _sampling(body: dict[str, Any], max_tokens: int | None) -> SamplingParams:
         stop_token_ids=_token_ids(body.get("stop_token_ids"), "stop_token_ids", allow_empty=True),
         ignore_eos=_bool(body, "ignore_eos", False),
         min_tokens=min_tokens,
+        speculate=_bool(body, "speculate", True),
     )
 
 

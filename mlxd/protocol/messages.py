@@ -77,6 +77,7 @@ class SamplingParams:
     logprobs: bool = False  # report each output token's log probability
     top_logprobs: int = 0  # and this many most likely alternatives (0..20)
     response_format: JsonFormat | None = None  # enforced by constrained decoding
+    speculate: bool = True  # False: never draft tokens for this request (docs/SPECULATION.md)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -378,6 +379,7 @@ class SchedulerSettings:
     prefill_chunk: int
     stream_interval: int
     aging_s: float
+    speculate: str = "ngram"  # "ngram" or "off"
 
 
 @dataclass(frozen=True, kw_only=True)

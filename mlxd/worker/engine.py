@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -41,10 +42,11 @@ from mlxd.protocol.validate import check_priority, check_sampling
 from mlxd.worker.detokenizer import OutputText
 from mlxd.worker.embed_requests import EmbedRequests
 from mlxd.worker.embedder import Embedder
-from mlxd.worker.grammar import Grammar
+from mlxd.worker.grammar import Grammar, valid_drafts
 from mlxd.worker.model_runner import ModelRunner, TokenEvent
 from mlxd.worker.scheduler import EmbedChunk, PrefillChunk, Scheduler
 from mlxd.worker.sequence import PRIORITY_LEVELS, Sequence
+from mlxd.worker.speculator import Speculator
 from mlxd.worker.stats import Stats
 from mlxd.worker.tokenizer import PromptEncoder
 
@@ -89,6 +91,8 @@ class Engine:
         self.clock = clock or scheduler.clock
         self.should_exit = False
         self.stats = Stats(self.clock)
+        mode = scheduler.config.speculate if runner.speculates else "off"
+        self.speculator = Speculator(mode)  # drafts and whether the batch verifies them
         self.embeddings = EmbedRequests(name=name, scheduler=scheduler, encoder=encoder,
                                         channel=channel, max_context=max_context,
                                         embedder=embedder, send_error=self._send_error,
@@ -151,17 +155,21 @@ class Engine:
             self._prefill(chunks)
             self._flush()  # first tokens go now, not after the decode step is built and launched
             self._retire()  # done at their first token: no decode step for them
+        speculate, produced = False, 0
         if self.runner.rows:
-            if self.runner.needs_sync():
+            speculate = self.speculator.wants(self.runner.rows)  # drafts follow the last token
+            if speculate or self.runner.needs_sync():
                 self._accept(self.runner.sync())
                 self._retire()
             self._reserve()
             if self.runner.rows:
                 decoded = len(self.runner.rows)
-                self._decode()
+                produced = self._decode(speculate)
         self._retire()  # free what finished now, not one step later
         self._flush()
         self.stats.on_step(decoded)
+        if decoded:
+            self.speculator.on_step(speculate, decoded, produced, clean=not chunks)
 
     # Message handlers
 
@@ -277,15 +285,32 @@ class Engine:
             log.info("preempted %s (KV pool full)", [s.request_id for s in preempted])
             self.runner.remove(set(preempted))
 
-    def _decode(self) -> None:
+    def _decode(self, speculate: bool) -> int:
+        """One decode step, verifying drafts when ``speculate`` and some row has any; returns
+        the tokens it produced."""
+        rows = list(self.runner.rows)
         try:
-            events = self.runner.decode_step()
+            drafts = self._drafts(rows) if speculate else []
+            events = self.runner.verify_step(drafts) if any(drafts) else self.runner.decode_step()
         except (RuntimeError, ValueError, TypeError) as exc:
             log.exception("decode step failed")
             self._recover(self.runner.reset(), exc, "decode")
-            return
+            return 0
+        if any(drafts):
+            for seq in rows:
+                self.scheduler.trim(seq)  # rejected drafts' blocks
+            kept = Counter(seq for seq, _ in events)
+            self.speculator.on_verified(rows, drafts, [kept[s] for s in rows])
         self._step_succeeded()
         self._accept(events)
+        return len(events) if any(drafts) else len(rows)
+
+    def _drafts(self, rows: list[Sequence]) -> list[list[int]]:
+        """Each row's drafts, cut to what its grammar accepts and the KV room free blocks give."""
+        proposed = [valid_drafts(s, d) for s, d in zip(rows, self.speculator.propose(rows),
+                                                        strict=True)]  # fmt: skip
+        return [d[: self.scheduler.reserve_drafts(s, len(d))] if d else []
+                for s, d in zip(rows, proposed, strict=True)]  # fmt: skip
 
     def _recover(self, seqs: list[Sequence], exc: Exception, what: str) -> None:
         """After a failed step: its sequences fail, unless the device ran out of memory. Then

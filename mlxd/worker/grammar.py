@@ -90,6 +90,46 @@ def constrain(logits: mx.array, seqs: list[Sequence]) -> mx.array:
     return logits.at[mx.array(rows)].add(bias)
 
 
+def valid_drafts(seq: Sequence, drafts: list[int]) -> list[int]:
+    """The longest prefix of ``drafts`` that ``seq``'s grammar accepts after its output so far
+    (all of them for an unconstrained row): a draft the mask would forbid can never be sampled,
+    so verifying it would only cost a position."""
+    if seq.grammar is None or not seq.grammar.is_active or not drafts:
+        return drafts
+    return drafts[: seq.grammar.matcher.validate_tokens(drafts)]
+
+
+def constrain_drafts(logits: mx.array, rows: list[tuple[Sequence, list[int]]]) -> mx.array:
+    """``logits`` (N, V) of a verification: row ``i`` of ``rows`` owns the next
+    ``1 + len(drafts)`` positions, in order; position ``j`` of a constrained row is masked by
+    its grammar after the first ``j`` drafts (consumed, masked, then rolled back, so the
+    matcher still follows only the output; the drafts are ``valid_drafts``)."""
+    spans, start = [], 0
+    for seq, drafts in rows:
+        if seq.grammar is not None and seq.grammar.is_active:
+            spans.append((seq.grammar.matcher, drafts, start))
+        start += 1 + len(drafts)
+    if not spans:
+        return logits
+    vocab = logits.shape[-1]
+    positions = [start + j for _, drafts, start in spans for j in range(1 + len(drafts))]
+    bitmask = llguidance.numpy.allocate_token_bitmask(len(positions), vocab)
+    n = 0
+    for matcher, drafts, _ in spans:
+        for j in range(1 + len(drafts)):
+            if j:
+                matcher.consume_token(drafts[j - 1])
+            llguidance.numpy.fill_next_token_bitmask(matcher, bitmask, n)
+            n += 1
+        if drafts:
+            matcher.rollback(len(drafts))
+    words = mx.array(bitmask)
+    bits = (words[:, :, None] >> mx.arange(32, dtype=mx.int32)) & 1
+    allowed = bits.reshape(len(positions), -1)[:, :vocab].astype(mx.bool_)
+    bias = mx.where(allowed, mx.array(0.0, dtype=logits.dtype), float("-inf"))
+    return logits.at[mx.array(positions)].add(bias)
+
+
 @functools.cache
 def _executor() -> Any:
     return llguidance.LLExecutor()

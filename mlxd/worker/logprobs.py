@@ -47,6 +47,23 @@ class StepLogprobs:
             seq.logprobs.append((tokens[seq], chosen[i], top))
 
 
+def attach_positions(lp: StepLogprobs | None, seqs: list[Sequence],
+                     picks: list[tuple[int, int]]) -> None:  # fmt: skip
+    """Entries for a verification's kept positions: ``picks`` are (index into ``seqs``, the
+    token there), in output order; ``lp`` was computed over ``seqs`` (a row once per position)."""
+    if lp is None:
+        return
+    asking = {i: n for n, i in enumerate(i for i, s in enumerate(seqs) if s.sampling.logprobs)}
+    chosen: list[float] = lp.chosen.tolist()  # type: ignore[assignment]
+    ids: list[list[int]] = lp.top_ids.tolist()  # type: ignore[assignment]
+    values: list[list[float]] = lp.top_values.tolist()  # type: ignore[assignment]
+    for i, token in picks:
+        if i in asking:
+            n, k = asking[i], seqs[i].sampling.top_logprobs
+            seqs[i].logprobs.append((token, chosen[n], list(zip(ids[n][:k], values[n][:k],
+                                                                 strict=True))))  # fmt: skip
+
+
 def compute(logits: mx.array, tokens: mx.array, seqs: list[Sequence]) -> StepLogprobs | None:
     """Logprobs of ``tokens`` (B,) under ``logits`` (B, V) for the rows of ``seqs`` that ask;
     ``None`` (and no work) when none does."""

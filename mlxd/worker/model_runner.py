@@ -46,6 +46,7 @@ class ModelRunner:
     """Owns the decode batch: its rows, their KV caches and their not-yet-read tokens."""
 
     pads_prompts = True  # whole prompts prefill together, left-padded to one length
+    speculates = False  # has ``verify_step`` (the paged runner: docs/SPECULATION.md)
 
     def __init__(self, model: Any, eos_token_ids: set[int], kv_note: str = "") -> None:
         """``kv_note``: why this model decodes on the contiguous cache, for status."""
@@ -269,9 +270,11 @@ class ModelRunner:
         tokens = sample(grammar.constrain(logits, seqs), rows)
         return tokens, logprobs.compute(logits, tokens, seqs)
 
-    def _sample_row(self, seq: Sequence, emitted: bool) -> SampleRow:
+    def _sample_row(self, seq: Sequence, emitted: bool, ahead: int = 0) -> SampleRow:
+        """``ahead``: how many draft tokens precede this one (a verification samples after
+        each; a row that drafts has no penalties, so its history is not needed)."""
         p = seq.sampling
-        index = seq.num_output_tokens + (0 if emitted else 1)
+        index = seq.num_output_tokens + (0 if emitted else 1) + ahead
         blocked = self.eos_token_ids if p.ignore_eos or index < p.min_tokens else ()
         history: list[int] = []
         if needs_history(p):

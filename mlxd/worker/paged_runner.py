@@ -14,9 +14,12 @@ from typing import Any
 
 import mlx.core as mx
 
+from mlxd.worker import grammar, logprobs, verification
 from mlxd.worker.decode_tail import DecodeTail, decode_caches
 from mlxd.worker.model_runner import ModelRunner, TokenEvent
+from mlxd.worker.output_head import all_positions
 from mlxd.worker.paged_cache import KVPool, PagedKVCache, PagedStep
+from mlxd.worker.sampling import sample
 from mlxd.worker.scheduler import PrefillChunk
 from mlxd.worker.sequence import Sequence
 
@@ -26,6 +29,8 @@ _MAX_PAD_RATIO = 2
 
 class PagedModelRunner(ModelRunner):
     """``ModelRunner`` whose caches are views of a ``KVPool`` through each row's block table."""
+
+    speculates = True  # ``verify_step``: drafts are scored over the rows' block tables
 
     def __init__(
         self, model: Any, eos_token_ids: set[int], pool: KVPool, max_view_tokens: int | None = None
@@ -83,7 +88,58 @@ class PagedModelRunner(ModelRunner):
                 f"({p.nbytes / 2**30:.2f} GiB), decode view up to {self.max_view_tokens} tokens "
                 f"({view / 2**30:.2f} GiB)")  # fmt: skip
 
+    def verify_step(self, drafts: list[list[int]]) -> list[TokenEvent]:
+        """One forward over every row's next input and its ``drafts`` (as many as the scheduler
+        made room for; ``[]`` for a row that does not speculate), each row keeping the drafts
+        its own samples agree with and the sample after them (``verification``). Returns
+        those tokens, in order; the last of each row is its next input.
+
+        Every token must have been read (``sync``): drafts follow from it. The forward writes
+        the pool through the block tables, as a prefill does, so the decode tail is flushed
+        first and the next plain step gathers its view again. Rejected drafts' K/V stay in
+        slots past ``num_computed``, which nothing reads and the next tokens overwrite.
+        """
+        assert self._pending is not None and all(self._emitted), "sync before verifying"
+        rows = list(self.rows)
+        self.tail.flush(self.pool)
+        self.tail.restart()
+        inputs, tokens = verification.window(self._pending.tolist(), drafts)  # type: ignore[arg-type]
+        step = PagedStep.build([s.block_ids for s in rows], [s.num_computed for s in rows],
+                               [len(x) for x in inputs], self.pool)  # fmt: skip
+        with all_positions(self.model):
+            logits = self.model(tokens, cache=PagedKVCache.for_step(self.pool, step))
+        flat = logits.reshape(-1, logits.shape[-1])[verification.real_positions(inputs)]
+        seqs = [s for s, x in zip(rows, inputs, strict=True) for _ in x]
+        sample_rows = [self._sample_row(s, emitted=True, ahead=j)
+                       for s, x in zip(rows, inputs, strict=True)
+                       for j in range(len(x))]  # fmt: skip
+        constrained = grammar.constrain_drafts(flat, list(zip(rows, drafts, strict=True)))
+        targets = sample(constrained, sample_rows)
+        lp = logprobs.compute(flat, targets, seqs)
+        kept = verification.accept(inputs, targets.tolist())  # type: ignore[arg-type]
+        return self._keep(rows, inputs, kept, seqs, lp)
+
     # Internal helpers
+
+    def _keep(
+        self, rows: list[Sequence], inputs: list[list[int]], kept: list[list[int]],
+        seqs: list[Sequence], lp: logprobs.StepLogprobs | None,
+    ) -> list[TokenEvent]:  # fmt: skip
+        """Advance each row by its kept tokens; the last one is its next input."""
+        events: list[TokenEvent] = []
+        picks, start = [], 0
+        for seq, x, toks in zip(rows, inputs, kept, strict=True):
+            seq.num_computed += len(toks)  # its input and the accepted drafts
+            events += [(seq, t) for t in toks]
+            picks += [(start + j, t) for j, t in enumerate(toks)]
+            start += len(x)
+        logprobs.attach_positions(lp, seqs, picks)
+        grammar.advance(events)
+        self._pending = mx.array([toks[-1] for toks in kept], dtype=mx.uint32)
+        self._pending_lp = None
+        self._emitted = [True] * len(rows)
+        self._entering.clear()
+        return events
 
     def _forward(self, group: list[PrefillChunk]) -> None:
         """One left-padded forward of ``group``'s chunks, without the last token of a prompt

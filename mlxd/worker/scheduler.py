@@ -185,6 +185,29 @@ class Scheduler:
                 seq.block_ids += self.pool.allocate(1)
         return preempted
 
+    def reserve_drafts(self, seq: Sequence, num_drafts: int) -> int:
+        """Room for ``seq``'s next token (reserved already) and up to ``num_drafts`` draft tokens
+        after it, from free blocks only: a draft never evicts a cached prefix or preempts
+        anyone. Returns how many drafts fit."""
+        if self.pool is None:
+            return num_drafts
+        bs = self.pool.block_size
+        need = -(-(seq.num_computed + 1 + num_drafts) // bs) - len(seq.block_ids)
+        if need > 0:
+            got = min(need, self.pool.num_free)
+            seq.block_ids += self.pool.allocate(got) if got else []
+        return min(num_drafts, len(seq.block_ids) * bs - seq.num_computed - 1)
+
+    def trim(self, seq: Sequence) -> None:
+        """Free ``seq``'s blocks past its computed tokens (those of rejected drafts). They
+        never held an accepted token, so the prefix cache never indexed them."""
+        if self.pool is None:
+            return
+        keep = max(1, -(-seq.num_computed // self.pool.block_size))
+        if len(seq.block_ids) > keep:
+            self.pool.release(seq.block_ids[keep:])
+            del seq.block_ids[keep:]
+
     def preempt_one(self) -> Sequence | None:
         """Preempt the lowest-priority, most recent sequence (the runner is out of room);
         returns it (None: nothing runs, e.g. every row just finished)."""

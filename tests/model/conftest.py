@@ -88,6 +88,8 @@ class Harness:
                                       max_view_tokens)  # fmt: skip
         else:
             runner = ModelRunner(model, encoder.eos_token_ids)
+        # Tests of decode's mechanics count plain steps; speculation's own tests turn it on.
+        sched.setdefault("speculate", "off")
         self.ctx = zmq.Context()
         endpoint = f"inproc://{uuid.uuid4().hex}"
         self.channel = WorkerChannel(endpoint, context=self.ctx)

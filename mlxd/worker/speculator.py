@@ -1,0 +1,176 @@
+"""Speculation policy: which rows draft, how many tokens each, and whether the batch drafts at
+all this step. Pure Python, no MLX; the runner's ``verify_step`` does the computing.
+
+- **Per row**, prompt lookup (``ngram``) proposes up to the row's draft length, which follows
+  its recent acceptance: all accepted doubles it (up to ``MAX_DRAFT``), otherwise it becomes
+  one more than what was accepted. Rows whose sampling needs their exact history (penalties),
+  requests that opt out (``speculate: false``) and rows with no earlier occurrence of their last
+  tokens draft nothing and take one position in the forward, as in a plain step.
+- **Per batch**, a verification step cannot pipeline (drafts follow from the token just read)
+  and costs more than a plain one, so it pays only when it yields enough extra tokens. The
+  controller measures both kinds of step as tokens per second of wall time, per batch-size
+  class (powers of two), over phases of ``PHASE`` steps whose first step (the switch) is not
+  counted, and runs the better one. The worse one is tried again after 1, 2, 4 ... up to
+  ``MAX_BACKOFF`` phases of the better one, so a stale figure is corrected and a losing mode
+  costs at most one phase in ``MAX_BACKOFF + 1``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from weakref import WeakKeyDictionary
+
+from mlxd.worker.ngram import NgramIndex
+from mlxd.worker.sampling import needs_history
+from mlxd.worker.sequence import Sequence
+
+MODES = ("ngram", "off")
+MAX_DRAFT = 8  # draft tokens per row and step, at most
+FIRST_DRAFT = 4  # a row's draft length before any acceptance is known
+PHASE = 8  # steps one mode runs before the controller decides again
+MAX_BACKOFF = 32  # phases of the better mode between two tries of the worse one
+_EMA = 0.5  # weight of a phase's figure in its mode's estimate
+
+
+@dataclass(slots=True)
+class SpeculationCounters:
+    """Since the worker started: verification steps and the rows they verified, draft tokens
+    proposed and accepted, tokens those rows produced; plain decode rows for the ratio."""
+
+    verify_steps: int = 0
+    verify_rows: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    plain_rows: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        """Tokens per row and decode forward, verification and plain steps together (1.0
+        without speculation)."""
+        rows = self.verify_rows + self.plain_rows
+        return (rows + self.accepted) / rows if rows else 0.0
+
+
+@dataclass(slots=True)
+class _Estimate:
+    tps: dict[bool, float] = field(default_factory=dict)  # mode (speculate?) -> tokens/s
+    backoff: int = 1  # phases of the better mode before the worse is tried again
+    since_try: int = 0  # phases of the better mode since
+    trying: bool = False  # the phase running is a try of the worse mode
+
+
+class Speculator:
+    """Drafts for the rows of a batch, and the batch controller (see the module doc)."""
+
+    def __init__(self, mode: str = "ngram", clock: Callable[[], float] = time.perf_counter) -> None:
+        assert mode in MODES, mode
+        self.mode = mode
+        self.adaptive = True  # False: every step with a row that may draft verifies (tests)
+        self.clock = clock
+        self.counters = SpeculationCounters()
+        # Per row, as long as its sequence lives (a preempted one keeps both).
+        self._index: WeakKeyDictionary[Sequence, NgramIndex] = WeakKeyDictionary()
+        self._length: WeakKeyDictionary[Sequence, int] = WeakKeyDictionary()
+        self._estimates: dict[int, _Estimate] = {}
+        self._phase_mode: bool | None = None  # None: no phase running
+        self._phase_class = 0
+        self._phase_steps = 0
+        self._phase_tokens = 0
+        self._phase_seconds = 0.0
+        self._last_step: float | None = None
+
+    # Per row
+
+    def eligible(self, seq: Sequence) -> bool:
+        p = seq.sampling
+        return self.mode != "off" and p.speculate and not needs_history(p)
+
+    def propose(self, rows: list[Sequence]) -> list[list[int]]:
+        """Each row's drafts (``[]``: none), at most what its ``max_tokens`` leaves."""
+        out: list[list[int]] = []
+        for seq in rows:
+            if not self.eligible(seq):
+                out.append([])
+                continue
+            index = self._index.setdefault(seq, NgramIndex())
+            index.sync(seq.prompt_ids, seq.output_ids)
+            room = seq.max_tokens - seq.num_output_tokens - 1
+            k = min(self._length.get(seq, FIRST_DRAFT), room)
+            out.append(index.propose(k))
+        return out
+
+    def on_verified(self, rows: list[Sequence], drafts: list[list[int]],
+                    kept: list[int]) -> None:  # fmt: skip
+        """``kept[i]``: tokens row ``i`` produced in a verification (its accepted drafts + 1)."""
+        c = self.counters
+        c.verify_steps += 1
+        c.verify_rows += len(rows)
+        for seq, d, n in zip(rows, drafts, kept, strict=True):
+            if not d:
+                continue
+            accepted = n - 1
+            c.drafted += len(d)
+            c.accepted += accepted
+            length = self._length.get(seq, FIRST_DRAFT)
+            full = accepted == len(d) and len(d) >= length
+            self._length[seq] = min(MAX_DRAFT, 2 * length) if full else max(1, accepted + 1)
+
+    # Per batch
+
+    def wants(self, rows: list[Sequence]) -> bool:
+        """Whether this step should verify drafts (it then reads every row's token first)."""
+        if self.mode == "off" or not any(self.eligible(s) for s in rows):
+            self._end_phase()
+            return False
+        if not self.adaptive:
+            return True
+        size = len(rows).bit_length()
+        if self._phase_mode is None or size != self._phase_class or self._phase_steps >= PHASE:
+            self._end_phase()
+            self._phase_mode, self._phase_class = self._choose(size), size
+        return self._phase_mode
+
+    def on_step(self, speculated: bool, rows: int, tokens: int, clean: bool) -> None:
+        """A decode step ended: ``tokens`` produced by ``rows`` rows, verifying drafts or not
+        (``speculated``: ``wants`` said so, drafts or none); ``clean`` when it ran no prefill
+        (a step with one is not a sample of decode's cost)."""
+        if not speculated:
+            self.counters.plain_rows += rows
+        now = self.clock()
+        last, self._last_step = self._last_step, now
+        if self._phase_mode is None or speculated != self._phase_mode:
+            return
+        self._phase_steps += 1
+        if self._phase_steps == 1 or not clean or last is None:
+            return  # a switch's first step pays for the other mode's end
+        self._phase_tokens += tokens
+        self._phase_seconds += now - last
+
+    def _choose(self, size: int) -> bool:
+        est = self._estimates.setdefault(size, _Estimate())
+        if len(est.tps) < 2:
+            return True not in est.tps  # measure speculation first, then plain steps
+        better = est.tps[True] >= est.tps[False]
+        est.trying = est.since_try >= est.backoff
+        est.since_try = 0 if est.trying else est.since_try + 1
+        return better != est.trying
+
+    def _end_phase(self) -> None:
+        mode, seconds = self._phase_mode, self._phase_seconds
+        if mode is not None and seconds > 0:
+            est = self._estimates.setdefault(self._phase_class, _Estimate())
+            tps = self._phase_tokens / seconds
+            old = est.tps.get(mode)
+            est.tps[mode] = tps if old is None else _EMA * tps + (1 - _EMA) * old
+            if est.trying:  # the worse mode's try: still worse, try less often; else again soon
+                won = len(est.tps) == 2 and mode == (est.tps[True] >= est.tps[False])
+                est.backoff = 1 if won else min(MAX_BACKOFF, 2 * est.backoff)
+                est.trying = False
+        self._phase_mode = None
+        self._phase_steps, self._phase_tokens, self._phase_seconds = 0, 0, 0.0

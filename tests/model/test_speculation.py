@@ -1,0 +1,158 @@
+"""Speculative decoding in the batch (prompt lookup): exact output, KV rolled back, opt-out.
+
+The tiny random model repeats itself a lot, so its own output gives prompt lookup drafts that are
+often right and often wrong: both paths of the verification run. The controller is pinned on
+(``adaptive = False``) so every step with a drafting row verifies.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import mlx.core as mx
+import pytest
+
+from mlxd.protocol.messages import JsonFormat, SamplingParams, TextPrompt
+from mlxd.worker import verification
+from mlxd.worker.sampling import SampleRow, sample
+
+pytestmark = pytest.mark.model
+
+PROMPTS = ["a b c d e f a b c d e f a b c", "hello world hello world hello",
+           "the quick brown fox", "1 2 3 1 2 3 1 2"]  # fmt: skip
+
+
+def _harness(factory: Any, mode: str, **kw: Any) -> Any:
+    h = factory(speculate=mode, **kw)
+    h.engine.speculator.adaptive = False
+    return h
+
+
+def _check_blocks(h: Any) -> None:
+    """After a step every running row holds just the blocks of its computed tokens: rejected
+    drafts' blocks went back to the pool."""
+    bs = h.engine.scheduler.pool.block_size
+    for seq in h.engine.scheduler.running:
+        assert len(seq.block_ids) == max(1, -(-seq.num_computed // bs)), seq.request_id
+
+
+def _busy_batch(h: Any) -> dict[str, list[int]]:
+    """Rows that speculate and rows that do not (opt-out, penalties), joining and leaving."""
+    h.generate("a", PROMPTS[0], max_tokens=40, ignore_eos=True)
+    h.generate("b", PROMPTS[1], max_tokens=12, ignore_eos=True, speculate=False)
+    for _ in range(3):
+        h.step()
+        _check_blocks(h)
+    h.generate("c", PROMPTS[2], max_tokens=30, ignore_eos=True, repetition_penalty=1.3)
+    h.generate("d", PROMPTS[3], max_tokens=25, ignore_eos=True, temperature=0.9, seed=7)
+    for _ in range(5):
+        h.step()
+        _check_blocks(h)
+    h.generate("e", PROMPTS[0] + " x", max_tokens=20, ignore_eos=True, temperature=0.7, seed=3,
+               top_p=0.9, min_tokens=5)  # fmt: skip
+    results = h.run()
+    assert all(r.error is None for r in results.values())
+    return {rid: r.token_ids for rid, r in results.items()}
+
+
+def test_greedy_output_is_the_same_alone(harness_factory: Any) -> None:
+    outputs = {}
+    for mode in ("off", "ngram"):
+        h = _harness(harness_factory, mode)
+        for i, prompt in enumerate(PROMPTS):
+            h.generate(str(i), prompt, max_tokens=40, ignore_eos=True)
+            h.run()
+        outputs[mode] = {k: r.token_ids for k, r in h.results.items()}
+        counters = h.engine.speculator.counters
+    assert outputs["ngram"] == outputs["off"]
+    assert counters.accepted > 0 and counters.drafted > counters.accepted  # both paths ran
+
+
+def test_busy_mixed_batch_is_the_same_and_seeded_sampling_too(harness_factory: Any) -> None:
+    off = _busy_batch(_harness(harness_factory, "off"))
+    h = _harness(harness_factory, "ngram")
+    on = _busy_batch(h)
+    assert on == off  # greedy rows, and seeded sampled rows ("d", "e") token for token
+    c = h.engine.speculator.counters
+    assert c.accepted > 0 and c.verify_steps > 0
+
+
+def test_rollback_keeps_the_pool_and_the_prefix_cache_exact(harness_factory: Any) -> None:
+    h = _harness(harness_factory, "ngram", num_blocks=64, block_size=4)
+    h.generate("a", PROMPTS[0], max_tokens=40, ignore_eos=True)
+    h.generate("b", PROMPTS[3], max_tokens=40, ignore_eos=True)
+    while h.engine.scheduler.has_work():
+        h.step()  # checks the pool's and the radix tree's invariants
+        _check_blocks(h)
+    sched = h.engine.scheduler
+    assert sched.pool.num_used == sched.radix.num_cached_blocks  # no block leaked
+    assert h.engine.speculator.counters.drafted > h.engine.speculator.counters.accepted
+    # The next turn hits the cached blocks: they hold the K/V of accepted tokens only, so its
+    # output is the output of a fresh worker without speculation.
+    turn = h.results["a"].token_ids
+    follow = _follow_up(h, turn)
+    assert follow[1] > 0
+    fresh = _harness(harness_factory, "off", num_blocks=64, block_size=4)
+    assert _follow_up(fresh, turn)[0] == follow[0]
+
+
+def _follow_up(h: Any, turn: list[int]) -> tuple[list[int], int]:
+    prompt = h.engine.encoder.encode(TextPrompt(text=PROMPTS[0]))
+    h.generate_ids("next", prompt + turn + prompt[:5], max_tokens=16, ignore_eos=True)
+    res = h.run()["next"]
+    assert res.finished is not None
+    return res.token_ids, res.finished.usage.cached_tokens
+
+
+def test_a_request_may_opt_out(harness_factory: Any) -> None:
+    h = _harness(harness_factory, "ngram")
+    h.generate("a", PROMPTS[0], max_tokens=30, ignore_eos=True, speculate=False)
+    h.run()
+    assert h.engine.speculator.counters.drafted == 0
+    h.generate("b", PROMPTS[0], max_tokens=30, ignore_eos=True)
+    h.run()
+    assert h.engine.speculator.counters.drafted > 0
+    assert h.results["a"].token_ids == h.results["b"].token_ids
+
+
+def test_logprobs_and_grammar_are_kept(harness_factory: Any) -> None:
+    fmt = JsonFormat(schema=json.dumps({"type": "array", "items": {"enum": ["ab", "cd"]},
+                                        "maxItems": 12}))  # fmt: skip
+    results = {}
+    for mode in ("off", "ngram"):
+        h = _harness(harness_factory, mode)
+        h.generate("lp", PROMPTS[1], max_tokens=30, ignore_eos=True, logprobs=True,
+                   top_logprobs=2)  # fmt: skip
+        h.generate("json", "list: [\"ab\", \"cd\", \"ab\", \"cd\", \"ab\"", max_tokens=80,
+                   response_format=fmt)  # fmt: skip
+        results[mode] = h.run()
+    lp_off, lp_on = results["off"]["lp"], results["ngram"]["lp"]
+    assert lp_on.token_ids == lp_off.token_ids
+    assert [e.token_id for e in lp_on.logprobs] == lp_on.token_ids
+    for a, b in zip(lp_on.logprobs, lp_off.logprobs, strict=True):
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
+        assert [t.token_id for t in a.top_logprobs] == [t.token_id for t in b.top_logprobs]
+    json_on = results["ngram"]["json"]
+    assert json_on.token_ids == results["off"]["json"].token_ids
+    assert json.loads(json_on.text) is not None
+
+
+def test_acceptance_keeps_the_target_distribution() -> None:
+    """Drawing the target's token with the plain step's key and accepting a point-mass draft
+    iff they agree accepts ``d`` with probability p(d) and, on a rejection, emits a token that
+    follows p without ``d``, renormalized: the speculative rule. 20,000 seeds."""
+    p = mx.array([0.5, 0.2, 0.15, 0.1, 0.05])
+    logits = mx.broadcast_to(mx.log(p), (20000, 5))
+    params = SamplingParams(temperature=1.0)
+    rows = [SampleRow(params=params, seed=s, index=3) for s in range(20000)]
+    targets: list[int] = sample(logits, rows).tolist()  # type: ignore[assignment]
+    draft = 1
+    kept = verification.accept([[9, draft]] * 20000, [t for t in targets for _ in range(2)])
+    accepted = [k for k in kept if len(k) == 2]
+    assert len(accepted) / 20000 == pytest.approx(0.2, abs=0.012)  # p(d)
+    rejected = [k[0] for k in kept if len(k) == 1]
+    rest = [0.5, 0.0, 0.15, 0.1, 0.05]
+    for token, mass in enumerate(rest):
+        share = rejected.count(token) / len(rejected)
+        assert share == pytest.approx(mass / 0.8, abs=0.015), token
