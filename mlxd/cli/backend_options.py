@@ -20,6 +20,7 @@ Config file::
     backend = "up"
     upstream_model = "qwen3-8b"         # default: the entry's name
     fallbacks = ["local-qwen"]          # any model entry may list them
+    fallback_on_busy = true             # a 429 (queue full, upstream busy) fails over too
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from mlxd.errors import ConfigError
 _Spec = TypeVar("_Spec", ModelSpec, RemoteModelSpec)
 
 BACKEND_KEYS = {"kind", "base_url", "api_key_env", "timeout", "max_concurrency", "headers"}
-REMOTE_MODEL_KEYS = {"backend", "upstream_model", "aliases", "fallbacks", "fallback"}
+REMOTE_MODEL_KEYS = {"backend", "upstream_model", "aliases", "fallbacks", "fallback",
+                     "fallback_on_busy"}  # fmt: skip
 
 
 def parse_backend_option(text: str, key_envs: dict[str, str]) -> BackendSpec:
@@ -111,9 +113,13 @@ def remote_model_table(name: str, table: dict[str, Any], where: str) -> RemoteMo
     backend, upstream = table.get("backend"), table.get("upstream_model", "")
     if not isinstance(backend, str) or not isinstance(upstream, str):
         raise ConfigError(f"{where}: backend and upstream_model must be strings")
+    on_busy = table.get("fallback_on_busy", False)
+    if not isinstance(on_busy, bool):
+        raise ConfigError(f"{where}: fallback_on_busy must be true or false")
     return RemoteModelSpec(name=name, backend=backend, upstream_model=upstream,
                            aliases=names_list(table.get("aliases", []), f"{where}: aliases"),
-                           fallbacks=fallbacks_of(table, where))  # fmt: skip
+                           fallbacks=fallbacks_of(table, where),
+                           fallback_on_busy=on_busy)  # fmt: skip
 
 
 def fallbacks_of(table: dict[str, Any], where: str) -> tuple[str, ...]:

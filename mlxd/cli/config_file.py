@@ -51,7 +51,7 @@ TOP_KEYS = {
     *(f"{t}_timeout" for t in TIMEOUTS),
 }
 MODEL_KEYS = {"path", "aliases", "keep_alive", "pinned", "preload", "kv_cache_gb", "dtype",
-              "fallbacks", "fallback", "replicas", "workers"}  # fmt: skip
+              "fallbacks", "fallback", "fallback_on_busy", "replicas", "workers"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ def _model(name: str, table: Any, where: str) -> ModelSpec:
         raise ConfigError(f"{where}: path (a local directory or a repo id) is required")
     if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
         raise ConfigError(f"{where}: aliases must be a list of names")
-    for key in ("pinned", "preload"):
+    for key in ("pinned", "preload", "fallback_on_busy"):
         if not isinstance(table.get(key, False), bool):
             raise ConfigError(f"{where}: {key} must be true or false")
     local = Path(path).expanduser()
@@ -135,6 +135,7 @@ def _model(name: str, table: Any, where: str) -> ModelSpec:
         kv_cache_gb=_number(table.get("kv_cache_gb"), f"{where}: kv_cache_gb"),
         dtype=None if table.get("dtype") is None else str(table["dtype"]),
         fallbacks=fallbacks_of(table, where),
+        fallback_on_busy=table.get("fallback_on_busy", False),
         replicas=_replicas(table.get("replicas", 1), where),
         endpoint=endpoints[0] if endpoints else None,
         replica_endpoints=tuple(endpoints[1:]),

@@ -67,6 +67,9 @@ async def _flaky(request: Request) -> Response:
     if model == "fail500":  # some APIs echo (part of) the key they were sent
         echo = request.headers.get("authorization", "")
         return JSONResponse({"error": {"message": f"bad key {echo}", "type": "x"}}, 500)
+    if model == "busy":  # a cloud API at its rate limit
+        return JSONResponse({"error": {"message": "slow down", "type": "rate_limit"}}, 429,
+                            headers={"Retry-After": "7"})  # fmt: skip
     if model == "stall":
         await asyncio.sleep(10)
         return JSONResponse({})
@@ -97,6 +100,8 @@ def _config(tmp: Path, flaky_url: str) -> Path:
         ("mcut", "flaky", "cut", True),
         ("only500", "flaky", "fail500", False),
         ("onlystall", "flaky", "stall", False),
+        ("busyfallback", "flaky", "busy", True),
+        ("busyonly", "flaky", "busy", True),
     ]
     lines = [
         f'[backends.flaky]\nkind = "openai"\nbase_url = "{flaky_url}"\n'
@@ -105,7 +110,8 @@ def _config(tmp: Path, flaky_url: str) -> Path:
     ]
     for name, backend, upstream, fallback in remote:
         lines.append(f'[models.{name}]\nbackend = "{backend}"\nupstream_model = "{upstream}"\n'
-                     + ('fallbacks = ["remote"]\n' if fallback else ""))  # fmt: skip
+                     + ('fallbacks = ["remote"]\n' if fallback else "")
+                     + ("fallback_on_busy = true\n" if name == "busyfallback" else ""))  # fmt: skip
     broken = tmp / "broken-model"  # a local model whose worker cannot load: 503 at first use
     broken.mkdir()
     (broken / "config.json").write_text('{"model_type": "no-such-architecture"}')
@@ -243,6 +249,17 @@ def test_5xx_without_fallback_is_502_naming_the_backend(front: Front) -> None:
     error = r.json()["error"]
     assert error["code"] == "upstream_error" and "'flaky'" in error["message"]
     assert "answered HTTP 500" in error["message"] and "[redacted]" in error["message"]
+
+
+def test_a_429_fails_over_only_with_fallback_on_busy(front: Front) -> None:
+    """Both models fall back to ``remote``; only the one with ``fallback_on_busy`` moves there
+    on the upstream's 429, the other answers it with the upstream's Retry-After."""
+    r = front.post("/v1/chat/completions", {"model": "busyfallback", "messages": MESSAGES,
+                                            **GREEDY})  # fmt: skip
+    assert r.status_code == 200 and r.json()["model"] == "remote", r.text
+    assert r.headers["x-mlxd-backend"] == "up"
+    r = front.post("/v1/chat/completions", {"model": "busyonly", "messages": MESSAGES})
+    assert r.status_code == 429 and r.headers["retry-after"] == "7", r.text
 
 
 def test_silence_past_the_timeout_is_504(front: Front) -> None:

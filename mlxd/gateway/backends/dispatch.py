@@ -4,7 +4,9 @@ model's chain of targets (``Router.chain``) until one answers.
 A target fails over to the next when it is unavailable before anything reached the client: a
 local worker that is down or failed (``WorkerUnavailable``), a backend that refused the
 connection, answered 5xx, broke or stayed silent past its timeout (``UpstreamError``,
-``UpstreamTimeout``). Any other error (a bad request, a 429) is the client's answer. Without
+``UpstreamTimeout``); and, for a model with ``fallback_on_busy``, a 429 (``Overloaded``: its
+local queue is full, or its upstream is busy). Any other error (a bad request, a 429 without
+that flag) is the client's answer. Without
 backends or fallbacks the local endpoints serve requests directly, exactly as before.
 """
 
@@ -22,7 +24,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Message
 
 from mlxd.config import ServeConfig
-from mlxd.errors import InvalidRequest, MlxdError, UpstreamError, UpstreamTimeout, WorkerUnavailable
+from mlxd.errors import (
+    InvalidRequest,
+    MlxdError,
+    Overloaded,
+    UpstreamError,
+    UpstreamTimeout,
+    WorkerUnavailable,
+)
 from mlxd.gateway import schemas
 from mlxd.gateway.accesslog import record_of
 from mlxd.gateway.anthropic import AnthropicEndpoints
@@ -128,8 +137,9 @@ class Dispatcher:
         for target, fallback in zip(chain, [*chain[1:], None], strict=True):
             try:
                 return await self._serve(request, target, path, doc, local, timeout_s)
-            except FAILOVER_ERRORS as exc:
-                if fallback is None:
+            except (*FAILOVER_ERRORS, Overloaded) as exc:
+                busy = isinstance(exc, Overloaded)
+                if fallback is None or (busy and not self.router.fails_over_when_busy(target)):
                     raise
                 self._fail_over(request, target, fallback, exc.message)
         raise AssertionError("a chain is never empty")

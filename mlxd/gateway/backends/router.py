@@ -41,6 +41,8 @@ class Router:
     def __init__(self, config: ServeConfig) -> None:
         self._targets: dict[str, Target] = {}
         self._fallbacks: dict[str, tuple[str, ...]] = {}
+        self._on_busy = {s.name for s in config.models if s.fallback_on_busy}
+        self._on_busy |= {s.name for s in config.remote_models if s.fallback_on_busy}
         for spec in config.models:
             self._add(Target(spec.name), spec.aliases, spec.fallbacks)
         for remote in config.remote_models:
@@ -60,6 +62,11 @@ class Router:
             out.append(target)
             pending.extend(self._fallbacks.get(target.name, ()))
         return out
+
+    def fails_over_when_busy(self, target: Target) -> bool:
+        """Whether ``target``'s 429 (a full queue here, a busy upstream) goes to its fallbacks
+        (``fallback_on_busy``) rather than to the client."""
+        return target.name in self._on_busy
 
     def target(self, name: str) -> Target | None:
         """The target of ``name`` (or alias), without its fallbacks."""
