@@ -19,6 +19,8 @@ from mlxd.knobs import (
     BLOCK_SIZE,
     DTYPE,
     KV_CACHE_GB,
+    KV_CHUNK_MB,
+    KV_IDLE_S,
     MAX_CONTEXT,
     MAX_NUM_SEQS,
     MAX_QUEUED,
@@ -85,6 +87,8 @@ class CacheConfig:
     kv_cache_gb: float | None = KV_CACHE_GB.default
     block_size: int = BLOCK_SIZE.default
     paged: bool = PAGED.default
+    kv_chunk_mb: float = KV_CHUNK_MB.default  # the pool starts with and grows by this much
+    kv_idle_s: float = KV_IDLE_S.default  # idle seconds before KV memory is given back (0: never)
 
     def __post_init__(self) -> None:
         _check_knobs(self, section("cache"))

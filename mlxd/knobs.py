@@ -102,6 +102,17 @@ BLOCK_SIZE: Knob[int] = Knob(
     "block_size", "cache", "--kv-block-size", int, 32,
     "Tokens per KV cache block.", minimum=1, maximum=1024, dest="kv_block_size",
 )  # fmt: skip
+KV_CHUNK_MB: Knob[float] = Knob(
+    "kv_chunk_mb", "cache", "--kv-chunk-mb", float, 64.0,
+    "MiB the KV block pool starts with and grows by (or a quarter of what it holds, if more), "
+    "up to its budget.", minimum=0, above=True,
+)  # fmt: skip
+KV_IDLE_S: Knob[float] = Knob(
+    "kv_idle_s", "cache", "--kv-idle-s", float, 30.0,
+    "Seconds without work after which a worker gives KV memory back: the pool shrinks to one "
+    "chunk (keeping the prefix-cache blocks in it) and MLX's buffer cache is freed (0: never).",
+    minimum=0, unit=" seconds",
+)  # fmt: skip
 PAGED: Knob[bool] = Knob(
     "paged", "cache", "--paged-kv", bool, True,
     "Keep KV in the block pool (prefix cache, preemption) or contiguous per batch.",
@@ -126,7 +137,7 @@ SPECULATE: Knob[str] = Knob(
 
 # In the order their options are listed in `--help`.
 _ALL = (MAX_NUM_SEQS, MAX_QUEUED, PREFILL_CHUNK, STREAM_INTERVAL, AGING_S, SPECULATE, KV_CACHE_GB,
-        BLOCK_SIZE, PAGED, MAX_CONTEXT, DTYPE)  # fmt: skip
+        BLOCK_SIZE, KV_CHUNK_MB, KV_IDLE_S, PAGED, MAX_CONTEXT, DTYPE)  # fmt: skip
 KNOBS: tuple[Knob[object], ...] = _ALL  # type: ignore[assignment]
 LIVE_KNOBS = tuple(k for k in KNOBS if k.live)
 

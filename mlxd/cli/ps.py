@@ -15,7 +15,8 @@ from mlxd.cli.admin import (
     with_admin_options,
 )
 
-COLUMNS = ("MODEL", "STATE", "PID", "MEMORY", "RUNNING", "WAITING", "TOK/S", "RESTARTS", "REASON")
+COLUMNS = ("MODEL", "STATE", "PID", "MEMORY", "KV USED/RESERVED", "RUNNING", "WAITING", "TOK/S",
+           "RESTARTS", "REASON")  # fmt: skip
 BACKEND_COLUMNS = ("BACKEND", "KIND", "URL", "STATE", "REQUESTS", "FAILED", "LAST ERROR")
 
 
@@ -51,7 +52,8 @@ def _backend_cells(b: dict[str, Any]) -> tuple[str, ...]:
 def _row(model: dict[str, Any]) -> dict[str, Any]:
     """The supervisor's view of ``model``, plus the worker's own numbers when it answered."""
     row = {"name": model["name"], "state": model["state"], "pid": model["pid"],
-           "restarts": model["restarts"], "memory_bytes": None, "num_running": None,
+           "restarts": model["restarts"], "memory_bytes": None, "kv_used_bytes": None,
+           "kv_reserved_bytes": None, "num_running": None,
            "num_waiting": None, "output_tps": None,
            "reason": model["last_error"] if model["state"] == "failed" else None}  # fmt: skip
     if model["state"] != "ready":
@@ -64,11 +66,20 @@ def _row(model: dict[str, Any]) -> dict[str, Any]:
         state=status["state"],
         pid=status["pid"],
         memory_bytes=status["memory"]["active_bytes"],
+        kv_used_bytes=status["memory"]["kv_bytes"],
+        kv_reserved_bytes=status["memory"].get("kv_reserved_bytes", 0),
         num_running=status["num_running"] + status["num_prefilling"],
         num_waiting=status["num_waiting"],
         output_tps=stats["output_tps_recent"],
     )
     return row
+
+
+def _kv(row: dict[str, Any]) -> str:
+    """KV used by requests in flight / held now (the paged pool grows and shrinks)."""
+    if row["kv_used_bytes"] is None:
+        return "-"
+    return f"{format_bytes(row['kv_used_bytes'])}/{format_bytes(row['kv_reserved_bytes'])}"
 
 
 def _cells(row: dict[str, Any]) -> tuple[str, ...]:
@@ -81,6 +92,7 @@ def _cells(row: dict[str, Any]) -> tuple[str, ...]:
         row["state"],
         text(row["pid"]),
         "-" if memory is None else format_bytes(memory),
+        _kv(row),
         text(row["num_running"]),
         text(row["num_waiting"]),
         text(row["output_tps"], "{:.1f}"),

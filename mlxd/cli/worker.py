@@ -181,6 +181,20 @@ def _show_ack(r: dict[str, Any]) -> None:
     click.echo(f"{r['name']}: {r['state']}" + (f" ({r['message']})" if r.get("message") else ""))
 
 
+def _memory(m: dict[str, Any]) -> str:
+    cap = m.get("cache_limit_bytes")
+    return (f"weights {format_bytes(m['weights_bytes'])}, active {format_bytes(m['active_bytes'])}"
+            f", peak {format_bytes(m['peak_bytes'])}, cache {format_bytes(m['cache_bytes'])}"
+            + (f" (cap {format_bytes(cap)})" if cap is not None else ""))  # fmt: skip
+
+
+def _kv_memory(m: dict[str, Any]) -> str:
+    """Used (requests in flight) of reserved (held now) of the budget (the most held)."""
+    budget = m.get("kv_budget_bytes") or 0
+    return (f"{format_bytes(m['kv_bytes'])} used, {format_bytes(m.get('kv_reserved_bytes', 0))}"
+            f" reserved" + (f" of {format_bytes(budget)} budget" if budget else ""))  # fmt: skip
+
+
 def _show_status(r: dict[str, Any]) -> None:
     m, knobs = r["memory"], r["scheduler"]
     rows = [
@@ -188,11 +202,8 @@ def _show_status(r: dict[str, Any]) -> None:
         ("state", f"{r['state']}, pid {r['pid']}, up {r['uptime_s']:.0f} s"),
         ("requests", f"{r['num_running']} running, {r['num_prefilling']} prefilling, "
                      f"{r['num_waiting']} waiting"),
-        ("memory", f"weights {format_bytes(m['weights_bytes'])}, kv {format_bytes(m['kv_bytes'])}"
-                   f", active {format_bytes(m['active_bytes'])}, peak "
-                   f"{format_bytes(m['peak_bytes'])}, cache {format_bytes(m['cache_bytes'])}"
-                   + (f" (cap {format_bytes(m['cache_limit_bytes'])})"
-                      if m.get("cache_limit_bytes") is not None else "")),
+        ("memory", _memory(m)),
+        ("kv memory", _kv_memory(m)),
         ("scheduler", " ".join(f"{k}={v}" for k, v in knobs.items())),
         ("max_context", str(r["max_context"])),
         ("kv cache", r.get("kv_cache") or "?"),
@@ -230,6 +241,7 @@ def _show_stats(r: dict[str, Any]) -> None:
         ("decode step", _latency(r["decode_step"])
          + (f", {r['decode_rows_mean']:.1f} rows" if r["decode_step"]["num_samples"] else "")),
         ("preemptions", str(r["preemptions"])),
+        ("speculation", _speculation(r)),
         ("prefix cache", f"{r['prefix_cache_hits']} hits, {r.get('prefix_cache_misses', 0)} "
                          f"misses, {r['prefix_cache_hit_tokens']} tokens"),
         ("kv blocks", f"{r.get('kv_blocks_used', 0)} used, {r.get('kv_blocks_free', 0)} free, "
@@ -237,6 +249,15 @@ def _show_stats(r: dict[str, Any]) -> None:
                       f"x {r.get('kv_block_size', 0)} tokens"),
     ]  # fmt: skip
     _show_rows(rows)
+
+
+def _speculation(r: dict[str, Any]) -> str:
+    mode = r.get("speculation", "off")
+    if not r.get("tokens_per_forward"):
+        return mode
+    return (f"{mode}: {r['spec_accepted_tokens']} of {r['spec_drafted_tokens']} draft tokens "
+            f"accepted ({r['spec_acceptance_rate']:.0%}), {r['tokens_per_forward']:.2f} tokens "
+            "per forward")  # fmt: skip
 
 
 def _latency(s: dict[str, Any]) -> str:

@@ -89,6 +89,16 @@ class WorkerMetrics:
                 for state in ("total", "used", "free", "cached"):
                     blocks.add_metric([model, state], getattr(st, f"kv_blocks_{state}"))
         yield blocks
+        kv = GaugeMetricFamily("mlxd_kv_bytes", "A worker's KV memory: used by requests in "
+                               "flight, reserved (held now; the paged pool grows in chunks and "
+                               "shrinks when idle), budget (the most it may hold; 0: no cap).",
+                               labels=["model", "state"])  # fmt: skip
+        for model, snap in latest.items():
+            mem = snap.status.memory
+            for state, value in (("used", mem.kv_bytes), ("reserved", mem.kv_reserved_bytes),
+                                 ("budget", mem.kv_budget_bytes)):  # fmt: skip
+                kv.add_metric([model, state], value)
+        yield kv
         step = GaugeMetricFamily("mlxd_decode_step_seconds", "A worker's recent decode steps: "
                                  "time from one to the next, by quantile.",
                                  labels=["model", "quantile"])  # fmt: skip
@@ -110,6 +120,8 @@ class WorkerMetrics:
             "prefix_cache_misses": "Requests that found no cached prefix.",
             "prefix_cache_hit_tokens": "Prompt tokens served from the prefix cache.",
             "preemptions": "Sequences preempted because the KV pool was full.",
+            "spec_drafted_tokens": "Draft tokens verified (speculative decoding).",
+            "spec_accepted_tokens": "Draft tokens accepted (speculative decoding).",
         }
         for name, doc in counters.items():
             family = CounterMetricFamily(f"mlxd_worker_{name}", doc, labels=["model"])
@@ -123,6 +135,14 @@ class WorkerMetrics:
             asked = snap.stats.prefix_cache_hits + snap.stats.prefix_cache_misses
             rate.add_metric([model], snap.stats.prefix_cache_hits / asked if asked else 0.0)
         yield rate
+        for name, doc in (("spec_acceptance_rate", "Accepted / drafted tokens since the worker "
+                           "started (speculative decoding)."),
+                          ("tokens_per_forward", "Decode tokens per row and forward since the "
+                           "worker started (1 without speculation).")):  # fmt: skip
+            gauge = GaugeMetricFamily(f"mlxd_{name}", doc, labels=["model"])
+            for model, snap in latest.items():
+                gauge.add_metric([model], getattr(snap.stats, name))
+            yield gauge
 
     async def _run(self) -> None:
         while True:

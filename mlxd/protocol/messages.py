@@ -384,9 +384,9 @@ class SchedulerSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class MemoryUsage:
-    """Bytes: model weights, KV held by requests in flight (with the paged cache: their blocks;
-    the preallocated pool is described in ``StatusReply.kv_cache``), MLX active/peak/cached
-    buffers."""
+    """Bytes: model weights, KV held by requests in flight (with the paged cache: their blocks),
+    KV memory reserved now and the KV budget (the paged pool grows in chunks up to it and
+    shrinks when idle), MLX active/peak/cached buffers."""
 
     weights_bytes: int
     kv_bytes: int
@@ -394,6 +394,8 @@ class MemoryUsage:
     peak_bytes: int
     cache_bytes: int
     cache_limit_bytes: int | None = None  # the cap on ``cache_bytes`` (None: MLX's default)
+    kv_reserved_bytes: int = 0  # KV memory held now, used or not (the pool grows and shrinks)
+    kv_budget_bytes: int = 0  # the most KV memory the worker may hold (0: no cap of its own)
 
 
 @dataclass(frozen=True, kw_only=True)

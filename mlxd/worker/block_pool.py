@@ -3,11 +3,15 @@
 A block holds ``block_size`` tokens of K/V in every layer (``paged_cache.KVPool`` holds the
 arrays). Whoever uses a block holds one reference: a sequence for its block table, the prefix
 cache for each block it indexes. A block whose count drops to zero is free again.
+
+The lowest free id is handed out first, so the blocks in use stay packed at the low end and
+the pool's arrays (which grow in chunks up to ``num_blocks``, see ``paged_cache.KVPool``) need
+only reach the highest of them.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import heapq
 
 
 class BlockPool:
@@ -19,7 +23,7 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self._ref_counts = [0] * num_blocks
-        self._free: deque[int] = deque(range(num_blocks))
+        self._free: list[int] = list(range(num_blocks))  # a min-heap
 
     # Public API
 
@@ -42,7 +46,7 @@ class BlockPool:
         """Take ``n`` free blocks, each with one reference; raise if fewer are free."""
         if n > len(self._free):
             raise MemoryError(f"{n} KV blocks asked for, {len(self._free)} free")
-        ids = [self._free.popleft() for _ in range(n)]
+        ids = [heapq.heappop(self._free) for _ in range(n)]
         for i in ids:
             self._ref_counts[i] = 1
         return ids
@@ -60,9 +64,13 @@ class BlockPool:
             assert self._ref_counts[i] > 0, f"release of free block {i}"
             self._ref_counts[i] -= 1
             if self._ref_counts[i] == 0:
-                self._free.append(i)
+                heapq.heappush(self._free, i)
                 freed += 1
         return freed
+
+    def highest_used(self) -> int:
+        """The highest id in use, -1 if none (O(num_blocks): for idle moments, not steps)."""
+        return next((i for i in range(self.num_blocks - 1, -1, -1) if self._ref_counts[i]), -1)
 
     def ref_count(self, block_id: int) -> int:
         return self._ref_counts[block_id]

@@ -136,6 +136,8 @@ class Control:
             peak_bytes=mx.get_peak_memory(),
             cache_bytes=mx.get_cache_memory(),
             cache_limit_bytes=self.cache_limit_bytes,
+            kv_reserved_bytes=engine.runner.kv_reserved_bytes,
+            kv_budget_bytes=engine.runner.kv_budget_bytes,
         )
         return StatusReply(
             request_id=msg.request_id,

@@ -253,9 +253,11 @@ def decode_caches(pool: KVPool, tail: DecodeTail, block_tables: list[list[int]],
     contiguous cache: a masked attention cannot use the fused single-query kernel on every
     backend (on CUDA it costs about twice as much per layer).
     """
+    bs = pool.block_size
+    pool.ensure(max(tb[p // bs] for tb, p in zip(block_tables, positions, strict=True)))
     if not tail.started:
         tail.start(pool, block_tables, positions)
-    bs, cols = pool.block_size, tail.cols
+    cols = tail.cols
     table, same = None, None
     if tail.view:
         front, valid = tail.base, tail.in_pool

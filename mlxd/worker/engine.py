@@ -43,6 +43,7 @@ from mlxd.worker.detokenizer import OutputText
 from mlxd.worker.embed_requests import EmbedRequests
 from mlxd.worker.embedder import Embedder
 from mlxd.worker.grammar import Grammar, valid_drafts
+from mlxd.worker.idle_release import IdleRelease
 from mlxd.worker.model_runner import ModelRunner, TokenEvent
 from mlxd.worker.scheduler import EmbedChunk, PrefillChunk, Scheduler
 from mlxd.worker.sequence import PRIORITY_LEVELS, Sequence
@@ -91,6 +92,7 @@ class Engine:
         self.clock = clock or scheduler.clock
         self.should_exit = False
         self.stats = Stats(self.clock)
+        self.idle_release = IdleRelease(0)  # main.py sets --kv-idle-s (0 here: never)
         mode = scheduler.config.speculate if runner.speculates else "off"
         self.speculator = Speculator(mode)  # drafts and whether the batch verifies them
         self.embeddings = EmbedRequests(name=name, scheduler=scheduler, encoder=encoder,
@@ -127,6 +129,7 @@ class Engine:
                 self.step()
                 continue
             self.stats.on_idle()
+            self.idle_release.idle(self.runner, self.scheduler)
             if self.exit_when_drained and not self.scheduler.has_work():
                 self.should_exit = True
 
@@ -145,6 +148,7 @@ class Engine:
 
     def step(self) -> None:
         """One scheduling iteration: expire, retire, prefill and embed a token budget, decode."""
+        self.idle_release.busy()
         self._expire()
         self._retire()
         decoded = 0

@@ -27,6 +27,7 @@ from mlxd.worker.block_pool import BlockPool
 from mlxd.worker.control import Control
 from mlxd.worker.embedder import Embedder
 from mlxd.worker.engine import Engine
+from mlxd.worker.idle_release import IdleRelease
 from mlxd.worker.model_runner import ModelRunner, check_model_supported
 from mlxd.worker.output_head import last_position_only
 from mlxd.worker.quantized import batch_as_rows
@@ -81,6 +82,7 @@ def serve(config: WorkerConfig) -> int:
         max_context=max_context,
         embedder=Embedder(model),
     )
+    engine.idle_release = IdleRelease(config.cache.kv_idle_s)
     engine.control = Control(
         engine,
         model_path=config.model,
@@ -173,7 +175,9 @@ def _runner(
         log.warning("the KV pool holds %d tokens: context capped from %d", num_blocks * bs,
                     max_context)  # fmt: skip
         max_context = num_blocks * bs
-    pool = KVPool.for_model(model, num_blocks=num_blocks, block_size=bs)
+    # An idle worker holds about one chunk of KV, not its whole budget (worker/idle_release.py).
+    chunk = max(1, int(config.cache.kv_chunk_mb * 2**20) // per_block)
+    pool = KVPool.for_model(model, num_blocks=num_blocks, block_size=bs, chunk_blocks=chunk)
     runner = PagedModelRunner(model, eos_token_ids, pool, max_view_tokens=view_bytes // per_token)
     return runner, BlockPool(num_blocks, bs), max_context
 

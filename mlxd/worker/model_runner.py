@@ -152,6 +152,12 @@ class ModelRunner:
         """Give MLX's cache of freed buffers back to the device (after running out of memory)."""
         mx.clear_cache()
 
+    def release_memory(self, highest_used: int) -> int:
+        """Idle: give back what the runner holds beyond its blocks up to ``highest_used`` (the
+        paged runner's pool; nothing here) and MLX's buffer cache. Returns blocks dropped."""
+        self.free_memory()
+        return 0
+
     def reset(self) -> list[Sequence]:
         """Forget the whole batch (after a failed step); returns the sequences that were in it."""
         lost = self.rows + list(self._prefill)
@@ -170,6 +176,16 @@ class ModelRunner:
     def kv_bytes(self) -> int:
         single = sum(layer_caches.nbytes(cs) for cs in self._prefill.values())
         return single + layer_caches.nbytes(self._batch)
+
+    @property
+    def kv_reserved_bytes(self) -> int:
+        """KV memory held now, in use or not (here: the caches of the sequences in flight)."""
+        return self.kv_bytes
+
+    @property
+    def kv_budget_bytes(self) -> int:
+        """The most KV memory the runner holds (0: no cap of its own; rows come and go)."""
+        return 0
 
     # Internal helpers (the cache hooks are what the paged runner replaces)
 

@@ -94,6 +94,15 @@ class NativeModelRunner(ModelRunner):
         return super().reset()
 
     @property
+    def kv_reserved_bytes(self) -> int:
+        """The batch's caches and the prefix snapshots (each half the budget at most)."""
+        return self.kv_bytes + (self.snapshots.nbytes if self.snapshots is not None else 0)
+
+    @property
+    def kv_budget_bytes(self) -> int:
+        return 2 * self.kv_budget if self.kv_budget is not None else 0
+
+    @property
     def kv_description(self) -> str:
         prefix = "snapshot prefix cache" if self.snapshots is not None else "no prefix cache"
         rows = "" if self.batchable else ", one sequence at a time"

@@ -18,25 +18,77 @@ import mlx.core as mx
 
 
 class KVPool:
-    """K/V blocks for every layer, plus one scratch block that padding writes go to."""
+    """K/V blocks for every layer, plus one scratch block that padding writes go to.
+
+    The arrays are elastic: they start with one chunk of blocks, grow in whole chunks (at least
+    a quarter of what they hold, so growing n blocks copies O(n) in all) as block ids beyond
+    them are written, up to ``num_blocks`` (the KV budget), and shrink back when the worker is
+    idle (``shrink``). Growing copies the blocks held so far into new arrays: one copy, between
+    two steps. The scratch block is the one after the last (``scratch_block == capacity``), so
+    it moves as the arrays change; steps read it when they are built.
+    """
 
     def __init__(
         self, num_layers: int, num_blocks: int, block_size: int, n_kv_heads: int,
-        k_head_dim: int, v_head_dim: int, dtype: mx.Dtype,
+        k_head_dim: int, v_head_dim: int, dtype: mx.Dtype, chunk_blocks: int | None = None,
     ) -> None:  # fmt: skip
-        self.num_blocks = num_blocks
+        self.num_blocks = num_blocks  # the most the arrays may hold (the budget)
         self.block_size = block_size
-        self.scratch_block = num_blocks  # never handed out by the allocator
-        slots = (num_blocks + 1) * block_size
-        self.keys = [mx.zeros((slots, n_kv_heads, k_head_dim), dtype) for _ in range(num_layers)]
-        self.values = [mx.zeros((slots, n_kv_heads, v_head_dim), dtype) for _ in range(num_layers)]
+        self.chunk_blocks = min(num_blocks, chunk_blocks or num_blocks)
+        self.capacity = 0
+        self._shapes = [(n_kv_heads, k_head_dim), (n_kv_heads, v_head_dim)]
+        self._dtype = dtype
+        self.keys = [self._zeros(0, 0) for _ in range(num_layers)]
+        self.values = [self._zeros(0, 1) for _ in range(num_layers)]
+        self.grow_to(self.chunk_blocks)
+
+    @property
+    def scratch_block(self) -> int:
+        return self.capacity
+
+    def ensure(self, block_id: int) -> None:
+        """Make room for ``block_id`` (one of the allocator's, so below ``num_blocks``)."""
+        if block_id >= self.capacity:
+            step = max(self.chunk_blocks, self.capacity // 4)
+            self.grow_to(min(self.num_blocks, -(-(block_id + 1) // step) * step))
+
+    def grow_to(self, capacity: int) -> None:
+        """Hold ``capacity`` blocks (the old scratch block becomes a free one)."""
+        assert self.capacity <= capacity <= self.num_blocks
+        extra = (capacity - self.capacity) * self.block_size + (0 if self.capacity else
+                                                                 self.block_size)  # fmt: skip
+        for arrays, kind in ((self.keys, 0), (self.values, 1)):
+            for i, a in enumerate(arrays):
+                arrays[i] = mx.concatenate([a, self._zeros(extra, kind)])
+        self.capacity = capacity
         mx.eval(self.keys, self.values)
 
+    def shrink(self, highest_used: int) -> int:
+        """Drop the whole chunks above block ``highest_used`` (the allocator's highest id in
+        use; nothing may hold a step or a write on the arrays). Returns the blocks dropped."""
+        capacity = max(self.chunk_blocks, -(-(highest_used + 1) // self.chunk_blocks)
+                       * self.chunk_blocks)  # fmt: skip
+        if capacity >= self.capacity:
+            return 0
+        slots, dropped = (capacity + 1) * self.block_size, self.capacity - capacity
+        for arrays in (self.keys, self.values):
+            for i, a in enumerate(arrays):
+                arrays[i] = mx.contiguous(a[:slots])  # a copy: the old buffer is freed
+        mx.eval(self.keys, self.values)
+        self.capacity = capacity
+        return dropped
+
+    def _zeros(self, slots: int, kind: int) -> mx.array:
+        return mx.zeros((slots, *self._shapes[kind]), self._dtype)
+
     @classmethod
-    def for_model(cls, model: Any, num_blocks: int, block_size: int) -> KVPool:
-        """A pool for ``model`` (shapes from ``kv_shape``)."""
+    def for_model(
+        cls, model: Any, num_blocks: int, block_size: int, chunk_blocks: int | None = None
+    ) -> KVPool:
+        """A pool for ``model`` (shapes from ``kv_shape``); all ``num_blocks`` at once unless
+        ``chunk_blocks`` is given."""
         layers, heads, kd, vd, dtype = kv_shape(model)
-        return cls(layers, num_blocks, block_size, heads, kd, vd, dtype)
+        return cls(layers, num_blocks, block_size, heads, kd, vd, dtype, chunk_blocks)
 
     @staticmethod
     def bytes_per_token(model: Any) -> int:
@@ -59,6 +111,7 @@ class KVPool:
         The block is taken out and evaluated before it is written back: a write whose source is
         a slice of the same array cannot update that array in place, so MLX would copy every
         layer's whole pool."""
+        self.ensure(dst)
         s, d, n = src * self.block_size, dst * self.block_size, self.block_size
         arrays = self.keys + self.values
         blocks = [mx.take(a, mx.arange(s, s + n), axis=0) for a in arrays]
@@ -128,6 +181,7 @@ class PagedStep:
     ) -> PagedStep:  # fmt: skip
         """Rows have ``context_lens[b]`` tokens cached and ``new_lens[b]`` new ones, right-aligned
         in a query window of ``max(new_lens)`` (shorter rows are left-padded)."""
+        pool.ensure(max((max(t) for t in block_tables if t), default=0))
         bs, q_len = pool.block_size, max(new_lens)
         width = max(len(t) for t in block_tables)
         uniform = len(set(new_lens)) == 1 and len(set(context_lens)) == 1

@@ -75,18 +75,44 @@ class PagedModelRunner(ModelRunner):
 
     @property
     def kv_bytes(self) -> int:
-        """The pool, and decode's view or buffers as they stand (their graph may be unevaluated:
-        then the size they will have)."""
+        """The pool's arrays as they stand, and decode's view or buffers (their graph may be
+        unevaluated: then the size they will have): the KV memory reserved now."""
         buffers = [b for b in self.tail.keys + self.tail.values if b is not None]
         return self.pool.nbytes + sum(b.nbytes for b in buffers)
 
     @property
+    def kv_reserved_bytes(self) -> int:
+        return self.kv_bytes
+
+    @property
+    def kv_budget_bytes(self) -> int:
+        """The most the pool and decode's view may hold together."""
+        p = self.pool
+        return (p.num_blocks + 1) * p.bytes_per_block + self._view_bytes
+
+    @property
     def kv_description(self) -> str:
         p = self.pool
-        view = self.max_view_tokens * p.bytes_per_block // p.block_size
-        return (f"paged: {p.num_blocks} blocks of {p.block_size} tokens "
-                f"({p.nbytes / 2**30:.2f} GiB), decode view up to {self.max_view_tokens} tokens "
-                f"({view / 2**30:.2f} GiB)")  # fmt: skip
+        return (f"paged: up to {p.num_blocks} blocks of {p.block_size} tokens "
+                f"({p.num_blocks * p.bytes_per_block / 2**30:.2f} GiB; {p.capacity} held, "
+                f"grown {p.chunk_blocks} or more at a time), decode view up to "
+                f"{self.max_view_tokens} tokens ({self._view_bytes / 2**30:.2f} GiB)")  # fmt: skip
+
+    def release_memory(self, highest_used: int) -> int:
+        """Idle: write what decode left into the pool, drop the pool's chunks above block
+        ``highest_used`` and free MLX's buffer cache. Returns the blocks dropped."""
+        if self._pending is not None:
+            mx.eval(self._pending)
+        self.tail.flush(self.pool)
+        if not self.rows:
+            self.tail.drop_batch()
+        dropped = self.pool.shrink(highest_used)
+        self.free_memory()
+        return dropped
+
+    @property
+    def _view_bytes(self) -> int:
+        return self.max_view_tokens * self.pool.bytes_per_block // self.pool.block_size
 
     def verify_step(self, drafts: list[list[int]]) -> list[TokenEvent]:
         """One forward over every row's next input and its ``drafts`` (as many as the scheduler

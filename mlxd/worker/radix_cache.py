@@ -113,6 +113,22 @@ class RadixCache:
                 heapq.heappush(heap, (parent.last_access, id(parent), parent))
         return freed
 
+    def evict_from(self, block_id: int) -> int:
+        """Free the evictable cached blocks whose ids are ``block_id`` or higher, and the blocks
+        cached after them (useless without them), so the pool's arrays may shrink below
+        ``block_id``; returns how many blocks were freed."""
+        doomed: set[int] = set()
+        nodes = self._nodes()  # parents before their children
+        for node in nodes:
+            if node.block_id >= block_id or id(node.parent) in doomed:
+                doomed.add(id(node))
+        freed = 0
+        for node in reversed(nodes):  # children first: a parent is a leaf once they are gone
+            if id(node) in doomed and self._is_evictable(node):
+                self._remove_leaf(node)
+                freed += self.pool.release([node.block_id])
+        return freed
+
     @property
     def num_evictable(self) -> int:
         """Blocks that ``evict`` could free now (held only by the tree, not locked)."""

@@ -59,7 +59,8 @@ class Harness:
 
     def __init__(
         self, model_path: Path, clock: Any = None, paged: bool = True, num_blocks: int = 256,
-        block_size: int = 16, max_view_tokens: int | None = None, **sched: Any,
+        block_size: int = 16, max_view_tokens: int | None = None,
+        chunk_blocks: int | None = None, **sched: Any,
     ) -> None:  # fmt: skip
         from mlxd.worker.block_pool import BlockPool
         from mlxd.worker.embedder import Embedder
@@ -84,7 +85,8 @@ class Harness:
             runner = NativeModelRunner(model, encoder.eos_token_ids, snapshots, block_size, native)
         elif paged:
             runner = PagedModelRunner(model, encoder.eos_token_ids,
-                                      KVPool.for_model(model, num_blocks, block_size),
+                                      KVPool.for_model(model, num_blocks, block_size,
+                                                       chunk_blocks),
                                       max_view_tokens)  # fmt: skip
         else:
             runner = ModelRunner(model, encoder.eos_token_ids)

@@ -58,3 +58,15 @@ def test_invariants_hold_for_any_sequence_of_operations(ops: list[tuple[str, int
         pool.check_invariants()
         assert pool.num_used == len(set(held))
         assert all(pool.ref_count(b) == held.count(b) for b in set(held))
+
+
+def test_the_lowest_free_ids_go_first_so_blocks_in_use_stay_packed() -> None:
+    pool = BlockPool(num_blocks=8, block_size=4)
+    a = pool.allocate(6)
+    assert a == [0, 1, 2, 3, 4, 5] and pool.highest_used() == 5
+    pool.release([a[1], a[4], a[5]])
+    assert pool.highest_used() == 3
+    assert pool.allocate(2) == [1, 4]  # not 6 and 7: the pool's arrays need not grow
+    pool.release(pool.allocate(0) + [0, 1, 2, 3, 4])
+    assert pool.highest_used() == -1
+    pool.check_invariants()

@@ -123,3 +123,26 @@ def test_invariants_hold_after_every_step_of_a_random_schedule(
 
 def _cached(cache: RadixCache) -> list[int]:
     return [n.block_id for n in cache._nodes()]
+
+
+def test_evict_from_frees_blocks_from_an_id_up_and_what_follows_them() -> None:
+    pool, cache = _cache()
+    _store(pool, cache, list(range(12)))  # blocks 0, 1, 2
+    _store(pool, cache, [100 + t for t in range(12)])  # blocks 3, 4, 5 (4's child is 5)
+    assert cache.evict_from(4) == 2
+    assert cache.match_prefix([100 + t for t in range(12)]).block_ids == [3]
+    assert cache.match_prefix(list(range(12))).num_blocks == 3
+    assert pool.highest_used() == 3
+    cache.check_invariants()
+    pool.check_invariants()
+
+
+def test_evict_from_keeps_locked_blocks() -> None:
+    pool, cache = _cache()
+    _store(pool, cache, list(range(12)))
+    match = cache.match_prefix(list(range(8)))  # blocks 0 and 1: a running sequence's prefix
+    cache.lock(match.node)
+    assert cache.evict_from(1) == 1  # block 2 only
+    assert pool.highest_used() == 1
+    cache.unlock(match.node)
+    cache.check_invariants()
