@@ -214,7 +214,7 @@ def _on_data(data: str | bytes, timing: RequestTiming, parts: list[str], t0: flo
         timing.error = str(chunk["error"].get("message", chunk["error"]))[:120]
         return
     if chunk.get("usage"):
-        timing.output_tokens = chunk["usage"]["completion_tokens"]
+        _usage(chunk["usage"], timing)
     text = _text(chunk, "delta")
     if text:
         now = time.perf_counter() - t0
@@ -225,8 +225,14 @@ def _on_data(data: str | bytes, timing: RequestTiming, parts: list[str], t0: flo
 
 def _on_body(body: dict[str, Any], timing: RequestTiming, parts: list[str], t0: float) -> None:
     timing.first_token = time.perf_counter() - t0  # the whole answer arrives at once
-    timing.output_tokens = (body.get("usage") or {}).get("completion_tokens", 0)
+    _usage(body.get("usage") or {}, timing)
     parts.append(_text(body, "message"))
+
+
+def _usage(usage: dict[str, Any], timing: RequestTiming) -> None:
+    timing.output_tokens = usage.get("completion_tokens", 0)
+    timing.prompt_tokens = usage.get("prompt_tokens", 0)
+    timing.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
 
 
 def _text(chunk: dict[str, Any], key: str) -> str:

@@ -30,8 +30,9 @@ _COLUMNS = (
     ("e2e_p95_ms", "p95", ".0f"),
     ("e2e_p99_ms", "p99", ".0f"),
     ("speedup", "speedup", ".2f"),
+    ("prefix_hit_rate", "cached", ".2f"),
 )
-_OPTIONAL = {"group", "prefix_tokens"}
+_OPTIONAL = {"group", "prefix_tokens", "prefix_hit_rate"}
 
 
 def table(rows: list[dict[str, Any]]) -> str:

@@ -38,6 +38,8 @@ class RequestTiming:
     token_times: list[float] = field(default_factory=list)
     error: str | None = None
     group: str = ALL
+    prompt_tokens: int = 0  # from the usage the server reports (0: none reported)
+    cached_tokens: int = 0  # of those, served from its prefix cache (usage.prompt_tokens_details)
 
     @property
     def ttft(self) -> float | None:
@@ -73,6 +75,9 @@ def summarize_runs(concurrency: int, runs: list[list[RequestTiming]]) -> dict[st
         "output_tok_s": sum(tps for tps, _ in per_run) / len(per_run) if per_run else 0.0,
         "per_request_tok_s": _mean([_request_tok_s(t) for t in ok if t.end > t.start]),  # type: ignore[operator]
     }
+    prompt = sum(t.prompt_tokens for t in ok)
+    if prompt:  # how much of the prompts the server's prefix cache held (replica routing)
+        row["prefix_hit_rate"] = sum(t.cached_tokens for t in ok) / prompt
     if len(runs) > 1:
         row["runs"] = len(runs)
         row["output_tok_s_runs"] = [tps for tps, _ in per_run]
