@@ -13,7 +13,9 @@ Config file::
     base_url = "http://gpu-box:8000/v1"
     api_key_env = "UP_API_KEY"          # the variable's name; the key never goes in a file
     timeout = "30s"                     # silence before 504 (or failover); default 60s
-    max_concurrency = 16
+    max_concurrency = 16                # more wait in line, high priority first
+    breaker_failures = 5                # failures in a row that open the circuit breaker
+    breaker_cooldown = "30s"            # then nothing is sent for this long, then one probe
     headers = { "OpenAI-Organization" = "org-1" }
 
     [models.fast]
@@ -34,7 +36,8 @@ from mlxd.errors import ConfigError
 
 _Spec = TypeVar("_Spec", ModelSpec, RemoteModelSpec)
 
-BACKEND_KEYS = {"kind", "base_url", "api_key_env", "timeout", "max_concurrency", "headers"}
+BACKEND_KEYS = {"kind", "base_url", "api_key_env", "timeout", "max_concurrency", "headers",
+                "breaker_failures", "breaker_cooldown"}  # fmt: skip
 REMOTE_MODEL_KEYS = {"backend", "upstream_model", "aliases", "fallbacks", "fallback",
                      "fallback_on_busy"}  # fmt: skip
 
@@ -98,13 +101,17 @@ def backend_table(name: str, table: Any, where: str) -> BackendSpec:
     key_env, limit = table.get("api_key_env"), table.get("max_concurrency")
     if key_env is not None and (not isinstance(key_env, str) or not key_env.isidentifier()):
         raise ConfigError(f"{where}: api_key_env must name an environment variable")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
-        raise ConfigError(f"{where}: max_concurrency must be an integer")
-    timeout = table.get("timeout")
+    failures = table.get("breaker_failures", 5)
+    for key, value in (("max_concurrency", limit), ("breaker_failures", failures)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"{where}: {key} must be an integer")
+    timeout, cooldown = table.get("timeout"), table.get("breaker_cooldown")
     return BackendSpec(name=name, kind=table["kind"], base_url=table["base_url"],
                        api_key_env=key_env, max_concurrency=limit,
                        timeout_s=60.0 if timeout is None else parse_duration(timeout),
-                       headers=tuple(headers.items()))  # fmt: skip
+                       headers=tuple(headers.items()), breaker_failures=failures,
+                       breaker_cooldown_s=30.0 if cooldown is None else parse_duration(cooldown),
+                       )  # fmt: skip
 
 
 def remote_model_table(name: str, table: dict[str, Any], where: str) -> RemoteModelSpec:

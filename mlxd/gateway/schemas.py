@@ -186,7 +186,7 @@ def _parsed(
         sampling=_sampling(body, max_tokens),
         stream=stream,
         include_usage=_include_usage(body.get("stream_options"), stream),
-        priority=_priority(body, header_priority, tier),
+        priority=priority_of(body, header_priority, tier),
         n=n,
     )
 
@@ -293,7 +293,9 @@ def _include_usage(options: Any, stream: bool) -> bool:
     return _bool(options, "include_usage", False, "stream_options.include_usage")
 
 
-def _priority(body: dict[str, Any], header: str | None, tier: str | None) -> str:
+def priority_of(body: dict[str, Any], header: str | None, tier: str | None) -> str:
+    """A request's priority: its ``priority`` field, else the ``X-Priority`` header, else the
+    key's tier; never above the tier (remote backends queue by it too)."""
     value = _typed(body, "priority", str, "a string")
     param = "priority"
     if value is None and header is not None:

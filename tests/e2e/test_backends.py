@@ -11,7 +11,9 @@ import re
 import secrets
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +34,7 @@ CLIENT_KEY = "client-key-1"  # the front daemon's own API key
 KEY_ENV = "MLXD_TEST_UPSTREAM_KEY"
 GREEDY = {"temperature": 0, "max_tokens": 8, "seed": 1}
 MESSAGES = [{"role": "user", "content": "hello there"}]
+BREAKER_COOLDOWN_S = 1.5
 
 
 @dataclass
@@ -60,11 +63,23 @@ class Front:
         return httpx.post(f"{self.daemon.base_url}{path}", json=body, headers=headers, timeout=30)
 
 
+SEEN: Counter[str] = Counter()  # requests the flaky app received, by upstream model name
+ORDER: list[str] = []  # the `user` of each request for the "slow" model, as they came
+
+
 async def _flaky(request: Request) -> Response:
     # Each upstream model name is one way for a cloud API to fail.
     body = await request.json()
     model = body["model"]
-    if model == "fail500":  # some APIs echo (part of) the key they were sent
+    SEEN[model] += 1
+    if model == "slow":  # answers after a while; records who came in which order
+        ORDER.append(body.get("user", ""))
+        await asyncio.sleep(1.5)
+        message = {"role": "assistant", "content": "ok"}
+        return JSONResponse({"id": "c", "object": "chat.completion", "created": 0, "model": model,
+                             "choices": [{"index": 0, "message": message,
+                                          "finish_reason": "stop"}]})  # fmt: skip
+    if model in ("fail500", "trip500"):  # some APIs echo (part of) the key they were sent
         echo = request.headers.get("authorization", "")
         return JSONResponse({"error": {"message": f"bad key {echo}", "type": "x"}}, 500)
     if model == "busy":  # a cloud API at its rate limit
@@ -102,10 +117,15 @@ def _config(tmp: Path, flaky_url: str) -> Path:
         ("onlystall", "flaky", "stall", False),
         ("busyfallback", "flaky", "busy", True),
         ("busyonly", "flaky", "busy", True),
+        ("tripped", "tripping", "trip500", False),
+        ("queued", "single", "slow", False),
     ]
     lines = [
         f'[backends.flaky]\nkind = "openai"\nbase_url = "{flaky_url}"\n'
-        f'api_key_env = "{KEY_ENV}"\ntimeout = "1s"\n',
+        f'api_key_env = "{KEY_ENV}"\ntimeout = "1s"\nbreaker_failures = 1000\n',
+        f'[backends.single]\nkind = "openai"\nbase_url = "{flaky_url}"\nmax_concurrency = 1\n',
+        f'[backends.tripping]\nkind = "openai"\nbase_url = "{flaky_url}"\n'
+        f'breaker_failures = 2\nbreaker_cooldown = "{BREAKER_COOLDOWN_S}s"\n',
         f'[backends.dead]\nkind = "openai"\nbase_url = "http://127.0.0.1:{free_port()}/v1"\n',
     ]
     for name, backend, upstream, fallback in remote:
@@ -260,6 +280,49 @@ def test_a_429_fails_over_only_with_fallback_on_busy(front: Front) -> None:
     assert r.headers["x-mlxd-backend"] == "up"
     r = front.post("/v1/chat/completions", {"model": "busyonly", "messages": MESSAGES})
     assert r.status_code == 429 and r.headers["retry-after"] == "7", r.text
+
+
+def test_the_breaker_stops_sending_to_a_failing_backend_then_probes_it(front: Front) -> None:
+    """``tripping`` opens after 2 failures in a row: the third request fails at once without
+    reaching the upstream (metrics say open), and after the cooldown one probe goes again."""
+
+    def ask() -> httpx.Response:
+        return front.post("/v1/chat/completions", {"model": "tripped", "messages": MESSAGES})
+
+    def breaker_state() -> str:
+        metrics = httpx.get(f"{front.daemon.base_url}/metrics").text
+        pattern = r'^mlxd_backend_breaker_state\{backend="tripping"\} (\S+)$'
+        return str(re.findall(pattern, metrics, re.M)[0])
+
+    assert [ask().status_code for _ in range(2)] == [502, 502] and SEEN["trip500"] == 2
+    assert breaker_state() == "2.0"
+    r = ask()
+    assert r.status_code == 502 and "circuit breaker" in r.json()["error"]["message"]
+    assert SEEN["trip500"] == 2  # not sent
+    time.sleep(BREAKER_COOLDOWN_S + 0.2)
+    assert breaker_state() == "1.0"
+    assert ask().status_code == 502 and SEEN["trip500"] == 3  # the probe went, and failed
+    assert breaker_state() == "2.0" and "circuit breaker" in ask().json()["error"]["message"]
+
+
+def test_a_backends_slots_go_high_priority_first(front: Front) -> None:
+    """``single`` sends one request at a time: while ``first`` holds the slot, a ``low`` one
+    and then a ``high`` one wait, and ``high`` goes next."""
+
+    statuses = []
+
+    def ask(user: str, priority: str) -> None:
+        body = {"model": "queued", "messages": MESSAGES, "user": user, "priority": priority}
+        statuses.append(front.post("/v1/chat/completions", body).status_code)
+
+    threads = [threading.Thread(target=ask, args=a) for a in
+               (("first", "normal"), ("low", "low"), ("high", "high"))]  # fmt: skip
+    for t in threads:
+        t.start()
+        time.sleep(0.4)  # each in line before the next (the first holds the slot 1.5 s)
+    for t in threads:
+        t.join(timeout=30)
+    assert statuses == [200] * 3 and ORDER == ["first", "high", "low"], (statuses, ORDER)
 
 
 def test_silence_past_the_timeout_is_504(front: Front) -> None:

@@ -30,6 +30,7 @@ from mlxd.gateway.backends.relay import (
     read_json,
     sse_data,
     sse_events,
+    take_priority,
 )
 from mlxd.gateway.backends.router import Target
 from mlxd.gateway.backends.upstream import RemoteBackend
@@ -68,6 +69,7 @@ class AnthropicProxy:
         record = record_of(request)
         record.model, record.backend = target.name, backend.name
         record.stream = doc.get("stream") is True
+        priority, doc = take_priority(request, doc)
         translated = backend.spec.kind == "openai"
         if translated:
             path, body = "chat/completions", anthropic_to_openai.request(doc, target.upstream)
@@ -75,7 +77,7 @@ class AnthropicProxy:
             path, body = "messages", {**doc, "model": target.upstream}
         started = time.perf_counter()
         try:
-            response = await backend.send(path, body, record.request_id)
+            response = await backend.send(path, body, record.request_id, priority)
         except MlxdError as exc:
             self.backend_metrics.done(backend.name, target.name, exc.code)
             raise

@@ -79,6 +79,7 @@ class Dispatcher:
         self.router = Router(config)
         self.backends = {b.name: RemoteBackend(b, b.api_key(environ)) for b in config.backends}
         self.backend_metrics = BackendMetrics(metrics)
+        self.backend_metrics.watch(self.backends.values())
         self.proxy = OpenAIProxy(self.backends, metrics, self.backend_metrics)
         self.anthropic_proxy = AnthropicProxy(self.backends, metrics, self.backend_metrics)
         self.created = int(time.time())

@@ -1,4 +1,5 @@
-"""Per-backend figures for ``/metrics``: requests, errors, upstream latency, failovers, in flight.
+"""Per-backend figures for ``/metrics``: requests, errors, upstream latency, failovers, in flight,
+waiting for a slot, the circuit breaker's state.
 
 Registered in the gateway's own registry (``Metrics.registry``), beside the per-model request
 metrics that remote models get like local ones. Labels are backend and model names from the
@@ -7,8 +8,13 @@ config and our error codes, never client strings, and never a key.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from functools import partial
+
 from prometheus_client import Counter, Gauge, Histogram
 
+from mlxd.gateway.backends.breaker import STATES
+from mlxd.gateway.backends.upstream import RemoteBackend
 from mlxd.gateway.metrics import E2E_BUCKETS, Metrics
 
 
@@ -32,6 +38,18 @@ class BackendMetrics:
                                  registry=reg)  # fmt: skip
         self.in_flight = Gauge("mlxd_backend_requests_in_flight", "Requests sent to a backend, "
                                "not done.", ["backend"], registry=reg)  # fmt: skip
+        self.waiting = Gauge("mlxd_backend_requests_waiting", "Requests waiting for one of a "
+                             "backend's max_concurrency slots.", ["backend"],
+                             registry=reg)  # fmt: skip
+        self.breaker = Gauge("mlxd_backend_breaker_state", "A backend's circuit breaker: 0 "
+                             "closed, 1 half-open (a probe may go), 2 open.", ["backend"],
+                             registry=reg)  # fmt: skip
+
+    def watch(self, backends: Iterable[RemoteBackend]) -> None:
+        """Read each backend's queue and breaker whenever ``/metrics`` is scraped."""
+        for b in backends:
+            self.waiting.labels(b.name).set_function(partial(_waiting, b))
+            self.breaker.labels(b.name).set_function(partial(_breaker_state, b))
 
     def done(self, backend: str, model: str, outcome: str, seconds: float | None = None) -> None:
         """Count one request to ``backend`` that ended with ``outcome`` (``ok`` or a code)."""
@@ -42,3 +60,11 @@ class BackendMetrics:
     def failover(self, from_model: str, to_model: str) -> None:
         """Count one request moved from ``from_model`` to ``to_model``."""
         self.failovers.labels(from_model, to_model).inc()
+
+
+def _waiting(backend: RemoteBackend) -> float:
+    return backend.waiting
+
+
+def _breaker_state(backend: RemoteBackend) -> float:
+    return STATES.index(backend.breaker.current)

@@ -33,6 +33,7 @@ from mlxd.gateway.backends.relay import (
     read_json,
     sse_data,
     sse_events,
+    take_priority,
 )
 from mlxd.gateway.backends.router import Target
 from mlxd.gateway.backends.upstream import RemoteBackend
@@ -76,6 +77,7 @@ class OpenAIProxy:
         record = record_of(request)
         record.model, record.backend = target.name, backend.name
         record.stream = doc.get("stream") is True
+        priority, doc = take_priority(request, doc)
         translated = backend.spec.kind == "anthropic"  # only chat/completions gets here
         if translated:
             path, body = "messages", openai_to_anthropic.request(doc, target.upstream)
@@ -83,7 +85,7 @@ class OpenAIProxy:
             body = {**doc, "model": target.upstream}
         started = time.perf_counter()
         try:
-            response = await backend.send(path, body, record.request_id)
+            response = await backend.send(path, body, record.request_id, priority)
         except MlxdError as exc:
             self.backend_metrics.done(backend.name, target.name, exc.code)
             raise

@@ -12,14 +12,16 @@ from typing import Any
 
 import anyio
 import httpx
-from starlette.requests import ClientDisconnect
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from mlxd.errors import RequestTimeout, UpstreamError, UpstreamTimeout
+from mlxd.gateway.accesslog import record_of
 from mlxd.gateway.backends.metrics import BackendMetrics
 from mlxd.gateway.backends.router import Target
 from mlxd.gateway.backends.upstream import RemoteBackend
+from mlxd.gateway.schemas import priority_of
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +51,22 @@ def finisher(
         finished = True
         gauge.dec()
         if outcome in _BACKEND_FAULTS:
-            backend.health.broke(f"the response broke off ({outcome})", time.time())
+            backend.broke(f"the response broke off ({outcome})")
         seconds = time.perf_counter() - started if outcome == "ok" else None
         backend_metrics.done(backend.name, target.name, outcome, seconds)
         await backend.release(response)
 
     return done
+
+
+def take_priority(request: Request, doc: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The request's priority (its ``priority`` field, ``X-Priority``, the key's tier) and
+    ``doc`` without that field: the gateway queues by it for the backend's slots, and a cloud
+    API would refuse a field it does not know."""
+    record = record_of(request)
+    tier = None if record.key is None else record.key.tier
+    priority = priority_of(doc, request.headers.get("x-priority"), tier)
+    return priority, {k: v for k, v in doc.items() if k != "priority"}
 
 
 async def read_json(

@@ -7,7 +7,6 @@ echo part of a bad key back ("Incorrect API key provided: sk-abc***xyz").
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import math
@@ -19,7 +18,9 @@ import httpx
 
 from mlxd.config import BackendSpec
 from mlxd.errors import InvalidRequest, MlxdError, Overloaded, UpstreamError, UpstreamTimeout
+from mlxd.gateway.backends.breaker import Breaker
 from mlxd.gateway.backends.health import BackendHealth
+from mlxd.gateway.backends.slots import PrioritySlots
 
 log = logging.getLogger(__name__)
 
@@ -54,49 +55,81 @@ class RemoteBackend:
             transport=transport,
         )
         limit = spec.max_concurrency
-        self._slots = asyncio.Semaphore(limit) if limit is not None else None
+        self._slots = PrioritySlots(limit) if limit is not None else None
         self.health = BackendHealth()
+        self.breaker = Breaker(spec.breaker_failures, spec.breaker_cooldown_s)
 
     async def close(self) -> None:
         """Close the connection pool."""
         await self._client.aclose()
 
-    async def send(self, path: str, body: Mapping[str, Any], request_id: str) -> httpx.Response:
+    async def send(
+        self, path: str, body: Mapping[str, Any], request_id: str, priority: str = "normal"
+    ) -> httpx.Response:
         """POST ``body`` to ``path`` and return the open (streamed) response once it is a 2xx.
 
-        Waits for a concurrency slot first; the caller must ``release`` the response (which
-        closes it and frees the slot) whatever happens next.
+        Waits for a concurrency slot first, in ``priority`` order; the caller must ``release``
+        the response (which closes it and frees the slot) whatever happens next.
 
         Raises:
-            UpstreamError: connection failed, a 5xx, a broken response, our key refused.
+            UpstreamError: connection failed, a 5xx, a broken response, our key refused, or
+                the circuit breaker is open (the backend failed too often lately).
             UpstreamTimeout: nothing came within the backend's ``timeout``.
             InvalidRequest: the upstream refused the request itself (400, 413, 422).
             Overloaded: the upstream said 429 (its ``Retry-After`` is kept).
         """
-        if self._slots is not None:
-            await self._slots.acquire()
+        if not self.breaker.allow():
+            raise UpstreamError(f"backend {self.name!r} is failing; the next try is in "
+                                f"{self.breaker.retry_in():.0f}s (circuit breaker; last error: "
+                                f"{self.health.last_error})")  # fmt: skip
+        try:
+            if self._slots is not None:
+                await self._slots.acquire(priority)
+        except BaseException:
+            self.breaker.settled()
+            raise
         try:
             response = await self._send(path, body, request_id)
-        except (UpstreamError, UpstreamTimeout, Overloaded) as exc:
+        except (UpstreamError, UpstreamTimeout) as exc:
             self.health.failed(exc.message, time.time())
+            self.breaker.failed()
+            self._free_slot()
+            raise
+        except Overloaded as exc:  # alive, but busy: counts against health, not the breaker
+            self.health.failed(exc.message, time.time())
+            self.breaker.settled()
             self._free_slot()
             raise
         except InvalidRequest:
             self.health.ok(time.time())  # it answered: the request was the client's mistake
+            self.breaker.succeeded()
             self._free_slot()
             raise
         except BaseException:
+            self.breaker.settled()
             self._free_slot()
             raise
         self.health.ok(time.time())
+        self.breaker.succeeded()
         return response
+
+    def broke(self, message: str) -> None:
+        """A response that started well failed later (cut mid-stream, a bad body)."""
+        self.health.broke(message, time.time())
+        self.breaker.failed()
 
     def describe(self) -> dict[str, Any]:
         """Name, kind, URL, limits and health, for ``/admin/overview`` (never the key)."""
         s = self.spec
         return {"name": s.name, "kind": s.kind, "base_url": s.base_url,
                 "max_concurrency": s.max_concurrency, "timeout_s": s.timeout_s,
+                "breaker": self.breaker.current, "waiting": self.waiting,
                 **self.health.to_dict()}  # fmt: skip
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for one of its ``max_concurrency`` slots."""
+        return 0 if self._slots is None else self._slots.waiting
 
     async def release(self, response: httpx.Response) -> None:
         """Close ``response`` (an unread stream tells the upstream to stop) and free its slot."""
