@@ -111,11 +111,16 @@ class WorkerConfig:
     buffer_cache_bytes: int | None = None  # cap on MLX's cache of freed buffers (None: default)
     curve_keys: CurveKeys | None = None  # required for tcp:// endpoints (mlxd.protocol.curve)
     dtype: str = DTYPE.default  # one of DTYPES
+    # Processes serving the model over mlx.distributed (worker/group.py: rank 0 starts the
+    # others on this host) and their backend (DISTRIBUTED_BACKENDS).
+    group_size: int = 1
+    distributed: str = "ring"
 
     def __post_init__(self) -> None:
         if not self.model:
             raise ConfigError("a worker needs a model")
         _check_knobs(self, section("worker"))
+        _check_group(self.group_size, self.distributed, "worker")
         for endpoint in (self.endpoint, self.control_endpoint or self.endpoint):
             if not endpoint.startswith(("ipc://", "tcp://", "inproc://")):
                 raise ConfigError(f"bad worker endpoint {endpoint!r}")
@@ -167,6 +172,8 @@ class ModelSpec:
     fallbacks: tuple[str, ...] = ()  # models tried in turn when this one is unavailable
     replicas: int = 1  # local workers serving it (--replicas, `replicas`); routed by prefix
     replica_endpoints: tuple[str, ...] = ()  # more attached workers of it (--worker NAME= again)
+    group_size: int = 1  # processes per worker over mlx.distributed (--group-size, group_size)
+    distributed: str = "ring"  # their backend (--distributed, distributed)
 
     def __post_init__(self) -> None:
         if not self.name or not self.path:
@@ -175,6 +182,7 @@ class ModelSpec:
             raise ConfigError(f"model {self.name!r}: replicas must be >= 1")
         if self.replica_endpoints and self.endpoint is None:
             raise ConfigError(f"model {self.name!r}: replica endpoints need a first --worker")
+        _check_group(self.group_size, self.distributed, f"model {self.name!r}")
         if self.dtype is not None:
             _check_dtype(self.dtype, f"model {self.name!r}: dtype")
         if self.keep_alive_s is not None and self.keep_alive_s < 0:
@@ -197,6 +205,18 @@ BACKEND_KINDS = ("openai", "anthropic")
 # cache_aware: the replica that served the prompt's prefix, unless much busier (SGLang's router);
 # round_robin: in turn (the baseline the benchmark compares with).
 ROUTINGS = ("cache_aware", "round_robin")
+# mlx.distributed backends a worker group may use: ring (TCP; CPU, Macs over Thunderbolt IP),
+# nccl (CUDA GPUs). JACCL (RDMA over Thunderbolt 5) needs mlx.launch's setup: attach with --worker.
+DISTRIBUTED_BACKENDS = ("ring", "nccl")
+
+
+def _check_group(group_size: int, backend: str, where: str) -> None:
+    if group_size < 1:
+        raise ConfigError(f"{where}: group_size must be >= 1")
+    if backend not in DISTRIBUTED_BACKENDS:
+        raise ConfigError(f"{where}: distributed must be one of {', '.join(DISTRIBUTED_BACKENDS)}")
+
+
 RESERVED_BACKEND_NAMES = ("ollama", "local")
 
 
@@ -207,9 +227,8 @@ class BackendSpec:
     ``api_key_env`` names the environment variable holding the key, so the key itself is in no
     file, argv or repr; ``api_key`` reads it when the gateway starts. ``timeout_s``: longest
     silence from the upstream (connect included) before the request fails with 504 (or fails
-    over). ``max_concurrency``: requests sent at once; more wait in line, by priority.
-    ``headers``: extra request headers (e.g. an organization id). After ``breaker_failures``
-    failures in a row nothing is sent for ``breaker_cooldown_s``, then one probe.
+    over). ``max_concurrency``: requests sent at once; more wait in line. ``headers``: extra
+    request headers (e.g. an organization id).
     """
 
     name: str
@@ -219,8 +238,6 @@ class BackendSpec:
     timeout_s: float = 60.0
     max_concurrency: int | None = None
     headers: tuple[tuple[str, str], ...] = ()
-    breaker_failures: int = 5
-    breaker_cooldown_s: float = 30.0
 
     def __post_init__(self) -> None:
         where = f"backend {self.name!r}"
@@ -236,8 +253,6 @@ class BackendSpec:
             raise ConfigError(f"{where}: timeout must be > 0 seconds")
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ConfigError(f"{where}: max_concurrency must be >= 1")
-        if self.breaker_failures < 1 or self.breaker_cooldown_s <= 0:
-            raise ConfigError(f"{where}: breaker_failures must be >= 1, breaker_cooldown > 0")
 
     def api_key(self, environ: Mapping[str, str]) -> str | None:
         """The key from ``environ[api_key_env]``; ``ConfigError`` if that variable is unset."""

@@ -15,6 +15,8 @@ pinned = true               # never unloaded to make room
 preload = false             # load on its first request (default: at start)
 dtype = "file"              # float weights as computed (default: --dtype, itself auto)
 replicas = 2                # workers serving it, routed by prefix (default 1; --replicas wins)
+group_size = 2              # processes per worker over mlx.distributed (tensor parallel)
+distributed = "ring"        # their backend: ring or nccl (--group-size, --distributed win)
 
 [models.big]                # workers already running elsewhere, one per replica (--worker)
 workers = ["tcp://10.0.0.2:5555", "tcp://10.0.0.3:5555"]
@@ -51,7 +53,8 @@ TOP_KEYS = {
     *(f"{t}_timeout" for t in TIMEOUTS),
 }
 MODEL_KEYS = {"path", "aliases", "keep_alive", "pinned", "preload", "kv_cache_gb", "dtype",
-              "fallbacks", "fallback", "fallback_on_busy", "replicas", "workers"}  # fmt: skip
+              "fallbacks", "fallback", "fallback_on_busy", "replicas", "workers",
+              "group_size", "distributed"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,8 @@ def _model(name: str, table: Any, where: str) -> ModelSpec:
         fallbacks=fallbacks_of(table, where),
         fallback_on_busy=table.get("fallback_on_busy", False),
         replicas=_replicas(table.get("replicas", 1), where),
+        group_size=_replicas(table.get("group_size", 1), where),
+        distributed=str(table.get("distributed", "ring")),
         endpoint=endpoints[0] if endpoints else None,
         replica_endpoints=tuple(endpoints[1:]),
     )
@@ -144,7 +149,7 @@ def _model(name: str, table: Any, where: str) -> ModelSpec:
 
 def _replicas(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{where}: replicas must be a whole number >= 1")
+        raise ConfigError(f"{where}: replicas and group_size must be whole numbers >= 1")
     return value
 
 

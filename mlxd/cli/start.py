@@ -57,6 +57,21 @@ from mlxd.protocol import curve
     "by --routing. Default 1, or `replicas` in the model's [models.NAME] table.",
 )
 @click.option(
+    "--group-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Processes per local worker over mlx.distributed: tensor parallel on mlx-lm models "
+    "with shard(); rank 0 talks to the gateway (docs/ARCHITECTURE.md, scale-out). Default 1, "
+    "or `group_size` in [models.NAME].",
+)
+@click.option(
+    "--distributed",
+    type=click.Choice(["ring", "nccl"]),
+    default=None,
+    help="The group's mlx.distributed backend: ring (TCP; CPU, Macs) or nccl (CUDA). "
+    "Default ring, or `distributed` in [models.NAME].",
+)
+@click.option(
     "--routing",
     type=click.Choice(["cache_aware", "round_robin"]),
     default="cache_aware",
@@ -240,6 +255,8 @@ def start_command(models: tuple[str, ...], host: str, port: int, log_level: str,
                 _with_replicas(
                     _model_specs(models, file, bool(attached) or bool(routes.remote_models)),
                     opts["replicas"],  # type: ignore[arg-type]
+                    opts["group_size"],  # type: ignore[arg-type]
+                    opts["distributed"],  # type: ignore[arg-type]
                 )
                 + attached
             ),
@@ -354,11 +371,13 @@ def _parse_workers(texts: tuple[str, ...]) -> tuple[ModelSpec, ...]:
                  for name, (first, *more) in endpoints.items())  # fmt: skip
 
 
-def _with_replicas(specs: tuple[ModelSpec, ...], replicas: int | None) -> tuple[ModelSpec, ...]:
-    """``--replicas`` for every local model (it wins over the config file's ``replicas``)."""
-    if replicas is None:
-        return specs
-    return tuple(dataclasses.replace(s, replicas=replicas) for s in specs)
+def _with_replicas(specs: tuple[ModelSpec, ...], replicas: int | None, group_size: int | None,
+                   distributed: str | None) -> tuple[ModelSpec, ...]:  # fmt: skip
+    """``--replicas``, ``--group-size`` and ``--distributed`` for every local model (they win
+    over the config file's keys)."""
+    given = {"replicas": replicas, "group_size": group_size, "distributed": distributed}
+    changes = {k: v for k, v in given.items() if v is not None}
+    return tuple(dataclasses.replace(s, **changes) for s in specs)  # type: ignore[arg-type]
 
 
 def _progress(line: str) -> None:

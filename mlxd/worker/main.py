@@ -23,6 +23,7 @@ from mlxd.protocol import curve
 from mlxd.protocol.channel import WorkerChannel, control_endpoint
 from mlxd.protocol.messages import Message, Ping
 from mlxd.worker import cpu_backend
+from mlxd.worker import group as worker_group
 from mlxd.worker.block_pool import BlockPool
 from mlxd.worker.control import Control
 from mlxd.worker.embedder import Embedder
@@ -55,12 +56,16 @@ def serve(config: WorkerConfig) -> int:
 
         mx.set_cache_limit(config.buffer_cache_bytes)  # before loading: loads use the cache too
     try:
-        model, tokenizer, max_context = _load(config)
+        group = worker_group.join(config)  # None: a lone worker
+        model, tokenizer, max_context = _load(config, group)
         compute = cpu_backend.prepare(model, config.dtype)  # float32 on the CPU; GEMM probe
-        channel = WorkerChannel(config.endpoint, keys=config.curve_keys)
+        channel = _channel(config, group)
         runner, pool, max_context = _runner(
             model, set(tokenizer.eos_token_ids), config, max_context
         )
+        if group is not None:
+            sizes = [0 if pool is None else pool.num_blocks, max_context]
+            worker_group.check_same(group, sizes, "the KV pool and context")
     except Exception as exc:  # noqa: BLE001 - any load failure is a startup failure
         log.error("worker %s failed to start: %s", config.name, exc)
         _leave_reason(config.reason_file, str(exc) or type(exc).__name__)
@@ -76,7 +81,11 @@ def serve(config: WorkerConfig) -> int:
     engine = Engine(
         name=config.name,
         runner=runner,
-        scheduler=Scheduler(_scheduler_config(config, runner), pool=pool),
+        scheduler=Scheduler(
+            _scheduler_config(config, runner),
+            pool=pool,
+            clock=getattr(channel, "clock", time.monotonic),
+        ),
         encoder=encoder,
         channel=channel,
         max_context=max_context,
@@ -101,6 +110,8 @@ def serve(config: WorkerConfig) -> int:
             auth.stop()
         return STARTUP_FAILURE
     _install_signal_handlers(engine)
+    if isinstance(channel, worker_group.GroupChannel):
+        worker_group.attach(engine, channel, leader=channel.inner is not None)
     # Everything alive now lives as long as the worker: keep the cyclic GC from rescanning it
     # (the model's modules, the tokenizer) in the middle of decode steps.
     gc.collect()
@@ -127,7 +138,15 @@ def _answer_pings(engine: Engine) -> Callable[[Message], Message | None]:
     return answer
 
 
-def _load(config: WorkerConfig) -> tuple[Any, Any, int]:
+def _channel(config: WorkerConfig, group: Any) -> WorkerChannel:
+    """The bound channel; in a group, rank 0's wrapped to broadcast, none on other ranks."""
+    if group is None:
+        return WorkerChannel(config.endpoint, keys=config.curve_keys)
+    inner = WorkerChannel(config.endpoint, keys=config.curve_keys) if group.rank() == 0 else None
+    return worker_group.GroupChannel(group, inner, worker_group.GroupClock())  # type: ignore[return-value]
+
+
+def _load(config: WorkerConfig, group: Any = None) -> tuple[Any, Any, int]:
     import mlx_lm
 
     from mlxd.models import sources
@@ -138,6 +157,8 @@ def _load(config: WorkerConfig) -> tuple[Any, Any, int]:
     if not Path(path).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
         raise ConfigError(f"model {config.model!r} is not a local directory (offline)")
     model, tokenizer = mlx_lm.load(path)[:2]
+    if group is not None:
+        worker_group.shard(model, group)  # before the layers are wrapped below
     if quantized := batch_as_rows(model):
         log.info("%d quantized layers take each batch as rows of one matrix", len(quantized))
     last_position_only(model)  # the engine samples each row's last position, and nothing else

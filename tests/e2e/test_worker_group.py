@@ -1,0 +1,75 @@
+"""A worker group end to end: the tiny model split over two processes (``--group-size 2``,
+ring backend on localhost) answers as one process does, batched, and obeys control commands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import Daemon, child_pids, start_daemon, stop_daemon
+
+pytestmark = [pytest.mark.e2e]
+
+PROMPTS = [f"prompt {i} about things " * (i + 1) for i in range(6)]
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_model: Path) -> Iterator[tuple[Daemon, Daemon]]:
+    group = start_daemon(tiny_model, "--group-size", "2", "--max-context", "512")
+    alone = start_daemon(tiny_model, "--max-context", "512")
+    yield group, alone
+    for d in (group, alone):
+        if d.proc.poll() is None:
+            stop_daemon(d)
+
+
+def greedy(d: Daemon, prompt: str) -> str:
+    body = {"model": d.model, "prompt": prompt, "max_tokens": 24, "temperature": 0,
+            "ignore_eos": True}  # fmt: skip
+    r = httpx.post(f"{d.base_url}/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return str(r.json()["choices"][0]["text"])
+
+
+def batched(d: Daemon) -> list[str]:
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        return list(pool.map(lambda p: greedy(d, p), PROMPTS))
+
+
+def admin(d: Daemon, path: str, body: dict[str, object] | None = None) -> dict[str, object]:
+    with d.admin() as client:
+        r = client.post(path, json=body) if body is not None else client.get(path)
+    assert r.status_code == 200, r.text
+    out: dict[str, object] = r.json()
+    return out
+
+
+def test_the_group_runs_two_ranks(pair: tuple[Daemon, Daemon]) -> None:
+    group, _ = pair
+    rank0 = group.worker_pid()
+    assert len(child_pids(rank0)) == 1  # rank 1, started by rank 0
+
+
+def test_a_group_answers_as_one_process_does_batched(pair: tuple[Daemon, Daemon]) -> None:
+    group, alone = pair
+    assert batched(group) == batched(alone)
+
+
+def test_a_group_obeys_control_commands(pair: tuple[Daemon, Daemon]) -> None:
+    group, alone = pair
+    expected = batched(alone)
+    base = f"/admin/models/{group.model}"
+    assert admin(group, f"{base}/set", {"max_num_seqs": 2})
+    status = admin(group, f"{base}/status")
+    assert status["scheduler"]["max_num_seqs"] == 2  # type: ignore[index]
+    assert admin(group, f"{base}/flush-cache", {})
+    assert batched(group) == expected  # requests queue behind 2 rows on every rank alike
+    assert admin(group, f"{base}/pause", {})
+    assert admin(group, f"{base}/resume", {})
+    assert greedy(group, PROMPTS[0]) == expected[0]
+    admin(group, f"{base}/set", {"max_num_seqs": 16})
