@@ -170,6 +170,7 @@ class ModelSpec:
     endpoint: str | None = None
     dtype: str | None = None  # one of DTYPES; None: the daemon's --dtype
     fallbacks: tuple[str, ...] = ()  # models tried in turn when this one is unavailable
+    fallback_on_busy: bool = False  # its 429 (queue full) goes to the fallbacks too
     replicas: int = 1  # local workers serving it (--replicas, `replicas`); routed by prefix
     replica_endpoints: tuple[str, ...] = ()  # more attached workers of it (--worker NAME= again)
     group_size: int = 1  # processes per worker over mlx.distributed (--group-size, group_size)
@@ -227,8 +228,9 @@ class BackendSpec:
     ``api_key_env`` names the environment variable holding the key, so the key itself is in no
     file, argv or repr; ``api_key`` reads it when the gateway starts. ``timeout_s``: longest
     silence from the upstream (connect included) before the request fails with 504 (or fails
-    over). ``max_concurrency``: requests sent at once; more wait in line. ``headers``: extra
-    request headers (e.g. an organization id).
+    over). ``max_concurrency``: requests sent at once; more wait in line, by priority.
+    ``headers``: extra request headers (e.g. an organization id). After ``breaker_failures``
+    failures in a row nothing is sent for ``breaker_cooldown_s``, then one probe.
     """
 
     name: str
@@ -238,6 +240,8 @@ class BackendSpec:
     timeout_s: float = 60.0
     max_concurrency: int | None = None
     headers: tuple[tuple[str, str], ...] = ()
+    breaker_failures: int = 5
+    breaker_cooldown_s: float = 30.0
 
     def __post_init__(self) -> None:
         where = f"backend {self.name!r}"
@@ -253,6 +257,8 @@ class BackendSpec:
             raise ConfigError(f"{where}: timeout must be > 0 seconds")
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ConfigError(f"{where}: max_concurrency must be >= 1")
+        if self.breaker_failures < 1 or self.breaker_cooldown_s <= 0:
+            raise ConfigError(f"{where}: breaker_failures must be >= 1, breaker_cooldown > 0")
 
     def api_key(self, environ: Mapping[str, str]) -> str | None:
         """The key from ``environ[api_key_env]``; ``ConfigError`` if that variable is unset."""
@@ -276,6 +282,7 @@ class RemoteModelSpec:
     upstream_model: str = ""
     aliases: tuple[str, ...] = ()
     fallbacks: tuple[str, ...] = ()
+    fallback_on_busy: bool = False  # the upstream's 429 goes to the fallbacks too
 
     def __post_init__(self) -> None:
         if not self.name or not self.backend:
