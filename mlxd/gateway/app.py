@@ -62,7 +62,9 @@ def build_app(
     metrics.add_source(workers.collect)
     api = OpenAIEndpoints(config, pool, metrics)
     anthropic = AnthropicEndpoints(api)
-    routed = Dispatcher(config, api, anthropic, metrics, os.environ if environ is None else environ)
+    embeddings = EmbeddingsEndpoint(config, pool)
+    environ = os.environ if environ is None else environ
+    routed = Dispatcher(config, api, anthropic, embeddings, metrics, environ)
     recent = RecentRequests()  # the status page's last requests (no prompts)
     overview = Overview(pool, workers, recent, config.api_keys, config.admin_key,
                         list(routed.backends.values()))  # fmt: skip
@@ -78,7 +80,7 @@ def build_app(
         Route("/v1/completions", routed.completions, methods=["POST"]),
         Route("/v1/messages", routed.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", anthropic.count_tokens, methods=["POST"]),
-        Route("/v1/embeddings", EmbeddingsEndpoint(config, pool).create, methods=["POST"]),
+        Route("/v1/embeddings", routed.embeddings, methods=["POST"]),
         *admin_routes(pool, config.admin_key),
     ]
 

@@ -206,6 +206,17 @@ def test_completions_stream_and_not(front: Front) -> None:
     assert "".join(p.choices[0].text for p in parts if p.choices) == direct.choices[0].text
 
 
+def test_embeddings_of_a_remote_model(front: Front) -> None:
+    answer = front.client().embeddings.create(model="remote", input=["hello", "there"])
+    with front.upstream_client() as up:
+        direct = up.embeddings.create(model="tiny", input=["hello", "there"])
+    assert answer.model == "remote" and len(answer.data) == 2
+    assert [d.embedding for d in answer.data] == [d.embedding for d in direct.data]
+    r = front.post("/v1/embeddings", {"model": "claude", "input": "hi"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model", r.text
+    assert "no embeddings" in r.json()["error"]["message"]
+
+
 def test_models_lists_remote_models(front: Front) -> None:
     rows = {m.id: m for m in front.client().models.list()}
     assert "tiny" in rows

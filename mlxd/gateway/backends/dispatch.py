@@ -43,6 +43,7 @@ from mlxd.gateway.backends.relay import BACKEND_HEADER
 from mlxd.gateway.backends.router import LOCAL, Router, Target
 from mlxd.gateway.backends.upstream import RemoteBackend
 from mlxd.gateway.body import read_body
+from mlxd.gateway.embeddings import EmbeddingsEndpoint
 from mlxd.gateway.metrics import Metrics
 from mlxd.gateway.openai import OpenAIEndpoints
 
@@ -60,6 +61,7 @@ class Dispatcher:
         config: timeouts, the body limit, the backends and remote models.
         local: the endpoints of the local worker pool.
         anthropic: the local ``/v1/messages`` endpoint.
+        embeddings: the local ``/v1/embeddings`` endpoint.
         metrics: the gateway's metrics (the backend families join its registry).
         environ: where each backend's ``api_key_env`` is read.
     """
@@ -69,12 +71,14 @@ class Dispatcher:
         config: ServeConfig,
         local: OpenAIEndpoints,
         anthropic: AnthropicEndpoints,
+        embeddings: EmbeddingsEndpoint,
         metrics: Metrics,
         environ: Mapping[str, str],
     ) -> None:
         self.config = config
         self.local = local
         self.anthropic = anthropic
+        self.local_embeddings = embeddings
         self.metrics = metrics
         self.router = Router(config)
         self.backends = {b.name: RemoteBackend(b, b.api_key(environ)) for b in config.backends}
@@ -107,6 +111,11 @@ class Dispatcher:
                                         self.config.chat_timeout_s)  # fmt: skip
         except (MlxdError, HTTPException) as exc:
             return render_anthropic_error(request, exc)
+
+    async def embeddings(self, request: Request) -> Response:
+        """``POST /v1/embeddings``: local models, or remote ones on ``openai`` backends."""
+        return await self._dispatch(request, "embeddings", self.local_embeddings.create,
+                                    self.config.embeddings_timeout_s)  # fmt: skip
 
     async def list_models(self, request: Request) -> Response:
         """``GET /v1/models``: the local models, then the remote ones."""
@@ -156,11 +165,12 @@ class Dispatcher:
     ) -> Response:
         if not target.is_local:  # the proxies translate between the APIs where kinds differ
             kind = self.backends[target.backend].spec.kind
-            if path == "completions" and kind == "anthropic":
+            if path in ("completions", "embeddings") and kind == "anthropic":
+                what = "text completions: use /v1/chat/completions" if path == "completions" \
+                    else "embeddings"  # fmt: skip
                 raise InvalidRequest(f"model {target.name!r} is served by backend "
                                      f"{target.backend!r} of kind anthropic, which has no "
-                                     "text completions: use /v1/chat/completions",
-                                     param="model")  # fmt: skip
+                                     f"{what}", param="model")  # fmt: skip
             if path == "messages":
                 return await self.anthropic_proxy.serve(request, target, doc, timeout_s)
             return await self.proxy.serve(request, target, path, doc, timeout_s)
