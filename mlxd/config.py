@@ -20,6 +20,7 @@ from mlxd.knobs import (
     DTYPE,
     KV_CACHE_GB,
     KV_CHUNK_MB,
+    KV_DISK_GB,
     KV_IDLE_S,
     MAX_CONTEXT,
     MAX_NUM_SEQS,
@@ -89,6 +90,7 @@ class CacheConfig:
     paged: bool = PAGED.default
     kv_chunk_mb: float = KV_CHUNK_MB.default  # the pool starts with and grows by this much
     kv_idle_s: float = KV_IDLE_S.default  # idle seconds before KV memory is given back (0: never)
+    kv_disk_gb: float = KV_DISK_GB.default  # evicted prefix blocks kept on disk (0: none)
 
     def __post_init__(self) -> None:
         _check_knobs(self, section("cache"))

@@ -113,6 +113,12 @@ KV_IDLE_S: Knob[float] = Knob(
     "chunk (keeping the prefix-cache blocks in it) and MLX's buffer cache is freed (0: never).",
     minimum=0, unit=" seconds",
 )  # fmt: skip
+KV_DISK_GB: Knob[float] = Knob(
+    "kv_disk_gb", "cache", "--kv-disk-gb", float, 0.0,
+    "GiB of prefix-cache KV blocks kept on disk (under the data directory, by model) when "
+    "evicted from memory, and read back on a later hit, also after a restart (0: none).",
+    minimum=0,
+)  # fmt: skip
 PAGED: Knob[bool] = Knob(
     "paged", "cache", "--paged-kv", bool, True,
     "Keep KV in the block pool (prefix cache, preemption) or contiguous per batch.",
@@ -137,7 +143,7 @@ SPECULATE: Knob[str] = Knob(
 
 # In the order their options are listed in `--help`.
 _ALL = (MAX_NUM_SEQS, MAX_QUEUED, PREFILL_CHUNK, STREAM_INTERVAL, AGING_S, SPECULATE, KV_CACHE_GB,
-        BLOCK_SIZE, KV_CHUNK_MB, KV_IDLE_S, PAGED, MAX_CONTEXT, DTYPE)  # fmt: skip
+        BLOCK_SIZE, KV_CHUNK_MB, KV_IDLE_S, KV_DISK_GB, PAGED, MAX_CONTEXT, DTYPE)  # fmt: skip
 KNOBS: tuple[Knob[object], ...] = _ALL  # type: ignore[assignment]
 LIVE_KNOBS = tuple(k for k in KNOBS if k.live)
 

@@ -22,7 +22,7 @@ from mlxd.errors import ConfigError
 from mlxd.protocol import curve
 from mlxd.protocol.channel import WorkerChannel, control_endpoint
 from mlxd.protocol.messages import Message, Ping
-from mlxd.worker import cpu_backend
+from mlxd.worker import cpu_backend, disk_tier
 from mlxd.worker import group as worker_group
 from mlxd.worker.block_pool import BlockPool
 from mlxd.worker.control import Control
@@ -92,6 +92,7 @@ def serve(config: WorkerConfig) -> int:
         embedder=Embedder(model),
     )
     engine.idle_release = IdleRelease(config.cache.kv_idle_s)
+    tier = disk_tier.attach(config, engine.scheduler, runner)
     engine.control = Control(
         engine,
         model_path=config.model,
@@ -122,6 +123,8 @@ def serve(config: WorkerConfig) -> int:
              config.endpoint, max_context)  # fmt: skip
     try:
         engine.run()
+        if tier is not None and engine.scheduler.radix is not None:  # a restart finds them
+            log.info("KV disk cache: saving %d cached blocks", engine.scheduler.radix.spill())
     finally:
         channel.close()
         if auth is not None:

@@ -98,12 +98,17 @@ class PagedModelRunner(ModelRunner):
                 f"grown {p.chunk_blocks} or more at a time), decode view up to "
                 f"{self.max_view_tokens} tokens ({self._view_bytes / 2**30:.2f} GiB)")  # fmt: skip
 
-    def release_memory(self, highest_used: int) -> int:
-        """Idle: write what decode left into the pool, drop the pool's chunks above block
-        ``highest_used`` and free MLX's buffer cache. Returns the blocks dropped."""
+    def settle(self) -> None:
+        """The step in flight done and decode's unflushed tokens in the pool: before the pool
+        is read or written between steps (the disk tier, an idle release)."""
         if self._pending is not None:
             mx.eval(self._pending)
         self.tail.flush(self.pool)
+
+    def release_memory(self, highest_used: int) -> int:
+        """Idle: write what decode left into the pool, drop the pool's chunks above block
+        ``highest_used`` and free MLX's buffer cache. Returns the blocks dropped."""
+        self.settle()
         if not self.rows:
             self.tail.drop_batch()
         dropped = self.pool.shrink(highest_used)

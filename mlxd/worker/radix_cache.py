@@ -5,7 +5,10 @@ tokens, so a path from the root spells a token prefix and lists the physical blo
 its K/V. The tree holds one pool reference per indexed block. A running sequence locks the
 node it matched (and so its path to the root); only unlocked leaves whose block nobody else
 references are evicted, least recently used first, and only when the pool needs room.
-Pure Python: no MLX.
+
+With a ``tier`` (the disk cache, ``worker/disk_tier.py``), evicted blocks are saved there first,
+keyed by their chained digest, and a match that runs out of cached blocks goes on with the
+blocks the tier holds, loaded into free blocks of the pool. Pure Python: no MLX.
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ from __future__ import annotations
 import heapq
 import itertools
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from mlxd.worker.block_pool import BlockPool
+from mlxd.worker.disk_cache import block_digest
 
 _clock = itertools.count()  # a logical clock: LRU order without reading time
 
@@ -27,6 +32,23 @@ class TreeNode:
     children: dict[tuple[int, ...], TreeNode] = field(default_factory=dict)
     lock_ref: int = 0
     last_access: int = 0
+    digest: bytes = b""  # block_digest of the prefix up to this block (the tier's key)
+
+
+# (digest, parent digest, the block's tokens, its block id)
+TierBlock = tuple[bytes, bytes, tuple[int, ...], int]
+
+
+class Tier(Protocol):
+    """Where evicted blocks go and come back from (``disk_tier.DiskTier``)."""
+
+    def save(self, blocks: list[TierBlock]) -> None: ...
+
+    def has(self, digest: bytes) -> bool: ...
+
+    def load(self, blocks: list[TierBlock]) -> int:
+        """Fill the blocks in order; returns how many, from the first, were loaded."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,11 +71,16 @@ class RadixCache:
         self.block_size = pool.block_size
         self.root = TreeNode(key=(), block_id=-1, lock_ref=1)  # never evicted
         self.num_cached_blocks = 0
+        self.tier: Tier | None = None  # set by the worker with --kv-disk-gb
+        self.num_restored_blocks = 0  # loaded from the tier
 
     # Public API
 
-    def match_prefix(self, token_ids: list[int], max_blocks: int | None = None) -> PrefixMatch:
-        """The longest cached prefix of ``token_ids``, in whole blocks (at most ``max_blocks``)."""
+    def match_prefix(
+        self, token_ids: list[int], max_blocks: int | None = None, restore: bool = False
+    ) -> PrefixMatch:
+        """The longest cached prefix of ``token_ids``, in whole blocks (at most ``max_blocks``);
+        with ``restore``, extended by the tier's blocks, loaded into free pool blocks."""
         node, ids, now = self.root, [], next(_clock)
         limit = len(token_ids) // self.block_size
         if max_blocks is not None:
@@ -65,6 +92,8 @@ class RadixCache:
             node = child
             node.last_access = now
             ids.append(node.block_id)
+        if restore and self.tier is not None and len(ids) < limit:
+            node = self._restore(node, self._keys(token_ids, limit)[len(ids) :], ids)
         return PrefixMatch(node, ids)
 
     def insert(self, token_ids: list[int], block_ids: list[int]) -> int:
@@ -76,7 +105,8 @@ class RadixCache:
         for key, block_id in zip(self._keys(token_ids, n), block_ids, strict=False):
             child = node.children.get(key)
             if child is None:
-                child = TreeNode(key=key, block_id=block_id, parent=node)
+                child = TreeNode(key=key, block_id=block_id, parent=node,
+                                 digest=block_digest(node.digest, key))  # fmt: skip
                 node.children[key] = child
                 self.pool.retain([block_id])
                 self.num_cached_blocks += 1
@@ -104,14 +134,14 @@ class RadixCache:
         A locked node, or one whose block is also referenced outside the tree, stays."""
         heap = [(n.last_access, id(n), n) for n in self._nodes() if self._is_evictable(n)]
         heapq.heapify(heap)
-        freed = 0
-        while heap and freed < num_blocks:
+        gone: list[TreeNode] = []
+        while heap and len(gone) < num_blocks:
             _, _, node = heapq.heappop(heap)
             parent = self._remove_leaf(node)
-            freed += self.pool.release([node.block_id])
+            gone.append(node)
             if parent is not None and self._is_evictable(parent):
                 heapq.heappush(heap, (parent.last_access, id(parent), parent))
-        return freed
+        return self._release(gone)
 
     def evict_from(self, block_id: int) -> int:
         """Free the evictable cached blocks whose ids are ``block_id`` or higher, and the blocks
@@ -122,12 +152,21 @@ class RadixCache:
         for node in nodes:
             if node.block_id >= block_id or id(node.parent) in doomed:
                 doomed.add(id(node))
-        freed = 0
+        gone: list[TreeNode] = []
         for node in reversed(nodes):  # children first: a parent is a leaf once they are gone
             if id(node) in doomed and self._is_evictable(node):
                 self._remove_leaf(node)
-                freed += self.pool.release([node.block_id])
-        return freed
+                gone.append(node)
+        return self._release(gone)
+
+    def spill(self) -> int:
+        """Save every cached block to the tier (at shutdown: a restart finds them there);
+        returns how many were handed to it."""
+        if self.tier is None:
+            return 0
+        nodes = self._nodes()
+        self.tier.save([self._tier_block(n) for n in nodes])
+        return len(nodes)
 
     @property
     def num_evictable(self) -> int:
@@ -171,6 +210,45 @@ class RadixCache:
             and node.lock_ref == 0
             and self.pool.ref_count(node.block_id) == 1
         )
+
+    def _release(self, gone: list[TreeNode]) -> int:
+        """Save evicted nodes' blocks to the tier (before anyone may reuse them), then free."""
+        if self.tier is not None and gone:
+            self.tier.save([self._tier_block(n) for n in gone])
+        return sum(self.pool.release([n.block_id]) for n in gone)
+
+    def _tier_block(self, node: TreeNode) -> TierBlock:
+        assert node.parent is not None
+        return node.digest, node.parent.digest, node.key, node.block_id
+
+    def _restore(self, node: TreeNode, keys: list[tuple[int, ...]], ids: list[int]) -> TreeNode:
+        """Extend a match at ``node`` with the tier's blocks for ``keys``, as far as they go
+        and free blocks allow; appends their ids to ``ids``; returns the deepest node."""
+        assert self.tier is not None
+        wanted: list[TierBlock] = []
+        parent = node.digest
+        for key in keys[: self.pool.num_free]:
+            digest = block_digest(parent, key)
+            if not self.tier.has(digest):
+                break
+            wanted.append((digest, parent, key, -1))
+            parent = digest
+        if not wanted:
+            return node
+        block_ids = self.pool.allocate(len(wanted))
+        blocks = [(d, p, k, b) for (d, p, k, _), b in zip(wanted, block_ids, strict=True)]
+        loaded = self.tier.load(blocks)
+        self.pool.release(block_ids[loaded:])
+        now = next(_clock)
+        for digest, _, key, block_id in blocks[:loaded]:
+            child = TreeNode(key=key, block_id=block_id, parent=node, digest=digest,
+                             last_access=now)  # fmt: skip
+            node.children[key] = child  # the tree keeps the reference allocate gave
+            self.num_cached_blocks += 1
+            ids.append(block_id)
+            node = child
+        self.num_restored_blocks += loaded
+        return node
 
     def _remove_leaf(self, node: TreeNode) -> TreeNode | None:
         parent = node.parent

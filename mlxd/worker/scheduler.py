@@ -336,8 +336,8 @@ class Scheduler:
         if self.pool is None or self.radix is None:
             return True
         tokens = seq.prefill_ids
-        match = self.radix.match_prefix(
-            tokens, max_blocks=(len(tokens) - 1) // self.pool.block_size
+        match = self.radix.match_prefix(  # restore: blocks the disk tier holds come back
+            tokens, max_blocks=(len(tokens) - 1) // self.pool.block_size, restore=True
         )
         self.radix.lock(match.node)  # so making room cannot evict the prefix we are about to use
         need = self.pool.blocks_for(len(tokens)) - match.num_blocks

@@ -1,0 +1,173 @@
+"""The prefix cache's disk tier: KV blocks as files, size-capped, under the data directory.
+
+One file per block, named by the block's chained hash (``block_digest``: the hash of its
+parent's hash and its own tokens, so a name stands for the whole prefix up to that block), in a
+directory named by the model's identity (``model_identity``: its config, weights and KV layout).
+A file holds a magic line, a JSON header (model, digest, parent digest, the block's tokens, the
+arrays' shapes and dtype, the payload's SHA-256) and the payload. A file is used only when every
+one of those agrees; a corrupt, truncated or foreign file is deleted with a warning, never
+loaded. Least recently used files go first when the cap is reached. Pure Python and NumPy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import struct
+import time
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"MLXDKV01"
+SUFFIX = ".kvb"
+_LEN = struct.Struct("<I")
+_SAMPLE = 1 << 20  # bytes of each weight file's start and end hashed into the identity
+
+
+def block_digest(parent: bytes, tokens: tuple[int, ...]) -> bytes:
+    """The chained hash of a block: its parent's digest and its own token ids."""
+    h = hashlib.blake2b(parent, digest_size=16)
+    h.update(np.asarray(tokens, dtype=np.int64).tobytes())
+    return h.digest()
+
+
+def model_identity(model_dir: Path, layout: str) -> str:
+    """A hash of ``model_dir``'s config.json and weight files (name, size, and the first and
+    last MiB of each: hashing gigabytes at every start would cost seconds) and ``layout`` (the
+    KV arrays' shapes, dtype and block size), so blocks never load into another model."""
+    h = hashlib.sha256(layout.encode())
+    for path in sorted(model_dir.glob("*.json")) + sorted(model_dir.glob("*.safetensors")):
+        h.update(path.name.encode())
+        size = path.stat().st_size
+        h.update(str(size).encode())
+        with path.open("rb") as f:
+            h.update(f.read(_SAMPLE))
+            if size > 2 * _SAMPLE:
+                f.seek(-_SAMPLE, os.SEEK_END)
+                h.update(f.read(_SAMPLE))
+    return h.hexdigest()[:32]
+
+
+class DiskKVCache:
+    """Block files of one model under ``root``, at most ``cap_bytes`` of them in all.
+
+    Args:
+        root: the directory for this model's files (created).
+        model_id: ``model_identity`` of the model; every file's header must carry it.
+        cap_bytes: the most bytes the files may take.
+    """
+
+    def __init__(self, root: Path, model_id: str, cap_bytes: int) -> None:
+        self.root = root
+        self.model_id = model_id
+        self.cap_bytes = cap_bytes
+        self.num_skipped = 0  # files found bad and deleted
+        root.mkdir(parents=True, exist_ok=True)
+        # digest hex -> (bytes, last use); oldest use first when the cap is reached
+        self._files: dict[str, tuple[int, float]] = {}
+        for path in root.glob(f"*{SUFFIX}"):
+            st = path.stat()
+            self._files[path.stem] = (st.st_size, st.st_mtime)
+        self.nbytes = sum(n for n, _ in self._files.values())
+
+    # Public API
+
+    def __contains__(self, digest: bytes) -> bool:
+        return digest.hex() in self._files
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+    def save(
+        self, digest: bytes, parent: bytes, tokens: tuple[int, ...], arrays: list[np.ndarray]
+    ) -> bool:
+        """Write one block (already there: only marked used); returns whether it is on disk."""
+        name = digest.hex()
+        if name in self._files:
+            self._files[name] = (self._files[name][0], time.time())
+            return True
+        payload = b"".join(a.tobytes() for a in arrays)
+        header = json.dumps({
+            "model": self.model_id, "digest": name, "parent": parent.hex(),
+            "tokens": list(tokens), "arrays": [[list(a.shape), str(a.dtype)] for a in arrays],
+            "sha256": hashlib.sha256(payload).hexdigest(),
+        }).encode()  # fmt: skip
+        size = len(MAGIC) + _LEN.size + len(header) + len(payload)
+        if size > self.cap_bytes:
+            return False
+        self._make_room(size)
+        tmp = self.root / f".{name}.tmp"
+        try:
+            with tmp.open("wb") as f:
+                f.write(MAGIC + _LEN.pack(len(header)) + header + payload)
+            tmp.replace(self._path(name))
+        except OSError as exc:
+            log.warning("KV disk cache: could not write %s: %s", name, exc)
+            tmp.unlink(missing_ok=True)
+            return False
+        self._files[name] = (size, time.time())
+        self.nbytes += size
+        return True
+
+    def load(
+        self, digest: bytes, parent: bytes, tokens: tuple[int, ...]
+    ) -> list[np.ndarray] | None:
+        """The arrays of one block, or None: absent, or bad (then deleted, with a warning)."""
+        name = digest.hex()
+        if name not in self._files:
+            return None
+        try:
+            arrays = self._read(name, parent, tokens)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("KV disk cache: skipped %s (%s); it is deleted", self._path(name), exc)
+            self.num_skipped += 1
+            self._drop(name)
+            return None
+        self._files[name] = (self._files[name][0], time.time())
+        return arrays
+
+    # Internal helpers
+
+    def _path(self, name: str) -> Path:
+        return self.root / f"{name}{SUFFIX}"
+
+    def _read(self, name: str, parent: bytes, tokens: tuple[int, ...]) -> list[np.ndarray]:
+        data = self._path(name).read_bytes()
+        if not data.startswith(MAGIC):
+            raise ValueError("not a block file")
+        (n,) = _LEN.unpack_from(data, len(MAGIC))
+        start = len(MAGIC) + _LEN.size
+        header = json.loads(data[start : start + n])
+        payload = data[start + n :]
+        expected = {"model": self.model_id, "digest": name, "parent": parent.hex(),
+                    "tokens": list(tokens)}  # fmt: skip
+        for key, value in expected.items():
+            if header[key] != value:
+                raise ValueError(f"{key} differs: another model or prefix")
+        if hashlib.sha256(payload).hexdigest() != header["sha256"]:
+            raise ValueError("checksum mismatch: truncated or corrupt")
+        arrays, offset = [], 0
+        for shape, dtype in header["arrays"]:
+            count = int(np.prod(shape))
+            a = np.frombuffer(payload, dtype=np.dtype(dtype), count=count, offset=offset)
+            arrays.append(a.reshape(shape))
+            offset += a.nbytes
+        if offset != len(payload):
+            raise ValueError("payload size differs from its arrays")
+        return arrays
+
+    def _make_room(self, size: int) -> None:
+        for name, _ in sorted(self._files.items(), key=lambda kv: kv[1][1]):
+            if self.nbytes + size <= self.cap_bytes:
+                return
+            self._drop(name)
+
+    def _drop(self, name: str) -> None:
+        size, _ = self._files.pop(name)
+        self.nbytes -= size
+        self._path(name).unlink(missing_ok=True)

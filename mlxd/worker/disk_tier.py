@@ -1,0 +1,124 @@
+"""Between the paged pool and the disk cache: blocks out of the pool into files and back.
+
+The prefix cache (``radix_cache``) calls ``save`` with the blocks it evicts, before anyone may
+reuse them, and ``load`` with free blocks to fill on a match. Both first settle the runner
+(``PagedModelRunner.settle``: the step in flight done, decode's unflushed tokens written), so a
+saved block holds its final tokens and nothing pending overwrites a loaded one. A block is
+stored as raw bytes per layer (K then V), whatever the pool's dtype (bfloat16 has no NumPy
+type); its shape comes from the pool on the way back.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+import numpy as np
+
+from mlxd.config import WorkerConfig, data_dir
+from mlxd.worker.disk_cache import DiskKVCache, model_identity
+from mlxd.worker.radix_cache import TierBlock
+
+if TYPE_CHECKING:
+    from mlxd.worker.model_runner import ModelRunner
+    from mlxd.worker.paged_runner import PagedModelRunner
+    from mlxd.worker.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+
+class DiskTier:
+    """The ``radix_cache.Tier`` of a paged worker with ``--kv-disk-gb``."""
+
+    def __init__(self, disk: DiskKVCache, runner: PagedModelRunner) -> None:
+        self.disk = disk
+        self.runner = runner
+        self.num_saved = 0
+        self.num_loaded = 0
+
+    def has(self, digest: bytes) -> bool:
+        return digest in self.disk
+
+    def save(self, blocks: list[TierBlock]) -> None:
+        todo = [b for b in blocks if b[0] not in self.disk]
+        if not todo:
+            return
+        self.runner.settle()
+        pool, bs = self.runner.pool, self.runner.pool.block_size
+        arrays = pool.keys + pool.values
+        for digest, parent, tokens, block_id in todo:
+            s = block_id * bs
+            parts = [a[s : s + bs] for a in arrays]
+            raw = [np.array(p.reshape(-1).view(mx.uint8)) for p in parts]
+            if self.disk.save(digest, parent, tokens, raw):
+                self.num_saved += 1
+
+    def load(self, blocks: list[TierBlock]) -> int:
+        """Read the blocks in order into the pool; stops at the first one missing or bad."""
+        read: list[list[np.ndarray]] = []
+        for digest, parent, tokens, _ in blocks:
+            arrays = self.disk.load(digest, parent, tokens)
+            if arrays is None or not self._fits(arrays):
+                break
+            read.append(arrays)
+        if not read:
+            return 0
+        self.runner.settle()
+        pool, bs = self.runner.pool, self.runner.pool.block_size
+        pool.ensure(max(b[3] for b in blocks[: len(read)]))
+        targets = pool.keys + pool.values
+        for (_, _, _, block_id), arrays in zip(blocks, read, strict=False):
+            s = block_id * bs
+            for i, raw in enumerate(arrays):
+                layer = targets[i]
+                block = mx.array(raw).view(layer.dtype).reshape(bs, *layer.shape[1:])
+                layer[s : s + bs] = block  # in place: the pool's lists hold these arrays
+        mx.eval(targets)
+        self.num_loaded += len(read)
+        return len(read)
+
+    def _fits(self, arrays: list[np.ndarray]) -> bool:
+        """The file's arrays are as many and as large as one block of this pool."""
+        pool = self.runner.pool
+        layers = pool.keys + pool.values
+        want = [pool.block_size * a[0].nbytes for a in layers]
+        ok = len(arrays) == len(layers) and [a.nbytes for a in arrays] == want
+        if not ok:
+            log.warning("KV disk cache: a block file does not fit this pool's layout; skipped")
+        return ok
+
+
+def attach(config: WorkerConfig, scheduler: Scheduler, runner: ModelRunner) -> DiskTier | None:
+    """The disk tier under ``$MLXD_HOME/kv-cache/<model identity>`` when ``--kv-disk-gb`` asks
+    for one and the runner is paged; set as the prefix cache's tier."""
+    from mlxd.worker.paged_runner import PagedModelRunner
+
+    gb = config.cache.kv_disk_gb
+    if not gb or scheduler.radix is None or not isinstance(runner, PagedModelRunner):
+        if gb:
+            log.warning("--kv-disk-gb needs the paged KV pool; no disk tier")
+        return None
+    pool = runner.pool
+    layout = (f"{len(pool.keys)} layers K{pool.keys[0].shape[1:]} V{pool.values[0].shape[1:]} "
+              f"{pool.keys[0].dtype} block {pool.block_size}")  # fmt: skip
+    model_id = model_identity(_model_dir(config), layout)
+    disk = DiskKVCache(data_dir() / "kv-cache" / model_id, model_id, int(gb * 2**30))
+    tier = DiskTier(disk, runner)
+    scheduler.radix.tier = tier
+    log.info("KV disk cache: %s, %d blocks (%.1f of %.1f GiB)", disk.root, len(disk),
+             disk.nbytes / 2**30, gb)  # fmt: skip
+    return tier
+
+
+def _model_dir(config: WorkerConfig) -> Path:
+    """The local directory the model loaded from (a repo id: its Hugging Face snapshot)."""
+    from mlxd.models import sources
+
+    path = Path(sources.resolve(config.model, config.dtype))
+    if path.is_dir():
+        return path
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(str(path), local_files_only=True))
