@@ -63,6 +63,10 @@ from mlxd.protocol.messages import Shutdown
 
 log = logging.getLogger("mlxd.supervisor")
 
+# How often the watcher looks at each worker process: a crash is seen within this, and a model
+# with fallbacks fails over then (a poll() per worker: cheap). Heartbeats keep their own period.
+WATCH_INTERVAL_S = 0.1
+
 
 class Supervisor:
     """Runs one worker process per configured model and keeps them alive."""
@@ -121,6 +125,8 @@ class Supervisor:
                 raise WorkerUnavailable(
                     f"the worker for {name!r} is {worker.state}: {worker.last_error}"
                 )
+            if worker.recovering and worker.spec.fallbacks:  # no wait: the fallbacks serve
+                raise WorkerUnavailable(f"the worker for {name!r} is restarting after a crash")
             await self.load(worker.spec.name)
         worker.last_used = time.monotonic()
         return self.replica_sets.get(worker.spec.name) or worker.client
@@ -333,7 +339,7 @@ class Supervisor:
 
     async def _watch(self) -> None:
         while not self._stopping:
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(WATCH_INTERVAL_S)
             for worker in self.slots:
                 await self._check(worker)
             for worker in self.workers.values():
@@ -386,6 +392,7 @@ class Supervisor:
             worker.fail(why)
             return
         worker.restarts += 1
+        worker.recovering = True
         self._background(self._restart(worker, backoff_s(worker, self.config)))
 
     async def _stop_failed(self, worker: WorkerProcess) -> None:

@@ -44,6 +44,7 @@ class WorkerProcess:
     started_at: float = 0.0
     last_used: float = 0.0
     restarts: int = 0
+    recovering: bool = False  # starting again after a crash: fallbacks serve meanwhile
     start_failures: int = 0
     crashes: list[float] = field(default_factory=list)  # when, within the crash window
     last_error: str = ""
@@ -77,7 +78,7 @@ class WorkerProcess:
 
     def mark_ready(self) -> None:
         """It answered: ready to serve, and its clocks start now."""
-        self.state = "ready"
+        self.state, self.recovering = "ready", False
         self.started_at = self.last_pong = self.last_used = time.monotonic()
         self.ready.set()
 
