@@ -22,6 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
+from mlxd.config import data_dir
+from mlxd.daemon import admin_socket
+
 FIELDS = ("rss", "active_bytes", "kv_bytes", "kv_reserved_bytes", "kv_budget_bytes")
 
 
@@ -35,17 +38,18 @@ def main() -> None:
     ap.add_argument("--json", help="write the samples here")
     ap.add_argument("start_args", nargs="*", help="more `mlxd start` options (after --)")
     args = ap.parse_args()
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "mlxd", "start", "--port", str(port), "--log-level", "warning",
            *(["--model", args.model] if args.model else []), *args.start_args]  # fmt: skip
     daemon = subprocess.Popen(cmd)
     url = f"http://127.0.0.1:{port}"
     try:
-        name = _wait(url)
+        name = wait(url)
         rows = {"start": _sample(url, name)}
-        rows["under load"] = _under_load(url, name, args)
-        time.sleep(args.after)
-        rows[f"{args.after:g} s after"] = _sample(url, name)
+        if args.streams:
+            rows["under load"] = _under_load(url, name, args)
+            time.sleep(args.after)
+            rows[f"{args.after:g} s after"] = _sample(url, name)
     finally:
         daemon.terminate()
         daemon.wait(60)
@@ -55,7 +59,8 @@ def main() -> None:
             json.dump({"args": vars(args), "rows": rows}, f, indent=2)
 
 
-def _wait(url: str) -> str:
+def wait(url: str) -> str:
+    """The served model's name, once the daemon at ``url`` is healthy."""
     for _ in range(1200):
         try:
             models = httpx.get(f"{url}/v1/models", timeout=2).json()["data"]
@@ -67,8 +72,16 @@ def _wait(url: str) -> str:
     raise SystemExit("the daemon did not start")
 
 
+def admin(url: str) -> httpx.Client:
+    """A client of the daemon's admin Unix socket, as this host's mlxd CLI reaches it."""
+    uds = admin_socket.find(data_dir(), url)
+    return httpx.Client(transport=httpx.HTTPTransport(uds=str(uds)), base_url="http://mlxd",
+                        timeout=60)  # fmt: skip
+
+
 def _sample(url: str, name: str) -> dict[str, int]:
-    status = httpx.get(f"{url}/admin/models/{name}/status", timeout=30).json()
+    with admin(url) as client:
+        status = client.get(f"/admin/models/{name}/status").json()
     rss = subprocess.run(["ps", "-o", "rss=", "-p", str(status["pid"])], capture_output=True,
                          text=True, check=True).stdout  # fmt: skip
     return {"rss": int(rss.strip()) * 1024, **{k: status["memory"].get(k, 0) for k in FIELDS[1:]}}
@@ -81,7 +94,11 @@ def _under_load(url: str, name: str, args: argparse.Namespace) -> dict[str, int]
 
     def watch() -> None:
         while not done.is_set():
-            for k, v in _sample(url, name).items():
+            try:
+                sample = _sample(url, name)
+            except (httpx.HTTPError, KeyError):  # status waits for the engine: a long step
+                continue
+            for k, v in sample.items():
                 most[k] = max(most[k], v)
             time.sleep(0.5)
 
@@ -111,7 +128,7 @@ def _print(rows: dict[str, dict[str, int]], args: argparse.Namespace) -> None:
         print(f"{label:14}" + "".join(f"{row[f] / 2**20:>20.1f}" for f in FIELDS))
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
