@@ -252,7 +252,7 @@ def _show_stats(r: dict[str, Any]) -> None:
 
 
 def _speculation(r: dict[str, Any]) -> str:
-    mode = r.get("speculation", "off")
+    mode = str(r.get("speculation", "off"))
     if not r.get("tokens_per_forward"):
         return mode
     return (f"{mode}: {r['spec_accepted_tokens']} of {r['spec_drafted_tokens']} draft tokens "
