@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Any
 
@@ -96,6 +97,7 @@ def engine_level(engine: Any, prompts: list[list[int]], max_tokens: int) -> dict
 
     timings: dict[str, RequestTiming] = {}
     engine.stats = Stats(engine.clock)  # this level's steps only
+    before = copy.copy(engine.speculator.counters)
     t0 = time.perf_counter()
     engine.channel = _Recorder(t0, timings)
     sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
@@ -106,9 +108,12 @@ def engine_level(engine: Any, prompts: list[list[int]], max_tokens: int) -> dict
     while engine.scheduler.has_work():
         engine.step()
     step = engine.stats.reply("bench")
+    spec = engine.speculator.counters.since(before)
     return {**summarize(len(prompts), list(timings.values())),
             "step_p50_ms": round(step.decode_step.p50_ms, 2),
-            "step_rows_mean": round(step.decode_rows_mean, 1)}  # fmt: skip
+            "step_rows_mean": round(step.decode_rows_mean, 1),
+            "spec_acceptance": round(spec.acceptance_rate, 3),
+            "tokens_per_forward": round(spec.tokens_per_forward, 3)}  # fmt: skip
 
 
 def mlx_lm_batch_level(model: Any, prompts: list[list[int]], max_tokens: int) -> dict[str, float]:

@@ -33,6 +33,7 @@ class Target:
         stream: SSE streaming; without it TTFT is the whole response time.
         timeout_s: per request.
         api_key: sent as ``Authorization: Bearer``.
+        extra_body: merged into every request body (e.g. mlxd's ``{"speculate": false}``).
     """
 
     base_url: str
@@ -40,6 +41,7 @@ class Target:
     stream: bool = True
     timeout_s: float = 600.0
     api_key: str | None = None
+    extra_body: tuple[tuple[str, Any], ...] = ()
 
     @property
     def url(self) -> str:
@@ -182,7 +184,8 @@ async def _one_httpx(
 
 def _body(target: Target, req: Request, history: list[tuple[Prompt, str]]) -> dict[str, Any]:
     body: dict[str, Any] = {"model": req.model, "max_tokens": req.max_tokens, "temperature": 0.0,
-                            "ignore_eos": True, "stream": target.stream}  # fmt: skip
+                            "ignore_eos": req.ignore_eos, "stream": target.stream}  # fmt: skip
+    body.update(target.extra_body)
     if target.stream:
         body["stream_options"] = {"include_usage": True}
     if target.endpoint == "chat":

@@ -30,9 +30,11 @@ _COLUMNS = (
     ("e2e_p95_ms", "p95", ".0f"),
     ("e2e_p99_ms", "p99", ".0f"),
     ("speedup", "speedup", ".2f"),
+    ("spec_acceptance", "accept", ".2f"),
+    ("tokens_per_forward", "tok/fwd", ".2f"),
     ("prefix_hit_rate", "cached", ".2f"),
 )
-_OPTIONAL = {"group", "prefix_tokens", "prefix_hit_rate"}
+_OPTIONAL = {"group", "prefix_tokens", "prefix_hit_rate", "spec_acceptance", "tokens_per_forward"}
 
 
 def table(rows: list[dict[str, Any]]) -> str:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from mlxd.bench import worker_stats
 from mlxd.bench.clients import ClientPool
 from mlxd.bench.http import Target
 from mlxd.bench.progress import Progress
@@ -80,11 +81,14 @@ def _level(
         ]
         _run(clients, target, level, warm, plan, f"{tag} c={level} warm-up".strip())
     runs = []
+    model = phase.make(1, 0)[0].turns[0].model
+    before = worker_stats.fetch(target, model)  # an mlxd worker's speculation counters
     for i in range(plan.runs):
         label = f"{tag} c={level} run {i + 1}/{plan.runs}".strip()
         sessions = phase.make(level, plan.seed_for(level, i))
         runs.append(_run(clients, target, level, sessions, plan, label))
-    return summarize_groups(level, runs, phase.tags)
+    spec = worker_stats.speculation(before, worker_stats.fetch(target, model) if before else None)
+    return [{**row, **spec} for row in summarize_groups(level, runs, phase.tags)]
 
 
 def _run(

@@ -12,9 +12,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlxd.bench import tasks
 from mlxd.bench.stats import ALL
 
-SCENARIOS = ("throughput", "shared-prefix", "multi-turn", "mixed", "multi-model", "priority-mix")
+SCENARIOS = ("throughput", "shared-prefix", "multi-turn", "mixed", "multi-model", "priority-mix",
+             "edit", "json", "chat")  # fmt: skip
+# Scenarios of natural text (bench/tasks.py): each request ends where the model stops.
+_TASKS: dict[str, Callable[[int], str]] = {"edit": tasks.edit_prompt, "json": tasks.json_prompt,
+                                           "chat": tasks.chat_prompt}  # fmt: skip
 Prompt = list[int] | str
 # Common English words, about one token each in any BPE vocabulary: the fallback text for chat
 # when no tokenizer is given (lengths are then approximate).
@@ -40,6 +45,7 @@ class Request:
     prefix: Prompt | None = None
     group: str = ALL
     headers: dict[str, str] = field(default_factory=dict)
+    ignore_eos: bool = True  # run max_tokens whatever the model says (not for natural tasks)
 
 
 @dataclass
@@ -96,6 +102,8 @@ def phases(scenario: str, opts: WorkloadOptions) -> list[Phase]:
     """The phases of ``scenario`` (one of ``SCENARIOS``)."""
     if scenario == "shared-prefix":
         return [p for n in opts.prefix_tokens for p in _prefix_phases(opts, n)]
+    if scenario in _TASKS:
+        return [Phase(tags={}, make=lambda level, seed: _tasks(opts, level, seed, scenario))]
     builders: dict[str, Callable[[int, int], list[Session]]] = {
         "throughput": lambda level, seed: _singles(opts, level, seed, opts.prompt_tokens),
         "multi-model": lambda level, seed: _singles(opts, level, seed, opts.prompt_tokens),
@@ -119,6 +127,17 @@ def _request(opts: WorkloadOptions, i: int, user: list[int], group: str | None =
 def _singles(opts: WorkloadOptions, level: int, seed: int, length: int) -> list[Session]:
     prompts = make_prompts(opts.num_sessions(level), length, seed=seed)
     return [Session([_request(opts, i, p)]) for i, p in enumerate(prompts)]
+
+
+def _tasks(opts: WorkloadOptions, level: int, seed: int, scenario: str) -> list[Session]:
+    """One natural-text request per session (``edit``, ``json``, ``chat``), each its own text,
+    ending where the model stops (at most ``max_tokens``)."""
+    out = []
+    for i in range(opts.num_sessions(level)):
+        req = _request(opts, i, [])
+        req.user, req.ignore_eos = _TASKS[scenario](seed * 100_003 + i), False
+        out.append(Session([req]))
+    return out
 
 
 def _mixed(opts: WorkloadOptions, level: int, seed: int) -> list[Session]:

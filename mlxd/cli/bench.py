@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -11,7 +12,9 @@ import click
 
 from mlxd.bench import report
 from mlxd.bench.workload import SCENARIOS
+from mlxd.cli.knob_options import knob_option
 from mlxd.config import SchedulerConfig
+from mlxd.knobs import SPECULATE
 
 if TYPE_CHECKING:
     from mlxd.bench.http import Target
@@ -199,6 +202,13 @@ def with_output_options(fn: _F) -> _F:
     "take only strings, e.g. mlx_lm.server).",
 )
 @click.option("--api-key", default=None, help="Sent as 'Authorization: Bearer KEY'.")
+@click.option(
+    "--extra-body",
+    default="{}",
+    metavar="JSON",
+    help="A JSON object merged into every request body, e.g. '{\"speculate\": false}' to "
+    "measure an mlxd server without speculative decoding.",
+)
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds per request.")
 @click.option("--seed", default=0, show_default=True, help="Prompt seed.")
 @click.option(
@@ -222,6 +232,10 @@ def run_command(**o: Any) -> None:
       multi-model    several --model names at once; rows per model
       priority-mix   X-Priority high/low (--high-fraction); rows per priority; set
                      --concurrency above the server's --max-num-seqs so requests queue
+      edit           a code file and an instruction to rename a variable (the answer is
+                     mostly a copy: speculative decoding's best case); use --endpoint chat
+      json           CSV records to return as a JSON array; use --endpoint chat
+      chat           open questions (little to copy); use --endpoint chat
     """
     from mlxd.bench.clients import auto_client_procs
     from mlxd.bench.http import Target, check_reachable
@@ -230,7 +244,8 @@ def run_command(**o: Any) -> None:
 
     if o["scenario"] == "multi-model" and len(o["models"]) < 2:
         raise click.BadParameter("multi-model needs two or more --model", param_hint="--model")
-    target = Target(o["url"], o["endpoint"], o["stream"], o["timeout"], o["api_key"])
+    target = Target(o["url"], o["endpoint"], o["stream"], o["timeout"], o["api_key"],
+                    _extra_body(o["extra_body"]))  # fmt: skip
     if (reason := check_reachable(target)) is not None:
         raise click.ClickException(reason)
     o["models"] = o["models"] or (_only_model(target),)
@@ -260,12 +275,23 @@ def run_command(**o: Any) -> None:
         kind="http", label=o["label"], url=o["url"], models=list(o["models"]),
         model=",".join(o["models"]), scenario=o["scenario"], endpoint=o["endpoint"],
         stream=o["stream"], prompt_tokens=o["prompt_tokens"], max_tokens=o["max_tokens"],
+        extra_body=dict(target.extra_body),
         runs=o["runs"], text_prompts=to_text is not None, client_procs=plan.client_procs,
         complete=False, rows=[],
     )  # fmt: skip
     payload["rows"] = run_benchmark(target, plan, opts, _partial_writer(payload, o["json_path"]))
     payload["complete"] = True
     _finish(payload, o["json_path"], o["plot_path"])
+
+
+def _extra_body(text: str) -> tuple[tuple[str, Any], ...]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--extra-body") from None
+    if not isinstance(value, dict):
+        raise click.BadParameter("must be a JSON object", param_hint="--extra-body")
+    return tuple(value.items())
 
 
 @bench_group.command("engine")
@@ -278,6 +304,7 @@ def run_command(**o: Any) -> None:
     help="The paged KV cache (the daemon's default) or the contiguous one.",
 )
 @click.option("--kv-block-size", default=32, show_default=True)
+@knob_option(SPECULATE)  # type: ignore[arg-type]
 @click.option(
     "--compare-mlx-lm/--no-compare-mlx-lm",
     default=True,
@@ -290,6 +317,7 @@ def engine_command(
     prefill_chunk: int,
     paged_kv: bool,
     kv_block_size: int,
+    speculate: str,
     compare_mlx_lm: bool,
     concurrency: str,
     prompt_tokens: int,
@@ -315,12 +343,14 @@ def engine_command(
     payload = report.meta(kind="engine", label=label, model=model_path,
                           prompt_tokens=prompt_tokens, max_tokens=max_tokens, complete=False,
                           prefill_chunk=prefill_chunk, paged_kv=paged_kv,
-                          kv_block_size=kv_block_size, rows=rows, mlx_lm=yard)  # fmt: skip
+                          kv_block_size=kv_block_size, speculate=speculate, rows=rows,
+                          mlx_lm=yard)  # fmt: skip
     write_partial = _partial_writer(payload, json_path)
     for level in _ints(concurrency, "--concurrency"):
         bar = Progress(f"engine c={level}", 1)
         prompts = make_prompts(level, prompt_tokens, seed=level)
-        sched = SchedulerConfig(max_num_seqs=level, max_queued=level, prefill_chunk=prefill_chunk)
+        sched = SchedulerConfig(max_num_seqs=level, max_queued=level, prefill_chunk=prefill_chunk,
+                                speculate=speculate)  # fmt: skip
         context = prompt_tokens + max_tokens + 8
         engine = new_engine(model, tokenizer, sched, context, paged_kv, kv_block_size)
         # Each run is preceded by a short one of the same shape: kernel compilation for new

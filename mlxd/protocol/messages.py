@@ -475,6 +475,12 @@ class StatsReply:
     decode_steps: int = 0
     decode_step: LatencySummary = LatencySummary(num_samples=0, p50_ms=0.0, p95_ms=0.0, p99_ms=0.0)
     decode_rows_mean: float = 0.0  # rows per decode step, over the samples of ``decode_step``
+    speculation: str = "off"  # --speculate in force ("off" too for a runner that cannot)
+    spec_drafted_tokens: int = 0  # draft tokens verified since the worker started
+    spec_accepted_tokens: int = 0  # of those, accepted
+    spec_acceptance_rate: float = 0.0  # accepted / drafted
+    tokens_per_forward: float = 0.0  # decode tokens per row and forward (1.0: no speculation)
+    decode_row_forwards: int = 0  # rows x decode forwards since start (tokens_per_forward's base)
 
 
 @dataclass(frozen=True, kw_only=True)

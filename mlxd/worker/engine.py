@@ -95,6 +95,7 @@ class Engine:
         self.idle_release = IdleRelease(0)  # main.py sets --kv-idle-s (0 here: never)
         mode = scheduler.config.speculate if runner.speculates else "off"
         self.speculator = Speculator(mode)  # drafts and whether the batch verifies them
+        self.stats.speculator = self.speculator
         self.embeddings = EmbedRequests(name=name, scheduler=scheduler, encoder=encoder,
                                         channel=channel, max_context=max_context,
                                         embedder=embedder, send_error=self._send_error,

@@ -35,8 +35,9 @@ class NgramIndex:
             self._append(token)
 
     def propose(self, k: int) -> list[int]:
-        """Up to ``k`` tokens that followed the last earlier occurrence of the longest trailing
-        n-gram that occurred before (none: ``[]``)."""
+        """``k`` tokens that followed the last earlier occurrence of the longest trailing
+        n-gram that occurred before (none: ``[]``). When that occurrence is less than ``k``
+        tokens back, the tokens since repeat with that period (a loop, a repeated line)."""
         t, length = self.tokens, len(self.tokens)
         if k <= 0:
             return []
@@ -45,7 +46,8 @@ class NgramIndex:
                 continue
             end = self._ends[n].get(tuple(t[length - n :]))
             if end is not None:
-                return t[end : min(end + k, length)]
+                period = length - end
+                return [t[end + i % period] for i in range(k)]
         return []
 
     def _append(self, token: int) -> None:

@@ -56,6 +56,13 @@ class SpeculationCounters:
         rows = self.verify_rows + self.plain_rows
         return (rows + self.accepted) / rows if rows else 0.0
 
+    def since(self, before: SpeculationCounters) -> SpeculationCounters:
+        """The counts after ``before`` (a copy taken earlier): one benchmark level's."""
+        return SpeculationCounters(*(getattr(self, f) - getattr(before, f) for f in _FIELDS))
+
+
+_FIELDS = ("verify_steps", "verify_rows", "drafted", "accepted", "plain_rows")
+
 
 @dataclass(slots=True)
 class _Estimate:

@@ -19,6 +19,7 @@ from mlxd.protocol.messages import LatencySummary, StatsReply
 
 if TYPE_CHECKING:
     from mlxd.worker.sequence import Sequence
+    from mlxd.worker.speculator import Speculator
 
 WINDOW_S = 10
 MAX_SAMPLES = 2048
@@ -72,6 +73,7 @@ class Stats:
         self._last_step: float | None = None  # when the last step that decoded ended
         self._last_token: dict[Sequence, float] = {}  # only sequences that are in flight
         self._buckets: deque[list[int]] = deque()  # [second, tokens], at most window_s + 1
+        self.speculator: Speculator | None = None  # its counters are reported (the engine's)
 
     # Hooks (called by the engine)
 
@@ -177,7 +179,17 @@ class Stats:
             kv_blocks_used=kv.blocks_used,
             kv_blocks_free=kv.blocks_free,
             kv_blocks_cached=kv.blocks_cached,
+            **self._speculation(),
         )
+
+    def _speculation(self) -> dict[str, float | int | str]:
+        if self.speculator is None:
+            return {}
+        c = self.speculator.counters
+        return {"speculation": self.speculator.mode, "spec_drafted_tokens": c.drafted,
+                "spec_accepted_tokens": c.accepted, "spec_acceptance_rate": c.acceptance_rate,
+                "tokens_per_forward": c.tokens_per_forward,
+                "decode_row_forwards": c.verify_rows + c.plain_rows}  # fmt: skip
 
     # Internal helpers
 

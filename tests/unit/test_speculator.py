@@ -1,0 +1,124 @@
+"""Prompt-lookup drafts, per-row draft lengths, and the batch controller that speculates only
+while verification pays (issue #20 points 1-2). Pure Python: a fake clock stands for the
+device."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxd.protocol.messages import SamplingParams
+from mlxd.worker.ngram import NgramIndex
+from mlxd.worker.sequence import Sequence
+from mlxd.worker.speculator import FIRST_DRAFT, MAX_DRAFT, Speculator
+
+
+def _seq(prompt: list[int], **sampling: object) -> Sequence:
+    return Sequence(request_id="r", client=b"c", prompt_ids=prompt, max_tokens=100,
+                    sampling=SamplingParams(**sampling))  # type: ignore[arg-type]  # fmt: skip
+
+
+def test_ngram_proposes_what_followed_the_last_occurrence() -> None:
+    index = NgramIndex()
+    index.sync([1, 2, 3, 4, 5, 9, 1, 2, 3, 7, 8, 1, 2], [])
+    assert index.propose(3) == [3, 7, 8]  # the last "1 2" was followed by 3 7 8
+    index.sync([1, 2, 3, 4, 5, 9, 1, 2, 3, 7, 8, 1, 2], [3, 4])  # output extends it
+    assert index.propose(2) == [5, 9]  # "2 3 4" occurred once before, followed by 5 9
+    assert NgramIndex().propose(4) == []
+    lone = NgramIndex()
+    lone.sync([5, 6, 7], [])
+    assert lone.propose(4) == []  # 7 never occurred before
+    loop = NgramIndex()
+    loop.sync([4, 1, 2, 3, 1, 2], [])
+    assert loop.propose(5) == [3, 1, 2, 3, 1]  # "1 2" three tokens back: period 3
+
+
+def test_the_longest_ngram_decides() -> None:
+    index = NgramIndex()
+    # "3" alone last occurred before 9; "2 3" last occurred before 4.
+    index.sync([2, 3, 4, 0, 3, 9, 2, 3], [])
+    assert index.propose(1) == [4]
+
+
+def test_draft_length_follows_acceptance() -> None:
+    spec = Speculator("ngram")
+    seq = _seq([1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2])
+    assert len(spec.propose([seq])[0]) == FIRST_DRAFT
+    spec.on_verified([seq], [[3, 1, 2, 3]], [5])  # all accepted: doubles
+    assert len(spec.propose([seq])[0]) == min(MAX_DRAFT, 2 * FIRST_DRAFT)
+    spec.on_verified([seq], [[3] * 8], [3])  # two accepted: three next time
+    assert len(spec.propose([seq])[0]) == 3
+    assert spec.counters.drafted == 12 and spec.counters.accepted == 6
+
+
+def test_rows_that_may_not_draft() -> None:
+    spec = Speculator("ngram")
+    prompt = [1, 2, 1, 2, 1, 2]
+    assert spec.propose([_seq(prompt, speculate=False)]) == [[]]
+    assert spec.propose([_seq(prompt, repetition_penalty=1.2)]) == [[]]  # needs exact history
+    assert not spec.wants([_seq(prompt, speculate=False)])
+    assert not Speculator("off").wants([_seq(prompt)])
+    short = _seq(prompt)
+    short.max_tokens = 2
+    assert len(spec.propose([short])[0]) == 1  # room for its last token only after the drafts
+
+
+class _Device:
+    """A fake device: a plain step of ``rows`` costs ``plain_s``; a verification costs
+    ``verify_s`` and yields ``tokens_per_row`` tokens per row."""
+
+    def __init__(self, plain_s: float, verify_s: float, tokens_per_row: float) -> None:
+        self.now = 0.0
+        self.plain_s, self.verify_s, self.tokens_per_row = plain_s, verify_s, tokens_per_row
+
+    def run(self, spec: Speculator, rows: int, steps: int) -> tuple[float, float]:
+        """Tokens per second over ``steps`` steps, and the share of verification steps."""
+        seqs = [_seq([1, 2, 1, 2]) for _ in range(rows)]
+        tokens, verifying, start = 0.0, 0, self.now
+        for _ in range(steps):
+            speculate = spec.wants(seqs)
+            made = rows * (self.tokens_per_row if speculate else 1.0)
+            self.now += self.verify_s if speculate else self.plain_s
+            spec.on_step(speculate, rows, round(made), clean=True)
+            tokens += made
+            verifying += speculate
+        return tokens / (self.now - start), verifying / steps
+
+
+@pytest.mark.parametrize(
+    ("plain_s", "verify_s", "tokens_per_row", "want_spec"),
+    [(0.010, 0.012, 2.5, True),  # one stream copying code: verification pays
+     (0.010, 0.016, 1.1, False),  # 64 streams of chat: it does not
+     (0.010, 0.011, 1.05, False)],  # nearly even, still a loss
+)  # fmt: skip
+def test_the_controller_runs_the_faster_mode(
+    plain_s: float, verify_s: float, tokens_per_row: float, want_spec: bool
+) -> None:
+    device = _Device(plain_s, verify_s, tokens_per_row)
+    spec = Speculator("ngram", clock=lambda: device.now)
+    device.run(spec, 64, 200)  # learning
+    tps, share = device.run(spec, 64, 4000)
+    best = 64 * max(1.0 / plain_s, tokens_per_row / verify_s)
+    assert tps >= 0.97 * best  # the losing mode costs at most a few percent
+    assert (share > 0.5) == want_spec
+
+
+def test_the_controller_follows_a_change() -> None:
+    """Acceptance collapses (the rows stop copying): the controller leaves speculation."""
+    device = _Device(0.010, 0.012, 2.5)
+    spec = Speculator("ngram", clock=lambda: device.now)
+    device.run(spec, 8, 400)
+    device.tokens_per_row = 1.0
+    tps, share = device.run(spec, 8, 2000)
+    assert share < 0.15
+
+
+def test_the_controller_tries_speculation_again() -> None:
+    """Rows that did not copy are replaced by rows that do: plain steps know nothing of it, so
+    only a periodic try of speculation finds out."""
+    device = _Device(0.010, 0.012, 1.0)
+    spec = Speculator("ngram", clock=lambda: device.now)
+    _, share = device.run(spec, 8, 2000)
+    assert share < 0.1
+    device.tokens_per_row = 2.5
+    _, share = device.run(spec, 8, 3000)
+    assert share > 0.8
