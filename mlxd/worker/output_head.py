@@ -51,7 +51,10 @@ def all_positions(model: Any) -> Iterator[None]:
     forward samples at each of its draft tokens)."""
     head = getattr(model, "lm_head", None)
     embed = getattr(getattr(model, "model", None), "embed_tokens", None)
-    wrapper = head if isinstance(head, LastPosition) else vars(embed or object()).get("as_linear")
+    # ``vars`` of the embedding: its instance attributes (a model without one, e.g. gpt2's
+    # layout, has none; ``vars(object())`` would raise).
+    own = getattr(embed, "__dict__", {})
+    wrapper = head if isinstance(head, LastPosition) else own.get("as_linear")
     if not isinstance(wrapper, LastPosition | _LastPositionLinear):
         yield
         return
