@@ -8,15 +8,16 @@ broadcasts what it received (data messages, control commands, a stop), its clock
 else; every rank then dispatches the same messages in the same order, so each scheduler, paged
 pool and prefix cache makes the same decisions and every forward meets its collectives. What
 could differ is pinned: requests without a seed get one from rank 0 (the same on every rank),
-the clock the schedulers read is rank 0's at the top of the iteration, and idle KV release is
-off. Only rank 0 sends; the others' sends go nowhere.
+the clock the schedulers and the speculation controller read is rank 0's at the top of the
+iteration, and idle KV release is off. Only rank 0 sends; the others' sends go nowhere.
 
 Ranks find each other by MLX's launch conventions (``MLX_RANK`` and ``MLX_HOSTFILE`` for the
 ring backend; ``MLX_WORLD_SIZE``, ``NCCL_HOST_IP``/``NCCL_PORT`` for NCCL). ``mlxd start
 --group-size N`` starts rank 0, which starts ranks 1..N-1 on its own host with a hostfile of
 free localhost ports; across hosts, ``mlx.launch`` starts ``mlxd worker serve`` on each and the
-daemon attaches rank 0 with ``--worker``. The broadcast is a length, then the bytes, each one
-``all_sum`` in which only rank 0 contributes (a uint8 array: msgpack of the frames).
+daemon attaches rank 0 with ``--worker``. The broadcast is an ``all_gather`` of rank 0's length
+and every rank's digest of its engine state (a rank that diverged stops the group, rather than
+hang it), then an ``all_sum`` of the bytes to which only rank 0 contributes (msgpack, uint8).
 """
 
 from __future__ import annotations
@@ -119,6 +120,7 @@ class GroupChannel:
         self.context = inner.context if inner is not None else zmq.Context.instance()
         self.stop_requested = False  # rank 0: a signal asked to stop; told to every rank
         self.on_stop: Any = None  # set by ``attach``: ends the engine loop
+        self.engine: Any = None  # set by ``attach``: its state is checked at every broadcast
         self._control: list[_Incoming] = []
         self._bad_control: list[_Incoming] = []
 
@@ -138,6 +140,16 @@ class GroupChannel:
         if stop and self.on_stop is not None:
             self.on_stop()
         return data + bad
+
+    def digest(self) -> int:
+        """What every rank's engine must agree on between steps: rows, queue, free blocks."""
+        engine = self.engine
+        if engine is None:
+            return 0
+        pool = engine.scheduler.pool
+        state = (len(engine.runner.rows), len(engine.scheduler.waiting),
+                 len(engine.scheduler.running), 0 if pool is None else pool.num_free)  # fmt: skip
+        return hash(state) & 0x7FFFFFFFFFFF
 
     def recv_control(self, limit: int = 64) -> list[_Incoming]:
         control, self._control = self._control, []
@@ -163,8 +175,14 @@ class GroupChannel:
         import mlx.core as mx
         import numpy as np
 
-        n = mx.distributed.all_sum(mx.array([len(payload)], dtype=mx.int32), group=self.group,
-                                   stream=mx.cpu).item()  # fmt: skip
+        # One all_gather carries rank 0's length and every rank's digest of its engine state:
+        # ranks that stopped deciding alike would hang in the next forward, so they stop here.
+        mine = mx.array([len(payload), self.digest()], dtype=mx.int64)
+        every = mx.distributed.all_gather(mine[None], group=self.group, stream=mx.cpu).tolist()
+        if len({d for _, d in every}) > 1:
+            log.error("the group's ranks diverged (engine digests %s); exiting", every)
+            os._exit(1)
+        n = every[0][0]
         if n == 0:
             return b""
         buf = np.frombuffer(payload, dtype=np.uint8) if payload else np.zeros(n, np.uint8)
@@ -181,7 +199,11 @@ def attach(engine: Any, channel: GroupChannel, leader: bool) -> None:
         engine.should_exit = True
 
     channel.on_stop = stop
+    channel.engine = engine
     engine.idle_release = IdleRelease(0)  # shrinking the pool on one rank's timer would diverge
+    speculator = getattr(engine, "speculator", None)
+    if speculator is not None:  # it times steps to choose whether to verify drafts: rank 0's
+        speculator.clock = channel.clock  # clock, so every rank chooses alike
 
     def request_stop(signum: int, frame: object) -> None:
         channel.stop_requested = True
