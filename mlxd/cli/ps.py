@@ -26,11 +26,13 @@ def ps_command(url: str, admin_key: str | None, as_json: bool) -> None:
     """List the daemon's models and how their workers are doing."""
     overview = AdminClient(url, admin_key).get(f"{OVERVIEW_PATH}?fresh=1")
     rows = [_row(m) for m in overview["models"]]
+    lines = [line for m, r in zip(overview["models"], rows, strict=True)
+             for line in (r, *_replica_rows(m))]  # fmt: skip
     backends = overview.get("backends", [])
     if as_json:
         print_json({"models": rows, "backends": backends})
         return
-    _echo_table([COLUMNS, *(_cells(r) for r in rows)])
+    _echo_table([COLUMNS, *(_cells(r) for r in lines)])
     if backends:
         click.echo("")
         _echo_table([BACKEND_COLUMNS, *(_backend_cells(b) for b in backends)])
@@ -55,7 +57,8 @@ def _row(model: dict[str, Any]) -> dict[str, Any]:
            "restarts": model["restarts"], "memory_bytes": None, "kv_used_bytes": None,
            "kv_reserved_bytes": None, "num_running": None,
            "num_waiting": None, "output_tps": None,
-           "reason": model["last_error"] if model["state"] == "failed" else None}  # fmt: skip
+           "reason": model["last_error"] if model["state"] == "failed" else None,
+           "replicas": model.get("replica_rows", [])}  # fmt: skip
     if model["state"] != "ready":
         return row
     if model["worker"] is None:
@@ -80,6 +83,16 @@ def _kv(row: dict[str, Any]) -> str:
     if row["kv_used_bytes"] is None:
         return "-"
     return f"{format_bytes(row['kv_used_bytes'])}/{format_bytes(row['kv_reserved_bytes'])}"
+
+
+def _replica_rows(model: dict[str, Any]) -> list[dict[str, Any]]:
+    """One indented line per replica of a model served by several workers (--replicas)."""
+    return [{"name": f"  {model['name']}#{r['index']}", "state": r["state"], "pid": r["pid"],
+             "restarts": r["restarts"], "memory_bytes": None, "kv_used_bytes": None,
+             "kv_reserved_bytes": None, "num_running": r["num_running"],
+             "num_waiting": r["num_waiting"], "output_tps": None,
+             "reason": r["last_error"] if r["state"] == "failed" else None}
+            for r in model.get("replica_rows", [])]  # fmt: skip
 
 
 def _cells(row: dict[str, Any]) -> tuple[str, ...]:

@@ -301,7 +301,7 @@ class Supervisor:
         now = time.monotonic()
         if worker.state != "ready" or worker.attached:
             return
-        if worker.client.in_flight:
+        if self._in_flight(worker):
             worker.last_used = now
             return
         keep_alive = self.config.keep_alive(worker.spec)
@@ -311,11 +311,15 @@ class Supervisor:
     async def _unload_idle(self, worker: WorkerProcess, keep_alive: float) -> None:
         async with self._lock:
             idle = time.monotonic() - worker.last_used > keep_alive
-            if worker.state == "ready" and not worker.client.in_flight and idle:
+            if worker.state == "ready" and not self._in_flight(worker) and idle:
                 await self._unload(worker, f"idle for {keep_alive:g} s (keep-alive)")
                 if worker.replica == 0:  # the model's last_used is replica 0's
                     for replica in self.groups[worker.spec.name][1:]:
                         await self._unload(replica, f"idle for {keep_alive:g} s (keep-alive)")
+
+    def _in_flight(self, worker: WorkerProcess) -> int:
+        """Requests in flight on any replica of ``worker``'s model."""
+        return sum(w.client.in_flight for w in self.groups[worker.spec.name])
 
     # Internal helpers: the watcher (start, heartbeat, exit, restart)
 

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -94,6 +97,11 @@ def test_both_replicas_serve_and_are_shown(replicated: Daemon) -> None:
     assert 'mlxd_replica_ready{model="tiny",replica="1"} 1.0' in metrics
     overview = replicated.admin_get("/admin/overview").json()["models"][0]
     assert overview["replicas"] == 2 and len(overview["replica_rows"]) == 2
+    env = {**os.environ, "MLXD_URL": replicated.base_url}
+    ps = subprocess.run([sys.executable, "-m", "mlxd", "ps"], capture_output=True, text=True,
+                        timeout=60, env=env, check=True).stdout  # fmt: skip
+    for row in rows:
+        assert re.search(rf"tiny#{row['index']}\s+ready\s+{row['pid']}\s", ps), ps
 
 
 def test_conversations_keep_their_replica_unlike_round_robin(
