@@ -73,3 +73,22 @@ def test_a_group_obeys_control_commands(pair: tuple[Daemon, Daemon]) -> None:
     assert admin(group, f"{base}/resume", {})
     assert greedy(group, PROMPTS[0]) == expected[0]
     admin(group, f"{base}/set", {"max_num_seqs": 16})
+
+
+def test_a_model_without_shard_is_refused_with_its_reason(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    from mlxd.models.maker import make_model
+
+    out = tmp_path_factory.mktemp("mamba")
+    mamba = make_model(out / "mamba", arch="mamba", size="tiny", progress=lambda line: None)
+    config = out / "mlxd.toml"
+    config.write_text(f'[models.m]\npath = "{mamba}"\npreload = false\ngroup_size = 2\n')
+    d = start_daemon(tiny_model, "--config", str(config), "--max-context", "512")
+    try:
+        body = {"model": "m", "prompt": "hi", "max_tokens": 2}
+        r = httpx.post(f"{d.base_url}/v1/completions", json=body, timeout=120)
+        assert r.status_code == 503, r.text
+        assert "has no shard()" in r.json()["error"]["message"]
+    finally:
+        stop_daemon(d)
