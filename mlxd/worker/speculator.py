@@ -2,10 +2,13 @@
 all this step. Pure Python, no MLX; the runner's ``verify_step`` does the computing.
 
 - **Per row**, prompt lookup (``ngram``) proposes up to the row's draft length, which follows
-  its recent acceptance: all accepted doubles it (up to ``MAX_DRAFT``), otherwise it becomes
-  one more than what was accepted. Rows whose sampling needs their exact history (penalties),
-  requests that opt out (``speculate: false``) and rows with no earlier occurrence of their last
-  tokens draft nothing and take one position in the forward, as in a plain step.
+  its recent acceptance: from the row's decayed counts of accepted and rejected drafts comes
+  ``a``, the chance that a draft is kept given the one before it was, and a draft of ``i``
+  tokens keeps its last with chance ``a**i``; the row drafts while that is at least ``WORTH``
+  (4 tokens before anything is known, 1 to ``MAX_DRAFT``). Rows whose sampling needs their
+  exact history (penalties), requests that opt out (``speculate: false``) and rows with no
+  earlier occurrence of their last tokens draft nothing and take one position in the forward,
+  as in a plain step.
 - **Per batch**, a verification step cannot pipeline (drafts follow from the token just read)
   and costs more than a plain one, so it pays only when it yields enough extra tokens. The
   controller measures both kinds of step as tokens per second of wall time, per batch-size
@@ -17,6 +20,7 @@ all this step. Pure Python, no MLX; the runner's ``verify_step`` does the comput
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,7 +32,9 @@ from mlxd.worker.sequence import Sequence
 
 MODES = ("ngram", "off")
 MAX_DRAFT = 8  # draft tokens per row and step, at most
-FIRST_DRAFT = 4  # a row's draft length before any acceptance is known
+WORTH = 0.15  # a draft position is verified while the chance its token is kept is at least this
+_DECAY = 0.7  # weight of a row's earlier verifications in its acceptance counts
+_PRIOR = (1.5, 0.5)  # (accepted, rejected) before any verification: a first draft of 4
 PHASE = 8  # steps one mode runs before the controller decides again
 MAX_BACKOFF = 32  # phases of the better mode between two tries of the worse one
 _EMA = 0.5  # weight of a phase's figure in its mode's estimate
@@ -64,6 +70,17 @@ class SpeculationCounters:
 _FIELDS = ("verify_steps", "verify_rows", "drafted", "accepted", "plain_rows")
 
 
+def draft_length(accepted: float, rejected: float) -> int:
+    """How many tokens a row with these (decayed) counts drafts (see the module doc)."""
+    a = (accepted + 1.0) / (accepted + rejected + 2.0)
+    if a >= 1.0:
+        return MAX_DRAFT
+    return max(1, min(MAX_DRAFT, int(math.log(WORTH) / math.log(a))))
+
+
+FIRST_DRAFT = draft_length(*_PRIOR)
+
+
 @dataclass(slots=True)
 class _Estimate:
     tps: dict[bool, float] = field(default_factory=dict)  # mode (speculate?) -> tokens/s
@@ -83,7 +100,8 @@ class Speculator:
         self.counters = SpeculationCounters()
         # Per row, as long as its sequence lives (a preempted one keeps both).
         self._index: WeakKeyDictionary[Sequence, NgramIndex] = WeakKeyDictionary()
-        self._length: WeakKeyDictionary[Sequence, int] = WeakKeyDictionary()
+        self._counts: WeakKeyDictionary[Sequence, tuple[float, float]] = WeakKeyDictionary()
+        self._verified = False  # the step running verified drafts
         self._estimates: dict[int, _Estimate] = {}
         self._phase_mode: bool | None = None  # None: no phase running
         self._phase_class = 0
@@ -108,7 +126,7 @@ class Speculator:
             index = self._index.setdefault(seq, NgramIndex())
             index.sync(seq.prompt_ids, seq.output_ids)
             room = seq.max_tokens - seq.num_output_tokens - 1
-            k = min(self._length.get(seq, FIRST_DRAFT), room)
+            k = min(draft_length(*self._counts.get(seq, _PRIOR)), room)
             out.append(index.propose(k))
         return out
 
@@ -118,15 +136,16 @@ class Speculator:
         c = self.counters
         c.verify_steps += 1
         c.verify_rows += len(rows)
+        self._verified = True
         for seq, d, n in zip(rows, drafts, kept, strict=True):
             if not d:
                 continue
             accepted = n - 1
             c.drafted += len(d)
             c.accepted += accepted
-            length = self._length.get(seq, FIRST_DRAFT)
-            full = accepted == len(d) and len(d) >= length
-            self._length[seq] = min(MAX_DRAFT, 2 * length) if full else max(1, accepted + 1)
+            hits, misses = self._counts.get(seq, _PRIOR)
+            self._counts[seq] = (_DECAY * hits + accepted,
+                                 _DECAY * misses + (accepted < len(d)))  # fmt: skip
 
     # Per batch
 
@@ -147,8 +166,9 @@ class Speculator:
         """A decode step ended: ``tokens`` produced by ``rows`` rows, verifying drafts or not
         (``speculated``: ``wants`` said so, drafts or none); ``clean`` when it ran no prefill
         (a step with one is not a sample of decode's cost)."""
-        if not speculated:
+        if not self._verified:
             self.counters.plain_rows += rows
+        self._verified = False
         now = self.clock()
         last, self._last_step = self._last_step, now
         if self._phase_mode is None or speculated != self._phase_mode:

@@ -42,12 +42,24 @@ def test_the_longest_ngram_decides() -> None:
 def test_draft_length_follows_acceptance() -> None:
     spec = Speculator("ngram")
     seq = _seq([1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2])
-    assert len(spec.propose([seq])[0]) == FIRST_DRAFT
-    spec.on_verified([seq], [[3, 1, 2, 3]], [5])  # all accepted: doubles
-    assert len(spec.propose([seq])[0]) == min(MAX_DRAFT, 2 * FIRST_DRAFT)
-    spec.on_verified([seq], [[3] * 8], [3])  # two accepted: three next time
-    assert len(spec.propose([seq])[0]) == 3
-    assert spec.counters.drafted == 12 and spec.counters.accepted == 6
+    assert len(spec.propose([seq])[0]) == FIRST_DRAFT == 4
+    spec.on_verified([seq], [[3, 1, 2, 3]], [5])  # all accepted: longer
+    assert len(spec.propose([seq])[0]) == MAX_DRAFT
+    spec.on_verified([seq], [[3] * 8], [3])  # two of eight: shorter, not back to nothing
+    assert 2 < len(spec.propose([seq])[0]) < MAX_DRAFT
+    for _ in range(6):
+        spec.on_verified([seq], [[3] * 4], [1])  # the first draft keeps failing
+    assert len(spec.propose([seq])[0]) == 1
+    assert spec.counters.drafted == 36 and spec.counters.accepted == 6
+
+
+def test_tokens_per_forward_counts_every_decode_row() -> None:
+    spec = Speculator("ngram")
+    spec.on_verified([_seq([1]), _seq([1])], [[5, 6], []], [3, 1])  # 2 rows, 2 accepted
+    spec.on_step(True, 2, 4, clean=True)
+    spec.on_step(True, 2, 2, clean=True)  # speculating, but nobody had drafts: plain rows
+    spec.on_step(False, 2, 2, clean=True)
+    assert spec.counters.tokens_per_forward == (6 + 2) / 6
 
 
 def test_rows_that_may_not_draft() -> None:
