@@ -10,7 +10,10 @@ about one chunk of KV. The next request grows the pool again, one chunk or more 
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
+import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -66,5 +69,19 @@ def release(runner: ModelRunner, scheduler: Scheduler) -> None:
             evicted = scheduler.radix.evict_from(kv_pool.chunk_blocks)
         highest = scheduler.pool.highest_used()
     runner.release_memory(highest)
+    _trim_heap()
     log.info("idle: KV memory %d -> %d bytes (%d prefix-cache blocks evicted)", before,
              runner.kv_reserved_bytes, evicted)  # fmt: skip
+
+
+def _trim_heap() -> None:
+    """Give the C heap's free pages back to the system (glibc): MLX's CPU backend allocates
+    with malloc, and freed buffers otherwise stay in the process's RSS."""
+    if not sys.platform.startswith("linux"):
+        return
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
