@@ -54,9 +54,12 @@ class Replica:
     control: ControlClient | None = None
     num_waiting: int = 0
     num_running: int = 0
+    polled_epoch: float = -1.0  # the epoch those counts are from: a restart voids them
 
     @property
     def polled_load(self) -> int:
+        if self.polled_epoch != self.epoch():
+            return 0
         return self.num_waiting + self.num_running
 
     def load(self) -> int | None:
@@ -140,6 +143,7 @@ class ReplicaSet:
             return  # busy or restarting: the live in-flight count still holds
         if isinstance(reply, StatusReply):
             replica.num_waiting, replica.num_running = reply.num_waiting, reply.num_running
+            replica.polled_epoch = replica.epoch()
 
     def _any(self, besides: WorkerClient | None = None) -> WorkerClient:
         """The least loaded ready replica's client (not ``besides``)."""
@@ -155,6 +159,10 @@ class ReplicaSet:
             client = self._any(besides=failed)
         except WorkerUnavailable:
             return False
-        self.routed[[r.client for r in self.replicas].index(client)] += 1
+        i = [r.client for r in self.replicas].index(client)
+        self.routed[i] += 1
+        if isinstance(self.router, PrefixRouter) and stream.gen is not None:
+            # its prefix is now cached there, not on the replica that died
+            self.router.record(prefix_keys(stream.gen.prompt), i, self.replicas[i].epoch())
         client.adopt(stream)
         return True
