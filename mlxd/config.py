@@ -27,6 +27,7 @@ from mlxd.knobs import (
     MAX_QUEUED,
     PAGED,
     PREFILL_CHUNK,
+    PRIORITIES,
     SPECULATE,
     STREAM_INTERVAL,
     Knob,
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from mlxd.protocol.curve import CurveKeys
 
 DEFAULT_MODEL = "mlxd-default"
-API_KEY_TIERS = ("high", "normal", "low")  # the protocol's priorities, highest first
+API_KEY_TIERS = PRIORITIES  # a key's tier is the highest priority its requests get
 # Of a paged worker's KV budget, the share decode's read view may hold (a copy of the batch's
 # K/V that makes each step read one contiguous array; see worker/decode_tail.py); the pool
 # gets the rest, so the budget caps both.

@@ -15,6 +15,10 @@ from mlxd.errors import ConfigError
 
 T = TypeVar("T")
 
+# Request priorities, highest first: a request's ``priority`` (or ``X-Priority``), an API key's
+# tier (which caps it), the order of a worker's queue and of a remote backend's slots.
+PRIORITIES = ("high", "normal", "low")
+
 # How a worker computes with float weights (worker/cpu_backend.py): "auto" casts half precision
 # to float32 on the CPU backend only, "file" keeps the file's dtypes, a dtype casts to it.
 DTYPES = ("auto", "float32", "float16", "bfloat16", "file")

@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 
 from mlxd import __version__
 from mlxd.gateway.workers import WorkerPool
+from mlxd.knobs import PRIORITIES
 
 _NUM = {"type": "number"}
 _INT = {"type": "integer"}
@@ -49,7 +50,7 @@ _SAMPLING: dict[str, Any] = {
     "ignore_eos": _nullable(_BOOL),
     "min_tokens": _nullable({**_INT, "minimum": 0}),
     "stop_token_ids": _nullable({"type": "array", "items": {**_INT, "minimum": 0}}),
-    "priority": _nullable({"enum": ["high", "normal", "low"]}),
+    "priority": _nullable({"enum": list(PRIORITIES)}),
     "speculate": _nullable(_BOOL),
 }
 _CONTENT_PART = {
@@ -205,7 +206,7 @@ def _post(summary: str, schema: dict[str, Any]) -> dict[str, Any]:
                     "name": "X-Priority",
                     "in": "header",
                     "required": False,
-                    "schema": {"enum": ["high", "normal", "low"]},
+                    "schema": {"enum": list(PRIORITIES)},
                 },
             ],  # fmt: skip
             "requestBody": {"required": True, "content": {"application/json": {"schema": schema}}},

@@ -15,8 +15,8 @@ from mlxd.errors import InvalidRequest
 from mlxd.gateway.tool_formats import tool_format
 from mlxd.gateway.toolcalls import ToolCallParser
 from mlxd.gateway.tools import ToolUse, message_tool_calls, parse_tool_use
+from mlxd.knobs import PRIORITIES
 from mlxd.protocol.messages import (
-    PRIORITIES,
     ChatPrompt,
     Generate,
     JsonFormat,

@@ -11,8 +11,6 @@ from typing import Any, ClassVar
 
 PROTOCOL_VERSION = b"mlxd/4"  # mlxd/4: Error.retry_after_s (mlxd/3: Pong.failing...)
 
-PRIORITIES = ("high", "normal", "low")
-
 
 # Prompts: a tagged union, so the worker never guesses which field is set.
 

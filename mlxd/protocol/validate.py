@@ -9,7 +9,8 @@ import math
 from typing import NamedTuple
 
 from mlxd.errors import InvalidRequest
-from mlxd.protocol.messages import PRIORITIES, SamplingParams
+from mlxd.knobs import PRIORITIES
+from mlxd.protocol.messages import SamplingParams
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 

@@ -6,9 +6,10 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlxd.knobs import PRIORITIES
 from mlxd.protocol.messages import SamplingParams
 
-PRIORITY_LEVELS = {"high": 0, "normal": 1, "low": 2}
+PRIORITY_LEVELS = {name: level for level, name in enumerate(PRIORITIES)}  # 0 runs first
 
 
 class SequenceStatus(enum.Enum):

@@ -100,3 +100,29 @@ def test_worker_config_json_round_trips_and_rejects_junk() -> None:
         WorkerConfig.from_json('{"model": "m", "bogus": 1}')
     with pytest.raises(ConfigError, match="--max-num-seqs must be >= 1"):
         WorkerConfig.from_json(config.to_json().replace('"max_num_seqs": 64', '"max_num_seqs": 0'))
+
+
+def test_every_option_start_and_worker_serve_share_is_a_knob() -> None:
+    """An option both commands take must come from the table, or the two could drift apart;
+    only the model and the log level are not worker knobs."""
+
+    def flags(command: click.Command) -> set[str]:
+        return {o for p in command.params if isinstance(p, click.Option) for o in p.opts}
+
+    shared = flags(start_command) & flags(serve_command)
+    assert shared - {k.flag for k in KNOBS} == {"--model", "--log-level"}
+
+
+def test_priority_names_are_defined_once() -> None:
+    """The wire, the API schema, API key tiers, the worker's queue levels and the gateway's
+    validation all use ``knobs.PRIORITIES``, in its order (highest first)."""
+    from mlxd.config import API_KEY_TIERS
+    from mlxd.gateway.openapi import document
+    from mlxd.gateway.schemas import priority_of
+    from mlxd.knobs import PRIORITIES
+    from mlxd.worker.sequence import PRIORITY_LEVELS
+
+    assert API_KEY_TIERS == PRIORITIES
+    assert sorted(PRIORITY_LEVELS, key=PRIORITY_LEVELS.__getitem__) == list(PRIORITIES)
+    assert [priority_of({"priority": p}, None, None) for p in PRIORITIES] == list(PRIORITIES)
+    assert str({"enum": list(PRIORITIES)}) in str(document(["m"]))

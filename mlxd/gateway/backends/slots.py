@@ -11,8 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mlxd.knobs import AGING_S
-from mlxd.protocol.messages import PRIORITIES
+from mlxd.knobs import AGING_S, PRIORITIES
 
 
 @dataclass(order=True)
