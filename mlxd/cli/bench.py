@@ -12,6 +12,7 @@ import click
 
 from mlxd.bench import report
 from mlxd.bench.workload import SCENARIOS
+from mlxd.cli.bench_failover import failover_options, run_failover_scenario
 from mlxd.cli.knob_options import knob_option
 from mlxd.config import SchedulerConfig
 from mlxd.knobs import SPECULATE
@@ -135,7 +136,7 @@ def with_output_options(fn: _F) -> _F:
 )
 @click.option(
     "--scenario",
-    type=click.Choice(SCENARIOS),
+    type=click.Choice([*SCENARIOS, "failover"]),
     default="throughput",
     show_default=True,
     help="What the requests look like (see below).",
@@ -219,6 +220,7 @@ def with_output_options(fn: _F) -> _F:
     "per 4 CPUs, at most 8). One process alone staggers a burst of requests by its own CPU "
     "time per request.",
 )
+@failover_options
 @with_output_options
 def run_command(**o: Any) -> None:
     """Load URL's OpenAI API at each concurrency level and report tok/s and latency.
@@ -236,6 +238,9 @@ def run_command(**o: Any) -> None:
                      mostly a copy: speculative decoding's best case); use --endpoint chat
       json           CSV records to return as a JSON array; use --endpoint chat
       chat           open questions (little to copy); use --endpoint chat
+      failover       chat streams to a --model with fallbacks for --duration s; its worker
+                     (--kill-worker) or a process (--kill-pid) is killed --kill-after s in;
+                     reports requests lost, cut, served per model, time to fail over
     """
     from mlxd.bench.clients import auto_client_procs
     from mlxd.bench.http import Target, check_reachable
@@ -249,6 +254,9 @@ def run_command(**o: Any) -> None:
     if (reason := check_reachable(target)) is not None:
         raise click.ClickException(reason)
     o["models"] = o["models"] or (_only_model(target),)
+    if o["scenario"] == "failover":
+        run_failover_scenario(o, _ints(o["concurrency"], "--concurrency")[0])
+        return
     opts = WorkloadOptions(
         models=o["models"],
         prompt_tokens=o["prompt_tokens"],

@@ -15,7 +15,6 @@ def main() -> None:
 
 def _register() -> None:
     from mlxd.cli.bench import bench_group
-    from mlxd.cli.bench_failover import failover_command
     from mlxd.cli.keys import keys_command
     from mlxd.cli.login_service import service_group
     from mlxd.cli.logs import logs_command
@@ -30,7 +29,6 @@ def _register() -> None:
     main.add_command(make_model_command)
     main.add_command(worker_group)
     main.add_command(bench_group)
-    bench_group.add_command(failover_command)
     main.add_command(ps_command)
     main.add_command(status_command)
     main.add_command(stop_command)

@@ -1,7 +1,7 @@
-"""Failover when a local model's worker dies (docs/BACKENDS.md): `mlxd bench failover` streams
-to ``tiny`` (fallback ``spare``) and kills its worker mid-run. No request that had not started
-streaming is lost, the fallback serves while the worker restarts, and then ``tiny`` serves
-again."""
+"""Failover when a local model's worker dies (docs/BACKENDS.md): `mlxd bench run --scenario
+failover` streams to ``tiny`` (fallback ``spare``) and kills its worker mid-run. No request that
+had not started streaming is lost, the fallback serves while the worker restarts, and then
+``tiny`` serves again."""
 
 from __future__ import annotations
 
@@ -39,16 +39,19 @@ def _answered_by(d: Daemon) -> str:
     return str(r.json()["model"])
 
 
-def test_a_dead_worker_fails_over_with_nothing_lost_then_serves_again(daemon: Daemon) -> None:
+def test_a_dead_worker_fails_over_with_nothing_lost_then_serves_again(
+    daemon: Daemon, tmp_path: Path
+) -> None:
     assert _answered_by(daemon) == "tiny"
+    out = tmp_path / "failover.json"
     run = subprocess.run(
-        [sys.executable, "-m", "mlxd", "bench", "failover", "--url", daemon.base_url,
-         "--model", "tiny", "--kill-worker", "--kill-after", "2", "--duration", "5",
-         "--concurrency", str(CONCURRENCY), "--max-tokens", "24", "--json"],
+        [sys.executable, "-m", "mlxd", "bench", "run", "--scenario", "failover", "--url",
+         daemon.base_url, "--model", "tiny", "--kill-worker", "--kill-after", "2", "--duration",
+         "5", "--concurrency", str(CONCURRENCY), "--max-tokens", "24", "--json", str(out)],
         capture_output=True, text=True, timeout=120, env=os.environ.copy(),
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
-    figures = json.loads(run.stdout)
+    figures = json.loads(out.read_text())
     assert figures["lost"] == 0, figures
     assert figures["cut"] <= CONCURRENCY, figures  # only those streaming when it died
     assert figures["served_by"].get("spare", 0) > 0, figures
