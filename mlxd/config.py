@@ -191,8 +191,8 @@ class ModelSpec:
             _check_dtype(self.dtype, f"model {self.name!r}: dtype")
         if self.keep_alive_s is not None and self.keep_alive_s < 0:
             raise ConfigError(f"model {self.name!r}: keep_alive must be >= 0 (0 = forever)")
-        if self.kv_cache_gb is not None and self.kv_cache_gb <= 0:
-            raise ConfigError(f"model {self.name!r}: kv_cache_gb must be > 0")
+        if not KV_CACHE_GB.is_valid(self.kv_cache_gb):  # the knob's rule, for one model
+            raise ConfigError(f"model {self.name!r}: kv_cache_gb must be {KV_CACHE_GB.rule}")
 
     @property
     def endpoints(self) -> tuple[str, ...]:
@@ -352,7 +352,6 @@ class ServeConfig:
     stream_stall_timeout_s: float = 30.0  # a stream whose client reads nothing this long is cut
     max_memory_bytes: int | None = None  # every worker's weights + KV + headroom fit in this
     keep_alive_s: float = 0.0  # idle seconds before a worker is unloaded; 0 = never
-    kv_cache_gb: float | None = None  # each model's KV budget unless its spec sets one
     curve_keys: CurveKeys | None = field(default=None, repr=False)  # for tcp:// attached workers
     dtype: str = DTYPE.default  # each model's compute dtype unless its spec sets one (DTYPES)
     request_log: str | None = None  # the rotating request log file; None: not written

@@ -268,11 +268,12 @@ def start_command(models: tuple[str, ...], host: str, port: int, log_level: str,
             keep_alive_s=file.keep_alive_s or 0.0
             if keep_alive is None
             else parse_duration(str(keep_alive)),  # fmt: skip
-            kv_cache_gb=file.kv_cache_gb if opts["kv_cache_gb"] is None else opts["kv_cache_gb"],  # type: ignore[arg-type]
             host=host,
             port=port,
             scheduler=scheduler_config(opts),
-            cache=cache_config(opts),
+            cache=cache_config(
+                {**opts, "kv_cache_gb": file.kv_cache_gb} if opts["kv_cache_gb"] is None else opts
+            ),
             max_context=opts["max_context"],  # type: ignore[arg-type]
             dtype=str(opts["dtype"]),
             api_keys=api_keys(opts["api_key_values"], opts["api_keys_file"]),  # type: ignore

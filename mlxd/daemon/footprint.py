@@ -78,8 +78,7 @@ def footprint(spec: ModelSpec, config: ServeConfig) -> Footprint:
 def kv_cache_gb(spec: ModelSpec, config: ServeConfig) -> float | None:
     """``spec``'s KV budget in GiB: its own ``kv_cache_gb``, else the daemon's (config file or
     ``--kv-cache-gb``); None: sized from ``max_num_seqs`` full contexts."""
-    budgets = (spec.kv_cache_gb, config.kv_cache_gb, config.cache.kv_cache_gb)
-    return next((gb for gb in budgets if gb is not None), None)
+    return config.cache.kv_cache_gb if spec.kv_cache_gb is None else spec.kv_cache_gb
 
 
 def model_dir(path: str) -> Path | None:

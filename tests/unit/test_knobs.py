@@ -137,3 +137,32 @@ def _enums(node: object) -> list[list[object]]:
     if isinstance(node, list):
         return [e for v in node for e in _enums(v)]
     return []
+
+
+def test_the_daemons_kv_budget_is_the_cache_knob_from_file_or_option(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``kv_cache_gb`` at the top of the config file and ``--kv-cache-gb`` set one value,
+    ``ServeConfig.cache.kv_cache_gb`` (the option wins); a model's own overrides it, checked
+    with the knob's rule."""
+    from click.testing import CliRunner
+
+    from mlxd.cli import start
+    from mlxd.cli.main import main
+    from mlxd.daemon.footprint import kv_cache_gb
+
+    seen: list[ServeConfig] = []
+    monkeypatch.setattr(start, "_serve", lambda config, log_level: seen.append(config) or 0)
+    monkeypatch.setenv("MLXD_HOME", str(tmp_path / "home"))
+    file = tmp_path / "mlxd.toml"
+    file.write_text('kv_cache_gb = 2.0\n[models.a]\npath = "/p"\n[models.b]\npath = "/q"\n'
+                    "kv_cache_gb = 0.25\n")  # fmt: skip
+    for extra in ([], ["--kv-cache-gb", "3"]):
+        result = CliRunner().invoke(main, ["start", "--port", "0", "--config", str(file), *extra])
+        assert result.exit_code == 0, result.output
+    (by_file, by_option) = seen
+    assert by_file.cache.kv_cache_gb == 2.0 and by_option.cache.kv_cache_gb == 3.0
+    a, b = by_file.models
+    assert (kv_cache_gb(a, by_file), kv_cache_gb(b, by_file)) == (2.0, 0.25)
+    with pytest.raises(ConfigError, match=r"kv_cache_gb must be > 0"):
+        ModelSpec(name="m", path="/p", kv_cache_gb=0)
