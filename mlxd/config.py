@@ -18,9 +18,11 @@ from mlxd.knobs import (
     AGING_S,
     BLOCK_SIZE,
     DTYPE,
+    KV_BITS,
     KV_CACHE_GB,
     KV_CHUNK_MB,
     KV_DISK_GB,
+    KV_GROUP_SIZE,
     KV_IDLE_S,
     MAX_CONTEXT,
     MAX_NUM_SEQS,
@@ -92,6 +94,8 @@ class CacheConfig:
     kv_chunk_mb: float = KV_CHUNK_MB.default  # the pool starts with and grows by this much
     kv_idle_s: float = KV_IDLE_S.default  # idle seconds before KV memory is given back (0: never)
     kv_disk_gb: float = KV_DISK_GB.default  # evicted prefix blocks kept on disk (0: none)
+    kv_bits: int | None = KV_BITS.default  # the pool stores K/V quantized (None: float)
+    kv_group_size: int = KV_GROUP_SIZE.default  # head_dim values per scale with kv_bits
 
     def __post_init__(self) -> None:
         _check_knobs(self, section("cache"))

@@ -123,6 +123,18 @@ KV_DISK_GB: Knob[float] = Knob(
     "evicted from memory, and read back on a later hit, also after a restart (0: none).",
     minimum=0,
 )  # fmt: skip
+KV_BITS: Knob[int | None] = Knob(
+    "kv_bits", "cache", "--kv-bits", int, None,
+    "Store the paged KV pool quantized to 8 or 4 bits (2-8 as mx.quantize takes; default: the "
+    "compute dtype): about 1.9x / 3.5x the tokens in the same memory, batching and the prefix "
+    "cache on. Models on their own caches (sliding windows, hybrids) ignore it.",
+    minimum=2, maximum=8,
+)  # fmt: skip
+KV_GROUP_SIZE: Knob[int] = Knob(
+    "kv_group_size", "cache", "--kv-group-size", int, 64,
+    "Values of head_dim sharing one scale and bias with --kv-bits (32, 64 or 128).",
+    minimum=32, maximum=128,
+)  # fmt: skip
 PAGED: Knob[bool] = Knob(
     "paged", "cache", "--paged-kv", bool, True,
     "Keep KV in the block pool (prefix cache, preemption) or contiguous per batch.",
@@ -147,7 +159,8 @@ SPECULATE: Knob[str] = Knob(
 
 # In the order their options are listed in `--help`.
 _ALL = (MAX_NUM_SEQS, MAX_QUEUED, PREFILL_CHUNK, STREAM_INTERVAL, AGING_S, SPECULATE, KV_CACHE_GB,
-        BLOCK_SIZE, KV_CHUNK_MB, KV_IDLE_S, KV_DISK_GB, PAGED, MAX_CONTEXT, DTYPE)  # fmt: skip
+        BLOCK_SIZE, KV_CHUNK_MB, KV_IDLE_S, KV_DISK_GB, KV_BITS, KV_GROUP_SIZE, PAGED,
+        MAX_CONTEXT, DTYPE)  # fmt: skip
 KNOBS: tuple[Knob[object], ...] = _ALL  # type: ignore[assignment]
 LIVE_KNOBS = tuple(k for k in KNOBS if k.live)
 

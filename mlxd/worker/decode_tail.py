@@ -26,6 +26,10 @@ prefill (which reads and writes the pool), every ``FLUSH_EVERY`` steps, or when 
 Rows that leave the batch take their unflushed tokens with them as a deferred write, applied
 first at the next flush: their blocks may already be in the prefix cache, and nothing reads
 those before a prefill flushes.
+
+With quantized KV (``--kv-bits``) the buffers hold the same quantized parts as the pool (the
+view included, so it costs what the pool does), a step quantizes its new token once and
+dequantizes what it attends to (``kv_format``).
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ from typing import Any
 
 import mlx.core as mx
 
-from mlxd.worker.paged_cache import KVPool, gather_blocks
+from mlxd.worker.kv_format import KV, assign, concat, each, parts
+from mlxd.worker.paged_cache import KVPool
 
 FLUSH_EVERY = 16  # steps, without a view: the buffer then costs B * 16 tokens of K/V at most
 VIEW_STEP = 64  # columns a read view grows by; with a view, the steps between flushes
@@ -50,7 +55,7 @@ class DecodeTail:
     def __init__(self, num_layers: int, max_view_tokens: int = 0) -> None:
         self.num_layers = num_layers
         self.max_view_tokens = max_view_tokens  # B x columns a read view may hold (0: none)
-        self.keys: list[Any] = [None] * num_layers  # (B, heads, capacity, key dim) each, or None
+        self.keys: list[Any] = [None] * num_layers  # (B, heads, capacity, key dim) KV, or None
         self.values: list[Any] = [None] * num_layers
         self.view = False  # the buffers start with the rows' pool tokens (see the module doc)
         self.base = 0  # pool columns at the front of a view
@@ -59,7 +64,7 @@ class DecodeTail:
         self.length = 0  # the last of those not yet in the pool
         self.slots: mx.array | None = None  # (B, length): where those go in the pool
         # Tails of rows that left the batch: (slots (N,), keys per layer, values per layer).
-        self._deferred: list[tuple[mx.array, list[mx.array], list[mx.array]]] = []
+        self._deferred: list[tuple[mx.array, list[KV], list[KV]]] = []
 
     @property
     def started(self) -> bool:
@@ -68,7 +73,7 @@ class DecodeTail:
     def due(self) -> bool:
         """Whether the unflushed tokens must go into the pool before the next step."""
         if self.view:
-            return self.base + self.cols >= self.keys[0].shape[2]  # full: flush, then grow
+            return self.base + self.cols >= _columns(self.keys[0])  # full: flush, then grow
         return self.length >= FLUSH_EVERY
 
     def start(self, pool: KVPool, block_tables: list[list[int]], positions: list[int]) -> None:
@@ -80,12 +85,13 @@ class DecodeTail:
         self.view = padded_ok and n * (base + VIEW_STEP) <= self.max_view_tokens
         self.base, self.in_pool, self.cols = (base, list(positions), 0) if self.view else (0, [], 0)
         if not self.view:
-            self.keys = [_zeros(pool.keys[i], n, FLUSH_EVERY) for i in range(self.num_layers)]
-            self.values = [_zeros(pool.values[i], n, FLUSH_EVERY) for i in range(self.num_layers)]
+            self.keys = [_zeros(pool, 0, n, FLUSH_EVERY) for _ in range(self.num_layers)]
+            self.values = [_zeros(pool, 1, n, FLUSH_EVERY) for _ in range(self.num_layers)]
             return
         table = _table(pool, block_tables, max(1, -(-base // bs)))
-        self.keys = [_view(pool.keys[i], bs, table, base) for i in range(self.num_layers)]
-        self.values = [_view(pool.values[i], bs, table, base) for i in range(self.num_layers)]
+        self.keys = [_view(pool, 0, pool.keys[i], table, base) for i in range(self.num_layers)]
+        self.values = [_view(pool, 1, pool.values[i], table, base)
+                       for i in range(self.num_layers)]  # fmt: skip
 
     def restart(self) -> None:
         """Drop the buffers (after a flush): the next step starts from the pool."""
@@ -119,15 +125,15 @@ class DecodeTail:
             # Computed now, so the write holds its own rows' tokens: unevaluated, it would hold
             # the whole buffer, and every row leaving before a flush would keep one alive (at
             # 128 streams, one view of all the batch's K/V each).
-            mx.async_eval(write[0], *write[1], *write[2])
+            mx.async_eval(write)
             self._deferred.append(write)
         if not rows:
             self.drop_batch()
             return
         idx = mx.array(rows)
         self.slots = None if self.slots is None else self.slots[idx]
-        self.keys = [k[idx] for k in self.keys]
-        self.values = [v[idx] for v in self.values]
+        self.keys = [each(k, lambda p: p[idx]) for k in self.keys]
+        self.values = [each(v, lambda p: p[idx]) for v in self.values]
         self.in_pool = [self.in_pool[i] for i in rows] if self.view else []
 
     def flush(self, pool: KVPool) -> None:
@@ -141,8 +147,8 @@ class DecodeTail:
             writes.append(self._write())
         for slots, keys, values in writes:
             for layer in range(self.num_layers):
-                pool.keys[layer][slots] = keys[layer]
-                pool.values[layer][slots] = values[layer]
+                assign(pool.keys[layer], slots, keys[layer])
+                assign(pool.values[layer], slots, values[layer])
         # Every write is done here, while the device is idle anyway (the caller waited for the
         # step in flight): a pending write holds the buffers it copies from, and a batch
         # decoding through its view reads the pool again only when the batch changes, so every
@@ -159,27 +165,34 @@ class DecodeTail:
             self.restart()  # the view may not grow: the batch goes on from the pool
 
     def _can_grow(self) -> bool:
-        rows, capacity = self.keys[0].shape[0], self.keys[0].shape[2]
+        rows, capacity = parts(self.keys[0])[0].shape[0], _columns(self.keys[0])
         return rows * (capacity + VIEW_STEP) <= self.max_view_tokens
 
-    def _write(
-        self, rows: mx.array | None = None
-    ) -> tuple[mx.array, list[mx.array], list[mx.array]]:
+    def _write(self, rows: mx.array | None = None) -> tuple[mx.array, list[KV], list[KV]]:
         """The unflushed tokens of ``rows`` (default: all) as a pool write: (slots, K, V)."""
         assert self.slots is not None
         end = self.base + self.cols
 
-        def tokens(buf: mx.array) -> mx.array:
-            x = buf[:, :, end - self.length : end]
+        def tokens(part: mx.array) -> mx.array:
+            x = part[:, :, end - self.length : end]
             return _token_major(x if rows is None else x[rows])
 
         slots = self.slots if rows is None else self.slots[rows]
-        return slots.reshape(-1), [tokens(k) for k in self.keys], [tokens(v) for v in self.values]
+        return (slots.reshape(-1), [each(k, tokens) for k in self.keys],
+                [each(v, tokens) for v in self.values])  # fmt: skip
 
 
-def _zeros(pool_layer: mx.array, rows: int, columns: int) -> mx.array:
-    _, heads, dim = pool_layer.shape
-    return mx.zeros((rows, heads, columns, dim), dtype=pool_layer.dtype)
+def _zeros(pool: KVPool, kind: int, rows: int, columns: int) -> KV:
+    """Empty decode columns of K (``kind`` 0) or V (1), stored as the pool stores them."""
+    return pool.zeros(kind, (rows, pool.n_kv_heads, columns))
+
+
+def _columns(buf: KV) -> int:
+    return int(parts(buf)[0].shape[2])
+
+
+def _rows(buf: KV) -> int:
+    return int(parts(buf)[0].shape[0])
 
 
 def _table(pool: KVPool, block_tables: list[list[int]], width: int) -> mx.array:
@@ -187,10 +200,10 @@ def _table(pool: KVPool, block_tables: list[list[int]], width: int) -> mx.array:
     return mx.array([(tb + [pool.scratch_block] * width)[:width] for tb in block_tables])
 
 
-def _view(pool_layer: mx.array, block_size: int, table: mx.array, base: int) -> mx.array:
+def _view(pool: KVPool, kind: int, pool_layer: KV, table: mx.array, base: int) -> KV:
     """The rows' first ``base`` pool tokens, ``(B, heads, base, dim)``, and room after them."""
-    cached = gather_blocks(pool_layer, block_size, table)[:, :base].transpose(0, 2, 1, 3)
-    return mx.concatenate([cached, _zeros(pool_layer, table.shape[0], VIEW_STEP)], axis=2)
+    cached = each(pool.gather(pool_layer, table), lambda p: p[:, :base].transpose(0, 2, 1, 3))
+    return concat(cached, _zeros(pool, kind, table.shape[0], VIEW_STEP), axis=2)
 
 
 def _token_major(x: mx.array) -> mx.array:
@@ -217,23 +230,24 @@ class TailKVCache:
         self.pool_len = pool_len  # every row's pool tokens, when they are the same
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        c = self.column
+        c, fmt, n = self.column, self.pool.fmt, self.pool_len
         out = []
-        for buffers, pool, new in ((self.tail.keys, self.pool.keys, keys),
-                                   (self.tail.values, self.pool.values, values)):  # fmt: skip
+        sides = ((0, self.tail.keys, self.pool.keys, keys),
+                 (1, self.tail.values, self.pool.values, values))  # fmt: skip
+        for kind, buffers, pool, new in sides:
             buf = buffers[self.layer]
-            if c >= buf.shape[2]:
-                buf = mx.concatenate([buf, _zeros(pool[self.layer], buf.shape[0], VIEW_STEP)],
-                                     axis=2)  # fmt: skip
-            buf[:, :, c : c + 1, :] = new
+            if c >= _columns(buf):
+                buf = concat(buf, _zeros(self.pool, kind, _rows(buf), VIEW_STEP), axis=2)
+            assign(buf, (slice(None), slice(None), slice(c, c + 1)), fmt.pack(new))
             buffers[self.layer] = buf
+            decoded = fmt.unpack(each(buf, lambda p: p[:, :, : c + 1]))
             if self.read_blocks is None:
-                out.append(buf[:, :, : c + 1, :])
+                out.append(decoded)
                 continue
-            cached = gather_blocks(pool[self.layer], self.pool.block_size, self.read_blocks)
-            if self.pool_len is not None:
-                cached = cached[:, : self.pool_len]
-            out.append(mx.concatenate([cached.transpose(0, 2, 1, 3), buf[:, :, : c + 1, :]],
+            cached = self.pool.gather(pool[self.layer], self.read_blocks)
+            if n is not None:
+                cached = each(cached, lambda p: p[:, :n])
+            out.append(mx.concatenate([fmt.unpack(cached).transpose(0, 2, 1, 3), decoded],
                                       axis=2))  # fmt: skip
         return out[0], out[1]
 

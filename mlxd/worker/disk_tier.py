@@ -19,6 +19,7 @@ import numpy as np
 
 from mlxd.config import WorkerConfig, data_dir
 from mlxd.worker.disk_cache import DiskKVCache, model_identity
+from mlxd.worker.kv_format import parts
 from mlxd.worker.radix_cache import TierBlock
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ class DiskTier:
             return
         self.runner.settle()
         pool, bs = self.runner.pool, self.runner.pool.block_size
-        arrays = pool.keys + pool.values
+        arrays = pool.arrays
         for digest, parent, tokens, block_id in todo:
             s = block_id * bs
             parts = [a[s : s + bs] for a in arrays]
@@ -68,7 +69,7 @@ class DiskTier:
         self.runner.settle()
         pool, bs = self.runner.pool, self.runner.pool.block_size
         pool.ensure(max(b[3] for b in blocks[: len(read)]))
-        targets = pool.keys + pool.values
+        targets = pool.arrays
         for (_, _, _, block_id), arrays in zip(blocks, read, strict=False):
             s = block_id * bs
             for i, raw in enumerate(arrays):
@@ -82,7 +83,7 @@ class DiskTier:
     def _fits(self, arrays: list[np.ndarray]) -> bool:
         """The file's arrays are as many and as large as one block of this pool."""
         pool = self.runner.pool
-        layers = pool.keys + pool.values
+        layers = pool.arrays
         want = [pool.block_size * a[0].nbytes for a in layers]
         ok = len(arrays) == len(layers) and [a.nbytes for a in arrays] == want
         if not ok:
@@ -101,8 +102,11 @@ def attach(config: WorkerConfig, scheduler: Scheduler, runner: ModelRunner) -> D
             log.warning("--kv-disk-gb needs the paged KV pool; no disk tier")
         return None
     pool = runner.pool
-    layout = (f"{len(pool.keys)} layers K{pool.keys[0].shape[1:]} V{pool.values[0].shape[1:]} "
-              f"{pool.keys[0].dtype} block {pool.block_size}")  # fmt: skip
+    k, v = parts(pool.keys[0])[0], parts(pool.values[0])[-1]  # float dtype last
+    layout = (f"{len(pool.keys)} layers K{k.shape[1:]} V{v.shape[1:]} {v.dtype} "
+              f"block {pool.block_size}")  # fmt: skip
+    if pool.fmt.quantized:  # another format's blocks are foreign
+        layout += f" {pool.fmt.bits}-bit groups of {pool.fmt.group_size}"
     model_id = model_identity(_model_dir(config), layout)
     disk = DiskKVCache(data_dir() / "kv-cache" / model_id, model_id, int(gb * 2**30))
     tier = DiskTier(disk, runner)

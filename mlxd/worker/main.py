@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 from mlx.utils import tree_flatten
@@ -34,6 +34,9 @@ from mlxd.worker.output_head import last_position_only
 from mlxd.worker.quantized import batch_as_rows
 from mlxd.worker.scheduler import Scheduler
 from mlxd.worker.tokenizer import PromptEncoder
+
+if TYPE_CHECKING:
+    from mlxd.worker.kv_format import KVFormat
 
 log = logging.getLogger("mlxd.worker")
 
@@ -178,15 +181,19 @@ def _runner(
     cache-less layers: ``native_runner``). The context is capped to what the pool holds, so
     any one request fits alone."""
     why = check_model_supported(model)  # raises for models the engine cannot serve
-    if why:
-        return _native_runner(model, eos_token_ids, config, why), None, max_context
-    if not config.cache.paged:
+    if why or not config.cache.paged:
+        if config.cache.kv_bits is not None:
+            log.warning("--kv-bits applies to the paged KV pool only; %s keeps float KV",
+                        config.name)  # fmt: skip
+        if why:
+            return _native_runner(model, eos_token_ids, config, why), None, max_context
         return ModelRunner(model, eos_token_ids), None, max_context
     from mlxd.worker.paged_cache import KVPool
     from mlxd.worker.paged_runner import PagedModelRunner
 
     bs = config.cache.block_size
-    per_token = KVPool.bytes_per_token(model)
+    fmt = _kv_format(model, config)
+    per_token = KVPool.bytes_per_token(model, fmt)
     per_block = per_token * bs
     wanted = kv_bytes_wanted(per_token, config.scheduler.max_num_seqs, max_context, paged=True)
     budget = _kv_budget(model, config, wanted)
@@ -201,9 +208,25 @@ def _runner(
         max_context = num_blocks * bs
     # An idle worker holds about one chunk of KV, not its whole budget (worker/idle_release.py).
     chunk = max(1, int(config.cache.kv_chunk_mb * 2**20) // per_block)
-    pool = KVPool.for_model(model, num_blocks=num_blocks, block_size=bs, chunk_blocks=chunk)
+    pool = KVPool.for_model(model, num_blocks=num_blocks, block_size=bs, chunk_blocks=chunk,
+                            fmt=fmt)  # fmt: skip
     runner = PagedModelRunner(model, eos_token_ids, pool, max_view_tokens=view_bytes // per_token)
     return runner, BlockPool(num_blocks, bs), max_context
+
+
+def _kv_format(model: Any, config: WorkerConfig) -> KVFormat:
+    """How the pool stores K/V: quantized with ``--kv-bits`` when the head dimension allows."""
+    from mlxd.worker.kv_format import KVFormat
+    from mlxd.worker.paged_cache import kv_shape
+
+    fmt = KVFormat(config.cache.kv_bits, config.cache.kv_group_size)
+    if not fmt.quantized:
+        return fmt
+    _, _, kd, vd, _ = kv_shape(model)
+    if not (fmt.fits(kd) and fmt.fits(vd)):
+        raise ConfigError(f"--kv-group-size {fmt.group_size} does not divide {config.name}'s "
+                          f"head dimension ({kd}, {vd})")  # fmt: skip
+    return fmt
 
 
 def _native_runner(

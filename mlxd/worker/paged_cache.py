@@ -16,6 +16,8 @@ from typing import Any
 
 import mlx.core as mx
 
+from mlxd.worker.kv_format import KV, KVFormat, assign, concat, each, parts
+
 
 class KVPool:
     """K/V blocks for every layer, plus one scratch block that padding writes go to.
@@ -26,11 +28,15 @@ class KVPool:
     idle (``shrink``). Growing copies the blocks held so far into new arrays: one copy, between
     two steps. The scratch block is the one after the last (``scratch_block == capacity``), so
     it moves as the arrays change; steps read it when they are built.
+
+    With a quantized ``fmt`` (``--kv-bits``) each layer's K and V is a tuple of arrays (see
+    ``kv_format``) in the same slot layout; ``arrays`` lists them all.
     """
 
     def __init__(
         self, num_layers: int, num_blocks: int, block_size: int, n_kv_heads: int,
         k_head_dim: int, v_head_dim: int, dtype: mx.Dtype, chunk_blocks: int | None = None,
+        fmt: KVFormat | None = None,
     ) -> None:  # fmt: skip
         self.num_blocks = num_blocks  # the most the arrays may hold (the budget)
         self.block_size = block_size
@@ -38,7 +44,9 @@ class KVPool:
         self.capacity = 0
         self._shapes = [(n_kv_heads, k_head_dim), (n_kv_heads, v_head_dim)]
         self._dtype = dtype
-        self.keys = [self._zeros(0, 0) for _ in range(num_layers)]
+        self.n_kv_heads = n_kv_heads
+        self.fmt = fmt or KVFormat()
+        self.keys: list[KV] = [self._zeros(0, 0) for _ in range(num_layers)]
         self.values = [self._zeros(0, 1) for _ in range(num_layers)]
         self.grow_to(self.chunk_blocks)
 
@@ -59,7 +67,7 @@ class KVPool:
                                                                  self.block_size)  # fmt: skip
         for arrays, kind in ((self.keys, 0), (self.values, 1)):
             for i, a in enumerate(arrays):
-                arrays[i] = mx.concatenate([a, self._zeros(extra, kind)])
+                arrays[i] = concat(a, self._zeros(extra, kind), axis=0)
         self.capacity = capacity
         mx.eval(self.keys, self.values)
 
@@ -73,36 +81,52 @@ class KVPool:
         slots, dropped = (capacity + 1) * self.block_size, self.capacity - capacity
         for arrays in (self.keys, self.values):
             for i, a in enumerate(arrays):
-                arrays[i] = mx.contiguous(a[:slots])  # a copy: the old buffer is freed
+                arrays[i] = each(a, lambda p: mx.contiguous(p[:slots]))  # a copy: old freed
         mx.eval(self.keys, self.values)
         self.capacity = capacity
         return dropped
 
-    def _zeros(self, slots: int, kind: int) -> mx.array:
-        return mx.zeros((slots, *self._shapes[kind]), self._dtype)
+    def _zeros(self, slots: int, kind: int) -> KV:
+        heads, dim = self._shapes[kind]
+        return self.fmt.zeros((slots, heads), dim, self._dtype)
+
+    def zeros(self, kind: int, lead: tuple[int, ...]) -> KV:
+        """Zero K (``kind`` 0) or V (1) as stored, ``(*lead, head_dim)``."""
+        return self.fmt.zeros(lead, self._shapes[kind][1], self._dtype)
+
+    def gather(self, kv: KV, table: mx.array) -> KV:
+        """One layer's K or V blocks for a ``(B, W)`` block table, as stored (``gather_blocks``)."""
+        return each(kv, lambda p: gather_blocks(p, self.block_size, table))
+
+    @property
+    def arrays(self) -> list[mx.array]:
+        """Every array the pool stores K/V in (slots first), layer by layer, K then V."""
+        return [p for kv in self.keys + self.values for p in parts(kv)]
 
     @classmethod
     def for_model(
-        cls, model: Any, num_blocks: int, block_size: int, chunk_blocks: int | None = None
-    ) -> KVPool:
+        cls, model: Any, num_blocks: int, block_size: int, chunk_blocks: int | None = None,
+        fmt: KVFormat | None = None,
+    ) -> KVPool:  # fmt: skip
         """A pool for ``model`` (shapes from ``kv_shape``); all ``num_blocks`` at once unless
         ``chunk_blocks`` is given."""
         layers, heads, kd, vd, dtype = kv_shape(model)
-        return cls(layers, num_blocks, block_size, heads, kd, vd, dtype, chunk_blocks)
+        return cls(layers, num_blocks, block_size, heads, kd, vd, dtype, chunk_blocks, fmt)
 
     @staticmethod
-    def bytes_per_token(model: Any) -> int:
-        """K and V bytes one token takes in every layer of ``model``."""
+    def bytes_per_token(model: Any, fmt: KVFormat | None = None) -> int:
+        """K and V bytes one token takes in every layer of ``model``, as ``fmt`` stores them."""
         layers, heads, kd, vd, dtype = kv_shape(model)
-        return layers * heads * (kd + vd) * dtype.size
+        fmt = fmt or KVFormat()
+        return layers * heads * (fmt.row_bytes(kd, dtype) + fmt.row_bytes(vd, dtype))
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.keys + self.values)
+        return sum(a.nbytes for a in self.arrays)
 
     @property
     def bytes_per_block(self) -> int:
-        per_slot = sum(a.nbytes for a in self.keys + self.values) // self.keys[0].shape[0]
+        per_slot = self.nbytes // parts(self.keys[0])[0].shape[0]
         return per_slot * self.block_size
 
     def copy_block(self, src: int, dst: int) -> None:
@@ -113,7 +137,7 @@ class KVPool:
         layer's whole pool."""
         self.ensure(dst)
         s, d, n = src * self.block_size, dst * self.block_size, self.block_size
-        arrays = self.keys + self.values
+        arrays = self.arrays
         blocks = [mx.take(a, mx.arange(s, s + n), axis=0) for a in arrays]
         mx.eval(blocks)
         for a, block in zip(arrays, blocks, strict=True):
@@ -228,23 +252,23 @@ class PagedKVCache:
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         b, h, q, _ = keys.shape
-        bs = self.pool.block_size
         if self.step.real is not None:
             keys = mx.where(self.step.real, keys, 0)
             values = mx.where(self.step.real, values, 0)
         out = []
+        fmt = self.pool.fmt
         for arrays, new in ((self.pool.keys, keys), (self.pool.values, values)):
-            buf = arrays[self.layer]
-            buf[self.step.write_slots] = new.transpose(0, 2, 1, 3).reshape(b * q, h, -1)
-            arrays[self.layer] = buf
-            if self.step.fresh:
-                out.append(new)
+            stored = fmt.pack(new.transpose(0, 2, 1, 3).reshape(b * q, h, -1))
+            assign(arrays[self.layer], self.step.write_slots, stored)
+            if self.step.fresh:  # quantized: the values the pool will give back
+                out.append(fmt.unpack(stored).reshape(b, q, h, -1).transpose(0, 2, 1, 3)
+                           if fmt.quantized else new)  # fmt: skip
                 continue
             # Whole blocks (one index per block, not per token), laid out as each row's keys.
-            blocks = gather_blocks(buf, bs, self.step.read_blocks)
-            if self.step.read_len is not None:
-                blocks = blocks[:, : self.step.read_len]
-            out.append(blocks.transpose(0, 2, 1, 3))
+            blocks = self.pool.gather(arrays[self.layer], self.step.read_blocks)
+            if (n := self.step.read_len) is not None:
+                blocks = each(blocks, lambda p: p[:, :n])  # noqa: B023 (called here)
+            out.append(fmt.unpack(blocks).transpose(0, 2, 1, 3))
         return out[0], out[1]
 
     def make_mask(

@@ -16,6 +16,7 @@ import mlx.core as mx
 
 from mlxd.worker import grammar, logprobs, verification
 from mlxd.worker.decode_tail import DecodeTail, decode_caches
+from mlxd.worker.kv_format import parts
 from mlxd.worker.model_runner import ModelRunner, TokenEvent
 from mlxd.worker.output_head import all_positions
 from mlxd.worker.paged_cache import KVPool, PagedKVCache, PagedStep
@@ -77,8 +78,8 @@ class PagedModelRunner(ModelRunner):
     def kv_bytes(self) -> int:
         """The pool's arrays as they stand, and decode's view or buffers (their graph may be
         unevaluated: then the size they will have): the KV memory reserved now."""
-        buffers = [b for b in self.tail.keys + self.tail.values if b is not None]
-        return self.pool.nbytes + sum(b.nbytes for b in buffers)
+        buffers = [p for b in self.tail.keys + self.tail.values if b is not None for p in parts(b)]
+        return self.pool.nbytes + sum(p.nbytes for p in buffers)
 
     @property
     def kv_reserved_bytes(self) -> int:
@@ -93,7 +94,8 @@ class PagedModelRunner(ModelRunner):
     @property
     def kv_description(self) -> str:
         p = self.pool
-        return (f"paged: up to {p.num_blocks} blocks of {p.block_size} tokens "
+        bits = f"{p.fmt.bits}-bit " if p.fmt.quantized else ""
+        return (f"paged: up to {p.num_blocks} blocks of {p.block_size} {bits}tokens "
                 f"({p.num_blocks * p.bytes_per_block / 2**30:.2f} GiB; {p.capacity} held, "
                 f"grown {p.chunk_blocks} or more at a time), decode view up to "
                 f"{self.max_view_tokens} tokens ({self._view_bytes / 2**30:.2f} GiB)")  # fmt: skip

@@ -60,7 +60,7 @@ class Harness:
     def __init__(
         self, model_path: Path, clock: Any = None, paged: bool = True, num_blocks: int = 256,
         block_size: int = 16, max_view_tokens: int | None = None,
-        chunk_blocks: int | None = None, **sched: Any,
+        chunk_blocks: int | None = None, kv_format: Any = None, **sched: Any,
     ) -> None:  # fmt: skip
         from mlxd.worker.block_pool import BlockPool
         from mlxd.worker.embedder import Embedder
@@ -86,7 +86,7 @@ class Harness:
         elif paged:
             runner = PagedModelRunner(model, encoder.eos_token_ids,
                                       KVPool.for_model(model, num_blocks, block_size,
-                                                       chunk_blocks),
+                                                       chunk_blocks, kv_format),
                                       max_view_tokens)  # fmt: skip
         else:
             runner = ModelRunner(model, encoder.eos_token_ids)
