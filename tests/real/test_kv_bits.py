@@ -5,7 +5,6 @@ at least 24 of 32 on 4 of 5 prompts; all 32 on all 5 measured)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
