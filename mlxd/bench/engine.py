@@ -63,13 +63,15 @@ def new_engine(
     paged: bool = True,
     block_size: int = 32,
     max_view_tokens: int | None = None,
+    kv_bits: int | None = None,
 ) -> Any:
     """An engine whose channel records token timings (see ``engine_level``): on the paged KV
     cache (the daemon's default; a pool for ``max_num_seqs`` full contexts) or the contiguous
     one. ``max_view_tokens`` bounds decode's read view (default: the pool's tokens; 0: decode
-    gathers the pool's blocks every step)."""
+    gathers the pool's blocks every step). ``kv_bits``: the pool quantized (``--kv-bits``)."""
     from mlxd.worker.block_pool import BlockPool
     from mlxd.worker.engine import Engine
+    from mlxd.worker.kv_format import KVFormat
     from mlxd.worker.model_runner import ModelRunner, check_model_supported
     from mlxd.worker.paged_cache import KVPool
     from mlxd.worker.paged_runner import PagedModelRunner
@@ -82,7 +84,7 @@ def new_engine(
         runner, pool = ModelRunner(model, eos), None
     else:
         num_blocks = sched.max_num_seqs * -(-max_context // block_size) + 64
-        pool_kv = KVPool.for_model(model, num_blocks, block_size)
+        pool_kv = KVPool.for_model(model, num_blocks, block_size, fmt=KVFormat(kv_bits))
         runner = PagedModelRunner(model, eos, pool_kv, max_view_tokens)
         pool = BlockPool(num_blocks, block_size)
     return Engine(name="bench", runner=runner, scheduler=Scheduler(sched, pool=pool),
