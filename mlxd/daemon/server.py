@@ -113,6 +113,14 @@ def _warn_without_keys(config: ServeConfig) -> None:
         )
 
 
+# How long an idle keep-alive connection stays open. uvicorn's default (5 s) equals httpx's pool
+# expiry (the openai and anthropic clients), so a client could send on a connection the server
+# was closing at that instant: "Server disconnected without sending a response" (seen in a
+# loaded CI run). Longer than the common clients' idle expiry (httpx 5 s, aiohttp 15 s), the
+# client always closes first.
+KEEP_ALIVE_S = 65
+
+
 def _tcp_config(app: Any, config: ServeConfig, log_level: str) -> Any:
     import uvicorn
 
@@ -120,7 +128,7 @@ def _tcp_config(app: Any, config: ServeConfig, log_level: str) -> Any:
     grace = max(1, round(config.drain_timeout_s))
     return uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
                           lifespan="on", timeout_graceful_shutdown=grace,
-                          access_log=False)  # fmt: skip
+                          timeout_keep_alive=KEEP_ALIVE_S, access_log=False)  # fmt: skip
 
 
 def _admin_note(path: Path, has_key: bool) -> str:

@@ -89,3 +89,21 @@ def test_disconnect_mid_decode_frees_the_sequence(chunky: Daemon) -> None:
     assert after["requests_cancelled"] == before["requests_cancelled"] + 1
     assert after["requests_finished"] == before["requests_finished"]
     assert 0 < after["output_tokens"] - before["output_tokens"] < 4000
+
+
+def test_an_idle_keep_alive_connection_outlives_the_clients_pool_expiry(
+    shared_daemon: Daemon,
+) -> None:
+    """A connection idle for 6 s (past httpx's 5 s pool expiry, the official clients') still
+    answers its next request: the server must not close it first, or a client sending at that
+    instant gets "Server disconnected without sending a response"."""
+    host, port = shared_daemon.base_url.removeprefix("http://").split(":")
+    request = f"GET /health HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        for wait in (0, 6):
+            time.sleep(wait)
+            sock.sendall(request)
+            answer = b""
+            while not answer.endswith(b'{"status":"ok"}') and (chunk := sock.recv(4096)):
+                answer += chunk  # headers and body may come in separate segments
+            assert answer.startswith(b"HTTP/1.1 200"), f"closed after {wait} s idle: {answer!r}"
