@@ -55,9 +55,9 @@ from mlxd.errors import (
     ModelNotFound,
     WorkerUnavailable,
 )
-from mlxd.gateway.control import ControlClient, ReplicaInfo, WorkerInfo
-from mlxd.gateway.replicas import Replica, ReplicaSet
-from mlxd.gateway.workers import ModelClient, WorkerClient
+from mlxd.gateway.local.control import ControlClient, ReplicaInfo, WorkerInfo
+from mlxd.gateway.local.replicas import Replica, ReplicaSet
+from mlxd.gateway.local.workers import ModelClient, WorkerClient
 from mlxd.protocol.channel import control_endpoint
 from mlxd.protocol.messages import Shutdown
 

@@ -21,22 +21,22 @@ from starlette.routing import Route
 
 from mlxd.config import ServeConfig
 from mlxd.errors import InternalError, MlxdError, Overloaded
-from mlxd.gateway import openapi
+from mlxd.gateway import api_schema
 from mlxd.gateway.accesslog import REQUEST_ID_HEADER, AccessLog, RequestRecord
 from mlxd.gateway.admin import admin_routes
-from mlxd.gateway.anthropic import AnthropicEndpoints
+from mlxd.gateway.anthropic.endpoints import AnthropicEndpoints
 from mlxd.gateway.auth import ApiKeyAuth
 from mlxd.gateway.backends.dispatch import Dispatcher
-from mlxd.gateway.embeddings import EmbeddingsEndpoint
 from mlxd.gateway.health import Health
+from mlxd.gateway.local.worker_metrics import WorkerMetrics
+from mlxd.gateway.local.workers import WorkerPool
 from mlxd.gateway.metrics import Metrics
-from mlxd.gateway.openai import OpenAIEndpoints
+from mlxd.gateway.openai.embeddings import EmbeddingsEndpoint
+from mlxd.gateway.openai.endpoints import OpenAIEndpoints
 from mlxd.gateway.overview import Overview
 from mlxd.gateway.ratelimit import RateLimiter
 from mlxd.gateway.recent import RecentRequests
 from mlxd.gateway.status_page import status_page_routes
-from mlxd.gateway.worker_metrics import WorkerMetrics
-from mlxd.gateway.workers import WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def build_app(
         *status_page_routes(),
         Route("/admin/overview", overview.endpoint, methods=["GET"]),
         Route("/health", Health(pool, overview.backends).endpoint, methods=["GET"]),
-        Route("/openapi.json", openapi.endpoint(pool), methods=["GET"]),
+        Route("/openapi.json", api_schema.endpoint(pool), methods=["GET"]),
         Route("/metrics", metrics.endpoint, methods=["GET"]),
         Route("/v1/models", routed.list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", routed.retrieve_model, methods=["GET"]),

@@ -19,8 +19,8 @@ import pytest
 import zmq
 
 from mlxd.errors import ConfigError, WorkerUnavailable
-from mlxd.gateway.control import ControlClient
-from mlxd.gateway.workers import WorkerClient
+from mlxd.gateway.local.control import ControlClient
+from mlxd.gateway.local.workers import WorkerClient
 from mlxd.protocol import codec, curve
 from mlxd.protocol.messages import Finished, Generate, GetStatus, Ping, SamplingParams, TextPrompt
 from tests.e2e.conftest import Daemon, free_port

@@ -16,8 +16,8 @@ from mlxd.config import ModelSpec, ServeConfig
 from mlxd.errors import InvalidRequest, WorkerUnavailable
 from mlxd.gateway.admin import AdminSocketApp
 from mlxd.gateway.app import build_app
-from mlxd.gateway.control import ControlClient
-from mlxd.gateway.workers import StaticPool
+from mlxd.gateway.local.control import ControlClient
+from mlxd.gateway.local.workers import StaticPool
 from mlxd.protocol import codec
 from mlxd.protocol.messages import Ack, Error, Pause, SetConfig
 

@@ -12,10 +12,10 @@ import pytest
 from scripted_worker import DEFAULT_REPLY, MODEL, ScriptedWorker
 
 from mlxd.errors import ModelNotFound, Overloaded, WorkerUnavailable
-from mlxd.gateway.choices import Choices
-from mlxd.gateway.chunks import ChatChunks
-from mlxd.gateway.streaming import DONE, KEEPALIVE, sse_events
-from mlxd.gateway.workers import RequestStream, StaticPool, WorkerClient
+from mlxd.gateway.local.workers import RequestStream, StaticPool, WorkerClient
+from mlxd.gateway.openai.choices import Choices
+from mlxd.gateway.openai.chunks import ChatChunks
+from mlxd.gateway.openai.streaming import DONE, KEEPALIVE, sse_events
 from mlxd.protocol.messages import ChatPrompt, Generate, SamplingParams, TokenDelta
 
 

@@ -6,8 +6,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
 
 from mlxd.gateway.accesslog import RequestRecord
+from mlxd.gateway.local.workers import StaticPool
 from mlxd.gateway.metrics import Metrics
-from mlxd.gateway.workers import StaticPool
 from mlxd.protocol.messages import Finished, TokenDelta, Usage
 
 MODEL = "m"

@@ -3,7 +3,7 @@ completion, the completion (or its chunks) back as a message (or Anthropic's eve
 
 The request goes through the same checks and mapping as the local path
 (``anthropic_schemas.to_openai_chat``) and the answer through the same renderers
-(``anthropic_events``), so the two cannot drift. ``top_k`` has no OpenAI equivalent and is a
+(``anthropic.events``), so the two cannot drift. ``top_k`` has no OpenAI equivalent and is a
 400. OpenAI does not say which stop sequence matched, so a stop is always ``end_turn``.
 """
 
@@ -15,10 +15,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from mlxd.errors import InvalidRequest
-from mlxd.gateway.anthropic_events import message_body, stop_reason, usage_body
-from mlxd.gateway.anthropic_schemas import to_openai_chat
-from mlxd.gateway.responses import ChoiceResult
-from mlxd.gateway.toolcalls import ToolCall
+from mlxd.gateway.anthropic.events import message_body, stop_reason, usage_body
+from mlxd.gateway.anthropic.schemas import to_openai_chat
+from mlxd.gateway.openai.responses import ChoiceResult
+from mlxd.gateway.openai.tools.calls import ToolCall
 from mlxd.protocol.messages import Usage
 
 _DONE = "[DONE]"

@@ -32,10 +32,9 @@ from mlxd.errors import (
     UpstreamTimeout,
     WorkerUnavailable,
 )
-from mlxd.gateway import schemas
 from mlxd.gateway.accesslog import record_of
-from mlxd.gateway.anthropic import AnthropicEndpoints
-from mlxd.gateway.anthropic import render_error as render_anthropic_error
+from mlxd.gateway.anthropic.endpoints import AnthropicEndpoints
+from mlxd.gateway.anthropic.endpoints import render_error as render_anthropic_error
 from mlxd.gateway.backends.anthropic_proxy import AnthropicProxy
 from mlxd.gateway.backends.metrics import BackendMetrics
 from mlxd.gateway.backends.openai_proxy import OpenAIProxy
@@ -43,9 +42,10 @@ from mlxd.gateway.backends.relay import BACKEND_HEADER
 from mlxd.gateway.backends.router import LOCAL, Router, Target
 from mlxd.gateway.backends.upstream import RemoteBackend
 from mlxd.gateway.body import read_body
-from mlxd.gateway.embeddings import EmbeddingsEndpoint
 from mlxd.gateway.metrics import Metrics
-from mlxd.gateway.openai import OpenAIEndpoints
+from mlxd.gateway.openai import schemas
+from mlxd.gateway.openai.embeddings import EmbeddingsEndpoint
+from mlxd.gateway.openai.endpoints import OpenAIEndpoints
 
 log = logging.getLogger(__name__)
 

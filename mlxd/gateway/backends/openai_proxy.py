@@ -38,7 +38,7 @@ from mlxd.gateway.backends.relay import (
 from mlxd.gateway.backends.router import Target
 from mlxd.gateway.backends.upstream import RemoteBackend
 from mlxd.gateway.metrics import Metrics
-from mlxd.gateway.streaming import DONE, sse
+from mlxd.gateway.openai.streaming import DONE, sse
 from mlxd.protocol.messages import Usage
 
 log = logging.getLogger(__name__)

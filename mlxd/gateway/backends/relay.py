@@ -21,7 +21,7 @@ from mlxd.gateway.accesslog import record_of
 from mlxd.gateway.backends.metrics import BackendMetrics
 from mlxd.gateway.backends.router import Target
 from mlxd.gateway.backends.upstream import RemoteBackend
-from mlxd.gateway.schemas import priority_of
+from mlxd.gateway.openai.schemas import priority_of
 
 log = logging.getLogger(__name__)
 

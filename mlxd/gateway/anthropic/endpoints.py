@@ -1,8 +1,8 @@
 """The Anthropic Messages API: ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``.
 
-Requests are translated (``anthropic_schemas``) into the chat request the OpenAI endpoints
+Requests are translated (``schemas``) into the chat request the OpenAI endpoints
 serve and run through the same path (``OpenAIEndpoints.open_request``); answers are rendered in
-Anthropic's shapes (``anthropic_events``), errors too: ``{"type": "error", "error": {...}}``.
+Anthropic's shapes (``events``), errors too: ``{"type": "error", "error": {...}}``.
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from mlxd.errors import InvalidRequest, MlxdError, Overloaded
-from mlxd.gateway import schemas
 from mlxd.gateway.accesslog import REQUEST_ID_HEADER, record_of
-from mlxd.gateway.anthropic_events import error_type, message_body, message_events
-from mlxd.gateway.anthropic_schemas import parse_count_tokens, parse_messages
+from mlxd.gateway.anthropic.events import error_type, message_body, message_events
+from mlxd.gateway.anthropic.schemas import parse_count_tokens, parse_messages
 from mlxd.gateway.body import CLIENT_CLOSED_REQUEST, read_body
-from mlxd.gateway.collect import collect_while_connected, first_while_connected
-from mlxd.gateway.openai import OpenAIEndpoints
-from mlxd.gateway.streaming import EventStreamResponse
-from mlxd.gateway.toolcalls import split_tool_calls
+from mlxd.gateway.openai import schemas
+from mlxd.gateway.openai.collect import collect_while_connected, first_while_connected
+from mlxd.gateway.openai.endpoints import OpenAIEndpoints
+from mlxd.gateway.openai.streaming import EventStreamResponse
+from mlxd.gateway.openai.tools.calls import split_tool_calls
 from mlxd.protocol.messages import CountTokens
 
 

@@ -11,7 +11,12 @@ import asyncio
 from dataclasses import replace
 
 from mlxd.errors import MlxdError, RequestTimeout
-from mlxd.gateway.workers import MAX_BUFFERED_EVENTS, ModelClient, RequestStream, StreamObserver
+from mlxd.gateway.local.workers import (
+    MAX_BUFFERED_EVENTS,
+    ModelClient,
+    RequestStream,
+    StreamObserver,
+)
 from mlxd.protocol.messages import Finished, Generate, TokenDelta, Usage
 
 _SEED_SPAN = 2**64  # seeds wrap within the signed 64-bit range the API accepts

@@ -1,7 +1,7 @@
 """Tools in requests: ``tools``, ``tool_choice`` and the ``tool_calls`` of assistant messages.
 
 The tools go to the model's chat template (the worker renders them); the model's calls come back
-in its text and are parsed by ``toolcalls``. ``tool_choice`` "required" or a named function
+in its text and are parsed by ``calls``. ``tool_choice`` "required" or a named function
 constrains the output (the worker's constrained decoding, as for ``response_format``) to one
 call's JSON body, ``{"name": ..., "arguments": {...}}`` valid against the tool's parameters, as
 vLLM does; the gateway then reads the whole output as that call.

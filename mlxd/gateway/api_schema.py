@@ -1,6 +1,6 @@
 """The gateway's OpenAPI 3 document, served at ``/openapi.json``.
 
-Hand-written from ``schemas.py`` (the validator is the reference: it also rejects what this
+Hand-written from ``openai/schemas.py`` (the validator is the reference: it also rejects what this
 document cannot express, e.g. ``min_tokens`` > ``max_tokens``). Clients and fuzzers
 (schemathesis) read it; every rejection it leads to is an OpenAI-shaped error.
 """
@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from mlxd import __version__
-from mlxd.gateway.workers import WorkerPool
+from mlxd.gateway.local.workers import WorkerPool
 from mlxd.knobs import PRIORITIES
 
 _NUM = {"type": "number"}

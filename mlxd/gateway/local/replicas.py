@@ -21,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mlxd.errors import MlxdError, WorkerUnavailable
-from mlxd.gateway.control import ControlClient
-from mlxd.gateway.prefix_router import PrefixRouter, RoundRobin, prefix_keys
-from mlxd.gateway.workers import RequestStream, StreamObserver, WorkerClient
+from mlxd.gateway.local.control import ControlClient
+from mlxd.gateway.local.prefix_router import PrefixRouter, RoundRobin, prefix_keys
+from mlxd.gateway.local.workers import RequestStream, StreamObserver, WorkerClient
 from mlxd.protocol.messages import (
     CountTokens,
     Embed,

@@ -26,7 +26,7 @@ from mlxd.errors import (
     WorkerUnavailable,
     error_from_code,
 )
-from mlxd.gateway.control import ControlClient, WorkerInfo
+from mlxd.gateway.local.control import ControlClient, WorkerInfo
 from mlxd.protocol import codec, curve
 from mlxd.protocol.channel import control_endpoint
 from mlxd.protocol.messages import (
@@ -170,7 +170,7 @@ class WorkerClient:
         self._background: set[asyncio.Future[None]] = set()
         self._described: Pong | None = None
         # Set by a ReplicaSet: offered each failed stream that received nothing yet; True means
-        # another replica took it over (gateway/replicas.py).
+        # another replica took it over (gateway/local/replicas.py).
         self.rescue: Callable[[RequestStream, WorkerClient], bool] | None = None
 
     @property
@@ -397,7 +397,7 @@ class WorkerClient:
 
 class ModelClient(Protocol):
     """What the endpoints use of a model's workers: one ``WorkerClient``, or a ``ReplicaSet``
-    (gateway/replicas.py) that picks a replica per request."""
+    (gateway/local/replicas.py) that picks a replica per request."""
 
     name: str
 

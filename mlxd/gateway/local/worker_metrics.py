@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from mlxd.errors import MlxdError
-from mlxd.gateway.control import ControlClient
-from mlxd.gateway.workers import WorkerPool
+from mlxd.gateway.local.control import ControlClient
+from mlxd.gateway.local.workers import WorkerPool
 from mlxd.protocol.messages import GetStats, GetStatus, StatsReply, StatusReply
 
 log = logging.getLogger(__name__)

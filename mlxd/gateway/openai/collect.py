@@ -9,9 +9,9 @@ from typing import TypeVar
 
 from starlette.requests import Request
 
-from mlxd.gateway.choices import Choices
-from mlxd.gateway.responses import ChoiceResult
-from mlxd.gateway.streaming import next_event
+from mlxd.gateway.openai.choices import Choices
+from mlxd.gateway.openai.responses import ChoiceResult
+from mlxd.gateway.openai.streaming import next_event
 from mlxd.protocol.messages import Finished, TokenDelta
 
 _T = TypeVar("_T")

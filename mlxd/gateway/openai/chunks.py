@@ -11,10 +11,10 @@ from collections.abc import Callable
 from json.encoder import encode_basestring
 from typing import Any
 
-from mlxd.gateway.logprobs import chat_logprobs, completion_logprobs
-from mlxd.gateway.responses import finish_reason, usage_dict
-from mlxd.gateway.streaming import sse
-from mlxd.gateway.toolcalls import ToolCall, ToolCallParser
+from mlxd.gateway.openai.logprobs import chat_logprobs, completion_logprobs
+from mlxd.gateway.openai.responses import finish_reason, usage_dict
+from mlxd.gateway.openai.streaming import sse
+from mlxd.gateway.openai.tools.calls import ToolCall, ToolCallParser
 from mlxd.protocol.messages import Finished, TokenLogprob, Usage
 
 _MARK = "mlxd-text-mark-5f0c"  # where a chunk's text goes in a frame template

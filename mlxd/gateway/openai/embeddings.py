@@ -17,11 +17,11 @@ from starlette.responses import JSONResponse, Response
 
 from mlxd.config import ServeConfig
 from mlxd.errors import InvalidRequest
-from mlxd.gateway import schemas
 from mlxd.gateway.accesslog import REQUEST_ID_HEADER, record_of
 from mlxd.gateway.body import read_body
-from mlxd.gateway.openai import MAX_REQUEST_ID_CHARS
-from mlxd.gateway.workers import WorkerPool
+from mlxd.gateway.local.workers import WorkerPool
+from mlxd.gateway.openai import schemas
+from mlxd.gateway.openai.endpoints import MAX_REQUEST_ID_CHARS
 from mlxd.protocol.messages import Embed, Embeddings, TextPrompt, TokenPrompt
 
 MAX_INPUTS = 2048  # OpenAI's limit per request

@@ -6,8 +6,8 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlxd.gateway.logprobs import chat_logprobs, completion_logprobs
-from mlxd.gateway.toolcalls import ToolCall
+from mlxd.gateway.openai.logprobs import chat_logprobs, completion_logprobs
+from mlxd.gateway.openai.tools.calls import ToolCall
 from mlxd.protocol.messages import TokenLogprob, Usage
 
 

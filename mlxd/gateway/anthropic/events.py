@@ -16,11 +16,11 @@ from typing import Any
 import anyio
 
 from mlxd.errors import MlxdError
-from mlxd.gateway.choices import Choices
-from mlxd.gateway.responses import ChoiceResult
-from mlxd.gateway.schemas import ParsedRequest
-from mlxd.gateway.streaming import KEEPALIVE_S, next_event
-from mlxd.gateway.toolcalls import ToolCall, ToolCallParser
+from mlxd.gateway.openai.choices import Choices
+from mlxd.gateway.openai.responses import ChoiceResult
+from mlxd.gateway.openai.schemas import ParsedRequest
+from mlxd.gateway.openai.streaming import KEEPALIVE_S, next_event
+from mlxd.gateway.openai.tools.calls import ToolCall, ToolCallParser
 from mlxd.protocol.messages import Finished, TokenDelta, Usage
 
 log = logging.getLogger(__name__)

@@ -12,9 +12,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from mlxd.errors import InvalidRequest
-from mlxd.gateway.tool_formats import tool_format
-from mlxd.gateway.toolcalls import ToolCallParser
-from mlxd.gateway.tools import ToolUse, message_tool_calls, parse_tool_use
+from mlxd.gateway.openai.tools.calls import ToolCallParser
+from mlxd.gateway.openai.tools.definitions import ToolUse, message_tool_calls, parse_tool_use
+from mlxd.gateway.openai.tools.formats import tool_format
 from mlxd.knobs import PRIORITIES
 from mlxd.protocol.messages import (
     ChatPrompt,

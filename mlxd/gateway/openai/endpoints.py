@@ -19,18 +19,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from mlxd.config import ServeConfig
-from mlxd.gateway import responses, schemas
 from mlxd.gateway.accesslog import REQUEST_ID_HEADER, RequestRecord, loggable_prompt, record_of
 from mlxd.gateway.body import CLIENT_CLOSED_REQUEST, read_body
-from mlxd.gateway.choices import Choices, generates
-from mlxd.gateway.chunks import ChatChunks, TextChunks
-from mlxd.gateway.collect import collect_while_connected, first_while_connected
+from mlxd.gateway.local.workers import StreamObserver, WorkerPool
 from mlxd.gateway.metrics import Metrics
-from mlxd.gateway.responses import ChoiceResult
-from mlxd.gateway.schemas import ParsedRequest
-from mlxd.gateway.streaming import ChunkFormat, EventStreamResponse, sse_events
-from mlxd.gateway.toolcalls import split_tool_calls
-from mlxd.gateway.workers import StreamObserver, WorkerPool
+from mlxd.gateway.openai import responses, schemas
+from mlxd.gateway.openai.choices import Choices, generates
+from mlxd.gateway.openai.chunks import ChatChunks, TextChunks
+from mlxd.gateway.openai.collect import collect_while_connected, first_while_connected
+from mlxd.gateway.openai.responses import ChoiceResult
+from mlxd.gateway.openai.schemas import ParsedRequest
+from mlxd.gateway.openai.streaming import ChunkFormat, EventStreamResponse, sse_events
+from mlxd.gateway.openai.tools.calls import split_tool_calls
 from mlxd.protocol.messages import Usage
 
 MAX_REQUEST_ID_CHARS = 128

@@ -1,6 +1,6 @@
 """Tool calls in model output, split from the content as it streams.
 
-The markers and the parse function come from the model's ``ToolFormat`` (``tool_formats``):
+The markers and the parse function come from the model's ``ToolFormat`` (``formats``):
 Hermes / Qwen ``<tool_call>{json}</tool_call>`` by default, or one of mlx-lm's parsers. A call
 that does not parse (the model stopped mid-call, or wrote bad JSON) is handed back as ordinary
 content: output is never dropped.
@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from mlxd.gateway.tool_formats import JSON_TOOLS, ToolFormat
+from mlxd.gateway.openai.tools.formats import JSON_TOOLS, ToolFormat
 
 TOOL_CALL_START = JSON_TOOLS.start
 TOOL_CALL_END = JSON_TOOLS.end

@@ -20,7 +20,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from mlxd.errors import MlxdError, RequestTimeout
-from mlxd.gateway.choices import Choices
+from mlxd.gateway.openai.choices import Choices
 from mlxd.protocol.messages import Finished, TokenDelta, TokenLogprob, Usage
 
 log = logging.getLogger(__name__)
