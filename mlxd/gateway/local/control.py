@@ -16,7 +16,8 @@ import zmq
 import zmq.asyncio
 
 from mlxd.errors import ProtocolError, WorkerUnavailable, error_from_code
-from mlxd.protocol import codec, curve
+from mlxd.protocol import curve
+from mlxd.protocol.client_channel import ClientChannel
 from mlxd.protocol.messages import ControlReply, ControlRequest, Error
 
 log = logging.getLogger(__name__)
@@ -88,15 +89,14 @@ class ControlClient:
     ) -> None:
         self.name = name
         self.endpoint = endpoint
-        self._keys = curve.require(endpoint, keys)  # a tcp:// link without keys is refused
+        self._channel = ClientChannel(name, endpoint, keys)  # ConfigError: tcp:// without keys
         self._context = context
-        self._socket: zmq.asyncio.Socket | None = None
         self._lock = asyncio.Lock()
         self._ids = itertools.count()
 
     def sibling(self) -> ControlClient:
         """Another client of the same worker, with its own connection (and lock)."""
-        return ControlClient(self.name, self.endpoint, self._context, keys=self._keys)
+        return ControlClient(self.name, self.endpoint, self._context, keys=self._channel.keys)
 
     def next_id(self) -> str:
         """A fresh request id for the next control message."""
@@ -112,13 +112,16 @@ class ControlClient:
             MlxdError: the worker answered with an ``Error`` (rebuilt from its code).
         """
         async with self._lock:
-            sock = self._connect()
+            if self._context is None:
+                self._context = zmq.asyncio.Context.instance()
+            self._channel.open(self._context)
             try:
                 async with asyncio.timeout(timeout_s):
-                    await sock.send_multipart(codec.encode(msg))
-                    reply = await self._recv_reply(sock, msg.request_id)
+                    await self._channel.send(msg)
+                    reply = await self._recv_reply(msg.request_id)
             except TimeoutError:
-                self._disconnect()
+                # Drop the socket, and with it any command still queued for a worker that is down.
+                self._channel.close()
                 raise WorkerUnavailable(
                     f"the worker for {self.name!r} did not answer {msg.TAG!r} within {timeout_s:g}s"
                 ) from None
@@ -127,34 +130,14 @@ class ControlClient:
         return reply
 
     async def close(self) -> None:
-        self._disconnect()
+        self._channel.close()
 
     # Internal helpers
 
-    def _connect(self) -> zmq.asyncio.Socket:
-        if self._socket is None:
-            if self._context is None:
-                self._context = zmq.asyncio.Context.instance()
-            sock = self._context.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            if self._keys is not None:
-                curve.make_client(sock, self._keys, self.name)
-            # No zmq.IMMEDIATE: with it, a reply from a worker that exits right after sending
-            # (shutdown) can be lost. Stale commands are dropped by _disconnect instead.
-            sock.connect(self.endpoint)
-            self._socket = sock
-        return self._socket
-
-    def _disconnect(self) -> None:
-        if self._socket is not None:
-            self._socket.close(linger=0)
-            self._socket = None
-
-    async def _recv_reply(self, sock: zmq.asyncio.Socket, request_id: str) -> ControlReply:
+    async def _recv_reply(self, request_id: str) -> ControlReply:
         while True:
-            frames = await sock.recv_multipart()
             try:
-                reply = codec.decode(frames)
+                reply = await self._channel.recv()
             except ProtocolError as exc:
                 log.warning("dropped a bad control reply from %r: %s", self.name, exc.message)
                 continue

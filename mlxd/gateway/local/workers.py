@@ -27,8 +27,9 @@ from mlxd.errors import (
     error_from_code,
 )
 from mlxd.gateway.local.control import ControlClient, WorkerInfo
-from mlxd.protocol import codec, curve
+from mlxd.protocol import curve
 from mlxd.protocol.channel import control_endpoint
+from mlxd.protocol.client_channel import ClientChannel
 from mlxd.protocol.messages import (
     Cancel,
     CountTokens,
@@ -157,10 +158,11 @@ class WorkerClient:
     ) -> None:
         self.name = name
         self.endpoint = endpoint
-        self._keys = curve.require(endpoint, keys)  # a tcp:// link without keys is refused
+        # ConfigError here for tcp:// without keys. Unbounded: never drop frames silently,
+        # backpressure is the worker scheduler's queue limit.
+        self._channel = ClientChannel(name, endpoint, keys, unbounded=True)
         self._owns_context = context is None
         self._context = context
-        self._socket: zmq.asyncio.Socket | None = None
         self._reader: asyncio.Task[None] | None = None
         self._streams: dict[str, RequestStream] = {}
         self._pings: dict[str, asyncio.Future[Pong]] = {}
@@ -182,15 +184,7 @@ class WorkerClient:
         """Connect the DEALER socket and start routing incoming events."""
         if self._context is None:
             self._context = zmq.asyncio.Context()
-        sock = self._context.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        # Never drop frames silently: backpressure is the worker scheduler's queue limit.
-        sock.setsockopt(zmq.SNDHWM, 0)
-        sock.setsockopt(zmq.RCVHWM, 0)
-        if self._keys is not None:
-            curve.make_client(sock, self._keys, self.name)
-        sock.connect(self.endpoint)
-        self._socket = sock
+        self._channel.open(self._context)
         self._reader = asyncio.create_task(self._read_loop(), name=f"mlxd-reader-{self.name}")
 
     async def close(self) -> None:
@@ -200,9 +194,7 @@ class WorkerClient:
             self._reader.cancel()
             await asyncio.gather(self._reader, return_exceptions=True)
             self._reader = None
-        if self._socket is not None:
-            self._socket.close(linger=0)
-            self._socket = None
+        self._channel.close()
         if self._owns_context and self._context is not None:
             self._context.term()
             self._context = None
@@ -341,27 +333,24 @@ class WorkerClient:
         task.add_done_callback(self._background.discard)
 
     async def _send(self, msg: Message) -> None:
-        if self._socket is None:
+        if not self._channel.is_open:
             raise WorkerUnavailable(f"worker {self.name!r} is not connected")
         try:
-            await self._socket.send_multipart(codec.encode(msg))
+            await self._channel.send(msg)
         except zmq.ZMQError as exc:
             raise WorkerUnavailable(f"cannot send to worker {self.name!r}: {exc}") from None
 
     async def _read_loop(self) -> None:
-        assert self._socket is not None
         while True:
             try:
-                frames = await self._socket.recv_multipart()
+                msg = await self._channel.recv()
+            except ProtocolError as exc:
+                log.warning("dropped a bad frame set from worker %r: %s", self.name, exc.message)
+                continue
             except zmq.ZMQError as exc:
                 log.error("reader for worker %r stopped: %s", self.name, exc)
                 self.fail_all(WorkerUnavailable(f"lost the connection to worker {self.name!r}"))
                 return
-            try:
-                msg = codec.decode(frames)
-            except ProtocolError as exc:
-                log.warning("dropped a bad frame set from worker %r: %s", self.name, exc.message)
-                continue
             self._dispatch(msg)
 
     def _dispatch(self, msg: Message) -> None:
