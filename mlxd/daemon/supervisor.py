@@ -56,8 +56,9 @@ from mlxd.errors import (
     WorkerUnavailable,
 )
 from mlxd.gateway.local.control import ControlClient, ReplicaInfo, WorkerInfo
+from mlxd.gateway.local.pool import ModelClient
 from mlxd.gateway.local.replicas import Replica, ReplicaSet
-from mlxd.gateway.local.workers import ModelClient, WorkerClient
+from mlxd.gateway.local.workers import WorkerClient
 from mlxd.protocol.channel import control_endpoint
 from mlxd.protocol.messages import Shutdown
 

@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mlxd import __version__
 from mlxd.errors import Forbidden, InvalidRequest, Unauthorized, WorkerUnavailable
-from mlxd.gateway.local.workers import WorkerPool
+from mlxd.gateway.local.pool import WorkerPool
 from mlxd.gateway.openai import schemas
 from mlxd.knobs import LIVE_KNOBS
 from mlxd.protocol import codec

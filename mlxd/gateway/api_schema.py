@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from mlxd import __version__
-from mlxd.gateway.local.workers import WorkerPool
+from mlxd.gateway.local.pool import WorkerPool
 from mlxd.knobs import PRIORITIES
 
 _NUM = {"type": "number"}

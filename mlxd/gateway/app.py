@@ -28,8 +28,8 @@ from mlxd.gateway.anthropic.endpoints import AnthropicEndpoints
 from mlxd.gateway.auth import ApiKeyAuth
 from mlxd.gateway.backends.dispatch import Dispatcher
 from mlxd.gateway.health import Health
+from mlxd.gateway.local.pool import WorkerPool
 from mlxd.gateway.local.worker_metrics import WorkerMetrics
-from mlxd.gateway.local.workers import WorkerPool
 from mlxd.gateway.metrics import Metrics
 from mlxd.gateway.openai.embeddings import EmbeddingsEndpoint
 from mlxd.gateway.openai.endpoints import OpenAIEndpoints

@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from mlxd.gateway.backends.upstream import RemoteBackend
-from mlxd.gateway.local.workers import WorkerPool
+from mlxd.gateway.local.pool import WorkerPool
 
 # A backend counts as failing after this many failures in a row: one 502 from a cloud API is
 # noise a fallback absorbs, three in a row is an outage the operator should see.

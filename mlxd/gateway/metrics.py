@@ -22,7 +22,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from mlxd.gateway.accesslog import RequestRecord
-from mlxd.gateway.local.workers import StreamObserver, WorkerPool
+from mlxd.gateway.local.pool import WorkerPool
+from mlxd.gateway.local.workers import StreamObserver
 from mlxd.protocol.messages import Finished, TokenDelta
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,

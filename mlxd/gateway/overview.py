@@ -30,8 +30,8 @@ from mlxd.errors import Forbidden, Unauthorized
 from mlxd.gateway.admin import ADMIN_SOCKET
 from mlxd.gateway.auth import KeyRing, is_loopback, presented_key
 from mlxd.gateway.backends.upstream import RemoteBackend
+from mlxd.gateway.local.pool import WorkerPool
 from mlxd.gateway.local.worker_metrics import WorkerMetrics
-from mlxd.gateway.local.workers import WorkerPool
 from mlxd.gateway.recent import RecentRequests
 from mlxd.protocol import codec
 from mlxd.protocol.messages import StatsReply, StatusReply

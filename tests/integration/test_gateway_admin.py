@@ -17,7 +17,7 @@ from mlxd.errors import InvalidRequest, WorkerUnavailable
 from mlxd.gateway.admin import AdminSocketApp
 from mlxd.gateway.app import build_app
 from mlxd.gateway.local.control import ControlClient
-from mlxd.gateway.local.workers import StaticPool
+from mlxd.gateway.local.pool import StaticPool
 from mlxd.protocol import codec
 from mlxd.protocol.messages import Ack, Error, Pause, SetConfig
 

@@ -12,7 +12,8 @@ import pytest
 from scripted_worker import DEFAULT_REPLY, MODEL, ScriptedWorker
 
 from mlxd.errors import ModelNotFound, Overloaded, WorkerUnavailable
-from mlxd.gateway.local.workers import RequestStream, StaticPool, WorkerClient
+from mlxd.gateway.local.pool import StaticPool
+from mlxd.gateway.local.workers import RequestStream, WorkerClient
 from mlxd.gateway.openai.choices import Choices
 from mlxd.gateway.openai.chunks import ChatChunks
 from mlxd.gateway.openai.streaming import DONE, KEEPALIVE, sse_events

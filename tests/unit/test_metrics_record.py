@@ -6,7 +6,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
 
 from mlxd.gateway.accesslog import RequestRecord
-from mlxd.gateway.local.workers import StaticPool
+from mlxd.gateway.local.pool import StaticPool
 from mlxd.gateway.metrics import Metrics
 from mlxd.protocol.messages import Finished, TokenDelta, Usage
 

@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from mlxd.errors import MlxdError
 from mlxd.gateway.local.control import ControlClient
-from mlxd.gateway.local.workers import WorkerPool
+from mlxd.gateway.local.pool import WorkerPool
 from mlxd.protocol.messages import GetStats, GetStatus, StatsReply, StatusReply
 
 log = logging.getLogger(__name__)

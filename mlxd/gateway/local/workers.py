@@ -1,8 +1,8 @@
 """The gateway's side of the data plane: one DEALER per worker, one queue per request.
 
 A ``WorkerClient`` owns a DEALER socket connected to a worker's ROUTER and a reader task that
-routes every incoming event to the ``RequestStream`` with its ``request_id``. A ``WorkerPool``
-maps model names to clients; ``StaticPool`` serves workers that are already running.
+routes every incoming event to the ``RequestStream`` with its ``request_id``. The pools that map
+model names to clients are in ``pool``.
 """
 
 from __future__ import annotations
@@ -11,24 +11,20 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import zmq
 import zmq.asyncio
 
 from mlxd.errors import (
     InternalError,
-    InvalidRequest,
     MlxdError,
-    ModelNotFound,
     ProtocolError,
     RequestTimeout,
     WorkerUnavailable,
     error_from_code,
 )
-from mlxd.gateway.local.control import ControlClient, WorkerInfo
 from mlxd.protocol import curve
-from mlxd.protocol.channel import control_endpoint
 from mlxd.protocol.client_channel import ClientChannel
 from mlxd.protocol.messages import (
     Cancel,
@@ -382,140 +378,3 @@ class WorkerClient:
             log.debug("dropped %s for unknown request %r", type(event).__name__, event.request_id)
             return
         stream._put(event)
-
-
-class ModelClient(Protocol):
-    """What the endpoints use of a model's workers: one ``WorkerClient``, or a ``ReplicaSet``
-    (gateway/local/replicas.py) that picks a replica per request."""
-
-    name: str
-
-    @property
-    def in_flight(self) -> int: ...
-
-    async def describe(self, timeout_s: float) -> Pong: ...
-
-    async def open_stream(
-        self, gen: Generate, observer: StreamObserver | None = None
-    ) -> RequestStream: ...
-
-    async def embed(self, msg: Embed, timeout_s: float) -> Embeddings: ...
-
-    async def count_tokens(self, msg: CountTokens, timeout_s: float) -> TokenCount: ...
-
-
-class WorkerPool(Protocol):
-    """Model name -> ``WorkerClient``. The supervisor implements it for spawned workers."""
-
-    def names(self) -> list[str]:
-        """The model names served, in display order."""
-        ...
-
-    async def client(self, name: str) -> ModelClient:
-        """The client for ``name``; raise ``ModelNotFound`` (param ``model``) if unknown."""
-        ...
-
-    async def start(self) -> None:
-        """Connect to (or spawn) the workers; called from the app's lifespan."""
-        ...
-
-    async def stop(self) -> None:
-        """Disconnect from (or stop) the workers; called from the app's lifespan."""
-        ...
-
-    def restarts(self, name: str) -> int:
-        """How many times the worker for ``name`` was restarted (0 if never or not supervised)."""
-        ...
-
-    def control(self, name: str) -> ControlClient:
-        """The control-plane client of ``name``'s worker; raise ``ModelNotFound`` if unknown."""
-        ...
-
-    def info(self, name: str) -> WorkerInfo:
-        """How the pool sees ``name``'s worker: state, pid, restarts, last error, memory.
-
-        ``name`` may be an alias; raise ``ModelNotFound`` if unknown."""
-        ...
-
-    def budget(self) -> dict[str, int | None]:
-        """``max_memory_bytes`` (None: no budget) and ``reserved_bytes`` of loaded workers."""
-        ...
-
-    async def load(self, name: str, wait: bool = True) -> WorkerInfo:
-        """Start ``name``'s worker if it is not running (``MemoryBudgetExceeded`` if it cannot
-        fit); with ``wait``, return once it is ready."""
-        ...
-
-    async def unload(self, name: str, reason: str = "unloaded on request") -> WorkerInfo:
-        """Drain and stop ``name``'s worker; a later request loads it again."""
-        ...
-
-
-class StaticPool:
-    """A ``WorkerPool`` over workers that are already running (``--worker`` attach, tests).
-
-    Args:
-        endpoints: model name -> the worker's ROUTER endpoint.
-        keys: CURVE keys for ``tcp://`` endpoints.
-    """
-
-    def __init__(self, endpoints: dict[str, str], keys: curve.CurveKeys | None = None) -> None:
-        self.endpoints = dict(endpoints)
-        self.keys = keys
-        self._context: zmq.asyncio.Context | None = None
-        self._clients: dict[str, WorkerClient] = {}
-        self._controls = {n: ControlClient(n, control_endpoint(e), keys=keys)
-                          for n, e in endpoints.items()}  # fmt: skip
-
-    def names(self) -> list[str]:
-        return list(self.endpoints)
-
-    def restarts(self, name: str) -> int:
-        return 0  # not our processes: nothing restarts them
-
-    def control(self, name: str) -> ControlClient:
-        if name not in self._controls:
-            raise ModelNotFound(f"The model {name!r} does not exist", param="model")
-        return self._controls[name]
-
-    def info(self, name: str) -> WorkerInfo:
-        self.control(name)  # unknown name -> ModelNotFound
-        client = self._clients.get(name)
-        state = "stopped" if client is None else "ready"
-        return WorkerInfo(state=state, in_flight=0 if client is None else client.in_flight)
-
-    def budget(self) -> dict[str, int | None]:
-        return {"max_memory_bytes": None, "reserved_bytes": 0}
-
-    async def load(self, name: str, wait: bool = True) -> WorkerInfo:
-        self.control(name)
-        raise InvalidRequest(f"the worker for {name!r} was attached, not started by mlxd: it "
-                             "cannot be loaded or unloaded here")  # fmt: skip
-
-    async def unload(self, name: str, reason: str = "unloaded on request") -> WorkerInfo:
-        return await self.load(name)
-
-    async def client(self, name: str) -> WorkerClient:
-        if name not in self.endpoints:
-            raise ModelNotFound(f"The model {name!r} does not exist", param="model")
-        client = self._clients.get(name)
-        if client is None:
-            raise WorkerUnavailable(f"the worker for {name!r} is not connected")
-        return client
-
-    async def start(self) -> None:
-        self._context = zmq.asyncio.Context()
-        for name, endpoint in self.endpoints.items():
-            client = WorkerClient(name, endpoint, self._context, self.keys)
-            await client.start()
-            self._clients[name] = client
-
-    async def stop(self) -> None:
-        clients, self._clients = self._clients, {}
-        for client in clients.values():
-            await client.close()
-        for control in self._controls.values():
-            await control.close()
-        if self._context is not None:
-            self._context.term()
-            self._context = None

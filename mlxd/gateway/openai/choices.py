@@ -11,12 +11,8 @@ import asyncio
 from dataclasses import replace
 
 from mlxd.errors import MlxdError, RequestTimeout
-from mlxd.gateway.local.workers import (
-    MAX_BUFFERED_EVENTS,
-    ModelClient,
-    RequestStream,
-    StreamObserver,
-)
+from mlxd.gateway.local.pool import ModelClient
+from mlxd.gateway.local.workers import MAX_BUFFERED_EVENTS, RequestStream, StreamObserver
 from mlxd.protocol.messages import Finished, Generate, TokenDelta, Usage
 
 _SEED_SPAN = 2**64  # seeds wrap within the signed 64-bit range the API accepts

@@ -19,7 +19,7 @@ from mlxd.config import ServeConfig
 from mlxd.errors import InvalidRequest
 from mlxd.gateway.accesslog import REQUEST_ID_HEADER, record_of
 from mlxd.gateway.body import read_body
-from mlxd.gateway.local.workers import WorkerPool
+from mlxd.gateway.local.pool import WorkerPool
 from mlxd.gateway.openai import schemas
 from mlxd.gateway.openai.endpoints import MAX_REQUEST_ID_CHARS
 from mlxd.protocol.messages import Embed, Embeddings, TextPrompt, TokenPrompt

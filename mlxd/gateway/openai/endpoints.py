@@ -21,7 +21,8 @@ from starlette.responses import JSONResponse, Response
 from mlxd.config import ServeConfig
 from mlxd.gateway.accesslog import REQUEST_ID_HEADER, RequestRecord, loggable_prompt, record_of
 from mlxd.gateway.body import CLIENT_CLOSED_REQUEST, read_body
-from mlxd.gateway.local.workers import StreamObserver, WorkerPool
+from mlxd.gateway.local.pool import WorkerPool
+from mlxd.gateway.local.workers import StreamObserver
 from mlxd.gateway.metrics import Metrics
 from mlxd.gateway.openai import responses, schemas
 from mlxd.gateway.openai.choices import Choices, generates
