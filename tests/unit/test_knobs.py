@@ -117,8 +117,8 @@ def test_priority_names_are_defined_once() -> None:
     """The wire, the API schema, API key tiers, the worker's queue levels and the gateway's
     validation all use ``knobs.PRIORITIES``, in its order (highest first)."""
     from mlxd.config import API_KEY_TIERS
-    from mlxd.gateway.openapi import document
-    from mlxd.gateway.schemas import priority_of
+    from mlxd.gateway.api_schema import document
+    from mlxd.gateway.openai.schemas import priority_of
     from mlxd.knobs import PRIORITIES
     from mlxd.worker.sequence import PRIORITY_LEVELS
 
