@@ -33,8 +33,8 @@ class Bounds(NamedTuple):
         return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
 
 
-# One range per float parameter: the gateway parses with these (schemas.py), the worker checks
-# them again, so both give the same rule (OpenAI's where it has one).
+# One range per float parameter: the gateway parses with these (gateway/openai/schemas.py), the
+# worker checks them again, so both give the same rule (OpenAI's where it has one).
 SAMPLING_BOUNDS = {
     "temperature": Bounds(0.0, 2.0),
     "top_p": Bounds(0.0, 1.0, low_open=True),

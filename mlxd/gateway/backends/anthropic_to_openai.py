@@ -2,7 +2,7 @@
 completion, the completion (or its chunks) back as a message (or Anthropic's events).
 
 The request goes through the same checks and mapping as the local path
-(``anthropic_schemas.to_openai_chat``) and the answer through the same renderers
+(``anthropic.schemas.to_openai_chat``) and the answer through the same renderers
 (``anthropic.events``), so the two cannot drift. ``top_k`` has no OpenAI equivalent and is a
 400. OpenAI does not say which stop sequence matched, so a stop is always ``end_turn``.
 """
