@@ -356,6 +356,28 @@ def test_no_failover_after_the_first_token(front: Front) -> None:
     assert events[2:] == ["[DONE]"]
 
 
+def test_a_client_leaving_cancels_the_upstream_request(front: Front) -> None:
+    """The client of a remote model's stream goes away after the first event: the gateway
+    closes the upstream stream, and the upstream mlxd cancels the request (far short of its
+    tokens)."""
+    stats = "/admin/models/tiny/stats"
+    before = front.upstream.admin_get(stats).json()
+    body = {"model": "remote", "messages": MESSAGES, "max_tokens": 400, "stream": True,
+            "ignore_eos": True}  # fmt: skip
+    url = f"{front.daemon.base_url}/v1/chat/completions"
+    with httpx.stream("POST", url, json=body, headers={"Authorization": f"Bearer {CLIENT_KEY}"},
+                      timeout=30) as r:  # fmt: skip
+        assert next(r.iter_lines()).startswith("data: ")
+    deadline = time.monotonic() + 15
+    while (after := front.upstream.admin_get(stats).json())["requests_cancelled"] == before[
+        "requests_cancelled"
+    ]:
+        assert time.monotonic() < deadline, "the upstream request was never cancelled"
+        time.sleep(0.2)
+    assert after["requests_cancelled"] == before["requests_cancelled"] + 1
+    assert after["output_tokens"] - before["output_tokens"] < 200
+
+
 def test_metrics_and_access_log_name_the_backend(front: Front) -> None:
     front.client().chat.completions.create(model="remote", messages=MESSAGES, **GREEDY)  # type: ignore[arg-type]
     metrics = httpx.get(f"{front.daemon.base_url}/metrics").text
