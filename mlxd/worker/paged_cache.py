@@ -16,6 +16,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from mlxd.worker import attention_shapes
 from mlxd.worker.kv_format import KV, KVFormat, assign, concat, each, parts
 
 
@@ -204,11 +205,13 @@ class PagedStep:
         pool: KVPool,
     ) -> PagedStep:  # fmt: skip
         """Rows have ``context_lens[b]`` tokens cached and ``new_lens[b]`` new ones, right-aligned
-        in a query window of ``max(new_lens)`` (shorter rows are left-padded)."""
+        in a query window of ``attention_shapes.queries(max(new_lens))`` tokens (shorter rows
+        are left-padded; the caller pads its tokens the same way)."""
         pool.ensure(max((max(t) for t in block_tables if t), default=0))
-        bs, q_len = pool.block_size, max(new_lens)
-        width = max(len(t) for t in block_tables)
-        uniform = len(set(new_lens)) == 1 and len(set(context_lens)) == 1
+        bs, q_len = pool.block_size, attention_shapes.queries(max(new_lens))
+        width = attention_shapes.key_blocks(max(len(t) for t in block_tables), q_len > 1)
+        uniform = (len(set(new_lens)) == 1 and len(set(context_lens)) == 1
+                   and q_len == new_lens[0] and (q_len == 1 or not attention_shapes.BUCKETED))
         table = mx.array([t + [pool.scratch_block] * (width - len(t)) for t in block_tables])
         ctx = mx.array(context_lens)
         pad = q_len - mx.array(new_lens)

@@ -14,7 +14,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from mlxd.worker import grammar, logprobs, verification
+from mlxd.worker import attention_shapes, grammar, logprobs, verification
 from mlxd.worker.decode_tail import DecodeTail, decode_caches
 from mlxd.worker.kv_format import parts
 from mlxd.worker.model_runner import ModelRunner, TokenEvent
@@ -187,7 +187,7 @@ class PagedModelRunner(ModelRunner):
         if not parts:
             return
         new = [end - start for _, start, end in parts]
-        width = max(new)
+        width = attention_shapes.queries(max(new))
         rows = [[0] * (width - n) + seq.prefill_ids[start:end]
                 for (seq, start, end), n in zip(parts, new, strict=True)]  # fmt: skip
         tables = [seq.block_ids for seq, _, _ in parts]

@@ -22,17 +22,19 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from mlxd.worker import attention_shapes
+
 
 def window(pending: list[int], drafts: list[list[int]]) -> tuple[list[list[int]], mx.array]:
     """Each row's inputs ``[p, *drafts]`` and the ``(B, W)`` left-padded token array."""
     inputs = [[p, *d] for p, d in zip(pending, drafts, strict=True)]
-    width = max(len(x) for x in inputs)
+    width = attention_shapes.queries(max(len(x) for x in inputs))
     return inputs, mx.array([[0] * (width - len(x)) + x for x in inputs])
 
 
 def real_positions(inputs: list[list[int]]) -> mx.array:
     """Flat indices into ``(B * W)`` of every row's real positions, row by row."""
-    width = max(len(x) for x in inputs)
+    width = attention_shapes.queries(max(len(x) for x in inputs))
     return mx.array([b * width + j for b, x in enumerate(inputs)
                      for j in range(width - len(x), width)])  # fmt: skip
 

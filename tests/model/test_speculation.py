@@ -14,7 +14,7 @@ import mlx.core as mx
 import pytest
 
 from mlxd.protocol.messages import JsonFormat, SamplingParams, TextPrompt
-from mlxd.worker import verification
+from mlxd.worker import attention_shapes, verification
 from mlxd.worker.sampling import SampleRow, sample
 
 pytestmark = pytest.mark.model
@@ -76,6 +76,22 @@ def test_busy_mixed_batch_is_the_same_and_seeded_sampling_too(harness_factory: A
     assert on == off  # greedy rows, and seeded sampled rows ("d", "e") token for token
     c = h.engine.speculator.counters
     assert c.accepted > 0 and c.verify_steps > 0
+
+
+def test_padded_attention_shapes_change_no_token(harness_factory: Any,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The lengths CUDA runs with (``attention_shapes``): verification windows, prefill chunks
+    and the keys they read padded and masked, here on the CPU."""
+    off = _busy_batch(_harness(harness_factory, "off"))
+    monkeypatch.setattr(attention_shapes, "BUCKETED", True)
+    h = _harness(harness_factory, "ngram", num_blocks=256, block_size=4)
+    assert _busy_batch(h) == off
+    assert h.engine.speculator.counters.accepted > 0
+    turn = h.results["a"].token_ids
+    follow = _follow_up(h, turn)  # a prefix hit: a padded chunk over cached blocks
+    assert follow[1] > 0
+    monkeypatch.setattr(attention_shapes, "BUCKETED", False)
+    assert _follow_up(_harness(harness_factory, "off"), turn)[0] == follow[0]
 
 
 def test_rollback_keeps_the_pool_and_the_prefix_cache_exact(harness_factory: Any) -> None:
