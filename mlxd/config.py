@@ -77,7 +77,7 @@ class SchedulerConfig:
     prefill_chunk: int = PREFILL_CHUNK.default
     stream_interval: int = STREAM_INTERVAL.default
     aging_s: float = AGING_S.default
-    speculate: str = SPECULATE.default  # "ngram" or "off" (docs/SPECULATION.md)
+    speculate: str = SPECULATE.default  # "auto", "ngram" or "off" (docs/SPECULATION.md)
 
     def __post_init__(self) -> None:
         _check_knobs(self, section("scheduler"))

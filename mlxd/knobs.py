@@ -151,10 +151,11 @@ DTYPE: Knob[str] = Knob(
 )  # fmt: skip
 
 SPECULATE: Knob[str] = Knob(
-    "speculate", "scheduler", "--speculate", str, "ngram",
+    "speculate", "scheduler", "--speculate", str, "auto",
     "Speculative decoding: ngram drafts tokens from each request's own prompt and output "
-    "(prompt lookup) and verifies them in the batch's forward; off decodes one token per step. "
-    "Requests opt out with speculate: false.", choices=("ngram", "off"),
+    "(prompt lookup) and verifies them in the batch's forward; off decodes one token per step; "
+    "auto is ngram except on CUDA, where verifying costs more than it saves (docs/SPECULATION.md). "
+    "Requests opt out with speculate: false.", choices=("auto", "ngram", "off"),
 )  # fmt: skip
 
 # In the order their options are listed in `--help`.

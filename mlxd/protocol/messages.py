@@ -377,7 +377,7 @@ class SchedulerSettings:
     prefill_chunk: int
     stream_interval: int
     aging_s: float
-    speculate: str = "ngram"  # "ngram" or "off"
+    speculate: str = "auto"  # "auto", "ngram" or "off"
 
 
 @dataclass(frozen=True, kw_only=True)

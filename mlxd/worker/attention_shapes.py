@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-BUCKETED = bool(getattr(mx, "cuda", None) and mx.cuda.is_available())
+PLANNED = bool(getattr(mx, "cuda", None) and mx.cuda.is_available())  # a plan per shape
+BUCKETED = PLANNED
 
 
 def queries(n: int) -> int:
@@ -38,5 +39,5 @@ def key_blocks(n: int, multi_query: bool) -> int:
 
 
 def _round(n: int) -> int:
-    step = max(1, 1 << (n.bit_length() - 3))  # 4 steps per octave
+    step = 1 << max(0, n.bit_length() - 3)  # 4 steps per octave
     return -(-n // step) * step

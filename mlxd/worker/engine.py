@@ -47,7 +47,7 @@ from mlxd.worker.idle_release import IdleRelease
 from mlxd.worker.model_runner import ModelRunner, TokenEvent
 from mlxd.worker.scheduler import EmbedChunk, PrefillChunk, Scheduler
 from mlxd.worker.sequence import PRIORITY_LEVELS, Sequence
-from mlxd.worker.speculator import Speculator
+from mlxd.worker.speculator import Speculator, resolve
 from mlxd.worker.stats import Stats
 from mlxd.worker.tokenizer import PromptEncoder
 
@@ -93,7 +93,7 @@ class Engine:
         self.should_exit = False
         self.stats = Stats(self.clock)
         self.idle_release = IdleRelease(0)  # main.py sets --kv-idle-s (0 here: never)
-        mode = scheduler.config.speculate if runner.speculates else "off"
+        mode = resolve(scheduler.config.speculate) if runner.speculates else "off"
         self.speculator = Speculator(mode)  # drafts and whether the batch verifies them
         self.stats.speculator = self.speculator
         self.embeddings = EmbedRequests(name=name, scheduler=scheduler, encoder=encoder,

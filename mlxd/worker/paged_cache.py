@@ -210,8 +210,12 @@ class PagedStep:
         pool.ensure(max((max(t) for t in block_tables if t), default=0))
         bs, q_len = pool.block_size, attention_shapes.queries(max(new_lens))
         width = attention_shapes.key_blocks(max(len(t) for t in block_tables), q_len > 1)
-        uniform = (len(set(new_lens)) == 1 and len(set(context_lens)) == 1
-                   and q_len == new_lens[0] and (q_len == 1 or not attention_shapes.BUCKETED))
+        uniform = (
+            len(set(new_lens)) == 1
+            and len(set(context_lens)) == 1
+            and q_len == new_lens[0]
+            and (q_len == 1 or not attention_shapes.BUCKETED)
+        )
         table = mx.array([t + [pool.scratch_block] * (width - len(t)) for t in block_tables])
         ctx = mx.array(context_lens)
         pad = q_len - mx.array(new_lens)

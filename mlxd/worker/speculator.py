@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from weakref import WeakKeyDictionary
 
+from mlxd.worker import attention_shapes
 from mlxd.worker.ngram import NgramIndex
 from mlxd.worker.sampling import needs_history
 from mlxd.worker.sequence import Sequence
@@ -68,6 +69,15 @@ class SpeculationCounters:
 
 
 _FIELDS = ("verify_steps", "verify_rows", "drafted", "accepted", "plain_rows")
+
+
+def resolve(mode: str) -> str:
+    """``auto``: prompt lookup, except where multi-query attention builds a plan per shape (CUDA:
+    ``attention_shapes``). There a verification step cost about 3.5x a decode step on an H100
+    (1 stream: 0.60x the tokens per second with 2.2 tokens per forward; docs/PERFORMANCE.md)."""
+    if mode != "auto":
+        return mode
+    return "off" if attention_shapes.PLANNED else "ngram"
 
 
 def draft_length(accepted: float, rejected: float) -> int:

@@ -78,13 +78,14 @@ def test_busy_mixed_batch_is_the_same_and_seeded_sampling_too(harness_factory: A
     assert c.accepted > 0 and c.verify_steps > 0
 
 
-def test_padded_attention_shapes_change_no_token(harness_factory: Any,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_padded_attention_shapes_change_no_token(
+    harness_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The lengths CUDA runs with (``attention_shapes``): verification windows, prefill chunks
     and the keys they read padded and masked, here on the CPU."""
     off = _busy_batch(_harness(harness_factory, "off"))
     monkeypatch.setattr(attention_shapes, "BUCKETED", True)
-    h = _harness(harness_factory, "ngram", num_blocks=256, block_size=4)
+    h = _harness(harness_factory, "ngram")
     assert _busy_batch(h) == off
     assert h.engine.speculator.counters.accepted > 0
     turn = h.results["a"].token_ids

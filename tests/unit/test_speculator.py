@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 
 from mlxd.protocol.messages import SamplingParams
+from mlxd.worker import attention_shapes
 from mlxd.worker.ngram import NgramIndex
 from mlxd.worker.sequence import Sequence
-from mlxd.worker.speculator import FIRST_DRAFT, MAX_DRAFT, Speculator
+from mlxd.worker.speculator import FIRST_DRAFT, MAX_DRAFT, Speculator, resolve
 
 
 def _seq(prompt: list[int], **sampling: object) -> Sequence:
@@ -134,3 +135,12 @@ def test_the_controller_tries_speculation_again() -> None:
     device.tokens_per_row = 2.5
     _, share = device.run(spec, 8, 3000)
     assert share > 0.8
+
+
+def test_auto_is_prompt_lookup_except_where_attention_builds_plans(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(attention_shapes, "PLANNED", False)
+    assert [resolve(m) for m in ("auto", "ngram", "off")] == ["ngram", "ngram", "off"]
+    monkeypatch.setattr(attention_shapes, "PLANNED", True)  # CUDA
+    assert [resolve(m) for m in ("auto", "ngram", "off")] == ["off", "ngram", "off"]
