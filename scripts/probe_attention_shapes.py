@@ -1,6 +1,9 @@
 """Does a new (qL, kL) shape cost a one-time build in MLX's SDPA on this backend?"""
+
 import time
+
 import mlx.core as mx
+
 
 def run(qL, kL, masked, dtype=mx.bfloat16):
     q = mx.random.normal((4, 16, qL, 64)).astype(dtype)
@@ -15,12 +18,16 @@ def run(qL, kL, masked, dtype=mx.bfloat16):
     mx.eval(o)
     return (time.perf_counter() - t) * 1e3
 
+
 for masked in (False, True):
     for qL in (1, 4, 9):
         run(qL, 512, masked)
         fresh = [run(qL, 600 + i, masked) for i in range(20)]
         same = [run(qL, 640, masked) for i in range(20)]
-        print(f"masked={masked} qL={qL}: new kL each call median {sorted(fresh)[10]:.2f} ms "
-              f"max {max(fresh):.1f}; same kL median {sorted(same)[10]:.2f} ms", flush=True)
+        print(
+            f"masked={masked} qL={qL}: new kL each call median {sorted(fresh)[10]:.2f} ms "
+            f"max {max(fresh):.1f}; same kL median {sorted(same)[10]:.2f} ms",
+            flush=True,
+        )
 for qL in (2, 3, 5, 7):
     print("first call qL", qL, f"{run(qL, 777, True):.1f} ms, again {run(qL, 777, True):.2f} ms")

@@ -9,28 +9,23 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator
 from functools import partial
 from typing import Any
 
 import anyio
 import httpx
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
-from mlxd.errors import MlxdError, UpstreamError
-from mlxd.gateway.accesslog import REQUEST_ID_HEADER, RequestRecord, record_of
+from mlxd.gateway.accesslog import RequestRecord
 from mlxd.gateway.backends import anthropic_to_openai
-from mlxd.gateway.backends.metrics import BackendMetrics
+from mlxd.gateway.backends.proxy import Proxy, same
 from mlxd.gateway.backends.relay import (
-    BACKEND_HEADER,
     Done,
     RelayResponse,
-    finisher,
-    read_json,
     sse_data,
     sse_events,
-    take_priority,
 )
 from mlxd.gateway.backends.router import Target
 from mlxd.gateway.backends.upstream import RemoteBackend
@@ -38,24 +33,8 @@ from mlxd.gateway.metrics import Metrics
 from mlxd.protocol.messages import Usage
 
 
-class AnthropicProxy:
-    """Serves ``/v1/messages`` for remote models on Anthropic-kind backends.
-
-    Args:
-        backends: backend name -> its client.
-        metrics: the gateway's per-model metrics.
-        backend_metrics: the per-backend counters.
-    """
-
-    def __init__(
-        self,
-        backends: Mapping[str, RemoteBackend],
-        metrics: Metrics,
-        backend_metrics: BackendMetrics,
-    ) -> None:
-        self.backends = backends
-        self.metrics = metrics
-        self.backend_metrics = backend_metrics
+class AnthropicProxy(Proxy):
+    """Serves ``/v1/messages`` for remote models on Anthropic-kind backends."""
 
     async def serve(
         self, request: Request, target: Target, doc: dict[str, Any], timeout_s: float
@@ -65,27 +44,16 @@ class AnthropicProxy:
         Raises:
             MlxdError: the backend failed before anything was sent to the client.
         """
-        backend = self.backends[target.backend]
-        record = record_of(request)
-        record.model, record.backend = target.name, backend.name
-        record.stream = doc.get("stream") is True
-        priority, doc = take_priority(request, doc)
+        record, backend, priority, doc = self._begin(request, target, doc)
         translated = backend.spec.kind == "openai"
         if translated:
             path, body = "chat/completions", anthropic_to_openai.request(doc, target.upstream)
         else:
             path, body = "messages", {**doc, "model": target.upstream}
-        started = time.perf_counter()
-        try:
-            response = await backend.send(path, body, record.request_id, priority)
-        except MlxdError as exc:
-            self.backend_metrics.done(backend.name, target.name, exc.code)
-            raise
-        headers = {REQUEST_ID_HEADER: record.request_id, BACKEND_HEADER: backend.name}
-        done = finisher(self.backend_metrics, backend, target, response, started)
+        response, headers, done = await self._send(record, backend, target, path, body, priority)
         if not record.stream:
             reshape = partial(anthropic_to_openai.response, model=target.name) if translated \
-                else _same  # fmt: skip
+                else same  # fmt: skip
             return await self._collect(record, backend, response, headers, timeout_s, done,
                                        reshape)  # fmt: skip
         if translated:
@@ -96,6 +64,9 @@ class AnthropicProxy:
 
     # Internal helpers
 
+    def _observe(self, record: RequestRecord, body: Any) -> None:
+        _observe_body(record, body, self.metrics)
+
     async def _relay(
         self,
         record: RequestRecord,
@@ -104,30 +75,8 @@ class AnthropicProxy:
         headers: dict[str, str],
         done: Done,
     ) -> Response:
-        try:
-            first = await anext(events)
-        except (StopAsyncIteration, httpx.HTTPError) as exc:
-            empty = UpstreamError(f"backend {backend.name!r} ended its stream before any event")
-            error = backend.failure(exc) if isinstance(exc, httpx.HTTPError) else empty
-            await done(error.code)
-            raise error from None
-        self.metrics.track(record)
+        first = await self._first(record, backend, events, done)
         return RelayResponse(self._frames(record, backend, first, events, done), done, headers)
-
-    async def _collect(
-        self,
-        record: RequestRecord,
-        backend: RemoteBackend,
-        response: httpx.Response,
-        headers: dict[str, str],
-        timeout_s: float,
-        done: Done,
-        reshape: Callable[[dict[str, Any]], dict[str, Any]],
-    ) -> Response:
-        payload = await read_json(backend, response, timeout_s, done, reshape)
-        self.metrics.track(record)
-        _observe(record, payload, self.metrics)
-        return JSONResponse({**payload, "model": record.model}, 200, headers)
 
     async def _frames(
         self,
@@ -166,19 +115,15 @@ class AnthropicProxy:
             if isinstance(body.get("error"), dict):
                 message = str(body["error"].get("message", ""))
                 body["error"] = {**body["error"], "message": backend.redact(message)}
-            _observe(record, body.get("message", body), self.metrics)
+            self._observe(record, body.get("message", body))
         return _event(name, json.dumps(body, separators=(",", ":")))
-
-
-def _same(payload: dict[str, Any]) -> dict[str, Any]:
-    return payload
 
 
 def _event(name: str, data: str) -> bytes:
     return f"event: {name}\ndata: {data}\n\n".encode()
 
 
-def _observe(record: RequestRecord, body: Any, metrics: Metrics) -> None:
+def _observe_body(record: RequestRecord, body: Any, metrics: Metrics) -> None:
     """Usage, stop reason and first-token time from a message, or a stream event's body."""
     if not isinstance(body, dict):
         return

@@ -13,27 +13,23 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import anyio
 import httpx
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
-from mlxd.errors import MlxdError, UpstreamError
-from mlxd.gateway.accesslog import REQUEST_ID_HEADER, RequestRecord, record_of
+from mlxd.errors import UpstreamError
+from mlxd.gateway.accesslog import RequestRecord
 from mlxd.gateway.backends import openai_to_anthropic
-from mlxd.gateway.backends.metrics import BackendMetrics
+from mlxd.gateway.backends.proxy import Proxy, same
 from mlxd.gateway.backends.relay import (
-    BACKEND_HEADER,
     Done,
     RelayResponse,
-    finisher,
-    read_json,
     sse_data,
     sse_events,
-    take_priority,
 )
 from mlxd.gateway.backends.router import Target
 from mlxd.gateway.backends.upstream import RemoteBackend
@@ -46,24 +42,8 @@ log = logging.getLogger(__name__)
 _DONE_DATA = "[DONE]"
 
 
-class OpenAIProxy:
-    """Serves requests for remote models on OpenAI-compatible backends.
-
-    Args:
-        backends: backend name -> its client.
-        metrics: the gateway's per-model metrics (in flight, time to first token).
-        backend_metrics: the per-backend counters.
-    """
-
-    def __init__(
-        self,
-        backends: Mapping[str, RemoteBackend],
-        metrics: Metrics,
-        backend_metrics: BackendMetrics,
-    ) -> None:
-        self.backends = backends
-        self.metrics = metrics
-        self.backend_metrics = backend_metrics
+class OpenAIProxy(Proxy):
+    """Serves requests for remote models on OpenAI-compatible backends."""
 
     async def serve(
         self, request: Request, target: Target, path: str, doc: dict[str, Any], timeout_s: float
@@ -73,26 +53,15 @@ class OpenAIProxy:
         Raises:
             MlxdError: the backend failed before anything was sent to the client.
         """
-        backend = self.backends[target.backend]
-        record = record_of(request)
-        record.model, record.backend = target.name, backend.name
-        record.stream = doc.get("stream") is True
-        priority, doc = take_priority(request, doc)
+        record, backend, priority, doc = self._begin(request, target, doc)
         translated = backend.spec.kind == "anthropic"  # only chat/completions gets here
         if translated:
             path, body = "messages", openai_to_anthropic.request(doc, target.upstream)
         else:
             body = {**doc, "model": target.upstream}
-        started = time.perf_counter()
-        try:
-            response = await backend.send(path, body, record.request_id, priority)
-        except MlxdError as exc:
-            self.backend_metrics.done(backend.name, target.name, exc.code)
-            raise
-        headers = {REQUEST_ID_HEADER: record.request_id, BACKEND_HEADER: backend.name}
-        done = finisher(self.backend_metrics, backend, target, response, started)
+        response, headers, done = await self._send(record, backend, target, path, body, priority)
         if not record.stream:
-            reshape = openai_to_anthropic.response if translated else _same
+            reshape = openai_to_anthropic.response if translated else same
             return await self._collect(record, backend, response, headers, timeout_s, done,
                                        reshape)  # fmt: skip
         if translated:
@@ -103,20 +72,8 @@ class OpenAIProxy:
 
     # Internal helpers
 
-    async def _collect(
-        self,
-        record: RequestRecord,
-        backend: RemoteBackend,
-        response: httpx.Response,
-        headers: dict[str, str],
-        timeout_s: float,
-        done: Done,
-        reshape: Callable[[dict[str, Any]], dict[str, Any]],
-    ) -> Response:
-        payload = await read_json(backend, response, timeout_s, done, reshape)
-        self.metrics.track(record)
-        _observe(record, payload, self.metrics)
-        return JSONResponse({**payload, "model": record.model}, 200, headers)
+    def _observe(self, record: RequestRecord, body: Any) -> None:
+        _observe_body(record, body, self.metrics)
 
     async def _relay(
         self,
@@ -126,18 +83,7 @@ class OpenAIProxy:
         headers: dict[str, str],
         done: Done,
     ) -> Response:
-        try:
-            first = await anext(events)
-        except StopAsyncIteration:
-            await done(UpstreamError.code)
-            raise UpstreamError(
-                f"backend {backend.name!r} ended its stream before any event"
-            ) from None
-        except httpx.HTTPError as exc:
-            error = backend.failure(exc)
-            await done(error.code)
-            raise error from None
-        self.metrics.track(record)
+        first = await self._first(record, backend, events, done)
         frames = self._frames(record, backend, first, events, done)
         return RelayResponse(frames, done, headers)
 
@@ -184,12 +130,8 @@ class OpenAIProxy:
             message = str(chunk["error"].get("message", ""))
             chunk["error"] = {**chunk["error"], "message": backend.redact(message)}
             return sse(chunk)
-        _observe(record, chunk, self.metrics)
+        self._observe(record, chunk)
         return sse({**chunk, "model": record.model} if "model" in chunk else chunk)
-
-
-def _same(payload: dict[str, Any]) -> dict[str, Any]:
-    return payload
 
 
 def _includes_usage(doc: dict[str, Any]) -> bool:
@@ -197,7 +139,7 @@ def _includes_usage(doc: dict[str, Any]) -> bool:
     return isinstance(options, dict) and options.get("include_usage") is True
 
 
-def _observe(record: RequestRecord, chunk: dict[str, Any], metrics: Metrics) -> None:
+def _observe_body(record: RequestRecord, chunk: dict[str, Any], metrics: Metrics) -> None:
     """Take usage, finish reason and the first token's time from a chunk or a whole answer."""
     for choice in chunk.get("choices") or ():
         if not isinstance(choice, dict):
