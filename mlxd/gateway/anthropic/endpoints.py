@@ -13,7 +13,6 @@ import secrets
 import time
 from typing import Any
 
-import anyio
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -22,12 +21,9 @@ from mlxd.errors import InvalidRequest, MlxdError, Overloaded
 from mlxd.gateway.accesslog import REQUEST_ID_HEADER, record_of
 from mlxd.gateway.anthropic.events import error_type, message_body, message_events
 from mlxd.gateway.anthropic.schemas import parse_count_tokens, parse_messages
-from mlxd.gateway.body import CLIENT_CLOSED_REQUEST, read_body
+from mlxd.gateway.body import read_body
 from mlxd.gateway.openai import schemas
-from mlxd.gateway.openai.collect import collect_while_connected, first_while_connected
 from mlxd.gateway.openai.endpoints import OpenAIEndpoints
-from mlxd.gateway.openai.streaming import EventStreamResponse
-from mlxd.gateway.openai.tools.calls import split_tool_calls
 from mlxd.protocol.messages import CountTokens
 
 
@@ -62,32 +58,13 @@ class AnthropicEndpoints:
         over on a local model that is unavailable before the answer starts."""
         timeout_s = self.api.config.chat_timeout_s
         opened = await self.api.open_request(request, parse_messages, timeout_s)
-        parsed, stream, headers, deadline = (
-            opened.parsed, opened.stream, opened.headers, opened.deadline
-        )  # fmt: skip
+        parsed, stream, deadline = opened.parsed, opened.stream, opened.deadline
         message_id = f"msg_{secrets.token_hex(12)}"
-        try:
-            if parsed.stream:
-                first = await first_while_connected(request, stream, deadline)
-                if first is None:  # gone during prefill
-                    await stream.cancel()
-                    return Response(status_code=CLIENT_CLOSED_REQUEST, headers=headers)
-                events = message_events(stream, first, parsed, message_id, deadline)
-                stall_s = self.api.config.stream_stall_timeout_s
-                return EventStreamResponse(stream, events, headers, stall_timeout_s=stall_s)
-            results = await collect_while_connected(request, stream, deadline)
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await stream.cancel()
-            raise
-        if results is None:
-            await stream.cancel()
-            return Response(status_code=CLIENT_CLOSED_REQUEST, headers=headers)
-        (result,) = results
-        if (parser := parsed.new_tool_parser()) is not None:
-            result.text, result.tool_calls = split_tool_calls(result.text, parser)
-        body = message_body(message_id, parsed.model, result, stream.usage)
-        return JSONResponse(body, 200, headers)
+        return await self.api.answer(
+            request, opened,
+            lambda first: message_events(stream, first, parsed, message_id, deadline),
+            lambda results: message_body(message_id, parsed.model, results[0], stream.usage),
+        )  # fmt: skip
 
     async def _count_tokens(self, request: Request) -> Response:
         record = record_of(request)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -32,7 +32,7 @@ from mlxd.gateway.openai.responses import ChoiceResult
 from mlxd.gateway.openai.schemas import ParsedRequest
 from mlxd.gateway.openai.streaming import ChunkFormat, EventStreamResponse, sse_events
 from mlxd.gateway.openai.tools.calls import split_tool_calls
-from mlxd.protocol.messages import Usage
+from mlxd.protocol.messages import Finished, TokenDelta, Usage
 
 MAX_REQUEST_ID_CHARS = 128
 
@@ -114,20 +114,36 @@ class OpenAIEndpoints:
         build: _Builder,
     ) -> Response:
         opened = await self.open_request(request, parse, timeout_s)
+        p, stream, deadline = opened.parsed, opened.stream, opened.deadline
+        completion_id, created = responses.new_id(id_prefix), int(time.time())
+        return await self.answer(
+            request, opened,
+            lambda first: sse_events(stream, first, chunks(completion_id, p.model, created, p),
+                                     deadline),
+            lambda results: build(completion_id, p.model, created, results, stream.usage),
+        )  # fmt: skip
+
+    async def answer(
+        self,
+        request: Request,
+        opened: OpenRequest,
+        events: Callable[[TokenDelta | Finished], AsyncGenerator[bytes, None]],
+        body: Callable[[list[ChoiceResult]], dict[str, Any]],
+    ) -> Response:
+        """Stream an opened request's answer (``events`` from its first event on) or collect it
+        (``body`` of its choices, tool calls split out). A client gone before the answer, or
+        any error, cancels the request on the worker. Shared with the Anthropic endpoint."""
         parsed, stream, headers, deadline = (
             opened.parsed, opened.stream, opened.headers, opened.deadline
         )  # fmt: skip
-        completion_id, created = responses.new_id(id_prefix), int(time.time())
         try:
             if parsed.stream:
                 first = await first_while_connected(request, stream, deadline)
                 if first is None:  # gone during prefill
                     await stream.cancel()
                     return Response(status_code=CLIENT_CLOSED_REQUEST, headers=headers)
-                fmt = chunks(completion_id, parsed.model, created, parsed)
-                events = sse_events(stream, first, fmt, deadline)
                 stall_s = self.config.stream_stall_timeout_s
-                return EventStreamResponse(stream, events, headers, stall_timeout_s=stall_s)
+                return EventStreamResponse(stream, events(first), headers, stall_timeout_s=stall_s)
             results = await collect_while_connected(request, stream, deadline)
         except BaseException:
             with anyio.CancelScope(shield=True):
@@ -139,8 +155,7 @@ class OpenAIEndpoints:
         for result in results:
             if (parser := parsed.new_tool_parser()) is not None:
                 result.text, result.tool_calls = split_tool_calls(result.text, parser)
-        body = build(completion_id, parsed.model, created, results, stream.usage)
-        return JSONResponse(body, 200, headers)
+        return JSONResponse(body(results), 200, headers)
 
     async def open_request(self, request: Request, parse: _Parser, timeout_s: float) -> OpenRequest:
         """Read and parse the body, then start its choices on the model's worker.
