@@ -8,13 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source /root/mlx-env.sh
-export PYTHONPATH="$PWD:${PYTHONPATH:-}"
-OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
-F32=$(python3 -c "from pathlib import Path; from mlxd.models import gguf
-print(gguf.ensure_converted(Path('${GGUF:-/root/smollm2.gguf}'), Path('/root/gguf'), dequantize=True))")
-F16=/root/models/smollm2-f16
-[ -d "$F16" ] || python3 -c "import sys; sys.path.insert(0, 'scripts'); import fidelity
-from pathlib import Path; fidelity.to_float16(Path('$F32'), Path('$F16'))"
+source scripts/gpu_smollm2.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$OUT/gpu.txt"
 git rev-parse --short HEAD >> "$OUT/gpu.txt" 2>/dev/null || true
 python3 scripts/kv_bits.py "$F16" --tokens 2048 --streams 64 --output 256 --reps 3 \
