@@ -1,4 +1,5 @@
-"""Between the paged pool and the disk cache: blocks out of the pool into files and back.
+"""Between the paged pool and the disk cache: blocks out of the pool into files and back (and,
+for a runner on the model's own caches, its snapshots' disk tier: ``snapshot_disk``).
 
 The prefix cache (``radix_cache``) calls ``save`` with the blocks it evicts, before anyone may
 reuse them, and ``load`` with free blocks to fill on a match. Both first settle the runner
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import numpy as np
+from mlx.utils import tree_flatten
 
 from mlxd.config import WorkerConfig, data_dir
 from mlxd.worker.disk_cache import DiskKVCache, model_identity
@@ -97,9 +99,11 @@ def attach(config: WorkerConfig, scheduler: Scheduler, runner: ModelRunner) -> D
     from mlxd.worker.paged_runner import PagedModelRunner
 
     gb = config.cache.kv_disk_gb
+    if gb and _attach_snapshots(config, runner, int(gb * 2**30)):
+        return None
     if not gb or scheduler.radix is None or not isinstance(runner, PagedModelRunner):
         if gb:
-            log.warning("--kv-disk-gb needs the paged KV pool; no disk tier")
+            log.warning("--kv-disk-gb needs a prefix cache (paged or snapshots); no disk tier")
         return None
     pool = runner.pool
     k, v = parts(pool.keys[0])[0], parts(pool.values[0])[-1]  # float dtype last
@@ -114,6 +118,34 @@ def attach(config: WorkerConfig, scheduler: Scheduler, runner: ModelRunner) -> D
     log.info("KV disk cache: %s, %d blocks (%.1f of %.1f GiB)", disk.root, len(disk),
              disk.nbytes / 2**30, gb)  # fmt: skip
     return tier
+
+
+def _attach_snapshots(config: WorkerConfig, runner: ModelRunner, cap_bytes: int) -> bool:
+    """A runner on the model's own caches with snapshots: their disk tier, under the same
+    directory scheme (``snapshot_disk``). False for any other runner."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlxd.worker.snapshot_disk import DiskSnapshots
+
+    snapshots = getattr(runner, "snapshots", None)
+    if snapshots is None:
+        return False
+    model = runner.model  # type: ignore[attr-defined]
+    kinds = ",".join(type(c).__name__ for c in make_prompt_cache(model))
+    dtype = next(v.dtype for _, v in tree_flatten(model.parameters()) if mx.issubdtype(
+        v.dtype, mx.floating))  # fmt: skip
+    model_id = model_identity(_model_dir(config), f"snapshots {kinds} {dtype}")
+    snapshots.disk = DiskSnapshots(data_dir() / "kv-cache" / model_id, model_id, cap_bytes)
+    log.info("KV disk cache: %s, %d snapshots (%.1f of %.1f GiB)", snapshots.disk.root,
+             len(snapshots.disk), snapshots.disk.nbytes / 2**30, cap_bytes / 2**30)  # fmt: skip
+    return True
+
+
+def save_snapshots(runner: ModelRunner) -> None:
+    """At the worker's end: its snapshots in memory to the disk tier, so a restart hits them."""
+    snapshots = getattr(runner, "snapshots", None)
+    if snapshots is not None and snapshots.disk is not None:
+        log.info("KV disk cache: saving %d snapshots", snapshots.clear())
 
 
 def _model_dir(config: WorkerConfig) -> Path:

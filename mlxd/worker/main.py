@@ -128,6 +128,7 @@ def serve(config: WorkerConfig) -> int:
         engine.run()
         if tier is not None and engine.scheduler.radix is not None:  # a restart finds them
             log.info("KV disk cache: saving %d cached blocks", engine.scheduler.radix.spill())
+        disk_tier.save_snapshots(runner)
     finally:
         channel.close()
         if auth is not None:

@@ -8,7 +8,9 @@ prompt sharing a system prompt or a document hits there) and the end of each fin
 longest block-aligned prefix a prompt shares with an earlier one (a system prompt or document
 that several requests share, whatever follows it). A new prompt
 restores the longest snapshot that is a prefix of it, keeping at least one token to compute,
-and prefills only the rest. Snapshots are evicted least recently used beyond a byte budget.
+and prefills only the rest. Snapshots are evicted least recently used beyond a byte budget; with
+a disk tier (``snapshot_disk``, ``--kv-disk-gb``) they go there instead of away, and a prompt no
+snapshot in memory serves is looked up on disk.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 import mlx.core as mx
 
 from mlxd.worker import layer_caches
+from mlxd.worker.snapshot_disk import DiskSnapshots
 
 _MAX_SEEN_BLOCKS = 1 << 16  # prefix hashes remembered (a few MB)
 
@@ -43,8 +46,9 @@ class SnapshotCounters:
 class SnapshotCache:
     """Token prefix -> a copy of one sequence's cache list after exactly those tokens."""
 
-    def __init__(self, budget_bytes: int) -> None:
+    def __init__(self, budget_bytes: int, disk: DiskSnapshots | None = None) -> None:
         self.budget_bytes = budget_bytes
+        self.disk = disk
         self.nbytes = 0
         self.counters = SnapshotCounters()
         self._entries: dict[tuple[int, ...], _Entry] = {}
@@ -66,6 +70,8 @@ class SnapshotCache:
         mx.eval(arrays)
         size = sum(a.nbytes for a in arrays)
         if size > self.budget_bytes:
+            if self.disk is not None:
+                self.disk.save(key, snapshot)
             return
         self._entries[key] = _Entry(snapshot, size)
         self.nbytes += size
@@ -81,8 +87,14 @@ class SnapshotCache:
                 self.counters.hits += 1
                 self.counters.hit_tokens += n
                 return n, copy.deepcopy(entry.caches)
-        self.counters.misses += 1
-        return 0, None
+        n, caches = self.disk.match(tokens) if self.disk is not None else (0, None)
+        if caches is None:
+            self.counters.misses += 1
+            return 0, None
+        self.counters.hits += 1
+        self.counters.hit_tokens += n
+        self.insert(tokens[:n], caches)  # in memory again for the next hit
+        return n, caches
 
     def shared_prefix(self, tokens: list[int], block_size: int) -> int:
         """Record ``tokens``' block-aligned prefixes; return the longest one an earlier prompt
@@ -100,7 +112,7 @@ class SnapshotCache:
         return shared
 
     def clear(self) -> int:
-        """Drop every snapshot; returns how many there were."""
+        """Drop every snapshot from memory (to the disk tier, if any); returns how many."""
         n = len(self._entries)
         self._evict(0)
         return n
@@ -110,7 +122,10 @@ class SnapshotCache:
     def _evict(self, budget: int) -> None:
         while self.nbytes > budget and self._entries:
             key = min(self._entries, key=lambda k: self._entries[k].last_used)
-            self.nbytes -= self._entries.pop(key).nbytes
+            entry = self._entries.pop(key)
+            self.nbytes -= entry.nbytes
+            if self.disk is not None:
+                self.disk.save(key, entry.caches)
 
 
 def _compact(cache: Any) -> Any:

@@ -90,3 +90,70 @@ def test_the_files_stay_under_the_cap(home: Path) -> None:
         stop_daemon(d)
     sizes = [p.stat().st_size for p in block_files(home)]
     assert 40 <= len(sizes) and sum(sizes) <= cap * 2**30
+
+
+# Models on their own mlx-lm caches (recurrent state, sliding windows): snapshots on disk.
+
+
+@pytest.fixture(params=[("mamba", {}), ("llama", {"sliding_window": 8})],
+                ids=["state-space", "sliding-window"])  # fmt: skip
+def native_home(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    from mlxd.models.maker import make_model
+
+    arch, extra = request.param
+    make_model(tmp_path / "model", arch=arch, size="tiny", progress=lambda line: None, **extra)
+    return tmp_path
+
+
+def snapshot_files(home: Path) -> list[Path]:
+    return sorted((home / "kv-cache").glob("*/*.safetensors"))
+
+
+def test_a_snapshot_hit_survives_a_restart(native_home: Path) -> None:
+    d = daemon_in(native_home)
+    first = complete(d, PROMPT)
+    assert cached(first) == 0
+    assert stop_daemon(d) == 0
+    assert snapshot_files(native_home)  # saved at shutdown
+    d = daemon_in(native_home)
+    try:
+        again = complete(d, PROMPT)
+    finally:
+        stop_daemon(d)
+    assert cached(again) == 18 * 16  # the prompt's last block boundary
+    assert again["choices"][0]["text"] == first["choices"][0]["text"]
+
+
+def test_a_corrupt_or_truncated_snapshot_is_skipped_with_a_warning(native_home: Path) -> None:
+    d = daemon_in(native_home)
+    first = complete(d, PROMPT)
+    stop_daemon(d)
+    files = snapshot_files(native_home)
+    for path in files[::2]:
+        data = bytearray(path.read_bytes())
+        data[-5] ^= 0xFF
+        path.write_bytes(bytes(data))
+    for path in files[1::2]:
+        path.write_bytes(path.read_bytes()[:100])
+    log = native_home / "daemon.log"
+    with log.open("wb") as stderr:
+        d = daemon_in(native_home, "--log-level", "warning", stderr=stderr)
+        try:
+            again = complete(d, PROMPT)
+        finally:
+            stop_daemon(d)
+    assert cached(again) == 0
+    assert again["choices"][0]["text"] == first["choices"][0]["text"]
+    assert "KV disk cache: skipped" in log.read_text()
+
+
+def test_snapshot_files_stay_under_the_cap(native_home: Path) -> None:
+    cap = 0.0003  # GiB: 315 KiB, a few of the tiny models' snapshots
+    d = daemon_in(native_home, "--kv-disk-gb", str(cap), "--kv-cache-gb", "0.0005")
+    try:
+        for i in range(8):
+            complete(d, [t + i for t in PROMPT])
+    finally:
+        stop_daemon(d)
+    sizes = [p.stat().st_size for p in snapshot_files(native_home)]
+    assert sizes and sum(sizes) <= cap * 2**30
