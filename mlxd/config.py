@@ -17,6 +17,7 @@ from mlxd.errors import ConfigError
 from mlxd.knobs import (
     AGING_S,
     BLOCK_SIZE,
+    DRAFT_MODEL,
     DTYPE,
     KV_BITS,
     KV_CACHE_GB,
@@ -77,10 +78,13 @@ class SchedulerConfig:
     prefill_chunk: int = PREFILL_CHUNK.default
     stream_interval: int = STREAM_INTERVAL.default
     aging_s: float = AGING_S.default
-    speculate: str = SPECULATE.default  # "auto", "ngram" or "off" (docs/SPECULATION.md)
+    speculate: str = SPECULATE.default  # "auto", "ngram", "draft" or "off" (docs/SPECULATION.md)
+    draft_model: str | None = DRAFT_MODEL.default  # what proposes drafts with speculate "draft"
 
     def __post_init__(self) -> None:
         _check_knobs(self, section("scheduler"))
+        if (self.speculate == "draft") != (self.draft_model is not None):
+            raise ConfigError("--speculate draft and --draft-model PATH go together")
 
 
 @dataclass(frozen=True, slots=True)

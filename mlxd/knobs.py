@@ -153,15 +153,21 @@ DTYPE: Knob[str] = Knob(
 SPECULATE: Knob[str] = Knob(
     "speculate", "scheduler", "--speculate", str, "auto",
     "Speculative decoding: ngram drafts tokens from each request's own prompt and output "
-    "(prompt lookup) and verifies them in the batch's forward; off decodes one token per step; "
-    "auto is ngram except on CUDA, where verifying costs more than it saves (docs/SPECULATION.md). "
-    "Requests opt out with speculate: false.", choices=("auto", "ngram", "off"),
+    "(prompt lookup) and verifies them in the batch's forward; draft has --draft-model propose "
+    "them; off decodes one token per step; auto is ngram except on CUDA, where verifying costs "
+    "more than it saves (docs/SPECULATION.md). Requests opt out with speculate: false.",
+    choices=("auto", "ngram", "draft", "off"),
+)  # fmt: skip
+DRAFT_MODEL: Knob[str | None] = Knob(
+    "draft_model", "scheduler", "--draft-model", str, None,
+    "With --speculate draft: a small model sharing the target's vocabulary (a directory or a "
+    "repo id, as a model) that greedily proposes each row's draft tokens.",
 )  # fmt: skip
 
 # In the order their options are listed in `--help`.
-_ALL = (MAX_NUM_SEQS, MAX_QUEUED, PREFILL_CHUNK, STREAM_INTERVAL, AGING_S, SPECULATE, KV_CACHE_GB,
-        BLOCK_SIZE, KV_CHUNK_MB, KV_IDLE_S, KV_DISK_GB, KV_BITS, KV_GROUP_SIZE, PAGED,
-        MAX_CONTEXT, DTYPE)  # fmt: skip
+_ALL = (MAX_NUM_SEQS, MAX_QUEUED, PREFILL_CHUNK, STREAM_INTERVAL, AGING_S, SPECULATE,
+        DRAFT_MODEL, KV_CACHE_GB, BLOCK_SIZE, KV_CHUNK_MB, KV_IDLE_S, KV_DISK_GB, KV_BITS,
+        KV_GROUP_SIZE, PAGED, MAX_CONTEXT, DTYPE)  # fmt: skip
 KNOBS: tuple[Knob[object], ...] = _ALL  # type: ignore[assignment]
 LIVE_KNOBS = tuple(k for k in KNOBS if k.live)
 

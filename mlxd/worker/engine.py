@@ -47,7 +47,7 @@ from mlxd.worker.idle_release import IdleRelease
 from mlxd.worker.model_runner import ModelRunner, TokenEvent
 from mlxd.worker.scheduler import EmbedChunk, PrefillChunk, Scheduler
 from mlxd.worker.sequence import PRIORITY_LEVELS, Sequence
-from mlxd.worker.speculator import Speculator, resolve
+from mlxd.worker.speculator import Drafter, Speculator, resolve
 from mlxd.worker.stats import Stats
 from mlxd.worker.tokenizer import PromptEncoder
 
@@ -80,7 +80,10 @@ class Engine:
         max_context: int,
         clock: Callable[[], float] | None = None,
         embedder: Embedder | None = None,
+        drafter: Drafter | None = None,
     ) -> None:
+        """``drafter``: the draft model of ``--speculate draft`` (unused where the runner
+        cannot speculate)."""
         self.name = name
         self.runner = runner
         self.scheduler = scheduler
@@ -94,7 +97,8 @@ class Engine:
         self.stats = Stats(self.clock)
         self.idle_release = IdleRelease(0)  # main.py sets --kv-idle-s (0 here: never)
         mode = resolve(scheduler.config.speculate) if runner.speculates else "off"
-        self.speculator = Speculator(mode)  # drafts and whether the batch verifies them
+        # Drafts and whether the batch verifies them.
+        self.speculator = Speculator(mode, drafter=drafter if mode == "draft" else None)
         self.stats.speculator = self.speculator
         self.embeddings = EmbedRequests(name=name, scheduler=scheduler, encoder=encoder,
                                         channel=channel, max_context=max_context,
@@ -199,6 +203,7 @@ class Engine:
             self.stats.on_finish(seq, "cancelled")
             # Free its KV now: with no other work no step would run to retire it.
             self.runner.remove({seq})
+            self.speculator.forget()
 
     def _on_embed(self, client: bytes, msg: Embed) -> None:
         self.embeddings.add(client, msg, draining=self.draining)
@@ -436,7 +441,10 @@ class Engine:
             self._fail(seq, RequestTimeout("the request timed out"))
 
     def _retire(self) -> None:
-        self.runner.remove({s for s in self.runner.sequences() if s.is_finished})
+        done = {s for s in self.runner.sequences() if s.is_finished}
+        if done:
+            self.runner.remove(done)
+            self.speculator.forget()
 
     def _flush(self) -> None:
         for client, events in self._outbox.items():

@@ -37,6 +37,7 @@ from mlxd.worker.tokenizer import PromptEncoder
 
 if TYPE_CHECKING:
     from mlxd.worker.kv_format import KVFormat
+    from mlxd.worker.speculator import Drafter
 
 log = logging.getLogger("mlxd.worker")
 
@@ -69,6 +70,7 @@ def serve(config: WorkerConfig) -> int:
         if group is not None:
             sizes = [0 if pool is None else pool.num_blocks, max_context]
             worker_group.check_same(group, sizes, "the KV pool and context")
+        drafter = _draft_model(config, runner, _vocab_size(model, tokenizer))
     except Exception as exc:  # noqa: BLE001 - any load failure is a startup failure
         log.error("worker %s failed to start: %s", config.name, exc)
         _leave_reason(config.reason_file, str(exc) or type(exc).__name__)
@@ -93,6 +95,7 @@ def serve(config: WorkerConfig) -> int:
         channel=channel,
         max_context=max_context,
         embedder=Embedder(model),
+        drafter=drafter,
     )
     engine.idle_release = IdleRelease(config.cache.kv_idle_s)
     tier = disk_tier.attach(config, engine.scheduler, runner)
@@ -172,6 +175,28 @@ def _load(config: WorkerConfig, group: Any = None) -> tuple[Any, Any, int]:
     max_context = config.max_context or _model_context(model)
     log.info("loaded %s in %.1f s", config.model, time.monotonic() - started)
     return model, tokenizer, max_context
+
+
+def _draft_model(config: WorkerConfig, runner: ModelRunner, vocab_size: int) -> Drafter | None:
+    """The ``--draft-model`` of ``--speculate draft``, loaded as the target is; None without
+    one, or where the runner cannot speculate (a model on its own caches)."""
+    path = config.scheduler.draft_model
+    if path is None:
+        return None
+    if not runner.speculates:
+        log.warning("%s decodes one token per step (%s): --draft-model not loaded", config.name,
+                    runner.kv_description)  # fmt: skip
+        return None
+    import mlx_lm
+
+    from mlxd.models import sources
+    from mlxd.worker.draft_model import DraftModel
+
+    log.info("loading draft model %s ...", path)
+    model, tokenizer = mlx_lm.load(sources.resolve(path, config.dtype))[:2]
+    cpu_backend.prepare(model, config.dtype)
+    last_position_only(model)  # drafts read the last position's logits only
+    return DraftModel(model, _vocab_size(model, tokenizer), vocab_size, path)
 
 
 def _runner(

@@ -1,7 +1,8 @@
 """Speculation policy: which rows draft, how many tokens each, and whether the batch drafts at
 all this step. Pure Python, no MLX; the runner's ``verify_step`` does the computing.
 
-- **Per row**, prompt lookup (``ngram``) proposes up to the row's draft length, which follows
+- **Per row**, prompt lookup (``ngram``) or a draft model (``draft``: a ``Drafter``,
+  ``draft_model``) proposes up to the row's draft length, which follows
   its recent acceptance: from the row's decayed counts of accepted and rejected drafts comes
   ``a``, the chance that a draft is kept given the one before it was, and a draft of ``i``
   tokens keeps its last with chance ``a**i``; the row drafts while that is at least ``WORTH``
@@ -24,6 +25,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 from weakref import WeakKeyDictionary
 
 from mlxd.worker import attention_shapes
@@ -31,7 +33,7 @@ from mlxd.worker.ngram import NgramIndex
 from mlxd.worker.sampling import needs_history
 from mlxd.worker.sequence import Sequence
 
-MODES = ("ngram", "off")
+MODES = ("ngram", "draft", "off")
 MAX_DRAFT = 8  # draft tokens per row and step, at most
 WORTH = 0.15  # a draft position is verified while the chance its token is kept is at least this
 _DECAY = 0.7  # weight of a row's earlier verifications in its acceptance counts
@@ -71,6 +73,18 @@ class SpeculationCounters:
 _FIELDS = ("verify_steps", "verify_rows", "drafted", "accepted", "plain_rows")
 
 
+class Drafter(Protocol):
+    """What proposes drafts with ``draft``: ``draft_model.DraftModel`` (which computes)."""
+
+    def propose(self, rows: list[Sequence], lengths: list[int]) -> list[list[int]]:
+        """Up to ``lengths[i]`` draft tokens after row ``i``'s tokens (``[]`` for 0)."""
+        ...
+
+    def forget(self) -> None:
+        """Drop what finished rows hold."""
+        ...
+
+
 def resolve(mode: str) -> str:
     """``auto``: prompt lookup, except where multi-query attention builds a plan per shape (CUDA:
     ``attention_shapes``). There a verification step cost about 3.5x a decode step on an H100
@@ -102,9 +116,13 @@ class _Estimate:
 class Speculator:
     """Drafts for the rows of a batch, and the batch controller (see the module doc)."""
 
-    def __init__(self, mode: str = "ngram", clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, mode: str = "ngram", clock: Callable[[], float] = time.perf_counter,
+                 drafter: Drafter | None = None) -> None:  # fmt: skip
+        """``drafter``: the draft model, in mode ``draft`` (and only then)."""
         assert mode in MODES, mode
+        assert (mode == "draft") == (drafter is not None), "a draft model drafts in 'draft' only"
         self.mode = mode
+        self.drafter = drafter
         self.adaptive = True  # False: every step with a row that may draft verifies (tests)
         self.clock = clock
         self.counters = SpeculationCounters()
@@ -128,17 +146,30 @@ class Speculator:
 
     def propose(self, rows: list[Sequence]) -> list[list[int]]:
         """Each row's drafts (``[]``: none), at most what its ``max_tokens`` leaves."""
+        lengths = [self._length(seq) for seq in rows]
+        if self.drafter is not None:
+            return self.drafter.propose(rows, lengths)
         out: list[list[int]] = []
-        for seq in rows:
-            if not self.eligible(seq):
+        for seq, k in zip(rows, lengths, strict=True):
+            if k <= 0:
                 out.append([])
                 continue
             index = self._index.setdefault(seq, NgramIndex())
             index.sync(seq.prompt_ids, seq.output_ids)
-            room = seq.max_tokens - seq.num_output_tokens - 1
-            k = min(draft_length(*self._counts.get(seq, _PRIOR)), room)
             out.append(index.propose(k))
         return out
+
+    def _length(self, seq: Sequence) -> int:
+        """How many tokens ``seq`` drafts now (0: none)."""
+        if not self.eligible(seq):
+            return 0
+        room = seq.max_tokens - seq.num_output_tokens - 1
+        return min(draft_length(*self._counts.get(seq, _PRIOR)), room)
+
+    def forget(self) -> None:
+        """Rows finished: the draft model drops their caches now, not when it next drafts."""
+        if self.drafter is not None:
+            self.drafter.forget()
 
     def on_verified(self, rows: list[Sequence], drafts: list[list[int]],
                     kept: list[int]) -> None:  # fmt: skip

@@ -92,6 +92,14 @@ class Harness:
             runner = ModelRunner(model, encoder.eos_token_ids)
         # Tests of decode's mechanics count plain steps; speculation's own tests turn it on.
         sched.setdefault("speculate", "off")
+        drafter = None
+        if sched.get("draft_model"):  # loaded as the worker loads it (worker/main.py)
+            from mlxd.worker.draft_model import DraftModel
+
+            draft, _ = load_model(Path(sched["draft_model"]))
+            last_position_only(draft)
+            drafter = DraftModel(draft, draft.args.vocab_size, model.args.vocab_size,
+                                 sched["draft_model"])  # fmt: skip
         self.ctx = zmq.Context()
         endpoint = f"inproc://{uuid.uuid4().hex}"
         self.channel = WorkerChannel(endpoint, context=self.ctx)
@@ -103,7 +111,7 @@ class Harness:
                                 **({"clock": clock} if clock else {})),
             encoder=encoder,
             channel=self.channel, max_context=min(512, num_blocks * block_size),
-            embedder=Embedder(model),
+            embedder=Embedder(model), drafter=drafter,
         )  # fmt: skip
         self.results: dict[str, Result] = {}
         self.steps = 0

@@ -8,6 +8,7 @@ often right and often wrong: both paths of the verification run. The controller 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -173,3 +174,96 @@ def test_acceptance_keeps_the_target_distribution() -> None:
     for token, mass in enumerate(rest):
         share = rejected.count(token) / len(rejected)
         assert share == pytest.approx(mass / 0.8, abs=0.015), token
+
+
+# Draft model (``--speculate draft``): the target as its own draft accepts nearly every draft;
+# a 4-bit copy of it (another model, the same vocabulary) agrees with it often, not always.
+# Output never changes.
+
+
+@pytest.fixture(scope="module")
+def other_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model's weights quantized to 4 bits: its vocabulary, other logits."""
+    from mlxd.models.maker import make_model
+
+    out = tmp_path_factory.mktemp("draft") / "tiny-qwen3-q4"
+    return make_model(out, arch="qwen3", size="tiny", quantize_bits=4,
+                      progress=lambda line: None)  # fmt: skip
+
+
+def _drafting(factory: Any, draft: Path, **kw: Any) -> Any:
+    return _harness(factory, "draft", draft_model=str(draft), **kw)
+
+
+def test_the_target_as_its_own_draft_is_accepted_and_changes_nothing(
+    harness_factory: Any, tiny_model: Path
+) -> None:
+    outputs = {}
+    for mode in ("off", "draft"):
+        h = _drafting(harness_factory, tiny_model) if mode == "draft" else _harness(
+            harness_factory, "off")  # fmt: skip
+        for i, prompt in enumerate(PROMPTS):
+            h.generate(str(i), prompt, max_tokens=40, ignore_eos=True)
+            h.run()
+        outputs[mode] = {k: r.token_ids for k, r in h.results.items()}
+    assert outputs["draft"] == outputs["off"]
+    c = h.engine.speculator.counters
+    assert h.engine.speculator.mode == "draft"
+    assert c.acceptance_rate > 0.95 and c.tokens_per_forward > 3, (c.acceptance_rate,
+                                                                  c.tokens_per_forward)  # fmt: skip
+
+
+def test_another_draft_model_in_the_busy_batch_changes_nothing(
+    harness_factory: Any, other_draft: Path
+) -> None:
+    off = _busy_batch(_harness(harness_factory, "off"))
+    h = _drafting(harness_factory, other_draft)
+    assert _busy_batch(h) == off  # greedy rows, and seeded sampled rows token for token
+    c = h.engine.speculator.counters
+    assert c.drafted > c.accepted > 0  # both paths of the verification ran
+
+
+def test_draft_rollback_keeps_the_pool_and_the_prefix_cache_exact(
+    harness_factory: Any, other_draft: Path
+) -> None:
+    h = _drafting(harness_factory, other_draft, num_blocks=64, block_size=4)
+    h.generate("a", PROMPTS[0], max_tokens=40, ignore_eos=True)
+    h.generate("b", PROMPTS[3], max_tokens=40, ignore_eos=True)
+    while h.engine.scheduler.has_work():
+        h.step()
+        _check_blocks(h)
+    sched = h.engine.scheduler
+    assert sched.pool.num_used == sched.radix.num_cached_blocks
+    c = h.engine.speculator.counters
+    assert c.drafted > c.accepted > 0
+    assert h.engine.speculator.drafter.num_rows == 0  # finished rows' draft caches are gone
+    turn = h.results["a"].token_ids
+    follow = _follow_up(h, turn)
+    assert follow[1] > 0
+    fresh = _harness(harness_factory, "off", num_blocks=64, block_size=4)
+    assert _follow_up(fresh, turn)[0] == follow[0]
+
+
+def test_the_draft_cache_holds_the_row_s_tokens_after_each_step(
+    harness_factory: Any, other_draft: Path
+) -> None:
+    """Rollback of the draft's own caches: before each draft they hold exactly a prefix of the
+    row's tokens (rejected drafts cut), and grow by a few tokens a step, never a re-prefill."""
+    h = _drafting(harness_factory, other_draft)
+    h.generate("a", PROMPTS[0], max_tokens=40, ignore_eos=True)
+    drafter = h.engine.speculator.drafter
+    fed = []
+    real = drafter._sync
+
+    def spy(seq: Any, row: Any) -> Any:
+        assert row.caches[0].offset == len(row.tokens)  # what they hold: tokens, fed drafts
+        new = real(seq, row)
+        assert row.tokens == seq.prompt_ids + seq.output_ids
+        assert row.caches[0].offset == len(row.tokens) - len(new)  # rejected drafts cut
+        fed.append(len(new))
+        return new
+
+    drafter._sync = spy
+    h.run()
+    assert len(fed) > 5 and max(fed[1:]) <= 9  # after its prefill a row feeds its new tokens
+    assert h.engine.speculator.counters.drafted > h.engine.speculator.counters.accepted

@@ -42,3 +42,10 @@ def test_serve_config_rejects_bad_restart_limits(kwargs: dict[str, object], need
 def test_worker_config_rejects_bad_endpoint() -> None:
     with pytest.raises(ConfigError, match="endpoint"):
         WorkerConfig(model="m", name="m", endpoint="http://x")
+
+
+def test_speculate_draft_and_a_draft_model_go_together() -> None:
+    assert SchedulerConfig(speculate="draft", draft_model="/m/draft").draft_model == "/m/draft"
+    for kw in ({"speculate": "draft"}, {"speculate": "ngram", "draft_model": "/m/draft"}):
+        with pytest.raises(ConfigError, match="--speculate draft and --draft-model PATH"):
+            SchedulerConfig(**kw)  # type: ignore[arg-type]
