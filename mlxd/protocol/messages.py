@@ -377,7 +377,8 @@ class SchedulerSettings:
     prefill_chunk: int
     stream_interval: int
     aging_s: float
-    speculate: str = "auto"  # "auto", "ngram" or "off"
+    speculate: str = "auto"  # "auto", "ngram", "draft" or "off"
+    draft_model: str | None = None  # what drafts with "draft"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -4,7 +4,9 @@ tokens per forward show in `mlxd worker stats`, the admin stats and /metrics."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -16,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import Daemon, start_daemon, stop_daemon
+from tests.e2e.conftest import Daemon, free_port, start_daemon, stop_daemon
 
 pytestmark = [pytest.mark.e2e]
 
@@ -93,3 +95,80 @@ def test_off_drafts_nothing(tiny_model: Path) -> None:
     finally:
         stop_daemon(d)
     assert text  # the same worker answers as ever
+
+
+def test_a_draft_model_speculates_through_the_daemon(tiny_model: Path,
+                                                     speculating: Daemon) -> None:  # fmt: skip
+    """``--speculate draft --draft-model`` (the target as its own draft): the same text as
+    without speculation, nearly every draft accepted, the mode in `mlxd worker stats`."""
+    plain = _complete(speculating, speculate=False)
+    d = start_daemon(tiny_model, "--max-context", "512", "--speculate", "draft",
+                     "--draft-model", str(tiny_model))  # fmt: skip
+    try:
+        text = _complete(d)
+        stats = _stats(d)
+        env = {**os.environ, "MLXD_URL": d.base_url}
+        out = subprocess.run([sys.executable, "-m", "mlxd", "worker", "stats", d.model],
+                             capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    finally:
+        stop_daemon(d)
+    assert text == plain
+    assert stats["speculation"] == "draft" and stats["spec_acceptance_rate"] > 0.9, stats
+    assert out.returncode == 0 and "speculation   draft:" in out.stdout, out.stdout
+
+
+@pytest.fixture(scope="module")
+def other_vocab(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with half its vocabulary: its embedding cut to 4,096 rows."""
+    import mlx.core as mx
+
+    out = tmp_path_factory.mktemp("vocab") / "half"
+    shutil.copytree(tiny_model, out)
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "vocab_size": 4096}))
+    for path in out.glob("*.safetensors"):
+        weights = mx.load(str(path))
+        cut = {k: v[:4096] if "embed_tokens" in k or "lm_head" in k else v
+               for k, v in weights.items()}  # fmt: skip
+        mx.save_safetensors(str(path), cut)
+    return out
+
+
+def test_a_draft_model_with_another_vocabulary_is_refused(tiny_model: Path,
+                                                          other_vocab: Path) -> None:  # fmt: skip
+    """The worker refuses to start, once, with the reason; the daemon stays up and says so."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "mlxd", "start", "--model",
+                             f"tiny={tiny_model}", "--port", str(port), "--log-level", "warning",
+                             "--speculate", "draft", "--draft-model", str(other_vocab)],
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    d = Daemon(proc, f"http://127.0.0.1:{port}", "tiny", tiny_model)
+    try:
+        info = _failed(d)
+        assert info["restarts"] == 0 and "vocabulary has 4096 tokens" in info["last_error"], info
+        r = httpx.post(f"{d.base_url}/v1/completions", timeout=30,
+                       json={"model": "tiny", "prompt": "hi", "max_tokens": 2})  # fmt: skip
+        assert r.status_code == 503 and "share the target's vocabulary" in r.text, r.text
+        time.sleep(1)
+        assert _model(d)["restarts"] == 0 and proc.poll() is None  # no crash loop, daemon up
+    finally:
+        stop_daemon(d)
+
+
+def _model(d: Daemon) -> dict[str, Any]:
+    models = d.admin_get("/admin/status", timeout=10).json()["models"]
+    return next(m for m in models if m["name"] == d.model)  # type: ignore[no-any-return]
+
+
+def _failed(d: Daemon, timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert d.proc.poll() is None, "mlxd start exited"
+        try:
+            info = _model(d)
+        except (AssertionError, httpx.HTTPError, ValueError):  # not up yet
+            info = {}
+        if info.get("state") == "failed":
+            return info
+        time.sleep(0.2)
+    raise AssertionError(f"the model did not fail: {_model(d)}")
