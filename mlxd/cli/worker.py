@@ -204,7 +204,7 @@ def _show_status(r: dict[str, Any]) -> None:
                      f"{r['num_waiting']} waiting"),
         ("memory", _memory(m)),
         ("kv memory", _kv_memory(m)),
-        ("scheduler", " ".join(f"{k}={v}" for k, v in knobs.items())),
+        ("scheduler", " ".join(f"{k}={v}" for k, v in knobs.items() if v is not None)),
         ("max_context", str(r["max_context"])),
         ("kv cache", r.get("kv_cache") or "?"),
         ("compute", _compute(r.get("compute"))),
