@@ -4,17 +4,22 @@ vocabulary, greedily decodes a few tokens ahead of each row that speculates.
 **Its own KV, per row.** Each row has mlx-lm's own caches in the draft model
 (``make_prompt_cache``): they hold the row's tokens and the drafts it fed itself. Not the
 target's paged pool: a draft's K/V per token is a fraction of the target's, and what paging
-buys the target (shared prefixes, preemption without loss, one batched forward over block
-tables) matters little for it: a row whose draft state is missing (new, or after a worker
-restart of the row) prefills it from its tokens, one cheap forward. mlx-lm's caches trim by a
-count (``trim_prompt_cache``), which is the whole rollback. The cost: the draft decodes row by
-row, one forward per draft token, so at large batches its share of a step grows; the batch
-controller (``speculator``) measures the steps whole and stops drafting where it does not pay.
+buys the target (shared prefixes, preemption without loss) matters little for it: a row whose
+draft state is missing (new) prefills it from its tokens. mlx-lm's caches trim by a count
+(``trim_prompt_cache``), which is the whole rollback.
+
+**One batch per draft position.** Each step, the drafting rows' caches are merged into one
+left-padded ``BatchKVCache`` (a copy of the draft's K/V, small next to the target's), every row
+feeds its last ``width`` tokens in one forward and the ``k`` draft positions run as ``k``
+batched forwards; each row's caches are then extracted back. ``width`` is the same for all:
+after a verification a row lacks one token or a few (the new one, accepted drafts it never fed
+itself); a row lacking fewer gives back a few cached tokens and computes them again, a row
+further behind (a new prompt) is first fed alone. So a step costs ``k`` draft forwards, not
+``k`` per row.
 
 **Rollback.** Before a row drafts, its caches are cut to the longest prefix of what they hold
-that the row's tokens still agree with: accepted drafts stay, rejected ones go, and the tokens
-since (the verification's new token, plain steps' tokens) are fed. So a row never prefills its
-history again: after a verification it feeds one or two tokens, then its drafts.
+that the row's tokens still agree with: accepted drafts stay, rejected ones go. So a row never
+prefills its history again.
 
 **Exact.** The draft is greedy: its proposal is a point mass, as prompt lookup's is, so
 verification's rule ("sample the target's token with the plain step's key, keep it iff it is
@@ -28,12 +33,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import (
+    BatchKVCache,
+    can_trim_prompt_cache,
+    make_prompt_cache,
+    trim_prompt_cache,
+)
 
 from mlxd.errors import ConfigError
 from mlxd.worker.sequence import Sequence
 
 PREFILL_CHUNK = 1024  # tokens of a row's history fed to the draft per forward
+CATCH_UP = 16  # most new tokens per row in the batched forward; a row further behind is fed alone
 
 
 @dataclass(slots=True)
@@ -64,16 +75,14 @@ class DraftModel:
 
     def propose(self, rows: list[Sequence], lengths: list[int]) -> list[list[int]]:
         """Each row's ``lengths[i]`` greedy draft tokens (``[]`` for 0), after its tokens."""
-        lazy = [self._draft(seq, k) if k > 0 else None
-                for seq, k in zip(rows, lengths, strict=True)]  # fmt: skip
-        mx.eval([d for d in lazy if d is not None])
-        out: list[list[int]] = []
-        for seq, d in zip(rows, lazy, strict=True):
-            drafts: list[int] = [] if d is None else d.tolist()  # type: ignore[assignment]
-            if drafts:
-                self._rows[seq].tokens += drafts[:-1]  # the last one was never fed
-            out.append(drafts)
-        return out
+        drafting = [(seq, k) for seq, k in zip(rows, lengths, strict=True) if k > 0]
+        if not drafting:
+            return [[] for _ in rows]
+        seqs = [seq for seq, _ in drafting]
+        width = self._catch_up(seqs)
+        drafts = self._decode(seqs, width, max(k for _, k in drafting))
+        by_seq = {seq: d[:k] for (seq, k), d in zip(drafting, drafts, strict=True)}
+        return [by_seq.get(seq, []) for seq in rows]
 
     def forget(self) -> None:
         """Drop finished rows' caches (a preempted row keeps its own: it resumes)."""
@@ -85,31 +94,58 @@ class DraftModel:
         """Rows holding draft caches now."""
         return len(self._rows)
 
-    def _draft(self, seq: Sequence, k: int) -> mx.array:
-        """``k`` greedy tokens after ``seq``'s, lazily; its caches then hold its tokens and all
-        but the last draft."""
-        row = self._rows.get(seq)
-        if row is None:
-            row = self._rows[seq] = _Row(make_prompt_cache(self.model))
-        new = self._sync(seq, row)
-        while len(new) > PREFILL_CHUNK:  # a long history: in chunks, each evaluated
-            self.model(mx.array([new[:PREFILL_CHUNK]]), cache=row.caches)
-            mx.eval([c.state for c in row.caches])
-            new = new[PREFILL_CHUNK:]
-        token = self._next(mx.array([new]), row)
-        drafts = [token]
-        for _ in range(k - 1):
-            token = self._next(token[None], row)
-            drafts.append(token)
-        return mx.concatenate(drafts)
+    def _catch_up(self, seqs: list[Sequence]) -> int:
+        """Bring every row's caches to its tokens but its last ``width`` (returned), the same
+        for all rows, so one batched forward feeds them: rows further behind (a new row's
+        prompt) are fed alone first; rows with fewer new tokens give back a few cached ones,
+        which the batch computes again."""
+        behind = [self._sync(seq, self._rows.setdefault(seq, _Row(make_prompt_cache(self.model))))
+                  for seq in seqs]  # fmt: skip
+        width = min(min(max(behind), CATCH_UP), min(_length(s) for s in seqs))
+        for seq, n in zip(seqs, behind, strict=True):
+            row = self._rows[seq]
+            if n > width:  # fed alone, in chunks
+                self._feed(row, _tokens(seq, len(row.tokens))[: n - width])
+            else:
+                trim_prompt_cache(row.caches, width - n)
+                del row.tokens[len(row.tokens) - (width - n) :]
+        return width
 
-    def _next(self, inputs: mx.array, row: _Row) -> mx.array:
-        logits = self.model(inputs, cache=row.caches)
+    def _decode(self, seqs: list[Sequence], width: int, k: int) -> list[list[int]]:
+        """``k`` greedy tokens per row, in one batch over the rows' merged caches; each row's
+        caches then hold its tokens and the first ``k - 1`` drafts."""
+        rows = [self._rows[seq] for seq in seqs]
+        batch = [BatchKVCache.merge([row.caches[i] for row in rows])
+                 for i in range(len(rows[0].caches))]  # fmt: skip
+        inputs = mx.array([_tokens(seq, _length(seq) - width) for seq in seqs])
+        token = self._next(inputs, batch)
+        out = [token]
+        for _ in range(k - 1):
+            token = self._next(token[:, None], batch)
+            out.append(token)
+        drafts = mx.stack(out, axis=1)
+        mx.eval(drafts, [c.state for c in batch])
+        values: list[list[int]] = drafts.tolist()  # type: ignore[assignment]
+        for b, (seq, row) in enumerate(zip(seqs, rows, strict=True)):
+            row.caches = [c.extract(b) for c in batch]
+            row.tokens += _tokens(seq, len(row.tokens)) + values[b][:-1]
+        return values
+
+    def _feed(self, row: _Row, tokens: list[int]) -> None:
+        for start in range(0, len(tokens), PREFILL_CHUNK):
+            chunk = tokens[start : start + PREFILL_CHUNK]
+            self.model(mx.array([chunk]), cache=row.caches)
+            mx.eval([c.state for c in row.caches])
+            row.tokens += chunk
+
+    def _next(self, inputs: mx.array, caches: list[Any]) -> mx.array:
+        logits = self.model(inputs, cache=caches)
         return mx.argmax(logits[:, -1, :], axis=-1)
 
-    def _sync(self, seq: Sequence, row: _Row) -> list[int]:
-        """Cut ``row``'s caches to the tokens ``seq`` still agrees with; the tokens to feed."""
-        total = seq.num_prompt_tokens + seq.num_output_tokens
+    def _sync(self, seq: Sequence, row: _Row) -> int:
+        """Cut ``row``'s caches to the tokens ``seq`` still agrees with (accepted drafts stay,
+        rejected ones go); returns how many of ``seq``'s tokens they lack (at least 1)."""
+        total = _length(seq)
         ahead, tail = row.tokens[row.agreed :], _tokens(seq, row.agreed)
         same = 0
         while same < min(len(ahead), len(tail)) and ahead[same] == tail[same]:
@@ -117,10 +153,12 @@ class DraftModel:
         keep = min(row.agreed + same, total - 1)  # at least one token to feed: the last
         trim_prompt_cache(row.caches, len(row.tokens) - keep)
         del row.tokens[keep:]
-        new = _tokens(seq, keep)
-        row.tokens += new
         row.agreed = total
-        return new
+        return total - keep
+
+
+def _length(seq: Sequence) -> int:
+    return seq.num_prompt_tokens + seq.num_output_tokens
 
 
 def _tokens(seq: Sequence, start: int) -> list[int]:

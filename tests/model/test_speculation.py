@@ -202,9 +202,12 @@ def test_the_target_as_its_own_draft_is_accepted_and_changes_nothing(
     for mode in ("off", "draft"):
         h = _drafting(harness_factory, tiny_model) if mode == "draft" else _harness(
             harness_factory, "off")  # fmt: skip
-        for i, prompt in enumerate(PROMPTS):
+        for i, prompt in enumerate(PROMPTS):  # alone, then all together (the draft batched)
             h.generate(str(i), prompt, max_tokens=40, ignore_eos=True)
             h.run()
+        for i, prompt in enumerate(PROMPTS):
+            h.generate(f"b{i}", prompt, max_tokens=40 - 5 * i, ignore_eos=True)
+        h.run()
         outputs[mode] = {k: r.token_ids for k, r in h.results.items()}
     assert outputs["draft"] == outputs["off"]
     c = h.engine.speculator.counters
@@ -257,11 +260,12 @@ def test_the_draft_cache_holds_the_row_s_tokens_after_each_step(
 
     def spy(seq: Any, row: Any) -> Any:
         assert row.caches[0].offset == len(row.tokens)  # what they hold: tokens, fed drafts
-        new = real(seq, row)
-        assert row.tokens == seq.prompt_ids + seq.output_ids
-        assert row.caches[0].offset == len(row.tokens) - len(new)  # rejected drafts cut
-        fed.append(len(new))
-        return new
+        lacking = real(seq, row)
+        context = seq.prompt_ids + seq.output_ids
+        assert row.tokens == context[: len(context) - lacking]  # rejected drafts cut
+        assert row.caches[0].offset == len(row.tokens)
+        fed.append(lacking)
+        return lacking
 
     drafter._sync = spy
     h.run()
