@@ -5,7 +5,8 @@
 # streams, the two servers alternated (off, ngram, off, ngram). Prints tok/s and the ratio
 # ngram / off per scenario and level, with the worker's acceptance and tokens per forward.
 # Run after `bash .gpuB/install.sh b`. Usage:
-#   GGUF=/root/smollm2.gguf [LEVELS=1,16,64] [MAX_TOKENS=256] [REPEATS=2] bash scripts/gpu_speculation.sh
+#   GGUF=/root/smollm2.gguf [LEVELS=1,16,64] [MAX_TOKENS=256] [REPEATS=2] [SCENARIOS="edit json chat"] \
+#     bash scripts/gpu_speculation.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source /root/mlx-env.sh
@@ -24,7 +25,7 @@ for port in 8123 8124; do
   for _ in $(seq 240); do curl -sf "http://127.0.0.1:$port/v1/models" >/dev/null && break; sleep 0.5; done
 done
 for rep in $(seq "${REPEATS:-2}"); do
-  for scenario in edit json chat; do
+  for scenario in ${SCENARIOS:-edit json chat}; do
     for mode in off ngram; do
       port=$([ $mode = ngram ] && echo 8123 || echo 8124)
       MLXD_HOME="/root/home-spec-$mode" python3 -m mlxd bench run --url "http://127.0.0.1:$port" \

@@ -26,6 +26,7 @@ from mlxd.worker.sequence import Sequence
 
 # A prefill group may pad to at most this many times its real tokens (else it splits).
 _MAX_PAD_RATIO = 2
+VIRTUAL_ROWS = True  # verification: one single-query row per input (A/B, temporary)
 
 
 class PagedModelRunner(ModelRunner):
@@ -136,12 +137,17 @@ class PagedModelRunner(ModelRunner):
         rows = list(self.rows)
         self.tail.flush(self.pool)
         self.tail.restart()
-        inputs, tokens = verification.window(self._pending.tolist(), drafts)  # type: ignore[arg-type]
-        step = PagedStep.build([s.block_ids for s in rows], [s.num_computed for s in rows],
-                               [len(x) for x in inputs], self.pool)  # fmt: skip
-        with all_positions(self.model):
-            logits = self.model(tokens, cache=PagedKVCache.for_step(self.pool, step))
-        flat = logits.reshape(-1, logits.shape[-1])[verification.real_positions(inputs)]
+        pending: list[int] = self._pending.tolist()  # type: ignore[assignment]
+        inputs = [[p, *d] for p, d in zip(pending, drafts, strict=True)]
+        if VIRTUAL_ROWS:
+            flat = self._verify_forward(rows, inputs)
+        else:
+            _, tokens = verification.window(pending, drafts)
+            step = PagedStep.build([s.block_ids for s in rows], [s.num_computed for s in rows],
+                                   [len(x) for x in inputs], self.pool)  # fmt: skip
+            with all_positions(self.model):
+                logits = self.model(tokens, cache=PagedKVCache.for_step(self.pool, step))
+            flat = logits.reshape(-1, logits.shape[-1])[verification.real_positions(inputs)]
         seqs = [s for s, x in zip(rows, inputs, strict=True) for _ in x]
         sample_rows = [self._sample_row(s, emitted=True, ahead=j)
                        for s, x in zip(rows, inputs, strict=True)
@@ -153,6 +159,22 @@ class PagedModelRunner(ModelRunner):
         return self._keep(rows, inputs, kept, seqs, lp)
 
     # Internal helpers
+
+    def _verify_forward(self, rows: list[Sequence], inputs: list[list[int]]) -> mx.array:
+        """The target's logits after each input, ``(sum of inputs, vocab)``, row by row: every
+        input is a row of its own with one query (position ``num_computed + j``, its sequence's
+        block table), so attention runs as in decode, whatever the draft lengths. The K/V of
+        every input is written before any is read, layer by layer, so input ``j`` sees the
+        ones before it."""
+        tables, positions, tokens = [], [], []
+        for seq, x in zip(rows, inputs, strict=True):
+            for j, token in enumerate(x):
+                tables.append(seq.block_ids)
+                positions.append(seq.num_computed + j)
+                tokens.append(token)
+        step = PagedStep.build(tables, positions, [1] * len(tokens), self.pool)
+        logits = self.model(mx.array(tokens)[:, None], cache=PagedKVCache.for_step(self.pool, step))
+        return logits.reshape(-1, logits.shape[-1])
 
     def _keep(
         self, rows: list[Sequence], inputs: list[list[int]], kept: list[list[int]],
