@@ -26,7 +26,10 @@ from mlxd.worker.sequence import Sequence
 
 # A prefill group may pad to at most this many times its real tokens (else it splits).
 _MAX_PAD_RATIO = 2
-VIRTUAL_ROWS = True  # verification: one single-query row per input (A/B, temporary)
+# Verification as one single-query row per input (``_verify_forward``) where multi-query
+# attention builds a plan per shape (CUDA: ``attention_shapes``), else one left-padded window per
+# row, the path measured on the CPU (docs/PERFORMANCE.md). Both run in the tests.
+VIRTUAL_ROWS = attention_shapes.PLANNED
 
 
 class PagedModelRunner(ModelRunner):

@@ -15,13 +15,19 @@ import mlx.core as mx
 import pytest
 
 from mlxd.protocol.messages import JsonFormat, SamplingParams, TextPrompt
-from mlxd.worker import attention_shapes, verification
+from mlxd.worker import attention_shapes, paged_runner, verification
 from mlxd.worker.sampling import SampleRow, sample
 
 pytestmark = pytest.mark.model
 
 PROMPTS = ["a b c d e f a b c d e f a b c", "hello world hello world hello",
            "the quick brown fox", "1 2 3 1 2 3 1 2"]  # fmt: skip
+
+
+@pytest.fixture(autouse=True, params=[False, True], ids=["window", "rows"])
+def verify_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both verification forwards (``paged_runner.VIRTUAL_ROWS``): every test runs each."""
+    monkeypatch.setattr(paged_runner, "VIRTUAL_ROWS", request.param)
 
 
 def _harness(factory: Any, mode: str, **kw: Any) -> Any:
