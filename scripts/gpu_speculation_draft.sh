@@ -67,3 +67,8 @@ for scenario, conc in sorted({(s, c) for s, c, _ in tps}):
         acc, tpf = extra[(scenario, conc, mode)]
         print(f"{scenario:8} {conc:>4} {mode:>6} {off:>10.1f} {on:>8.1f} {on / off:>6.2f} {acc:>7.2f} {tpf:>7.2f}")
 EOF
+# What drafting costs per step by batch size (one batched draft forward per draft position).
+for d in $MODES; do
+  [ "$d" = off ] || python3 scripts/draft_cost.py "${DRAFT[$d]}" --rows 1,16,64 --k 4 --prompt 512 \
+    --steps 10 2>&1 | grep "^rows" | sed "s/^/$d /" | tee -a "$OUT/draft-cost.txt"
+done
