@@ -7,9 +7,10 @@ import signal
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
-from tests.e2e.conftest import child_pids, start_daemon, stop_daemon
+from tests.e2e.conftest import Daemon, child_pids, start_daemon, stop_daemon
 
 pytestmark = [pytest.mark.e2e]
 
@@ -26,28 +27,24 @@ def test_sigterm_leaves_no_child_and_no_socket(tiny_model: Path) -> None:
     assert not sock.exists() and not sock.parent.exists()
 
 
-def test_runtime_dir_is_private(tiny_model: Path) -> None:
-    daemon = start_daemon(tiny_model)
-    try:
-        rundir = Path(daemon.worker_endpoint().removeprefix("ipc://")).parent
-        assert rundir.stat().st_mode & 0o777 == 0o700
-    finally:
-        stop_daemon(daemon)
+def test_runtime_dir_is_private(shared_daemon: Daemon) -> None:
+    rundir = Path(shared_daemon.worker_endpoint().removeprefix("ipc://")).parent
+    assert rundir.stat().st_mode & 0o777 == 0o700
 
 
-def test_second_start_on_a_busy_port_fails_with_one_line(tiny_model: Path) -> None:
+def test_second_start_on_a_busy_port_fails_with_one_line(
+    tiny_model: Path, shared_daemon: Daemon
+) -> None:
     import subprocess
     import sys
 
-    daemon = start_daemon(tiny_model)
-    try:
-        port = daemon.base_url.rsplit(":", 1)[1]
-        cmd = [sys.executable, "-m", "mlxd", "start", "--model", str(tiny_model), "--port", port]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-        assert r.returncode != 0
-        assert "cannot listen" in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    finally:
-        stop_daemon(daemon)
+    port = shared_daemon.base_url.rsplit(":", 1)[1]
+    cmd = [sys.executable, "-m", "mlxd", "start", "--model", str(tiny_model), "--port", port]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "cannot listen" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    # refused before it touched anything: the daemon on that port still serves
+    assert httpx.get(f"{shared_daemon.base_url}/health", timeout=10).status_code == 200
 
 
 def _alive(pid: int) -> bool:
