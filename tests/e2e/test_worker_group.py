@@ -19,9 +19,19 @@ PROMPTS = [f"prompt {i} about things " * (i + 1) for i in range(6)]
 
 
 @pytest.fixture(scope="module")
-def pair(tiny_model: Path) -> Iterator[tuple[Daemon, Daemon]]:
+def pair(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Daemon, Daemon]]:
+    """A group of two ranks, and one process that also holds ``m``: a group of two configured
+    for a model that cannot be split (loaded at its first request only)."""
+    from mlxd.models.maker import make_model
+
+    out = tmp_path_factory.mktemp("mamba")
+    mamba = make_model(out / "mamba", arch="mamba", size="tiny", progress=lambda line: None)
+    config = out / "mlxd.toml"
+    config.write_text(f'[models.m]\npath = "{mamba}"\npreload = false\ngroup_size = 2\n')
     group = start_daemon(tiny_model, "--group-size", "2", "--max-context", "512")
-    alone = start_daemon(tiny_model, "--max-context", "512")
+    alone = start_daemon(tiny_model, "--config", str(config), "--max-context", "512")
     yield group, alone
     for d in (group, alone):
         if d.proc.poll() is None:
@@ -75,20 +85,9 @@ def test_a_group_obeys_control_commands(pair: tuple[Daemon, Daemon]) -> None:
     admin(group, f"{base}/set", {"max_num_seqs": 16})
 
 
-def test_a_model_without_shard_is_refused_with_its_reason(
-    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    from mlxd.models.maker import make_model
-
-    out = tmp_path_factory.mktemp("mamba")
-    mamba = make_model(out / "mamba", arch="mamba", size="tiny", progress=lambda line: None)
-    config = out / "mlxd.toml"
-    config.write_text(f'[models.m]\npath = "{mamba}"\npreload = false\ngroup_size = 2\n')
-    d = start_daemon(tiny_model, "--config", str(config), "--max-context", "512")
-    try:
-        body = {"model": "m", "prompt": "hi", "max_tokens": 2}
-        r = httpx.post(f"{d.base_url}/v1/completions", json=body, timeout=120)
-        assert r.status_code == 503, r.text
-        assert "has no shard()" in r.json()["error"]["message"]
-    finally:
-        stop_daemon(d)
+def test_a_model_without_shard_is_refused_with_its_reason(pair: tuple[Daemon, Daemon]) -> None:
+    _, alone = pair
+    body = {"model": "m", "prompt": "hi", "max_tokens": 2}
+    r = httpx.post(f"{alone.base_url}/v1/completions", json=body, timeout=120)
+    assert r.status_code == 503, r.text
+    assert "has no shard()" in r.json()["error"]["message"]
