@@ -8,8 +8,6 @@ from typing import Any
 
 import pytest
 
-from mlxd.models import gguf
-
 pytestmark = [pytest.mark.real]
 
 PROMPTS = [
@@ -37,13 +35,11 @@ def _complete(model: Any, tokenizer: Any, prompt: str) -> str:
     return str(generate(model, tokenizer, text, max_tokens=MAX_TOKENS))
 
 
-def test_greedy_float32_agrees_with_float16(
-    gguf_path: Path, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    # The weights dequantized to float32 once, then served as float32 or cast to float16: the
-    # same numbers, so only the compute precision differs.
-    directory = gguf.ensure_converted(gguf_path, tmp_path_factory.mktemp("cache"), dequantize=True)
-    single, half = _greedy(directory, "float32"), _greedy(directory, "float16")
+def test_greedy_float32_agrees_with_float16(converted_dir: Path) -> None:
+    # The weights dequantized to float32 once (the tier's conversion, shared with the daemon's
+    # cache), then served as float32 or cast to float16: the same numbers, so only the compute
+    # precision differs.
+    single, half = _greedy(converted_dir, "float32"), _greedy(converted_dir, "float16")
     agree = sum(a == b for a, b in zip(single, half, strict=True))
     # Half and single precision may part at a near-tie: one of the six may differ.
     assert agree >= len(PROMPTS) - 1, list(zip(single, half, strict=True))
