@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -212,13 +213,20 @@ def test_wrong_keys_and_plain_clients_are_refused(tcp_worker: tuple, tmp_path: P
         finally:
             await client.close()
 
-    asyncio.run(with_wrong_keys())
-    assert not answers(data, None), "a client without CURVE got an answer"
-    # Knowing the worker's public key (worker.pub is not secret) is not enough: the ZAP handler
-    # admits only clients whose key is in authorized_gateways.
-    assert not answers(data, (worker.public, *zmq.curve_keypair())), "an unknown client got in"
-    # Not even the worker's own keypair: each side has its own identity now.
-    assert not answers(data, (worker.public, worker.public, worker.secret)), "worker key got in"
+    # Each refusal is a wait that runs out (2-3 s): they run side by side, each on its own
+    # context and socket.
+    with ThreadPoolExecutor(4) as pool:
+        wrong_keys = pool.submit(asyncio.run, with_wrong_keys())
+        plain = pool.submit(answers, data, None)
+        # Knowing the worker's public key (worker.pub is not secret) is not enough: the ZAP
+        # handler admits only clients whose key is in authorized_gateways.
+        unknown = pool.submit(answers, data, (worker.public, *zmq.curve_keypair()))
+        # Not even the worker's own keypair: each side has its own identity now.
+        own = pool.submit(answers, data, (worker.public, worker.public, worker.secret))
+        wrong_keys.result()
+        assert not plain.result(), "a client without CURVE got an answer"
+        assert not unknown.result(), "an unknown client got in"
+        assert not own.result(), "worker key got in"
     assert answers(data, (worker.public, keys.public, keys.secret)), "the control case failed"
 
 
