@@ -138,9 +138,11 @@ def scripted() -> Iterator[tuple[Scripted, str]]:
 
 
 @pytest.fixture(scope="module")
-def setup(tiny_model: Path, scripted: tuple[Scripted, str]) -> Iterator[Setup]:
+def setup(
+    tiny_model: Path, scripted: tuple[Scripted, str], shared_daemon: Daemon
+) -> Iterator[Setup]:
     made, url = scripted
-    upstream = start_daemon(tiny_model, "--max-context", "512")
+    upstream = shared_daemon  # only sent requests: the session's daemon serves as the upstream
     front = start_daemon(
         tiny_model, "--max-context", "512",
         "--backend", f"ant=anthropic:{upstream.base_url}/v1", "--model", "claude=ant:tiny",
@@ -149,9 +151,8 @@ def setup(tiny_model: Path, scripted: tuple[Scripted, str]) -> Iterator[Setup]:
         "--backend", f"soai=openai:{url}", "--model", "sgpt=soai:tools",
     )  # fmt: skip
     yield Setup(front, upstream, made)
-    for d in (front, upstream):
-        if d.proc.poll() is None:
-            stop_daemon(d)
+    if front.proc.poll() is None:
+        stop_daemon(front)
 
 
 def _direct_message(setup: Setup, **extra: Any) -> anthropic.types.Message:
