@@ -20,22 +20,21 @@ PROMPTS = [f"prompt {i} about things " * (i + 1) for i in range(6)]
 
 @pytest.fixture(scope="module")
 def pair(
-    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, shared_daemon: Daemon
 ) -> Iterator[tuple[Daemon, Daemon]]:
-    """A group of two ranks, and one process that also holds ``m``: a group of two configured
-    for a model that cannot be split (loaded at its first request only)."""
+    """A group of two ranks, which also holds ``m`` (a group of two for a model that cannot be
+    split, loaded at its first request only), and one process: the session's shared daemon."""
     from mlxd.models.maker import make_model
 
     out = tmp_path_factory.mktemp("mamba")
     mamba = make_model(out / "mamba", arch="mamba", size="tiny", progress=lambda line: None)
     config = out / "mlxd.toml"
     config.write_text(f'[models.m]\npath = "{mamba}"\npreload = false\ngroup_size = 2\n')
-    group = start_daemon(tiny_model, "--group-size", "2", "--max-context", "512")
-    alone = start_daemon(tiny_model, "--config", str(config), "--max-context", "512")
-    yield group, alone
-    for d in (group, alone):
-        if d.proc.poll() is None:
-            stop_daemon(d)
+    group = start_daemon(tiny_model, "--group-size", "2", "--max-context", "512",
+                         "--config", str(config))  # fmt: skip
+    yield group, shared_daemon
+    if group.proc.poll() is None:
+        stop_daemon(group)
 
 
 def greedy(d: Daemon, prompt: str) -> str:
@@ -61,7 +60,7 @@ def admin(d: Daemon, path: str, body: dict[str, object] | None = None) -> dict[s
 
 def test_the_group_runs_two_ranks(pair: tuple[Daemon, Daemon]) -> None:
     group, _ = pair
-    rank0 = group.worker_pid()
+    rank0 = group.worker_pid(group.model)
     assert len(child_pids(rank0)) == 1  # rank 1, started by rank 0
 
 
@@ -86,8 +85,8 @@ def test_a_group_obeys_control_commands(pair: tuple[Daemon, Daemon]) -> None:
 
 
 def test_a_model_without_shard_is_refused_with_its_reason(pair: tuple[Daemon, Daemon]) -> None:
-    _, alone = pair
+    group, _ = pair
     body = {"model": "m", "prompt": "hi", "max_tokens": 2}
-    r = httpx.post(f"{alone.base_url}/v1/completions", json=body, timeout=120)
+    r = httpx.post(f"{group.base_url}/v1/completions", json=body, timeout=120)
     assert r.status_code == 503, r.text
     assert "has no shard()" in r.json()["error"]["message"]
