@@ -49,30 +49,47 @@ def buffer_cache_bytes(size: Footprint) -> int:
 
 
 def footprint(spec: ModelSpec, config: ServeConfig) -> Footprint:
-    """``spec``'s footprint under ``config`` (its scheduler, context and KV settings)."""
-    directory = model_dir(spec.path)
-    if sources.is_convertible(spec.path):  # GGUF / ollama: what `mlxd start` converted it to
-        directory = sources.converted_dir(spec.path, spec.dtype or config.dtype)
+    """``spec``'s footprint under ``config`` (its scheduler, context and KV settings), with
+    the draft model's weights and per-row caches when ``--draft-model`` gives one."""
+    dtype = spec.dtype or config.dtype
+    weights, model_config, growth = _weights(spec.path, dtype)
+    kv = _kv(spec, config, model_config, growth)
+    if (draft := config.scheduler.draft_model) is not None:
+        draft_weights, draft_config, draft_growth = _weights(draft, dtype)
+        weights += draft_weights
+        per_token = int(kv_bytes_per_token(draft_config) * draft_growth)
+        kv += min(per_token * config.scheduler.max_num_seqs * _context(config, model_config),
+                  DEFAULT_KV_BYTES)  # fmt: skip
+    headroom = RUNTIME_BYTES + int(HEADROOM_SHARE * (weights + kv))
+    return Footprint(weights, kv, headroom)
+
+
+def _weights(path: str, dtype: str) -> tuple[int, dict[str, Any], float]:
+    """A model's weight bytes as computed (in ``dtype``), its config and that growth."""
+    directory = model_dir(path)
+    if sources.is_convertible(path):  # GGUF / ollama: what `mlxd start` converted it to
+        directory = sources.converted_dir(path, dtype)
     files = [] if directory is None else list(directory.glob("*.safetensors"))
     weights = sum(f.stat().st_size for f in files)
     if directory is None:
-        log.warning("%s is not on this machine yet: its weights are not counted", spec.path)
+        log.warning("%s is not on this machine yet: its weights are not counted", path)
     model_config = _read_config(directory)
-    growth = dtype_growth(model_config, spec.dtype or config.dtype)
-    weights = int(weights * growth)
+    growth = dtype_growth(model_config, dtype)
+    return int(weights * growth), model_config, growth
+
+
+def _context(config: ServeConfig, model_config: dict[str, Any]) -> int:
+    return config.max_context or int(model_config.get("max_position_embeddings") or DEFAULT_CONTEXT)
+
+
+def _kv(spec: ModelSpec, config: ServeConfig, model_config: dict[str, Any], growth: float) -> int:
     kv_gb = kv_cache_gb(spec, config)
     if kv_gb is not None:
-        kv = int(kv_gb * 2**30)
-    else:
-        context = config.max_context or int(
-            model_config.get("max_position_embeddings") or DEFAULT_CONTEXT
-        )
-        per_token = int(kv_bytes_per_token(model_config) * growth)  # K/V take the compute dtype
-        wanted = kv_bytes_wanted(per_token, config.scheduler.max_num_seqs, context,
-                                 config.cache.paged)  # fmt: skip
-        kv = min(wanted, DEFAULT_KV_BYTES)
-    headroom = RUNTIME_BYTES + int(HEADROOM_SHARE * (weights + kv))
-    return Footprint(weights, kv, headroom)
+        return int(kv_gb * 2**30)
+    per_token = int(kv_bytes_per_token(model_config) * growth)  # K/V take the compute dtype
+    wanted = kv_bytes_wanted(per_token, config.scheduler.max_num_seqs,
+                             _context(config, model_config), config.cache.paged)  # fmt: skip
+    return min(wanted, DEFAULT_KV_BYTES)
 
 
 def kv_cache_gb(spec: ModelSpec, config: ServeConfig) -> float | None:

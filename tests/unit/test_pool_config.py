@@ -12,6 +12,7 @@ from mlxd.config import (
     VIEW_SHARE,
     CacheConfig,
     ModelSpec,
+    SchedulerConfig,
     ServeConfig,
     parse_duration,
     parse_memory,
@@ -123,3 +124,20 @@ def test_footprint_counts_safetensors_kv_and_headroom(tmp_path: Path) -> None:
     assert size.headroom_bytes == RUNTIME_BYTES + (1024 + size.kv_bytes) // 10
     pinned_kv = ModelSpec(name="m", path=str(tmp_path), kv_cache_gb=1.0)
     assert footprint(pinned_kv, ServeConfig(models=(spec,))).kv_bytes == 2**30
+
+
+def test_footprint_counts_the_draft_models_weights_and_caches(tmp_path: Path) -> None:
+    for name, layers, size in (("target", 2, 1000), ("draft", 1, 200)):
+        (tmp_path / name).mkdir()
+        config_json = {"num_hidden_layers": layers, "num_key_value_heads": 2,
+                       "head_dim": 16, "hidden_size": 64, "num_attention_heads": 4,
+                       "torch_dtype": "float32"}  # fmt: skip
+        (tmp_path / name / "config.json").write_text(json.dumps(config_json))
+        (tmp_path / name / "model.safetensors").write_bytes(b"x" * size)
+    spec = ModelSpec(name="m", path=str(tmp_path / "target"))
+    plain = footprint(spec, ServeConfig(models=(spec,), max_context=100))
+    scheduler = SchedulerConfig(speculate="draft", draft_model=str(tmp_path / "draft"))
+    drafted = footprint(spec, ServeConfig(models=(spec,), max_context=100, scheduler=scheduler))
+    assert drafted.weights_bytes == plain.weights_bytes + 200
+    # the draft's own caches: 1 layer's K and V per token, every row a full context
+    assert drafted.kv_bytes == plain.kv_bytes + 2 * 2 * 16 * 4 * 64 * 100
