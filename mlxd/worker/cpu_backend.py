@@ -31,9 +31,9 @@ PROBE_SIZE = {"cpu": 256, "gpu": 1024}  # big enough to reach BLAS / kernel spee
 def prepare(model: Any, dtype: str) -> ComputeInfo:
     """Cast ``model``'s float weights as ``dtype`` (one of ``config.DTYPES``) asks, in place,
     then probe the backend; log both. Returns what ``worker status`` shows."""
-    device = "cpu" if mx.default_device() == mx.cpu else "gpu"
+    device = _device()
     file_dtype = float_dtype(model)
-    _cast(model, dtype, device)
+    cast(model, dtype)
     served = float_dtype(model)
     library = blas.loaded() or ""
     if device == "cpu" and not library:
@@ -49,8 +49,10 @@ def prepare(model: Any, dtype: str) -> ComputeInfo:
                        gemm_size=size)  # fmt: skip
 
 
-def _cast(model: Any, dtype: str, device: str) -> None:
-    target = target_dtype(dtype, device, model)
+def cast(model: Any, dtype: str) -> None:
+    """Cast ``model``'s float weights as ``dtype`` asks on this backend, in place (``prepare``
+    does it for the served model; a draft model needs only this)."""
+    target = target_dtype(dtype, _device(), model)
     if target is None:
         return
     before, file_dtype = weights_bytes(model), float_dtype(model)
@@ -94,6 +96,10 @@ def float_dtype(model: Any) -> mx.Dtype:
 
 def weights_bytes(model: Any) -> int:
     return sum(int(v.nbytes) for _, v in tree_flatten(model.parameters()))
+
+
+def _device() -> str:
+    return "cpu" if mx.default_device() == mx.cpu else "gpu"
 
 
 def _castable(dtype: str, target: mx.Dtype) -> Any:

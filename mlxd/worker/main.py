@@ -157,24 +157,32 @@ def _channel(config: WorkerConfig, group: Any) -> WorkerChannel:
 
 
 def _load(config: WorkerConfig, group: Any = None) -> tuple[Any, Any, int]:
+    started = time.monotonic()
+    model, tokenizer = _load_model(config.model, config.dtype, group)
+    max_context = config.max_context or _model_context(model)
+    log.info("loaded %s in %.1f s", config.model, time.monotonic() - started)
+    return model, tokenizer, max_context
+
+
+def _load_model(source: str, dtype: str, group: Any = None) -> tuple[Any, Any]:
+    """``source`` (a directory, repo id, GGUF or ``ollama:`` name) loaded for serving: sharded
+    across ``group``, quantized layers taking batches as rows, the output head reading the last
+    position only. The target model and the draft model both."""
     import mlx_lm
 
     from mlxd.models import sources
 
-    started = time.monotonic()
-    log.info("loading %s ...", config.model)
-    path = sources.resolve(config.model, config.dtype)  # GGUF / ollama: -> converted dir
+    log.info("loading %s ...", source)
+    path = sources.resolve(source, dtype)  # GGUF / ollama: -> converted dir
     if not Path(path).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
-        raise ConfigError(f"model {config.model!r} is not a local directory (offline)")
+        raise ConfigError(f"model {source!r} is not a local directory (offline)")
     model, tokenizer = mlx_lm.load(path)[:2]
     if group is not None:
         worker_group.shard(model, group)  # before the layers are wrapped below
     if quantized := batch_as_rows(model):
         log.info("%d quantized layers take each batch as rows of one matrix", len(quantized))
     last_position_only(model)  # the engine samples each row's last position, and nothing else
-    max_context = config.max_context or _model_context(model)
-    log.info("loaded %s in %.1f s", config.model, time.monotonic() - started)
-    return model, tokenizer, max_context
+    return model, tokenizer
 
 
 def _draft_model(config: WorkerConfig, runner: ModelRunner, vocab_size: int) -> Drafter | None:
@@ -187,15 +195,10 @@ def _draft_model(config: WorkerConfig, runner: ModelRunner, vocab_size: int) -> 
         log.warning("%s decodes one token per step (%s): --draft-model not loaded", config.name,
                     runner.kv_description)  # fmt: skip
         return None
-    import mlx_lm
-
-    from mlxd.models import sources
     from mlxd.worker.draft_model import DraftModel
 
-    log.info("loading draft model %s ...", path)
-    model, tokenizer = mlx_lm.load(sources.resolve(path, config.dtype))[:2]
-    cpu_backend.prepare(model, config.dtype)
-    last_position_only(model)  # drafts read the last position's logits only
+    model, tokenizer = _load_model(path, config.dtype)
+    cpu_backend.cast(model, config.dtype)
     return DraftModel(model, _vocab_size(model, tokenizer), vocab_size, path)
 
 
