@@ -26,7 +26,7 @@ from mlxd.worker.sequence import Sequence
 
 # A prefill group may pad to at most this many times its real tokens (else it splits).
 _MAX_PAD_RATIO = 2
-# Verification as one single-query row per input (``_verify_forward``) where multi-query
+# Verification as one single-query row per input (``_forward_as_rows``) where multi-query
 # attention builds a plan per shape (CUDA: ``attention_shapes``), else one left-padded window per
 # row, the path measured on the CPU (docs/PERFORMANCE.md). Both run in the tests.
 VIRTUAL_ROWS = attention_shapes.PLANNED
@@ -142,15 +142,8 @@ class PagedModelRunner(ModelRunner):
         self.tail.restart()
         pending: list[int] = self._pending.tolist()  # type: ignore[assignment]
         inputs = [[p, *d] for p, d in zip(pending, drafts, strict=True)]
-        if VIRTUAL_ROWS:
-            flat = self._verify_forward(rows, inputs)
-        else:
-            _, tokens = verification.window(pending, drafts)
-            step = PagedStep.build([s.block_ids for s in rows], [s.num_computed for s in rows],
-                                   [len(x) for x in inputs], self.pool)  # fmt: skip
-            with all_positions(self.model):
-                logits = self.model(tokens, cache=PagedKVCache.for_step(self.pool, step))
-            flat = logits.reshape(-1, logits.shape[-1])[verification.real_positions(inputs)]
+        forward = self._forward_as_rows if VIRTUAL_ROWS else self._forward_as_windows
+        flat = forward(rows, inputs)
         seqs = [s for s, x in zip(rows, inputs, strict=True) for _ in x]
         sample_rows = [self._sample_row(s, emitted=True, ahead=j)
                        for s, x in zip(rows, inputs, strict=True)
@@ -163,12 +156,21 @@ class PagedModelRunner(ModelRunner):
 
     # Internal helpers
 
-    def _verify_forward(self, rows: list[Sequence], inputs: list[list[int]]) -> mx.array:
-        """The target's logits after each input, ``(sum of inputs, vocab)``, row by row: every
-        input is a row of its own with one query (position ``num_computed + j``, its sequence's
-        block table), so attention runs as in decode, whatever the draft lengths. The K/V of
-        every input is written before any is read, layer by layer, so input ``j`` sees the
-        ones before it."""
+    def _forward_as_windows(self, rows: list[Sequence], inputs: list[list[int]]) -> mx.array:
+        """The target's logits after each input, ``(sum of inputs, vocab)``, row by row: each
+        row's inputs in one left-padded window of queries."""
+        step = PagedStep.build([s.block_ids for s in rows], [s.num_computed for s in rows],
+                               [len(x) for x in inputs], self.pool)  # fmt: skip
+        with all_positions(self.model):
+            logits = self.model(verification.window(inputs),
+                                cache=PagedKVCache.for_step(self.pool, step))  # fmt: skip
+        return logits.reshape(-1, logits.shape[-1])[verification.real_positions(inputs)]
+
+    def _forward_as_rows(self, rows: list[Sequence], inputs: list[list[int]]) -> mx.array:
+        """As ``_forward_as_windows``, but every input is a row of its own with one query
+        (position ``num_computed + j``, its sequence's block table), so attention runs as in
+        decode, whatever the draft lengths. The K/V of every input is written before any is
+        read, layer by layer, so input ``j`` sees the ones before it."""
         tables, positions, tokens = [], [], []
         for seq, x in zip(rows, inputs, strict=True):
             for j, token in enumerate(x):

@@ -25,11 +25,10 @@ import mlx.core as mx
 from mlxd.worker import attention_shapes
 
 
-def window(pending: list[int], drafts: list[list[int]]) -> tuple[list[list[int]], mx.array]:
-    """Each row's inputs ``[p, *drafts]`` and the ``(B, W)`` left-padded token array."""
-    inputs = [[p, *d] for p, d in zip(pending, drafts, strict=True)]
+def window(inputs: list[list[int]]) -> mx.array:
+    """Each row's inputs ``[p, *drafts]`` as one ``(B, W)`` left-padded token array."""
     width = attention_shapes.queries(max(len(x) for x in inputs))
-    return inputs, mx.array([[0] * (width - len(x)) + x for x in inputs])
+    return mx.array([[0] * (width - len(x)) + x for x in inputs])
 
 
 def real_positions(inputs: list[list[int]]) -> mx.array:
