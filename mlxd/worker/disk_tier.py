@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_flatten
 
 from mlxd.config import WorkerConfig, data_dir
+from mlxd.worker import cpu_backend
 from mlxd.worker.disk_cache import DiskKVCache, model_identity
 from mlxd.worker.kv_format import parts
 from mlxd.worker.radix_cache import TierBlock
@@ -132,8 +132,7 @@ def _attach_snapshots(config: WorkerConfig, runner: ModelRunner, cap_bytes: int)
         return False
     model = runner.model  # type: ignore[attr-defined]
     kinds = ",".join(type(c).__name__ for c in make_prompt_cache(model))
-    dtype = next(v.dtype for _, v in tree_flatten(model.parameters()) if mx.issubdtype(
-        v.dtype, mx.floating))  # fmt: skip
+    dtype = cpu_backend.float_dtype(model)  # the compute dtype the snapshots are in
     model_id = model_identity(_model_dir(config), f"snapshots {kinds} {dtype}")
     snapshots.disk = DiskSnapshots(data_dir() / "kv-cache" / model_id, model_id, cap_bytes)
     log.info("KV disk cache: %s, %d snapshots (%.1f of %.1f GiB)", snapshots.disk.root,

@@ -79,21 +79,18 @@ class SnapshotCache:
 
     def match(self, tokens: list[int]) -> tuple[int, list[Any] | None]:
         """The longest snapshot that is a proper prefix of ``tokens``: (its length, a copy of its
-        caches to continue from), or (0, None)."""
-        for n in sorted({len(k) for k in self._entries}, reverse=True):
-            entry = self._entries.get(tuple(tokens[:n])) if n < len(tokens) else None
-            if entry is not None:
-                entry.last_used = time.monotonic()
-                self.counters.hits += 1
-                self.counters.hit_tokens += n
-                return n, copy.deepcopy(entry.caches)
-        n, caches = self.disk.match(tokens) if self.disk is not None else (0, None)
+        caches to continue from), or (0, None). Memory first, then the disk tier, whose hit
+        comes back into memory for the next one."""
+        n, caches = self._match_memory(tokens)
+        if caches is None and self.disk is not None:
+            n, caches = self.disk.match(tokens)
+            if caches is not None:
+                self.insert(tokens[:n], caches)
         if caches is None:
             self.counters.misses += 1
             return 0, None
         self.counters.hits += 1
         self.counters.hit_tokens += n
-        self.insert(tokens[:n], caches)  # in memory again for the next hit
         return n, caches
 
     def shared_prefix(self, tokens: list[int], block_size: int) -> int:
@@ -118,6 +115,14 @@ class SnapshotCache:
         return n
 
     # Internal helpers
+
+    def _match_memory(self, tokens: list[int]) -> tuple[int, list[Any] | None]:
+        for n in sorted({len(k) for k in self._entries}, reverse=True):
+            entry = self._entries.get(tuple(tokens[:n])) if n < len(tokens) else None
+            if entry is not None:
+                entry.last_used = time.monotonic()
+                return n, copy.deepcopy(entry.caches)
+        return 0, None
 
     def _evict(self, budget: int) -> None:
         while self.nbytes > budget and self._entries:
