@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mlxd import gpus
 from mlxd.config import ModelSpec, ServeConfig
 from mlxd.daemon import budget
 from mlxd.daemon.attach import ATTACH_WAIT_S, attach, check_attached
@@ -225,7 +226,8 @@ class Supervisor:
         task.add_done_callback(self._tasks.discard)
 
     def _spawn(self, worker: WorkerProcess) -> None:
-        worker.spawn(worker_command(worker, self.config, self.log_level))
+        place = gpus.for_replica(worker.replica, worker.spec.group_size, gpus.visible())
+        worker.spawn(worker_command(worker, self.config, self.log_level), place)
 
     # Internal helpers: loading and unloading under the budget
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import subprocess
 import time
@@ -67,11 +68,13 @@ class WorkerProcess:
             idle_s=now - self.last_used if idle else None,
         )  # fmt: skip
 
-    def spawn(self, cmd: list[str]) -> None:
-        """Start ``cmd`` (``mlxd worker serve …``); the slot is ``starting`` until its pong."""
+    def spawn(self, cmd: list[str], env: dict[str, str] | None = None) -> None:
+        """Start ``cmd`` (``mlxd worker serve …``) with ``env`` added to this process's
+        environment (its GPUs: ``mlxd.gpus``); the slot is ``starting`` until its pong."""
         if self.reason_file is not None:
             self.reason_file.unlink(missing_ok=True)
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+        full_env = dict(os.environ, **env) if env else None
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=full_env)
         self.state = "starting"
         self.ready.clear()
         log.info("started worker for %s (pid %d)", self.spec.name, self.proc.pid)

@@ -38,6 +38,7 @@ from typing import Any
 
 import msgpack
 
+from mlxd import gpus
 from mlxd.config import WorkerConfig
 from mlxd.errors import ConfigError, ProtocolError
 from mlxd.protocol import codec
@@ -237,11 +238,13 @@ def _start_followers(config: WorkerConfig) -> None:
         with os.fdopen(fd, "w") as f:
             json.dump([[f"127.0.0.1:{_free_port()}"] for _ in range(n)], f)
         env["MLX_HOSTFILE"] = path
-    else:  # nccl: rank i on GPU i % visible GPUs is the launcher's business; here all share
+    else:  # nccl (each rank's GPU: mlxd.gpus)
         env.update(MLX_WORLD_SIZE=str(n), NCCL_HOST_IP="127.0.0.1", NCCL_PORT=str(_free_port()))
     follower = dataclasses.replace(config, parent_pid=None, reason_file=None)
     cmd = [sys.executable, "-m", "mlxd", "worker", "serve", "--config-json", follower.to_json()]
-    procs = [subprocess.Popen(cmd, env=dict(env, MLX_RANK=str(r)), stdin=subprocess.DEVNULL)
+    visible = gpus.visible()
+    procs = [subprocess.Popen(cmd, env=dict(env, MLX_RANK=str(r), **gpus.for_rank(r, visible)),
+                              stdin=subprocess.DEVNULL)
              for r in range(1, n)]  # fmt: skip
     os.environ.update({k: v for k, v in env.items() if k != LEADER_ENV}, MLX_RANK="0")
     log.info("started ranks 1..%d (pids %s)", n - 1, [p.pid for p in procs])

@@ -24,7 +24,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import Daemon, start_daemon, stop_daemon
+from tests.e2e.conftest import Daemon, start_daemon, stop_daemon, visible_gpus
 
 pytestmark = [pytest.mark.e2e]
 
@@ -34,7 +34,10 @@ TURNS = 4
 
 @pytest.fixture(scope="module")
 def replicated(tiny_model: Path) -> Iterator[Daemon]:
-    d = start_daemon(tiny_model, "--replicas", "2", "--max-context", "2048")
+    # Two "GPUs" named: the CPU backend ignores them, the placement is still visible
+    d = start_daemon(
+        tiny_model, "--replicas", "2", "--max-context", "2048", env={"CUDA_VISIBLE_DEVICES": "5,7"}
+    )
     yield d
     if d.proc.poll() is None:
         stop_daemon(d)
@@ -102,6 +105,11 @@ def test_both_replicas_serve_and_are_shown(replicated: Daemon) -> None:
                         timeout=60, env=env, check=True).stdout  # fmt: skip
     for row in rows:
         assert re.search(rf"tiny#{row['index']}\s+ready\s+{row['pid']}\s", ps), ps
+
+
+def test_each_replica_runs_on_its_own_gpu(replicated: Daemon) -> None:
+    rows = wait_ready(replicated)
+    assert [visible_gpus(r["pid"]) for r in rows] == ["5", "7"]
 
 
 def test_conversations_keep_their_replica_unlike_round_robin(

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.conftest import Daemon, child_pids, start_daemon, stop_daemon
+from tests.e2e.conftest import Daemon, child_pids, start_daemon, stop_daemon, visible_gpus
 
 pytestmark = [pytest.mark.e2e]
 
@@ -31,7 +31,7 @@ def pair(
     config = out / "mlxd.toml"
     config.write_text(f'[models.m]\npath = "{mamba}"\npreload = false\ngroup_size = 2\n')
     group = start_daemon(tiny_model, "--group-size", "2", "--max-context", "512",
-                         "--config", str(config))  # fmt: skip
+                         "--config", str(config), env={"CUDA_VISIBLE_DEVICES": "3,4"})  # fmt: skip
     yield group, shared_daemon
     if group.proc.poll() is None:
         stop_daemon(group)
@@ -61,7 +61,9 @@ def admin(d: Daemon, path: str, body: dict[str, object] | None = None) -> dict[s
 def test_the_group_runs_two_ranks(pair: tuple[Daemon, Daemon]) -> None:
     group, _ = pair
     rank0 = group.worker_pid(group.model)
-    assert len(child_pids(rank0)) == 1  # rank 1, started by rank 0
+    (rank1,) = child_pids(rank0)  # started by rank 0
+    # each rank on its own GPU of the two the host names (the CPU backend ignores them)
+    assert [visible_gpus(rank0), visible_gpus(rank1)] == ["3,4", "4"]
 
 
 def test_a_group_answers_as_one_process_does_batched(pair: tuple[Daemon, Daemon]) -> None:
