@@ -6,7 +6,7 @@
 # compared with one GPU's; then the multi-turn prefix hit rate of 1 vs 2 replicas (cache-aware,
 # round robin; scripts/bench_replicas.sh). Prints a summary; JSON under $OUT.
 # Run after `bash .gpuB/install.sh b`. Usage:
-#   [SIZES="qwen3-0.6b llama-3.2-3b"] [DTYPE=bfloat16] bash scripts/gpu_scaleout2.sh
+#   [MULTI_TURN=1] [SIZES="qwen3-0.6b llama-3.2-3b"] [DTYPE=bfloat16] bash scripts/gpu_scaleout2.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source /root/mlx-env.sh
@@ -56,7 +56,7 @@ for SIZE in ${SIZES:-qwen3-0.6b llama-3.2-3b}; do
   up "$SIZE-tp" "$MODEL" --group-size 2 --distributed nccl; greedy "$SIZE-tp"; bench "$SIZE-tp" 1,64; down
 done
 MODEL="/root/models/qwen3-0.6b-$DTYPE"
-START_ARGS="--kv-cache-gb 16 --max-num-seqs 64" timeout -k 5 300 bash scripts/bench_replicas.sh \
+[ "${MULTI_TURN:-1}" = 1 ] && START_ARGS="--kv-cache-gb 16 --max-num-seqs 64" timeout -k 5 300 bash scripts/bench_replicas.sh \
   "$MODEL" 8 --turns 4 --prompt-tokens 512 --max-tokens 64 > "$OUT/replicas.txt" 2>&1 \
   || echo "replicas multi-turn failed" | tee -a "$OUT/failures.txt"
 python3 - "$OUT" <<'PY'
