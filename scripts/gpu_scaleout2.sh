@@ -6,7 +6,7 @@
 # compared with one GPU's; then the multi-turn prefix hit rate of 1 vs 2 replicas (cache-aware,
 # round robin; scripts/bench_replicas.sh). Prints a summary; JSON under $OUT.
 # Run after `bash .gpuB/install.sh b`. Usage:
-#   [MULTI_TURN=1] [SIZES="qwen3-0.6b llama-3.2-3b"] [DTYPE=bfloat16] bash scripts/gpu_scaleout2.sh
+#   [MULTI_TURN=1] [LEGS="one two tp"] [SIZES="qwen3-0.6b llama-3.2-3b"] [DTYPE=bfloat16] bash scripts/gpu_scaleout2.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source /root/mlx-env.sh
@@ -24,7 +24,11 @@ up() {  # NAME MODEL, then `mlxd start` options; leaves $daemon running
   MLXD_HOME="/root/home-$name" python3 -m mlxd start --model "bench=$model" --port "$PORT" \
     $COMMON "$@" > "$OUT/daemon-$name.log" 2>&1 &
   daemon=$!
-  for _ in $(seq 600); do curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break; sleep 0.5; done
+  for _ in $(seq 600); do  # until healthy, or the daemon says its worker failed
+    curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break
+    grep -q " failed: " "$OUT/daemon-$name.log" && { echo "$name failed to start" | tee -a "$OUT/failures.txt"; break; }
+    sleep 0.5
+  done
   nvidia-smi --query-gpu=index,memory.used --format=csv,noheader | tr '\n' ' ' \
     | sed "s/^/$name GPU memory: /" | tee -a "$OUT/placement.txt"; echo | tee -a "$OUT/placement.txt"
 }
@@ -51,9 +55,14 @@ for SIZE in ${SIZES:-qwen3-0.6b llama-3.2-3b}; do
   MODEL="/root/models/$SIZE-$DTYPE"
   [ -d "$MODEL" ] || python3 -m mlxd make-model --arch "${SIZE%%-*}" --size "$SIZE" --dtype "$DTYPE" \
     --out "$MODEL" > /dev/null
-  up "$SIZE-one" "$MODEL"; greedy "$SIZE-one"; bench "$SIZE-one" 1,64,128; down
-  up "$SIZE-two" "$MODEL" --replicas 2; bench "$SIZE-two" 64,128; down
-  up "$SIZE-tp" "$MODEL" --group-size 2 --distributed nccl; greedy "$SIZE-tp"; bench "$SIZE-tp" 1,64; down
+  for leg in ${LEGS:-one two tp}; do
+    case $leg in
+      one) up "$SIZE-one" "$MODEL"; greedy "$SIZE-one"; bench "$SIZE-one" 1,64,128; down ;;
+      two) up "$SIZE-two" "$MODEL" --replicas 2; bench "$SIZE-two" 64,128; down ;;
+      tp) up "$SIZE-tp" "$MODEL" --group-size 2 --distributed nccl; greedy "$SIZE-tp"
+          bench "$SIZE-tp" 1,64; down ;;
+    esac
+  done
 done
 MODEL="/root/models/qwen3-0.6b-$DTYPE"
 [ "${MULTI_TURN:-1}" = 1 ] && START_ARGS="--kv-cache-gb 16 --max-num-seqs 64" timeout -k 5 300 bash scripts/bench_replicas.sh \
@@ -63,7 +72,7 @@ python3 - "$OUT" <<'PY'
 import glob, json, os, sys
 out = sys.argv[1]
 for path in sorted(glob.glob(f"{out}/tp-*.txt")):
-    print("==", os.path.basename(path)); print(open(path).read())
+    print("==", os.path.basename(path)); print(open(path).read()[-1500:])
 for size in ("qwen3-0.6b", "llama-3.2-3b"):
     try:
         one = json.load(open(f"{out}/greedy-{size}-one.json"))

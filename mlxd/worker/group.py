@@ -86,7 +86,7 @@ def check_same(group: Any, values: list[int], what: str) -> None:
     import mlx.core as mx
 
     mine = mx.array(values, dtype=mx.int64)
-    every = mx.distributed.all_gather(mine[None], group=group, stream=mx.cpu)
+    every = mx.distributed.all_gather(mine[None], group=group)  # on the backend's own stream
     if not bool(mx.all(every == mine[None]).item()):
         raise ConfigError(f"the group's ranks disagree on {what}: {every.tolist()} (set "
                           "--kv-cache-gb and --max-context)")  # fmt: skip
@@ -179,7 +179,9 @@ class GroupChannel:
         # One all_gather carries rank 0's length and every rank's digest of its engine state:
         # ranks that stopped deciding alike would hang in the next forward, so they stop here.
         mine = mx.array([len(payload), self.digest()], dtype=mx.int64)
-        every = mx.distributed.all_gather(mine[None], group=self.group, stream=mx.cpu).tolist()
+        # No stream named: each backend's own (ring: the CPU; NCCL: the GPU, which a CPU
+        # stream would not reach).
+        every = mx.distributed.all_gather(mine[None], group=self.group).tolist()
         if len({d for _, d in every}) > 1:
             log.error("the group's ranks diverged (engine digests %s); exiting", every)
             os._exit(1)
@@ -187,7 +189,7 @@ class GroupChannel:
         if n == 0:
             return b""
         buf = np.frombuffer(payload, dtype=np.uint8) if payload else np.zeros(n, np.uint8)
-        out = mx.distributed.all_sum(mx.array(buf), group=self.group, stream=mx.cpu)
+        out = mx.distributed.all_sum(mx.array(buf), group=self.group)
         return bytes(np.array(out, copy=False))
 
 
