@@ -6,7 +6,7 @@
 # compared with one GPU's; then the multi-turn prefix hit rate of 1 vs 2 replicas (cache-aware,
 # round robin; scripts/bench_replicas.sh). Prints a summary; JSON under $OUT.
 # Run after `bash .gpuB/install.sh b`. Usage:
-#   [MULTI_TURN=1] [LEGS="one two tp"] [SIZES="qwen3-0.6b llama-3.2-3b"] [DTYPE=bfloat16] bash scripts/gpu_scaleout2.sh
+#   [MULTI_TURN=1] [LEGS="one two tp"; "greedy": only the greedy comparison] [SIZES="qwen3-0.6b llama-3.2-3b"] [DTYPE=bfloat16] bash scripts/gpu_scaleout2.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source /root/mlx-env.sh
@@ -61,19 +61,23 @@ for SIZE in ${SIZES:-qwen3-0.6b llama-3.2-3b}; do
       two) up "$SIZE-two" "$MODEL" --replicas 2; bench "$SIZE-two" 64,128; down ;;
       tp) up "$SIZE-tp" "$MODEL" --group-size 2 --distributed nccl; greedy "$SIZE-tp"
           bench "$SIZE-tp" 1,64; down ;;
+      greedy) up "$SIZE-one" "$MODEL"; greedy "$SIZE-one"; down
+          up "$SIZE-tp" "$MODEL" --group-size 2 --distributed nccl; greedy "$SIZE-tp"; down ;;
     esac
   done
 done
 MODEL="/root/models/qwen3-0.6b-$DTYPE"
-[ "${MULTI_TURN:-1}" = 1 ] && START_ARGS="--kv-cache-gb 16 --max-num-seqs 64" timeout -k 5 300 bash scripts/bench_replicas.sh \
-  "$MODEL" 8 --turns 4 --prompt-tokens 512 --max-tokens 64 > "$OUT/replicas.txt" 2>&1 \
-  || echo "replicas multi-turn failed" | tee -a "$OUT/failures.txt"
+if [ "${MULTI_TURN:-1}" = 1 ]; then
+  START_ARGS="--kv-cache-gb 16 --max-num-seqs 64" timeout -k 5 300 bash scripts/bench_replicas.sh \
+    "$MODEL" 8 --turns 4 --prompt-tokens 512 --max-tokens 64 > "$OUT/replicas.txt" 2>&1 \
+    || echo "replicas multi-turn failed" | tee -a "$OUT/failures.txt"
+fi
 python3 - "$OUT" <<'PY'
 import glob, json, os, sys
 out = sys.argv[1]
 for path in sorted(glob.glob(f"{out}/tp-*.txt")):
     print("==", os.path.basename(path)); print(open(path).read()[-1500:])
-for size in ("qwen3-0.6b", "llama-3.2-3b"):
+for size in os.environ.get("SIZES", "qwen3-0.6b llama-3.2-3b").split():
     try:
         one = json.load(open(f"{out}/greedy-{size}-one.json"))
         tp = json.load(open(f"{out}/greedy-{size}-tp.json"))
