@@ -75,6 +75,7 @@ def new_engine(
     from mlxd.worker.model_runner import ModelRunner, check_model_supported
     from mlxd.worker.paged_cache import KVPool
     from mlxd.worker.paged_runner import PagedModelRunner
+    from mlxd.worker.prefill_cost import PrefillCost
     from mlxd.worker.scheduler import Scheduler
     from mlxd.worker.tokenizer import PromptEncoder
 
@@ -87,7 +88,8 @@ def new_engine(
         pool_kv = KVPool.for_model(model, num_blocks, block_size, fmt=KVFormat(kv_bits))
         runner = PagedModelRunner(model, eos, pool_kv, max_view_tokens)
         pool = BlockPool(num_blocks, block_size)
-    return Engine(name="bench", runner=runner, scheduler=Scheduler(sched, pool=pool),
+    scheduler = Scheduler(sched, pool=pool, cost=PrefillCost.for_model(model))
+    return Engine(name="bench", runner=runner, scheduler=scheduler,
                   encoder=encoder, channel=_Recorder(0.0, {}),  # type: ignore[arg-type]
                   max_context=max_context)  # fmt: skip
 

@@ -31,6 +31,7 @@ from mlxd.worker.engine import Engine
 from mlxd.worker.idle_release import IdleRelease
 from mlxd.worker.model_runner import ModelRunner, check_model_supported
 from mlxd.worker.output_head import last_position_only
+from mlxd.worker.prefill_cost import PrefillCost
 from mlxd.worker.quantized import batch_as_rows
 from mlxd.worker.scheduler import Scheduler
 from mlxd.worker.tokenizer import PromptEncoder
@@ -90,6 +91,7 @@ def serve(config: WorkerConfig) -> int:
             _scheduler_config(config, runner),
             pool=pool,
             clock=getattr(channel, "clock", time.monotonic),
+            cost=PrefillCost.for_model(model),
         ),
         encoder=encoder,
         channel=channel,

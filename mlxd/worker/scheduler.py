@@ -14,6 +14,7 @@ Pure Python on ints: no MLX here, so the policy is cheap to import and to unit-t
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -23,6 +24,7 @@ from mlxd.errors import Overloaded
 from mlxd.worker.block_pool import BlockPool
 from mlxd.worker.drain_rate import DrainRate
 from mlxd.worker.embed_job import EmbedJob
+from mlxd.worker.prefill_cost import PrefillCost
 from mlxd.worker.radix_cache import RadixCache
 from mlxd.worker.sequence import Sequence, SequenceStatus
 from mlxd.worker.stats import KVReport
@@ -77,6 +79,10 @@ class CacheCounters:
     preemptions: int = 0
 
 
+MIN_CHUNK = 16  # tokens: a shorter prompt chunk costs a step's overhead for almost nothing
+MAX_SHRINK = 4  # a chunk sized by cost keeps 1/4 of the budget: a long prompt's steps stay few
+
+
 class Scheduler:
     """Keeps the waiting queue (priority with aging), the prefilling and the running sequences."""
 
@@ -85,8 +91,12 @@ class Scheduler:
         config: SchedulerConfig,
         clock: Callable[[], float] = time.monotonic,
         pool: BlockPool | None = None,
+        cost: PrefillCost | None = None,
     ) -> None:
         self.config = config
+        self.cost = (
+            cost or PrefillCost()
+        )  # what a chunk costs the streams that wait on it (prefill_cost.py)
         self.clock = clock
         self.pool = pool  # None: the contiguous cache, no block accounting
         self.radix = RadixCache(pool) if pool is not None else None
@@ -120,7 +130,9 @@ class Scheduler:
         start. Then queued requests by effective priority: a waiting sequence is admitted while
         batch slots remain (and ``admit``: the runner has room for one more); an embeddings
         request gets its next inputs, shortest first, as many as fit padded. Inputs are never
-        split, so one longer than a whole step's budget runs alone in a step of its own.
+        split, so one longer than a whole step's budget runs alone in a step of its own. While
+        streams run, prompt chunks spend the budget as cost (``PrefillCost``): deep in a long
+        prompt they are shorter, so the streams' next token waits no longer there.
         """
         budget = self.config.prefill_chunk
         chunks: list[PrefillChunk | EmbedChunk] = []
@@ -128,12 +140,12 @@ class Scheduler:
             if budget <= 0:
                 return chunks
             chunks.append(self._chunk(seq, budget))
-            budget -= chunks[-1].num_tokens
+            budget -= self._spent(chunks[-1])
         while budget > 0:
             chunk = self._next_queued_chunk(admit, budget)
             if chunk is None:
                 break
-            budget -= chunk.num_tokens
+            budget -= self._spent(chunk)
             chunks.append(chunk)
         return chunks
 
@@ -327,7 +339,15 @@ class Scheduler:
 
     def _chunk(self, seq: Sequence, budget: int) -> PrefillChunk:
         start = seq.num_prefilled
+        if self.running:  # streams wait on this step: a chunk within the budget's cost
+            floor = min(budget, max(MIN_CHUNK, self.config.prefill_chunk // MAX_SHRINK))
+            budget = max(floor, self.cost.tokens_within(budget, start))
         return PrefillChunk(seq, start, min(seq.num_prefill_tokens, start + budget))
+
+    def _spent(self, chunk: PrefillChunk | EmbedChunk) -> int:
+        if isinstance(chunk, EmbedChunk) or not self.running:
+            return chunk.num_tokens
+        return math.ceil(self.cost.of(chunk.start, chunk.num_tokens))
 
     def _allocate_prompt(self, seq: Sequence) -> bool:
         """Give ``seq`` the cached blocks of its longest cached prefix plus new blocks for the

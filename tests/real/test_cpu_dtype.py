@@ -10,11 +10,11 @@ import pytest
 
 pytestmark = [pytest.mark.real]
 
-PROMPTS = [
-    "What is the capital of France?", "Name three colours.", "What is 3 + 4?",
-    "Write a haiku about the sea.", "Who wrote Hamlet?", "Say hello in Spanish.",
+PROMPTS = [  # float16 on the CPU is slow: four short answers keep this under half a minute
+    "What is the capital of France?", "Name three colours.", "Who wrote Hamlet?",
+    "Say hello in Spanish.",
 ]  # fmt: skip
-MAX_TOKENS = 8
+MAX_TOKENS = 6
 
 
 def _greedy(directory: Path, dtype: str) -> list[str]:
@@ -41,5 +41,5 @@ def test_greedy_float32_agrees_with_float16(converted_dir: Path) -> None:
     # precision differs.
     single, half = _greedy(converted_dir, "float32"), _greedy(converted_dir, "float16")
     agree = sum(a == b for a, b in zip(single, half, strict=True))
-    # Half and single precision may part at a near-tie: one of the six may differ.
+    # Half and single precision may part at a near-tie: one of the four may differ.
     assert agree >= len(PROMPTS) - 1, list(zip(single, half, strict=True))

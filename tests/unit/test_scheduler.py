@@ -6,6 +6,7 @@ from mlxd.config import SchedulerConfig
 from mlxd.errors import Overloaded
 from mlxd.protocol.messages import SamplingParams
 from mlxd.worker.embed_job import EmbedJob
+from mlxd.worker.prefill_cost import PrefillCost
 from mlxd.worker.scheduler import EmbedChunk, Scheduler
 from mlxd.worker.sequence import PRIORITY_LEVELS, Sequence, SequenceStatus
 
@@ -75,6 +76,36 @@ def test_long_prompt_is_chunked_and_others_wait_for_budget(clock: Clock) -> None
     assert spans[2] == [("long", 32, 40), ("short", 0, 4)]
     assert spans[3] == []
     assert all(q.status is SequenceStatus.RUNNING for q in s.running)
+
+
+def chunk_spans(s: Scheduler, steps: int) -> list[tuple[int, int]]:
+    spans = []
+    for _ in range(steps):
+        for c in s.schedule_prefill():
+            spans.append((c.start, c.end))
+            s.complete_chunk(c)
+    return spans
+
+
+def test_beside_running_streams_a_long_prompts_chunks_shrink_to_the_budgets_cost(
+    clock: Clock,
+) -> None:
+    cost = PrefillCost(knee=256.0)
+    s = Scheduler(SchedulerConfig(prefill_chunk=256), clock=clock, cost=cost)
+    s.add(make_seq("stream"))
+    run_prefill(s)  # now decoding: every later chunk is sized by cost
+    s.add(make_seq("long", n_prompt=4000))
+    spans = chunk_spans(s, 40)
+    sizes = [end - start for start, end in spans]
+    assert sizes[0] < 256 and sizes == sorted(sizes, reverse=True) and sizes[-1] < sizes[0] / 4
+    assert min(sizes[:-1]) == 256 // 8  # never below 1/8 of the budget
+    assert all(cost.of(start, end - start) <= 256 for start, end in spans if end - start > 32)
+
+
+def test_with_no_stream_running_a_chunk_takes_the_whole_budget(clock: Clock) -> None:
+    s = Scheduler(SchedulerConfig(prefill_chunk=256), clock=clock, cost=PrefillCost(knee=256.0))
+    s.add(make_seq("long", n_prompt=1000))
+    assert chunk_spans(s, 4) == [(0, 256), (256, 512), (512, 768), (768, 1000)]
 
 
 def test_higher_priority_is_admitted_first(clock: Clock) -> None:
