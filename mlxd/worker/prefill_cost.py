@@ -4,13 +4,14 @@ A prompt token's projections cost the same at any position; its attention grows 
 before it. At ``knee`` keys its attention costs as much as its projections: with P parameters in
 the layers (embeddings aside), H query heads of d dims and L layers, a token's projections take
 2P FLOPs and its attention over c keys 4HdLc, so ``knee = P / (2HdL)`` (about 3,800 for
-Qwen3-0.6B). A chunk of n tokens from position s then costs ``n * (1 + (s + n/2) / knee)``.
+Qwen3-0.6B). A chunk of n tokens after s cached ones costs ``n * (1 + s / knee)``: its own
+keys are left out, so a prompt's first chunk (and every short prompt) costs its tokens.
 
 A fixed token budget per step (``--prefill-chunk``) let a chunk deep in a long prompt cost many
 times one at its start, and the streams decoding between chunks waited that long: beside a
 32k-token prompt their ITL p99 was 3.8 s against 81 ms alone (docs/PERFORMANCE.md, CPU). While
 streams run, the scheduler therefore spends the budget as cost, which shortens the chunks as the
-prompt goes on, never below 1/8 of the budget (the scheduler's ``MAX_SHRINK``: each step
+prompt goes on, never below 1/4 of the budget (the scheduler's ``MAX_SHRINK``: each step
 also decodes, so a prompt cut into too many chunks would wait on as many decode steps); with no
 stream waiting, a chunk takes the whole budget in tokens.
 """
@@ -30,16 +31,11 @@ class PrefillCost:
 
     def of(self, start: int, n: int) -> float:
         """The cost of prefilling positions ``start .. start + n``."""
-        return n * (1.0 + (start + n / 2) / self.knee)
+        return n * (1.0 + start / self.knee)
 
     def tokens_within(self, budget: int, start: int) -> int:
         """The most tokens from ``start`` whose cost stays within ``budget`` (at least 1)."""
-        if math.isinf(self.knee):
-            return max(1, budget)
-        # n^2 / (2 knee) + n (1 + start / knee) - budget = 0, for its positive root
-        b = 1.0 + start / self.knee
-        n = self.knee * (math.sqrt(b * b + 2.0 * budget / self.knee) - b)
-        return max(1, int(n))
+        return max(1, math.floor(budget / (1.0 + start / self.knee)))
 
     @classmethod
     def for_model(cls, model: Any) -> PrefillCost:

@@ -18,6 +18,10 @@ def test_tokens_within_is_the_most_the_budget_pays_for(start: int, budget: int) 
     assert cost.of(start, n + 1) > budget
 
 
+def test_a_prompts_first_chunk_costs_its_tokens() -> None:
+    assert PrefillCost(knee=3800.0).tokens_within(2048, 0) == 2048
+
+
 def test_an_unknown_shape_costs_tokens() -> None:
     assert PrefillCost().of(30000, 512) == 512
     assert PrefillCost().tokens_within(512, 30000) == 512
