@@ -6,7 +6,8 @@ directory named by the model's identity (``model_identity``: its config, weights
 A file holds a magic line, a JSON header (model, digest, parent digest, the block's tokens, the
 arrays' shapes and dtype, the payload's SHA-256) and the payload. A file is used only when every
 one of those agrees; a corrupt, truncated or foreign file is deleted with a warning, never
-loaded. Least recently used files go first when the cap is reached. Pure Python and NumPy.
+loaded. Least recently used files go first when the cap is reached (``capped_files``). Pure
+Python and NumPy.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import json
 import logging
 import os
 import struct
-import time
 from pathlib import Path
 
 import numpy as np
+
+from mlxd.worker.capped_files import CappedFiles
 
 log = logging.getLogger(__name__)
 
@@ -63,88 +65,81 @@ class DiskKVCache:
     """
 
     def __init__(self, root: Path, model_id: str, cap_bytes: int) -> None:
-        self.root = root
         self.model_id = model_id
-        self.cap_bytes = cap_bytes
         self.num_skipped = 0  # files found bad and deleted
-        root.mkdir(parents=True, exist_ok=True)
-        # digest hex -> (bytes, last use); oldest use first when the cap is reached
-        self._files: dict[str, tuple[int, float]] = {}
-        for path in root.glob(f"*{SUFFIX}"):
-            st = path.stat()
-            self._files[path.stem] = (st.st_size, st.st_mtime)
-        self.nbytes = sum(n for n, _ in self._files.values())
+        self.files = CappedFiles(root, SUFFIX, cap_bytes)
 
     # Public API
 
+    @property
+    def nbytes(self) -> int:
+        return self.files.nbytes
+
     def __contains__(self, digest: bytes) -> bool:
-        return digest.hex() in self._files
+        return _name(digest) in self.files
 
     def __len__(self) -> int:
-        return len(self._files)
+        return len(self.files)
 
     def save(
         self, digest: bytes, parent: bytes, tokens: tuple[int, ...], arrays: list[np.ndarray]
     ) -> bool:
         """Write one block (already there: only marked used); returns whether it is on disk."""
-        name = digest.hex()
-        if name in self._files:
-            self._files[name] = (self._files[name][0], time.time())
+        name = _name(digest)
+        if name in self.files:
+            self.files.used(name)
             return True
         payload = b"".join(a.tobytes() for a in arrays)
         header = json.dumps({
-            "model": self.model_id, "digest": name, "parent": parent.hex(),
+            "model": self.model_id, "digest": digest.hex(), "parent": parent.hex(),
             "tokens": list(tokens), "arrays": [[list(a.shape), str(a.dtype)] for a in arrays],
             "sha256": hashlib.sha256(payload).hexdigest(),
         }).encode()  # fmt: skip
-        size = len(MAGIC) + _LEN.size + len(header) + len(payload)
-        if size > self.cap_bytes:
+        if not self.files.make_room(len(MAGIC) + _LEN.size + len(header) + len(payload)):
             return False
-        self._make_room(size)
-        tmp = self.root / f".{name}.tmp"
+        tmp = self.files.path(f".{name}.tmp")
         try:
             with tmp.open("wb") as f:
                 f.write(MAGIC + _LEN.pack(len(header)) + header + payload)
-            tmp.replace(self._path(name))
+            tmp.replace(self.files.path(name))
         except OSError as exc:
             log.warning("KV disk cache: could not write %s: %s", name, exc)
             tmp.unlink(missing_ok=True)
             return False
-        self._files[name] = (size, time.time())
-        self.nbytes += size
+        self.files.added(name)
         return True
 
     def load(
         self, digest: bytes, parent: bytes, tokens: tuple[int, ...]
     ) -> list[np.ndarray] | None:
         """The arrays of one block, or None: absent, or bad (then deleted, with a warning)."""
-        name = digest.hex()
-        if name not in self._files:
+        name = _name(digest)
+        if name not in self.files:
             return None
         try:
-            arrays = self._read(name, parent, tokens)
+            arrays = self._read(name, digest.hex(), parent, tokens)
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.warning("KV disk cache: skipped %s (%s); it is deleted", self._path(name), exc)
+            log.warning("KV disk cache: skipped %s (%s); it is deleted", self.files.path(name),
+                        exc)  # fmt: skip
             self.num_skipped += 1
-            self._drop(name)
+            self.files.drop(name)
             return None
-        self._files[name] = (self._files[name][0], time.time())
+        self.files.used(name)
         return arrays
 
     # Internal helpers
 
-    def _path(self, name: str) -> Path:
-        return self.root / f"{name}{SUFFIX}"
-
-    def _read(self, name: str, parent: bytes, tokens: tuple[int, ...]) -> list[np.ndarray]:
-        data = self._path(name).read_bytes()
+    def _read(
+        self, name: str, digest: str, parent: bytes, tokens: tuple[int, ...]
+    ) -> list[np.ndarray]:
+        data = self.files.path(name).read_bytes()
         if not data.startswith(MAGIC):
             raise ValueError("not a block file")
         (n,) = _LEN.unpack_from(data, len(MAGIC))
         start = len(MAGIC) + _LEN.size
         header = json.loads(data[start : start + n])
         payload = data[start + n :]
-        expected = {"model": self.model_id, "digest": name, "parent": parent.hex(),
+        expected = {"model": self.model_id, "digest": digest, "parent": parent.hex(),
                     "tokens": list(tokens)}  # fmt: skip
         for key, value in expected.items():
             if header[key] != value:
@@ -161,13 +156,6 @@ class DiskKVCache:
             raise ValueError("payload size differs from its arrays")
         return arrays
 
-    def _make_room(self, size: int) -> None:
-        for name, _ in sorted(self._files.items(), key=lambda kv: kv[1][1]):
-            if self.nbytes + size <= self.cap_bytes:
-                return
-            self._drop(name)
 
-    def _drop(self, name: str) -> None:
-        size, _ = self._files.pop(name)
-        self.nbytes -= size
-        self._path(name).unlink(missing_ok=True)
+def _name(digest: bytes) -> str:
+    return f"{digest.hex()}{SUFFIX}"

@@ -115,7 +115,7 @@ def attach(config: WorkerConfig, scheduler: Scheduler, runner: ModelRunner) -> D
     disk = DiskKVCache(data_dir() / "kv-cache" / model_id, model_id, int(gb * 2**30))
     tier = DiskTier(disk, runner)
     scheduler.radix.tier = tier
-    log.info("KV disk cache: %s, %d blocks (%.1f of %.1f GiB)", disk.root, len(disk),
+    log.info("KV disk cache: %s, %d blocks (%.1f of %.1f GiB)", disk.files.root, len(disk),
              disk.nbytes / 2**30, gb)  # fmt: skip
     return tier
 
@@ -135,7 +135,7 @@ def _attach_snapshots(config: WorkerConfig, runner: ModelRunner, cap_bytes: int)
     dtype = cpu_backend.float_dtype(model)  # the compute dtype the snapshots are in
     model_id = model_identity(_model_dir(config), f"snapshots {kinds} {dtype}")
     snapshots.disk = DiskSnapshots(data_dir() / "kv-cache" / model_id, model_id, cap_bytes)
-    log.info("KV disk cache: %s, %d snapshots (%.1f of %.1f GiB)", snapshots.disk.root,
+    log.info("KV disk cache: %s, %d snapshots (%.1f of %.1f GiB)", snapshots.disk.files.root,
              len(snapshots.disk), snapshots.disk.nbytes / 2**30, cap_bytes / 2**30)  # fmt: skip
     return True
 

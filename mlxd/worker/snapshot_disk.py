@@ -8,7 +8,7 @@ in a directory named by the model's identity (``disk_cache.model_identity``) and
 ``<tokens>-<prefix digest>-<content digest>.safetensors``: the prefix digest stands for the
 token ids it holds (also in the file's metadata), the content digest for the file's bytes, so a
 corrupt, truncated or foreign file is deleted with a warning and never loaded. Least recently
-used files go first when the cap is reached.
+used files go first when the cap is reached (``capped_files``).
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from mlxd.worker.capped_files import CappedFiles
 
 log = logging.getLogger(__name__)
 
@@ -36,53 +38,49 @@ class DiskSnapshots:
     """Snapshot files of one model under ``root``, at most ``cap_bytes`` of them in all."""
 
     def __init__(self, root: Path, identity: str, cap_bytes: int) -> None:
-        self.root = root
         self.identity = identity
-        self.cap_bytes = cap_bytes
-        root.mkdir(parents=True, exist_ok=True)
-        self._files: dict[tuple[int, str], Path] = {}  # (tokens, prefix digest) -> file
-        for path in root.glob(f"*{SUFFIX}"):
-            key = _key(path)
-            if key is None:
-                _drop(path, "a file not named as a snapshot")
-            else:
-                self._files[key] = path
+        self.files = CappedFiles(root, SUFFIX, cap_bytes, keep=_named_as_snapshot)
+        # (tokens, prefix digest) -> its file's name
+        self._names = {_key(name): name for name in self.files}
 
     def __len__(self) -> int:
-        return len(self._files)
+        return len(self.files)
 
     @property
     def nbytes(self) -> int:
-        return sum(_size(p) for p in self._files.values())
+        return self.files.nbytes
 
     def save(self, tokens: tuple[int, ...], caches: list[Any]) -> bool:
         """Write a snapshot of exactly ``tokens`` (kept if there is one already)."""
         from mlx_lm.models.cache import save_prompt_cache
 
         key = (len(tokens), prefix_digest(self.identity, tokens))
-        if key in self._files:
+        if key in self._names:
             return True
-        tmp = self.root / f".{key[1]}.{os.getpid()}.tmp{SUFFIX}"
+        tmp = self.files.path(f".{key[1]}.{os.getpid()}.tmp{SUFFIX}")
         try:
             save_prompt_cache(str(tmp), caches, {"model": self.identity, "digest": key[1]})
+            fits = self.files.make_room(tmp.stat().st_size)
         except (ValueError, OSError) as exc:  # a cache kind mlx-lm cannot serialize
             log.warning("KV disk cache: a snapshot was not saved: %s", exc)
+            fits = False
+        if not fits:
             tmp.unlink(missing_ok=True)
             return False
-        path = self.root / f"{key[0]}-{key[1]}-{_content_digest(tmp)}{SUFFIX}"
-        tmp.replace(path)
-        self._files[key] = path
-        self._keep_under_cap()
-        return key in self._files
+        name = f"{key[0]}-{key[1]}-{_content_digest(tmp)}{SUFFIX}"
+        tmp.replace(self.files.path(name))
+        self.files.added(name)
+        self._names[key] = name
+        return True
 
     def match(self, tokens: list[int]) -> tuple[int, list[Any] | None]:
         """The longest snapshot on disk that is a proper prefix of ``tokens``: (its length, its
         caches), or (0, None). A bad file met on the way is deleted and the search goes on."""
-        for n in sorted({n for n, _ in self._files}, reverse=True):
+        for n in sorted({n for n, _ in self._names}, reverse=True):
             if n >= len(tokens):
                 continue
             key = (n, prefix_digest(self.identity, tuple(tokens[:n])))
-            if key in self._files and (caches := self._load(key)) is not None:
+            if key in self._names and (caches := self._load(key)) is not None:
                 return n, caches
         return 0, None
 
@@ -91,8 +89,9 @@ class DiskSnapshots:
     def _load(self, key: tuple[int, str]) -> list[Any] | None:
         from mlx_lm.models.cache import load_prompt_cache
 
-        path = self._files[key]
-        if path.name.split("-")[2][: -len(SUFFIX)] != _content_digest(path):
+        name = self._names[key]
+        path = self.files.path(name)
+        if name.split("-")[2][: -len(SUFFIX)] != _content_digest(path):
             return self._forget(key, "its bytes do not match its digest (corrupt or truncated)")
         try:
             caches, meta = load_prompt_cache(str(path), return_metadata=True)
@@ -100,29 +99,27 @@ class DiskSnapshots:
             return self._forget(key, f"unreadable ({exc})")
         if meta.get("model") != self.identity or meta.get("digest") != key[1]:
             return self._forget(key, "another model's or another prefix's snapshot")
-        os.utime(path)  # recently used: evicted last
+        self.files.used(name)
         return list(caches)
 
     def _forget(self, key: tuple[int, str], why: str) -> None:
-        _drop(self._files.pop(key), why)
+        name = self._names.pop(key)
+        log.warning("KV disk cache: skipped %s: %s", name, why)
+        self.files.drop(name)
         return None
 
-    def _keep_under_cap(self) -> None:
-        by_age = sorted(self._files.items(), key=lambda kv: _mtime(kv[1]))
-        total = sum(_size(p) for _, p in by_age)
-        for key, path in by_age:
-            if total <= self.cap_bytes:
-                break
-            total -= _size(path)
-            del self._files[key]
-            path.unlink(missing_ok=True)
+
+def _named_as_snapshot(name: str) -> bool:
+    parts = name[: -len(SUFFIX)].split("-")
+    if len(parts) == 3 and parts[0].isdigit():
+        return True
+    log.warning("KV disk cache: skipped %s: a file not named as a snapshot", name)
+    return False
 
 
-def _key(path: Path) -> tuple[int, str] | None:
-    parts = path.name[: -len(SUFFIX)].split("-")
-    if len(parts) != 3 or not parts[0].isdigit():
-        return None
-    return int(parts[0]), parts[1]
+def _key(name: str) -> tuple[int, str]:
+    tokens, digest, _ = name[: -len(SUFFIX)].split("-")
+    return int(tokens), digest
 
 
 def _content_digest(path: Path) -> str:
@@ -131,22 +128,3 @@ def _content_digest(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def _drop(path: Path, why: str) -> None:
-    log.warning("KV disk cache: skipped %s: %s", path.name, why)
-    path.unlink(missing_ok=True)
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0

@@ -51,12 +51,12 @@ def test_bad_files_are_skipped_with_a_warning_and_deleted(
 def test_the_least_recently_used_files_go_at_the_cap(tmp_path: Path) -> None:
     cache = DiskKVCache(tmp_path, "m1", 1 << 20)
     one = cache.save(block_digest(b"", (0,)), b"", (0,), _arrays(0)) and cache.nbytes
-    cache.cap_bytes = 3 * one
+    cache.files.cap_bytes = 3 * one
     digests = [block_digest(b"", (i,)) for i in range(6)]
     for i, d in enumerate(digests):
         cache.save(d, b"", (i,), _arrays(i))
         cache.load(digests[0], b"", (0,))  # the first stays in use
-    assert cache.nbytes <= cache.cap_bytes and len(cache) == 3
+    assert cache.nbytes <= cache.files.cap_bytes and len(cache) == 3
     assert digests[0] in cache and digests[5] in cache and digests[1] not in cache
     assert sum(p.stat().st_size for p in tmp_path.glob("*.kvb")) == cache.nbytes
 
