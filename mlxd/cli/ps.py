@@ -15,8 +15,9 @@ from mlxd.cli.admin import (
     with_admin_options,
 )
 
-COLUMNS = ("MODEL", "STATE", "PID", "MEMORY", "KV USED/RESERVED", "RUNNING", "WAITING", "TOK/S",
-           "RESTARTS", "REASON")  # fmt: skip
+COLUMNS = ("MODEL", "STATE", "PID", "GPUS", "MEMORY", "KV USED/RESERVED", "RUNNING", "WAITING",
+           "TOK/S", "RESTARTS", "REASON")  # fmt: skip
+GPUS = COLUMNS.index("GPUS")  # shown only where some worker was placed on GPUs (mlxd.gpus)
 BACKEND_COLUMNS = ("BACKEND", "KIND", "URL", "STATE", "REQUESTS", "FAILED", "LAST ERROR")
 
 
@@ -32,7 +33,10 @@ def ps_command(url: str, admin_key: str | None, as_json: bool) -> None:
     if as_json:
         print_json({"models": rows, "backends": backends})
         return
-    _echo_table([COLUMNS, *(_cells(r) for r in lines)])
+    table = [COLUMNS, *(_cells(r) for r in lines)]
+    if not any(r["gpus"] for r in lines):
+        table = [line[:GPUS] + line[GPUS + 1 :] for line in table]
+    _echo_table(table)
     if backends:
         click.echo("")
         _echo_table([BACKEND_COLUMNS, *(_backend_cells(b) for b in backends)])
@@ -58,7 +62,7 @@ def _row(model: dict[str, Any]) -> dict[str, Any]:
            "kv_reserved_bytes": None, "num_running": None,
            "num_waiting": None, "output_tps": None,
            "reason": model["last_error"] if model["state"] == "failed" else None,
-           "replicas": model.get("replica_rows", [])}  # fmt: skip
+           "replicas": model.get("replica_rows", []), "gpus": model.get("gpus", "")}  # fmt: skip
     if model["state"] != "ready":
         return row
     if model["worker"] is None:
@@ -91,7 +95,8 @@ def _replica_rows(model: dict[str, Any]) -> list[dict[str, Any]]:
              "restarts": r["restarts"], "memory_bytes": None, "kv_used_bytes": None,
              "kv_reserved_bytes": None, "num_running": r["num_running"],
              "num_waiting": r["num_waiting"], "output_tps": None,
-             "reason": r["last_error"] if r["state"] == "failed" else None}
+             "reason": r["last_error"] if r["state"] == "failed" else None,
+             "gpus": r.get("gpus", "")}
             for r in model.get("replica_rows", [])]  # fmt: skip
 
 
@@ -104,6 +109,7 @@ def _cells(row: dict[str, Any]) -> tuple[str, ...]:
         row["name"],
         row["state"],
         text(row["pid"]),
+        row["gpus"] or "-",
         "-" if memory is None else format_bytes(memory),
         _kv(row),
         text(row["num_running"]),

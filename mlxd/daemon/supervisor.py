@@ -433,10 +433,11 @@ def _summary(info: WorkerInfo, group: list[WorkerProcess], replica_set: ReplicaS
                             pid=None if w.proc is None else w.proc.pid, restarts=w.restarts,
                             in_flight=w.client.in_flight, routed=replica_set.routed[w.replica],
                             num_waiting=r.num_waiting, num_running=r.num_running,
-                            last_error=w.last_error)
+                            last_error=w.last_error, gpus=w.gpus)
                 for w, r in zip(group, replica_set.replicas, strict=True)]  # fmt: skip
     return dataclasses.replace(
         info, state=state, restarts=sum(w.restarts for w in group),
+        gpus=",".join(dict.fromkeys(g for w in group for g in w.gpus.split(",") if g)),
         in_flight=sum(r.in_flight for r in replicas),
         memory_bytes=sum(w.size.total_bytes for w in group), replica_rows=replicas,
         last_error="" if state == "ready" else info.last_error,

@@ -51,6 +51,7 @@ class WorkerProcess:
     last_error: str = ""
     reason_file: Path | None = None  # where the worker says why it could not start
     last_pong: float = 0.0
+    gpus: str = ""  # the CUDA_VISIBLE_DEVICES it was spawned with ("": none given)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
     def info(self, keep_alive_s: float) -> WorkerInfo:
@@ -65,7 +66,7 @@ class WorkerProcess:
             pinned=self.spec.pinned, keep_alive_s=keep_alive_s, aliases=list(self.spec.aliases),
             in_flight=self.client.in_flight,
             uptime_s=now - self.started_at if self.state == "ready" else None,
-            idle_s=now - self.last_used if idle else None,
+            idle_s=now - self.last_used if idle else None, gpus=self.gpus,
         )  # fmt: skip
 
     def spawn(self, cmd: list[str], env: dict[str, str] | None = None) -> None:
@@ -74,6 +75,7 @@ class WorkerProcess:
         if self.reason_file is not None:
             self.reason_file.unlink(missing_ok=True)
         full_env = dict(os.environ, **env) if env else None
+        self.gpus = (env or {}).get("CUDA_VISIBLE_DEVICES", "")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=full_env)
         self.state = "starting"
         self.ready.clear()

@@ -107,9 +107,17 @@ def test_both_replicas_serve_and_are_shown(replicated: Daemon) -> None:
         assert re.search(rf"tiny#{row['index']}\s+ready\s+{row['pid']}\s", ps), ps
 
 
-def test_each_replica_runs_on_its_own_gpu(replicated: Daemon) -> None:
+def test_each_replica_runs_on_its_own_gpu_and_says_which(replicated: Daemon) -> None:
     rows = wait_ready(replicated)
     assert [visible_gpus(r["pid"]) for r in rows] == ["5", "7"]
+    assert [r["gpus"] for r in rows] == ["5", "7"]
+    env = {**os.environ, "MLXD_URL": replicated.base_url}
+    ps = subprocess.run([sys.executable, "-m", "mlxd", "ps"], capture_output=True, text=True,
+                        timeout=60, env=env, check=True).stdout  # fmt: skip
+    assert re.search(r"^MODEL\s+STATE\s+PID\s+GPUS\s", ps, re.M), ps
+    assert re.search(r"^tiny\s+\w+\s+\d+\s+5,7\s", ps, re.M), ps
+    for row in rows:
+        assert re.search(rf"tiny#{row['index']}\s+ready\s+{row['pid']}\s+{row['gpus']}\s", ps), ps
 
 
 def test_conversations_keep_their_replica_unlike_round_robin(

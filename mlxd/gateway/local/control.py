@@ -48,6 +48,7 @@ class WorkerInfo:
     in_flight: int = 0
     uptime_s: float | None = None
     idle_s: float | None = None
+    gpus: str = ""  # the CUDA GPUs it was placed on (mlxd.gpus; "" where there is no choice)
     # One entry per replica when several workers serve the model (--replicas, several
     # --worker NAME=...): the fields above then sum or summarise them.
     replica_rows: list[ReplicaInfo] = field(default_factory=list)
@@ -67,6 +68,7 @@ class ReplicaInfo:
     num_waiting: int = 0  # as it last reported (polled every 2 s)
     num_running: int = 0
     last_error: str = ""
+    gpus: str = ""
 
 
 class ControlClient:
