@@ -2,8 +2,10 @@
 
 For every layout the paged pool cannot hold (sliding windows, recurrent state, hybrids,
 shared-KV or cache-less layers, cache lists): the caches are exactly what ``make_cache()``
-returns, batched by row (``layer_caches``). Prompts prefill one sequence at a time: recurrent
-state must not see padding, and a window's rotating buffer keeps no left padding.
+returns, batched by row (``layer_caches``). New prompts with nothing cached prefill together,
+right-padded, where a probe at load shows the model gives each the same result so
+(``layer_caches.prefills_rows``: each cache masks its rows' padding, as mlx-lm's batch
+generator does); the others prefill one sequence at a time.
 
 A prompt first restores the longest snapshot that prefixes it (``snapshot_cache``) and prefills
 the rest, stopping to snapshot at its last block boundary and at the longest block-aligned
