@@ -1,13 +1,14 @@
 """Which GPUs a spawned process sees, on a host with several CUDA GPUs.
 
-MLX runs on its process's first visible GPU, so without placement every replica and every rank
+MLX runs on its process's first visible GPU, so without placement every worker and every rank
 of a group lands on GPU 0 while the others idle. Placement is by ``CUDA_VISIBLE_DEVICES``, as
-``mlx.launch`` does for NCCL groups: replica ``r`` of a model whose workers span ``g`` GPUs
-(``--group-size g``) sees GPUs ``[r*g, r*g + g)`` of the host's list (wrapping when there are
-fewer), and rank ``i`` of that group sees the ``i``-th of those. A host with one GPU (every Mac,
-a one-GPU Linux box, a CPU) gets no placement: every process shares it. A user's own
-``CUDA_VISIBLE_DEVICES`` is the host's list, so ``CUDA_VISIBLE_DEVICES=2,3 mlxd start`` keeps
-mlxd on those two.
+``mlx.launch`` does for NCCL groups: the daemon's worker slots (every replica of every model, in
+the configuration's order) take the host's GPUs in turn, a slot of ``g`` ranks
+(``--group-size g``) taking ``g`` consecutive ones (wrapping when there are fewer), and rank
+``i`` of that group sees the ``i``-th of those. So two models on two GPUs get one each, and two
+replicas of one model too. A host with one GPU (every Mac, a one-GPU Linux box, a CPU) gets no
+placement: every process shares it. A user's own ``CUDA_VISIBLE_DEVICES`` is the host's list,
+so ``CUDA_VISIBLE_DEVICES=2,3 mlxd start`` keeps mlxd on those two.
 """
 
 from __future__ import annotations
@@ -32,13 +33,16 @@ def visible(environ: Mapping[str, str] = os.environ, driver: Path = NVIDIA_GPUS)
         return []
 
 
-def for_replica(replica: int, group_size: int, gpus: list[str]) -> dict[str, str]:
-    """The environment entries that place replica ``replica`` (of ``group_size`` ranks each)."""
+def for_slots(group_sizes: list[int], gpus: list[str]) -> list[str]:
+    """Each worker slot's ``CUDA_VISIBLE_DEVICES`` ("" where there is no choice), the slots
+    given by their group sizes in the daemon's order."""
     if len(gpus) < 2:
-        return {}
-    first = replica * group_size
-    picked = [gpus[(first + i) % len(gpus)] for i in range(group_size)]
-    return {VISIBLE: ",".join(picked)}
+        return [""] * len(group_sizes)
+    out, first = [], 0
+    for size in group_sizes:
+        out.append(",".join(gpus[(first + i) % len(gpus)] for i in range(size)))
+        first += size
+    return out
 
 
 def for_rank(rank: int, gpus: list[str]) -> dict[str, str]:

@@ -82,6 +82,10 @@ class Supervisor:
                        for i, spec in enumerate(config.models)}  # fmt: skip
         self.workers = {name: group[0] for name, group in self.groups.items()}  # replica 0
         self.slots = [w for group in self.groups.values() for w in group]
+        sizes = [0 if w.attached else w.spec.group_size for w in self.slots]  # attached: elsewhere
+        placed = gpus.for_slots(sizes, gpus.visible())
+        for worker, placement in zip(self.slots, placed, strict=True):
+            worker.gpus = placement
         self.replica_sets = {name: self._replica_set(name, group)
                              for name, group in self.groups.items() if len(group) > 1}  # fmt: skip
         self.aliases = {a: spec.name for spec in config.models for a in spec.aliases}
@@ -226,7 +230,7 @@ class Supervisor:
         task.add_done_callback(self._tasks.discard)
 
     def _spawn(self, worker: WorkerProcess) -> None:
-        place = gpus.for_replica(worker.replica, worker.spec.group_size, gpus.visible())
+        place = {gpus.VISIBLE: worker.gpus} if worker.gpus else None
         worker.spawn(worker_command(worker, self.config, self.log_level), place)
 
     # Internal helpers: loading and unloading under the budget

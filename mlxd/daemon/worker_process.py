@@ -51,7 +51,7 @@ class WorkerProcess:
     last_error: str = ""
     reason_file: Path | None = None  # where the worker says why it could not start
     last_pong: float = 0.0
-    gpus: str = ""  # the CUDA_VISIBLE_DEVICES it was spawned with ("": none given)
+    gpus: str = ""  # the CUDA_VISIBLE_DEVICES it is spawned with (mlxd.gpus; "": none)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
     def info(self, keep_alive_s: float) -> WorkerInfo:
@@ -75,7 +75,6 @@ class WorkerProcess:
         if self.reason_file is not None:
             self.reason_file.unlink(missing_ok=True)
         full_env = dict(os.environ, **env) if env else None
-        self.gpus = (env or {}).get("CUDA_VISIBLE_DEVICES", "")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=full_env)
         self.state = "starting"
         self.ready.clear()

@@ -22,18 +22,18 @@ import pytest
 
 from mlxd.config import ModelSpec, ServeConfig
 from mlxd.daemon.footprint import footprint
-from tests.e2e.conftest import Daemon, free_port, stop_daemon, wait_healthy
+from tests.e2e.conftest import Daemon, free_port, stop_daemon, visible_gpus, wait_healthy
 
 pytestmark = [pytest.mark.e2e]
 
 CONTEXT = 512
 
 
-def spawn(config: Path, *extra: str) -> Daemon:
+def spawn(config: Path, *extra: str, env: dict[str, str] | None = None) -> Daemon:
     port = free_port()
     cmd = [sys.executable, "-m", "mlxd", "start", "--config", str(config), "--port", str(port),
            "--log-level", "warning", "--max-context", str(CONTEXT), *extra]  # fmt: skip
-    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     return wait_healthy(Daemon(proc, f"http://127.0.0.1:{port}", "a", config))
 
 
@@ -58,7 +58,7 @@ path = "{tiny_model}"
 aliases = ["cee"]
 preload = false
 """)
-    d = spawn(config)
+    d = spawn(config, env={"CUDA_VISIBLE_DEVICES": "0,1"})  # two "GPUs" (the CPU ignores them)
     yield d
     if d.proc.poll() is None:
         stop_daemon(d)
@@ -87,6 +87,12 @@ def test_models_lists_configured_models_with_their_state(pool: Daemon, tiny_mode
     status = pool.admin_get("/admin/status", timeout=10).json()
     assert status["memory"]["reserved_bytes"] == 2 * size_of(tiny_model)
     assert models(pool)["a"]["memory_bytes"] == size_of(tiny_model)
+
+
+def test_the_models_take_the_gpus_in_turn(pool: Daemon) -> None:
+    placed = {name: m["gpus"] for name, m in models(pool).items()}
+    assert placed == {"a": "0", "b": "1", "c": "0"}
+    assert visible_gpus(pool.worker_pid("b")) == "1"
 
 
 def test_under_the_budget_each_worker_caps_its_buffer_cache_to_its_headroom(pool: Daemon) -> None:

@@ -15,13 +15,11 @@ def test_visible_reads_the_users_list_first(tmp_path: Path) -> None:
     assert gpus.visible({}, tmp_path / "absent") == []  # no NVIDIA driver: a Mac, a CPU
 
 
-def test_replicas_take_consecutive_gpus_and_wrap() -> None:
+def test_slots_take_the_gpus_in_turn_and_wrap() -> None:
     four = ["0", "1", "2", "3"]
-    assert [gpus.for_replica(r, 1, four) for r in range(5)] == [
-        {"CUDA_VISIBLE_DEVICES": g} for g in ["0", "1", "2", "3", "0"]
-    ]
-    assert gpus.for_replica(1, 2, four) == {"CUDA_VISIBLE_DEVICES": "2,3"}
-    assert gpus.for_replica(1, 2, ["4", "6"]) == {"CUDA_VISIBLE_DEVICES": "4,6"}
+    assert gpus.for_slots([1, 1, 1, 1, 1], four) == ["0", "1", "2", "3", "0"]
+    assert gpus.for_slots([2, 1, 2], four) == ["0,1", "2", "3,0"]
+    assert gpus.for_slots([1, 1], ["4", "6"]) == ["4", "6"]
 
 
 def test_ranks_take_their_replicas_gpus_in_order() -> None:
@@ -30,6 +28,6 @@ def test_ranks_take_their_replicas_gpus_in_order() -> None:
 
 
 def test_one_gpu_or_none_places_nothing() -> None:
-    assert gpus.for_replica(3, 2, ["0"]) == {}
-    assert gpus.for_replica(0, 1, []) == {}
+    assert gpus.for_slots([2, 1], ["0"]) == ["", ""]
+    assert gpus.for_slots([1], []) == [""]
     assert gpus.for_rank(1, ["0"]) == {}
