@@ -117,7 +117,7 @@ class DiskKVCache:
         if name not in self.files:
             return None
         try:
-            arrays = self._read(name, digest.hex(), parent, tokens)
+            arrays = self._read(digest, parent, tokens)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("KV disk cache: skipped %s (%s); it is deleted", self.files.path(name),
                         exc)  # fmt: skip
@@ -129,17 +129,15 @@ class DiskKVCache:
 
     # Internal helpers
 
-    def _read(
-        self, name: str, digest: str, parent: bytes, tokens: tuple[int, ...]
-    ) -> list[np.ndarray]:
-        data = self.files.path(name).read_bytes()
+    def _read(self, digest: bytes, parent: bytes, tokens: tuple[int, ...]) -> list[np.ndarray]:
+        data = self.files.path(_name(digest)).read_bytes()
         if not data.startswith(MAGIC):
             raise ValueError("not a block file")
         (n,) = _LEN.unpack_from(data, len(MAGIC))
         start = len(MAGIC) + _LEN.size
         header = json.loads(data[start : start + n])
         payload = data[start + n :]
-        expected = {"model": self.model_id, "digest": digest, "parent": parent.hex(),
+        expected = {"model": self.model_id, "digest": digest.hex(), "parent": parent.hex(),
                     "tokens": list(tokens)}  # fmt: skip
         for key, value in expected.items():
             if header[key] != value:

@@ -94,9 +94,8 @@ class Scheduler:
         cost: PrefillCost | None = None,
     ) -> None:
         self.config = config
-        self.cost = (
-            cost or PrefillCost()
-        )  # what a chunk costs the streams that wait on it (prefill_cost.py)
+        # what a chunk costs the streams that wait on it (prefill_cost.py)
+        self.cost = cost or PrefillCost()
         self.clock = clock
         self.pool = pool  # None: the contiguous cache, no block accounting
         self.radix = RadixCache(pool) if pool is not None else None
