@@ -8,6 +8,9 @@
 # alternated; prints tok/s, the ratio to off, acceptance and tokens per forward. `auto` is off
 # on CUDA (docs/decisions/0004): `draft` is explicit. Run after `bash .gpuB/install.sh b`:
 #   [LEVELS=1,16,64] [MAX_TOKENS=256] [REPEATS=2] [DRAFTS="q4 small"] bash scripts/gpu_speculation_draft.sh
+# Every daemon gets an 8 GB KV pool and a 20 GB budget (which caps MLX's buffer cache): daemons
+# sharing one GPU otherwise each size themselves to it, and one's cache ran the other out of
+# memory (stop 31: max_num_seqs halved to 8, 0.13x at 64 streams).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source /root/mlx-env.sh
@@ -32,7 +35,7 @@ for mode in $MODES; do
   extra=(--speculate off)
   [ "$mode" = off ] || extra=(--speculate draft --draft-model "${DRAFT[$mode]}")
   MLXD_HOME="/root/home-draft-$mode" python3 -m mlxd start --model "qwen=$M/qwen06" --port "$port" \
-    "${extra[@]}" --max-num-seqs 64 --log-level warning > "$OUT/draft-$mode.log" 2>&1 &
+    "${extra[@]}" --max-num-seqs 64 --kv-cache-gb 8 --max-memory 20GB --log-level warning > "$OUT/draft-$mode.log" 2>&1 &
   pids+=($!); port=$((port + 1))
 done
 trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT

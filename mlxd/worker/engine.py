@@ -45,6 +45,7 @@ from mlxd.worker.embedder import Embedder
 from mlxd.worker.grammar import Grammar, valid_drafts
 from mlxd.worker.idle_release import IdleRelease
 from mlxd.worker.model_runner import ModelRunner, TokenEvent
+from mlxd.worker.oom_backoff import OomBackoff
 from mlxd.worker.scheduler import EmbedChunk, PrefillChunk, Scheduler
 from mlxd.worker.sequence import PRIORITY_LEVELS, Sequence
 from mlxd.worker.speculator import Drafter, Speculator, resolve
@@ -110,6 +111,7 @@ class Engine:
         self.draining = False  # refuse new requests, finish the rest
         self.exit_when_drained = False
         self.num_failed_steps = 0
+        self.oom_backoff = OomBackoff()  # raises max_num_seqs again after out-of-memory errors
         self.failing = ""  # why every recent step failed; read by ``pong`` on the control thread
         self._outbox: dict[bytes, list[Event]] = {}
         # When the engine thread last started a loop iteration; the control thread reads it.
@@ -312,6 +314,10 @@ class Engine:
             kept = Counter(seq for seq, _ in events)
             self.speculator.on_verified(rows, drafts, [kept[s] for s in rows])
         self._step_succeeded()
+        if (raised := self.oom_backoff.on_step(self.scheduler.config.max_num_seqs)) is not None:
+            self.scheduler.update_config(max_num_seqs=raised)
+            log.info("max_num_seqs back to %d: no out-of-memory error in %d steps", raised,
+                     self.oom_backoff.wait)  # fmt: skip
         self._accept(events)
         return len(events) if any(drafts) else len(rows)
 
@@ -336,9 +342,11 @@ class Engine:
         limit = max(1, min(self.scheduler.config.max_num_seqs, in_flight // 2))
         if limit == self.scheduler.config.max_num_seqs:  # a smaller batch may fit: not failing
             self._step_failed(what, exc)
+        self.oom_backoff.on_oom(self.scheduler.config.max_num_seqs, limit)
         self.scheduler.update_config(max_num_seqs=limit)
         log.warning("out of device memory in %s: %d requests computed again, max_num_seqs now "
-                    "%d (mlxd worker set raises it)", what, len(seqs), limit)  # fmt: skip
+                    "%d, raised again after %d steps without", what, len(seqs), limit,
+                    self.oom_backoff.wait)  # fmt: skip
         for seq in seqs:
             if seq.num_oom_retries >= OOM_RETRIES:
                 self._fail(seq, OutOfMemory(f"out of device memory ({what}): {exc}"))

@@ -61,6 +61,23 @@ def test_out_of_memory_in_decode_shrinks_the_batch_and_every_stream_completes(
         assert results[str(i)].token_ids == reference(tiny_model, p, 10), p  # no token lost
 
 
+def test_the_batch_grows_back_after_an_out_of_memory_error_that_passed(
+    harness_factory: Any, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlxd.worker import oom_backoff
+
+    monkeypatch.setattr(oom_backoff, "RECOVER_STEPS", 3)
+    h = harness_factory(max_num_seqs=4)
+    model = inject(h, lambda tokens: decode_of(rows=3)(tokens) and model.failures == 0)
+    for i, p in enumerate(PROMPTS[:4]):
+        h.generate(str(i), p, max_tokens=16, ignore_eos=True)
+    results = h.run()
+    assert model.failures == 1
+    assert h.engine.scheduler.config.max_num_seqs == 4  # 2 after the failure, then 4 again
+    for i, p in enumerate(PROMPTS[:4]):
+        assert results[str(i)].token_ids == reference(tiny_model, p, 16), p
+
+
 def test_out_of_memory_that_persists_errors_each_request_after_its_retries(
     harness_factory: Any,
 ) -> None:
