@@ -14,9 +14,12 @@ all this step. Pure Python, no MLX; the runner's ``verify_step`` does the comput
   and costs more than a plain one, so it pays only when it yields enough extra tokens. The
   controller measures both kinds of step as tokens per second of wall time, per batch-size
   class (powers of two), over phases of ``PHASE`` steps whose first step (the switch) is not
-  counted, and runs the better one. The worse one is tried again after 1, 2, 4 ... up to
-  ``MAX_BACKOFF`` phases of the better one, so a stale figure is corrected and a losing mode
-  costs at most one phase in ``MAX_BACKOFF + 1``.
+  counted, and runs the better one. The worse one is tried again after ``FIRST_BACKOFF``,
+  then twice as many ... up to ``MAX_BACKOFF`` phases of the better one (after a try that
+  wins, after 1), so a stale figure is corrected and a losing mode costs at most one phase in
+  ``FIRST_BACKOFF + 1``; each try also pays two switches (the plain step after a verification
+  gathers decode's view again).
+  A size class not measured yet starts from the nearest measured one's choice.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ WORTH = 0.15  # a draft position is verified while the chance its token is kept 
 _DECAY = 0.7  # weight of a row's earlier verifications in its acceptance counts
 _PRIOR = (1.5, 0.5)  # (accepted, rejected) before any verification: a first draft of 4
 PHASE = 8  # steps one mode runs before the controller decides again
+FIRST_BACKOFF = 8  # phases of the better mode before the worse one's first try
 MAX_BACKOFF = 32  # phases of the better mode between two tries of the worse one
 _EMA = 0.5  # weight of a phase's figure in its mode's estimate
 
@@ -108,9 +112,10 @@ FIRST_DRAFT = draft_length(*_PRIOR)
 @dataclass(slots=True)
 class _Estimate:
     tps: dict[bool, float] = field(default_factory=dict)  # mode (speculate?) -> tokens/s
-    backoff: int = 1  # phases of the better mode before the worse is tried again
+    backoff: int = FIRST_BACKOFF  # phases of the better mode before the worse is tried again
     since_try: int = 0  # phases of the better mode since
     trying: bool = False  # the phase running is a try of the worse mode
+    prior: bool | None = None  # before both modes are measured: a neighbour class's better one
 
 
 class Speculator:
@@ -221,13 +226,26 @@ class Speculator:
         self._phase_seconds += now - last
 
     def _choose(self, size: int) -> bool:
-        est = self._estimates.setdefault(size, _Estimate())
-        if len(est.tps) < 2:
+        est = self._estimates.get(size) or self._new_estimate(size)
+        if len(est.tps) < 2 and est.prior is None:
             return True not in est.tps  # measure speculation first, then plain steps
-        better = est.tps[True] >= est.tps[False]
+        better = est.prior if len(est.tps) < 2 else est.tps[True] >= est.tps[False]
         est.trying = est.since_try >= est.backoff
         est.since_try = 0 if est.trying else est.since_try + 1
         return better != est.trying
+
+    def _new_estimate(self, size: int) -> _Estimate:
+        """A size class's first estimate: the nearest measured class's better mode runs first
+        and the other is tried as often as there (a batch draining from 64 rows to 1 passes
+        7 classes; learning each afresh, a verification phase and two switches apiece, cost
+        0.87x where verification loses at every size, in a simulation of the H100's step
+        costs)."""
+        measured = [c for c, e in self._estimates.items() if len(e.tps) == 2]
+        est = self._estimates[size] = _Estimate()
+        if measured:
+            near = self._estimates[min(measured, key=lambda c: (abs(c - size), c))]
+            est.prior, est.backoff = near.tps[True] >= near.tps[False], near.backoff
+        return est
 
     def _end_phase(self) -> None:
         mode, seconds = self._phase_mode, self._phase_seconds
