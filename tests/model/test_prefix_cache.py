@@ -234,7 +234,9 @@ def test_a_read_view_grows_or_hands_decode_back_to_the_pool_and_equals_mlx_lm(
             assert results[rid].token_ids == reference(tiny_model, prompt, 150), (budget, rid)
 
 
-def test_decode_reads_a_view_only_within_its_budget_and_padding() -> None:
+def test_decode_reads_a_view_only_within_its_budget_and_padding(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     import mlx.core as mx
 
     from mlxd.worker.decode_tail import VIEW_STEP, DecodeTail
@@ -252,10 +254,15 @@ def test_decode_reads_a_view_only_within_its_budget_and_padding() -> None:
     assert started([12, 12], roomy).view  # one length: base is exactly it
     assert started([12, 12], roomy).base == 12
     assert started([9, 14], roomy).view and started([9, 14], roomy).base == 16
-    assert not started([12, 12], roomy - 9).view  # over budget
+    assert not caplog.records
+    over = started([12, 12], roomy - 9)
+    assert not over.view  # over budget: the log says so once, with the remedy
+    over.start(pool, [[0], [1]], [12, 12])
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "outgrew" in said[0] and "--kv-cache-gb" in said[0]
     assert started([30, 1], 10_000).view  # a block of padding per row is the gather's too
     gathered = started([30, 1, 1, 1], 10_000)  # rows padded to over twice their tokens
-    assert not gathered.view and gathered.base == 0
+    assert not gathered.view and gathered.base == 0 and not gathered.outgrown  # not the budget
     assert gathered.keys[0].shape == (4, 2, 16, 4)  # the decoded tokens only, until a flush
 
 
