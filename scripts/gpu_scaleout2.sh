@@ -17,7 +17,7 @@ DTYPE="${DTYPE:-bfloat16}"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 ls /proc/driver/nvidia/gpus | tee -a "$OUT/gpu.txt"
 PORT=8126
-# 40 GB: decode's read view (a fifth) then holds 128 rows x 640 columns of a 112 KiB-a-token
+# 40 GB: decode's read view (a fifth) then grows to 128 rows x 520 columns of a 112 KiB-a-token
 # shape; at 16 GB it held 170 columns and 128 streams ran on the slower gathered path (run Z).
 COMMON="--kv-cache-gb ${KV_GB:-40} --max-num-seqs 128 --max-queued 1024 --log-level warning"
 up() {  # NAME MODEL, then `mlxd start` options; leaves $daemon running
