@@ -35,6 +35,7 @@ dequantizes what it attends to (``kv_format``).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -236,8 +237,9 @@ class TailKVCache:
 
     def __init__(
         self, pool: KVPool, tail: DecodeTail, layer: int, column: int, read_blocks: mx.array | None,
-        offset: mx.array, mask: mx.array | None, pool_len: int | None,
+        offset: mx.array, mask: mx.array | None, pool_len: int | None, keys: KeyLayout,
     ) -> None:  # fmt: skip
+        self.keys = keys  # where each key sits, for a windowed layer's mask
         self.pool = pool
         self.tail = tail
         self.layer = layer
@@ -272,7 +274,31 @@ class TailKVCache:
     def make_mask(
         self, N: int, return_array: bool = False, window_size: int | None = None
     ) -> mx.array | None:
+        if window_size and max(self.keys.positions) >= window_size:
+            return self.keys.window_mask(window_size, self.mask)
         return self.mask
+
+
+@dataclass(frozen=True)
+class KeyLayout:
+    """The keys a decode step reads, row by row: ``front`` columns of pool tokens (row ``b``'s
+    first ``valid[b]`` of them real, at their positions), then ``cols`` decoded tokens and the
+    step's own, at ``valid[b]`` onwards; the query of row ``b`` is at ``positions[b]``."""
+
+    front: int
+    valid: list[int]
+    cols: int
+    positions: list[int]
+
+    def window_mask(self, window: int, mask: mx.array | None) -> mx.array:
+        """``mask`` (None: every key) narrowed to the keys within ``window`` positions of
+        each row's query, as ``PagedStep.window_mask``."""
+        rows = len(self.positions)
+        pooled = mx.broadcast_to(mx.arange(self.front)[None], (rows, self.front))
+        decoded = mx.array(self.valid)[:, None] + mx.arange(self.cols + 1)[None]
+        kpos = mx.concatenate([pooled, decoded], axis=1)
+        near = (kpos > mx.array(self.positions)[:, None] - window)[:, None, None, :]
+        return near if mask is None else mask & near
 
 
 def decode_caches(pool: KVPool, tail: DecodeTail, block_tables: list[list[int]],
@@ -310,5 +336,6 @@ def decode_caches(pool: KVPool, tail: DecodeTail, block_tables: list[list[int]],
         mask = mx.concatenate([in_front, decoded], axis=1)[:, None, None, :]
     offset = mx.array(positions)
     column = tail.base + cols
-    return [TailKVCache(pool, tail, i, column, table, offset, mask, same)
+    keys = KeyLayout(front if tail.view or same is None else same, valid, cols, positions)
+    return [TailKVCache(pool, tail, i, column, table, offset, mask, same, keys)
             for i in range(len(pool.keys))]  # fmt: skip

@@ -128,22 +128,6 @@ def _close(batched: mx.array, alone: mx.array) -> bool:
     return bool(mx.abs(batched.astype(mx.float32) - alone).max().item() <= tol * max(scale, 1.0))
 
 
-def asks_for_windows(model: Any) -> bool:
-    """Whether a plain-cache model masks any layer to a sliding window (Mistral 3 and Pixtral
-    give such layers a plain ``KVCache``): the paged pool does not hold windows."""
-    from mlx_lm.models.cache import KVCache
-
-    seen: list[Any] = []
-
-    class _Spy(KVCache):  # type: ignore[misc]
-        def make_mask(self, *args: Any, **kwargs: Any) -> Any:
-            seen.append(kwargs.get("window_size"))
-            return super().make_mask(*args, **kwargs)
-
-    model(mx.arange(1, 5)[None], cache=[_Spy() for _ in model_caches(model)])
-    return any(w is not None for w in seen)
-
-
 def extract(batch: list[Any], row: int, model: Any) -> list[Any]:
     """Row ``row`` of the decode batch as one sequence's caches (a layer whose cache holds
     nothing yet, such as a linear-attention layer's unused K/V, gets a fresh one)."""

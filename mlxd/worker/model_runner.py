@@ -28,15 +28,15 @@ _Group = tuple[list[Sequence], mx.array, list[Any], StepLogprobs | None]
 def check_model_supported(model: Any) -> str:
     """Why the paged KV cache cannot serve ``model`` ("" when it can).
 
-    The pool holds one plain K/V cache per layer. Every other layout (sliding-window layers,
-    recurrent state, hybrids, shared-KV or cache-less layers, cache lists) is served by the
-    contiguous runner on the model's own mlx-lm caches (``native_runner``), batched by row.
+    The pool holds one plain K/V cache per layer; a layer that masks to a sliding window on a
+    plain cache (Mistral 3) gets its window from the pool's masks. Every other layout
+    (rotating sliding-window caches, recurrent state, hybrids, shared-KV or cache-less layers,
+    cache lists) is served by the contiguous runner on the model's own mlx-lm caches
+    (``native_runner``), batched by row.
     """
     if not layer_caches.is_plain(model):
         names = sorted(set(layer_caches.kinds(layer_caches.model_caches(model))))
         return f"{', '.join(names)} layer caches"
-    if layer_caches.asks_for_windows(model):
-        return "sliding-window layers on KVCache"
     if not layer_caches.batches_rows(model, compare=False):  # the pool's batches are ours
         return "KVCache layers that cannot batch rows of different lengths"
     return ""

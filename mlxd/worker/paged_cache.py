@@ -198,6 +198,8 @@ class PagedStep:
     read_len: int | None = None  # uniform rows: the keys each row reads (then causal, no mask)
     fresh: bool = False  # nothing cached: keys are the step's own, not read from the pool
     real: mx.array | None = None  # (B, 1, L, 1): which new tokens are not padding, when some are
+    qpos: mx.array | None = None  # (B, L): each query's position (negative: padding)
+    longest: int = 0  # the most tokens a row has after this step
 
     @classmethod
     def build(
@@ -227,8 +229,10 @@ class PagedStep:
         write = mx.where(real, block * bs + mx.maximum(qpos, 0) % bs, pool.scratch_block * bs)
         write, table = write.reshape(-1).astype(mx.int32), table.astype(mx.int32)
         fresh = not any(context_lens)
+        longest = max(c + n for c, n in zip(context_lens, new_lens, strict=True))
         if uniform:
-            return cls(write, table, ctx.astype(mx.int32), None, context_lens[0] + q_len, fresh)
+            return cls(write, table, ctx.astype(mx.int32), None, context_lens[0] + q_len, fresh,
+                       qpos=qpos, longest=longest)  # fmt: skip
         # Padding K/V are zeroed: a masked key still multiplies its (zero) weight into the
         # output, so a non-finite one would poison real rows. Padding queries sit at negative
         # positions, and some models' position terms are not finite there (Mistral 3's
@@ -240,12 +244,34 @@ class PagedStep:
             mask = (kpos <= qcol) & (kpos >= pad[:, None, None])
             mask = mask | ((kpos == 0) & ~real[:, :, None])  # padding queries see one key
             return cls(write, table, (ctx - pad).astype(mx.int32), mask[:, None], fresh=True,
-                       real=keep)  # fmt: skip
+                       real=keep, qpos=qpos, longest=longest)  # fmt: skip
         kpos = mx.arange(width * bs)[None, None, :]
         mask = (kpos <= qpos[:, :, None]) & (kpos < total[:, None, None])
         # a padding query must still see one key, or its softmax row is all -inf (NaN)
         mask = mask | ((kpos == 0) & ~real[:, :, None])
-        return cls(write, table, (ctx - pad).astype(mx.int32), mask[:, None, :, :], real=keep)
+        return cls(write, table, (ctx - pad).astype(mx.int32), mask[:, None, :, :], real=keep,
+                   qpos=qpos, longest=longest)  # fmt: skip
+
+    def window_mask(self, window: int) -> mx.array | None:
+        """The mask of a layer that sees only its last ``window`` positions (mlx-lm's
+        ``create_causal_mask(window_size=...)``: query q sees key k when q - window < k <= q),
+        or None when no row is longer than the window (the layer sees what the others do).
+        The pool holds such a layer's keys like any other's (docs/decisions/0003)."""
+        if self.longest <= window:
+            return None
+        assert self.qpos is not None
+        qpos = self.qpos[:, :, None]
+        if self.fresh:  # the step's own keys, left-padded as its queries are
+            kpos = self.qpos[:, None, :]
+        else:
+            keys = self.read_len if self.mask is None else self.mask.shape[-1]
+            assert keys is not None
+            kpos = mx.arange(keys)[None, None, :]
+        near = kpos > qpos - window
+        if self.real is not None:  # a padding query keeps the one key it sees
+            near = near | ~self.real[:, 0]
+        causal = self.mask if self.mask is not None else (kpos <= qpos)[:, None]
+        return causal & near[:, None]
 
 
 class PagedKVCache:
@@ -281,6 +307,8 @@ class PagedKVCache:
     def make_mask(
         self, N: int, return_array: bool = False, window_size: int | None = None
     ) -> mx.array | str | None:
+        if window_size and (window := self.step.window_mask(window_size)) is not None:
+            return window
         n = self.step.read_len
         if n is None:
             return self.step.mask

@@ -65,6 +65,7 @@ class Harness:
         from mlxd.worker.block_pool import BlockPool
         from mlxd.worker.embedder import Embedder
         from mlxd.worker.engine import Engine
+        from mlxd.worker.main import _vocab_size
         from mlxd.worker.model_runner import ModelRunner, check_model_supported
         from mlxd.worker.native_runner import NativeModelRunner
         from mlxd.worker.output_head import last_position_only
@@ -76,7 +77,7 @@ class Harness:
 
         model, tokenizer = load_model(model_path)
         last_position_only(model)  # as the worker serves it (mlx-lm reads the last one too)
-        encoder = PromptEncoder(tokenizer, vocab_size=model.args.vocab_size)
+        encoder = PromptEncoder(tokenizer, vocab_size=_vocab_size(model, tokenizer))
         native = check_model_supported(model)  # the pool cannot hold it: its own caches
         pool = BlockPool(num_blocks, block_size) if paged and not native else None
         runner: ModelRunner

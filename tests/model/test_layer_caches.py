@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.model, pytest.mark.filterwarnings("ignore::FutureWarni
     ("arch", "why", "batches"),
     [
         ("qwen3", "", True),
-        ("mistral3", "sliding-window layers on KVCache", True),  # its windows on plain caches
+        ("mistral3", "", True),  # windows on plain caches: the pool masks them
         ("gpt_bigcode", "KVCache layers that cannot batch rows of different lengths", False),
         ("gemma2", "KVCache layers that cannot batch rows of different lengths", False),
         ("nemotron_h", "ArraysCache, KVCache layer caches", True),
