@@ -91,8 +91,9 @@ from mlxd.protocol import curve
     "--max-memory",
     default=None,
     metavar="SIZE",
-    help="Memory budget for all workers (weights + KV + headroom), e.g. 24GB or 75%; a model "
-    "that does not fit unloads least recently used idle ones. Default: no budget.",
+    help="Memory budget for all workers (weights + KV + headroom), e.g. 24GB or 75% (of the "
+    "RAM); a model that does not fit unloads least recently used idle ones. On a host with "
+    "several GPUs, each GPU's budget. Default: no budget.",
 )
 @click.option(
     "--keep-alive",

@@ -3,6 +3,11 @@
 ``evictions`` is the policy on plain values; the functions below it apply it to the supervisor's
 worker slots. Every worker that is starting, ready or stopping holds its ``Footprint`` against
 ``--max-memory``; only ready, idle, unpinned, local ones may be unloaded to make room.
+
+On a host with several GPUs, where workers are placed (``mlxd.gpus``), the budget is each GPU's:
+a worker competes only with those sharing one of its GPUs (a group's footprint counts on each
+of its GPUs), so a model on GPU 1 never unloads one on GPU 0 and two GPUs hold twice the
+models. Unplaced workers (one GPU, a Mac, the CPU) share one budget.
 """
 
 from __future__ import annotations
@@ -43,6 +48,14 @@ def residents(workers: Iterable[WorkerProcess]) -> list[WorkerProcess]:
     return [w for w in workers if w.state in ("starting", "ready", "stopping")]
 
 
+def neighbours(worker: WorkerProcess, workers: Iterable[WorkerProcess]) -> list[WorkerProcess]:
+    """The residents other than ``worker`` whose memory ``worker``'s budget counts: those on
+    one of its GPUs (every one, where workers are not placed)."""
+    mine = set(worker.gpus.split(",")) if worker.gpus else None
+    return [w for w in residents(workers) if w is not worker
+            and (mine is None or not w.gpus or bool(mine & set(w.gpus.split(","))))]  # fmt: skip
+
+
 def reserved_bytes(workers: Iterable[WorkerProcess]) -> int:
     """What the residents among ``workers`` reserve, in bytes."""
     return sum(w.size.total_bytes for w in residents(workers))
@@ -50,7 +63,7 @@ def reserved_bytes(workers: Iterable[WorkerProcess]) -> int:
 
 def fits(worker: WorkerProcess, workers: Iterable[WorkerProcess], budget: int | None) -> bool:
     """Whether ``worker`` fits beside the other residents, unloading none."""
-    used = sum(w.size.total_bytes for w in residents(workers) if w is not worker)
+    used = sum(w.size.total_bytes for w in neighbours(worker, workers))
     return budget is None or used + worker.size.total_bytes <= budget
 
 
@@ -60,7 +73,7 @@ def victims(worker: WorkerProcess, workers: Iterable[WorkerProcess], budget: int
     others = [Resident(w.spec.name, w.size.total_bytes, w.last_used,
                        evictable=w.state == "ready" and not w.spec.pinned
                        and not w.client.in_flight and not w.attached)
-              for w in residents(workers) if w is not worker]  # fmt: skip
+              for w in neighbours(worker, workers)]  # fmt: skip
     return evictions(worker.size.total_bytes, budget, others)
 
 
@@ -68,15 +81,22 @@ def budget_text(worker: WorkerProcess, workers: Iterable[WorkerProcess], budget:
                 ) -> str:  # fmt: skip
     """Why ``worker`` does not fit: its footprint, the budget, and who holds it."""
     s = worker.size
-    others = [w for w in residents(workers) if w is not worker]
+    others = neighbours(worker, workers)
     used = sum(w.size.total_bytes for w in others)
     busy = [w.spec.name for w in others if w.spec.pinned or w.client.in_flight
             or w.state != "ready"]  # fmt: skip
     return (f"it needs {_gb(s.total_bytes)} (weights {_gb(s.weights_bytes)}, KV "
             f"{_gb(s.kv_bytes)}, headroom {_gb(s.headroom_bytes)}); the --max-memory budget "
-            f"is {_gb(budget or 0)}, {_gb(used)} of it held by models that cannot be unloaded "
-            f"now ({', '.join(busy) or 'none'})")  # fmt: skip
+            f"is {_gb(budget or 0)}{_on(worker)}, {_gb(used)} of it held by models that cannot "
+            f"be unloaded now ({', '.join(busy) or 'none'})")  # fmt: skip
 
 
 def _gb(num: int) -> str:
     return f"{num / 2**30:.2f} GB"
+
+
+def _on(worker: WorkerProcess) -> str:
+    """Where the budget applies, on a host whose workers are placed on GPUs."""
+    if not worker.gpus:
+        return ""
+    return f" on each of GPUs {worker.gpus}" if "," in worker.gpus else f" on GPU {worker.gpus}"

@@ -58,7 +58,7 @@ path = "{tiny_model}"
 aliases = ["cee"]
 preload = false
 """)
-    d = spawn(config, env={"CUDA_VISIBLE_DEVICES": "0,1"})  # two "GPUs" (the CPU ignores them)
+    d = spawn(config, env={"CUDA_VISIBLE_DEVICES": "0"})  # one GPU: one budget for all
     yield d
     if d.proc.poll() is None:
         stop_daemon(d)
@@ -89,10 +89,35 @@ def test_models_lists_configured_models_with_their_state(pool: Daemon, tiny_mode
     assert models(pool)["a"]["memory_bytes"] == size_of(tiny_model)
 
 
-def test_the_models_take_the_gpus_in_turn(pool: Daemon) -> None:
-    placed = {name: m["gpus"] for name, m in models(pool).items()}
-    assert placed == {"a": "0", "b": "1", "c": "0"}
-    assert visible_gpus(pool.worker_pid("b")) == "1"
+def test_on_two_gpus_models_take_them_in_turn_and_each_gpu_has_the_budget(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """Two "GPUs" (the CPU ignores them) and a budget of one model and a half: one model a GPU."""
+    config = tmp_path / "mlxd.toml"
+    config.write_text(f"""
+max_memory = "{size_of(tiny_model) * 3 // 2}B"
+[models.a]
+path = "{tiny_model}"
+pinned = true
+[models.b]
+path = "{tiny_model}"
+[models.c]
+path = "{tiny_model}"
+preload = false
+""")
+    d = spawn(config, env={"CUDA_VISIBLE_DEVICES": "0,1"})
+    try:
+        placed = {name: m["gpus"] for name, m in models(d).items()}
+        assert placed == {"a": "0", "b": "1", "c": "0"}
+        assert visible_gpus(d.worker_pid("b")) == "1"
+        assert models(d)["b"]["state"] == "ready"  # GPU 1's budget: a on GPU 0 is not in it
+        client = openai.OpenAI(base_url=f"{d.base_url}/v1", api_key="unused", max_retries=0)
+        with pytest.raises(openai.APIStatusError) as err:  # c beside the pinned a on GPU 0
+            client.completions.create(model="c", prompt="hi", max_tokens=2)
+        assert err.value.status_code == 503 and "on GPU 0" in str(err.value.body)
+        assert models(d)["b"]["state"] == "ready"  # not unloaded for a model on another GPU
+    finally:
+        assert stop_daemon(d) == 0
 
 
 def test_under_the_budget_each_worker_caps_its_buffer_cache_to_its_headroom(pool: Daemon) -> None:
