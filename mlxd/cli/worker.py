@@ -239,7 +239,9 @@ def _show_stats(r: dict[str, Any]) -> None:
         ("ttft", _latency(r["ttft"])),
         ("inter-token", _latency(r["itl"])),
         ("decode step", _latency(r["decode_step"])
-         + (f", {r['decode_rows_mean']:.1f} rows" if r["decode_step"]["num_samples"] else "")),
+         + (f", {r['decode_rows_mean']:.1f} rows" if r["decode_step"]["num_samples"] else "")
+         + (f", {n} of {r['decode_steps']} from the pool's blocks (the read view was full)"
+            if (n := r.get("decode_gathered_steps", 0)) else "")),
         ("preemptions", str(r["preemptions"])),
         ("speculation", _speculation(r)),
         ("prefix cache", f"{r['prefix_cache_hits']} hits, {r.get('prefix_cache_misses', 0)} "

@@ -157,7 +157,9 @@ class Control:
         )
 
     def _stats(self, msg: GetStats) -> ControlReply:
-        return self.engine.stats.reply(msg.request_id, self.engine.scheduler.kv_report())
+        engine = self.engine
+        return engine.stats.reply(msg.request_id, engine.scheduler.kv_report(),
+                                  engine.runner.gathered_steps)  # fmt: skip
 
     def _drain(self, msg: Drain) -> Ack:
         self.engine.draining, self.engine.paused = True, False  # draining needs steps

@@ -215,6 +215,12 @@ class ModelRunner:
     def _decode_cache(self, rows: list[Sequence]) -> list[Any]:
         return self._batch  # type: ignore[return-value]
 
+    @property
+    def gathered_steps(self) -> int:
+        """Decode steps that read the KV pool's blocks rather than decode's read view (the
+        paged runner's; the contiguous cache has neither)."""
+        return 0
+
     def _filter_cache(self, keep: list[int]) -> None:
         for layer in self._batch:
             layer.filter(keep)

@@ -47,6 +47,7 @@ class PagedModelRunner(ModelRunner):
         self.max_view_tokens = pool.num_blocks * pool.block_size if max_view_tokens is None else (
             max_view_tokens)  # fmt: skip
         self.tail = DecodeTail(self.num_layers, self.max_view_tokens)
+        self._gathered = 0  # decode steps that read the pool's blocks (``gathered_steps``)
 
     # Public API
 
@@ -225,6 +226,10 @@ class PagedModelRunner(ModelRunner):
         self.tail.drop_batch()
         return super().reset()
 
+    @property
+    def gathered_steps(self) -> int:
+        return self._gathered
+
     def _decode_cache(self, rows: list[Sequence]) -> list[Any]:
         if self.tail.due():
             # The one pipeline bubble in FLUSH_EVERY (or VIEW_STEP) steps: the pool may be
@@ -236,6 +241,7 @@ class PagedModelRunner(ModelRunner):
         # position num_computed, inside its block table.
         caches = decode_caches(self.pool, self.tail, [s.block_ids for s in rows],
                                [s.num_computed for s in rows])  # fmt: skip
+        self._gathered += not self.tail.view
         for seq in rows:
             seq.num_computed += 1
         return caches  # type: ignore[return-value]

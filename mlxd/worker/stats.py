@@ -147,10 +147,12 @@ class Stats:
         span = now - max(float(first), self.started)
         return tokens / span if span > 0 else 0.0
 
-    def reply(self, request_id: str, kv: KVReport | None = None) -> StatsReply:
+    def reply(self, request_id: str, kv: KVReport | None = None, gathered_steps: int = 0
+              ) -> StatsReply:  # fmt: skip
         """Everything as a ``StatsReply``; sorts the recent samples, so call it rarely.
 
-        ``kv``: the KV pool's and prefix cache's numbers, when the worker has a paged cache."""
+        ``kv``: the KV pool's and prefix cache's numbers, when the worker has a paged cache;
+        ``gathered_steps``: the runner's decode steps that read the pool's blocks."""
         uptime = self.uptime_s()
         kv = kv or KVReport()
         return StatsReply(
@@ -170,6 +172,7 @@ class Stats:
             decode_steps=self.decode_steps,
             decode_step=summarize(self._step_ms),
             decode_rows_mean=_mean(self._step_rows),
+            decode_gathered_steps=gathered_steps,
             preemptions=kv.preemptions,
             prefix_cache_hits=kv.hits,
             prefix_cache_hit_tokens=kv.hit_tokens,

@@ -95,6 +95,8 @@ def test_metrics_show_the_workers_kv_blocks_prefix_cache_and_queue(
     assert samples[("mlxd_queue_depth", key)] == 0 and samples[("mlxd_running_sequences", key)] == 0
     assert 0 < samples[("mlxd_prefix_cache_hit_rate", key)] <= 1
     assert ("mlxd_worker_preemptions_total", key) in samples
+    gathered = samples[("mlxd_worker_decode_gathered_steps_total", key)]
+    assert 0 <= gathered <= s["decode_gathered_steps"]  # a poll may predate the last steps
     step = samples[("mlxd_decode_step_seconds", (("model", small_pool.model), ("quantile", "0.5")))]
     assert step == pytest.approx(s["decode_step"]["p50_ms"] / 1000, rel=0.5) and step > 0
 

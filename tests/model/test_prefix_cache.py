@@ -230,6 +230,8 @@ def test_a_read_view_grows_or_hands_decode_back_to_the_pool_and_equals_mlx_lm(
         h.step(70)  # past the view's first 64 columns
         assert tail.view is after_first_fill
         results = h.run()
+        gathered = h.engine.runner.gathered_steps  # /metrics' mlxd_worker_decode_gathered_steps
+        assert (gathered == 0) is after_first_fill and gathered < 150
         for rid, prompt in asks.items():
             assert results[rid].token_ids == reference(tiny_model, prompt, 150), (budget, rid)
 

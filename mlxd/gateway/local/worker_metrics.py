@@ -120,6 +120,8 @@ class WorkerMetrics:
             "prefix_cache_misses": "Requests that found no cached prefix.",
             "prefix_cache_hit_tokens": "Prompt tokens served from the prefix cache.",
             "preemptions": "Sequences preempted because the KV pool was full.",
+            "decode_gathered_steps": "Decode steps that read the KV pool's blocks instead of "
+            "decode's read view (slower; a larger --kv-cache-gb gives the view more room).",
             "spec_drafted_tokens": "Draft tokens verified (speculative decoding).",
             "spec_accepted_tokens": "Draft tokens accepted (speculative decoding).",
         }
