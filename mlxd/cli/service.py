@@ -200,7 +200,11 @@ def _show_status(s: dict[str, Any]) -> None:
     budget = memory.get("max_memory_bytes")
     click.echo(
         f"memory: {reserved} reserved"
-        + (f" of {format_bytes(budget)} (--max-memory)" if budget else ", no --max-memory budget")
+        + (
+            f" of {format_bytes(budget)} (--max-memory{_per_gpu(s)})"
+            if budget
+            else ", no --max-memory budget"
+        )
     )
     rows = [("MODEL", "STATE", "MEMORY", "PID", "RESTARTS", "ALIASES")]
     rows += [(m["name"], m["state"], format_bytes(m.get("memory_bytes") or 0),
@@ -233,3 +237,9 @@ def _duration(seconds: float) -> str:
     minutes, secs = divmod(int(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h {minutes}m" if hours else f"{minutes}m {secs}s" if minutes else f"{secs}s"
+
+
+def _per_gpu(status: dict[str, Any]) -> str:
+    """ ", each GPU's" when the workers are placed on several GPUs (each has that budget)."""
+    placed = {g for m in status.get("models", []) for g in (m.get("gpus") or "").split(",") if g}
+    return ", each GPU's" if len(placed) > 1 else ""

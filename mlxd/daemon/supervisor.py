@@ -257,11 +257,13 @@ class Supervisor:
         if victims is None:
             text = budget.budget_text(worker, self.slots, max_memory)
             raise MemoryBudgetExceeded(f"cannot load {worker.spec.name!r}: " + text)
-        for name in dict.fromkeys(victims):  # a model's replicas go together
+        near = budget.neighbours(worker, self.slots)  # its GPU's (all, where unplaced)
+        for name in dict.fromkeys(victims):  # a model's replicas there go together
             log.info("unloading %s (least recently used) to make room for %s", name,
                      worker.spec.name)  # fmt: skip
             for replica in self.groups[name]:
-                await self._unload(replica, f"unloaded to make room for {worker.spec.name}")
+                if any(replica is w for w in near):
+                    await self._unload(replica, f"unloaded to make room for {worker.spec.name}")
 
     async def _load(self, worker: WorkerProcess) -> None:
         if worker.attached:

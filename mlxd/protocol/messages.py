@@ -474,7 +474,7 @@ class StatsReply:
     decode_steps: int = 0
     decode_step: LatencySummary = LatencySummary(num_samples=0, p50_ms=0.0, p95_ms=0.0, p99_ms=0.0)
     decode_rows_mean: float = 0.0  # rows per decode step, over the samples of ``decode_step``
-    decode_gathered_steps: int = 0  # decode steps that read the pool's blocks, not the view
+    decode_gathered_steps: int = 0  # decode steps that read the pool's blocks: the view was full
     speculation: str = "off"  # --speculate in force ("off" too for a runner that cannot)
     spec_drafted_tokens: int = 0  # draft tokens verified since the worker started
     spec_accepted_tokens: int = 0  # of those, accepted

@@ -70,6 +70,7 @@ class DecodeTail:
         # Tails of rows that left the batch: (slots (N,), keys per layer, values per layer).
         self._deferred: list[tuple[mx.array, list[KV], list[KV]]] = []
         self.outgrown = False  # a batch outgrew the view's memory once (said in the log)
+        self.full = False  # this batch reads the pool's blocks because its view would not fit
 
     @property
     def started(self) -> bool:
@@ -88,6 +89,8 @@ class DecodeTail:
         base = same if same is not None else bs * max(1, max(-(-p // bs) for p in positions))
         padded_ok = n * base <= 2 * sum(positions) + n * bs
         self.view = padded_ok and self._fits(n, base)
+        # refused for its memory (not the padding, not a runner without a view)
+        self.full = padded_ok and not self.view and self.max_view_tokens > 0
         self.base, self.in_pool, self.cols = (base, list(positions), 0) if self.view else (0, [], 0)
         if not self.view:
             self.keys = [_zeros(pool, 0, n, FLUSH_EVERY) for _ in range(self.num_layers)]

@@ -217,8 +217,10 @@ class ModelRunner:
 
     @property
     def gathered_steps(self) -> int:
-        """Decode steps that read the KV pool's blocks rather than decode's read view (the
-        paged runner's; the contiguous cache has neither)."""
+        """Decode steps that read the KV pool's blocks because decode's read view would not fit
+        its memory (the paged runner's; the contiguous cache has neither). A batch whose rows
+        would pad to over twice their tokens also reads the blocks, not counted here: more
+        memory would not change that."""
         return 0
 
     def _filter_cache(self, keep: list[int]) -> None:

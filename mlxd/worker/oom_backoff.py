@@ -7,7 +7,8 @@ worker's life costs most of its throughput (on an H100, a speculation benchmark 
 daemons shared one GPU ran at 0.13x after such halvings), so after ``RECOVER_STEPS`` decode
 steps in a row without running out the limit doubles, up to the one set before the first
 failure. A failure soon after a raise doubles the wait (up to ``MAX_WAIT``), so a batch that
-truly does not fit settles rather than failing every few hundred steps. A limit changed by
+truly does not fit settles rather than failing every few hundred steps; ``MAX_WAIT`` clean
+steps back at the limit forget that. A limit changed by
 hand (``mlxd worker set``) is the user's and ends the backoff.
 """
 
@@ -37,16 +38,19 @@ class OomBackoff:
 
     def on_step(self, current: int) -> int | None:
         """A decode step succeeded under ``current``: the raised limit when it is time, else
-        None."""
+        None. Steps count at the target too, so a failure soon after the last raise waits
+        longer, and a long clean run there forgets that."""
         if self.target is None:
             return None
         if current != self.limit:  # set by hand meanwhile
             self.target = None
             return None
-        self.steps += (
-            1  # counted at the target too: a failure soon after the last raise waits longer
-        )
-        if self.steps < self.wait or current >= self.target:
+        self.steps += 1
+        if current >= self.target:
+            if self.steps >= MAX_WAIT:
+                self.wait = RECOVER_STEPS
+            return None
+        if self.steps < self.wait:
             return None
         self.limit, self.steps, self.raised = min(self.target, 2 * current), 0, True
         return self.limit

@@ -47,7 +47,7 @@ class PagedModelRunner(ModelRunner):
         self.max_view_tokens = pool.num_blocks * pool.block_size if max_view_tokens is None else (
             max_view_tokens)  # fmt: skip
         self.tail = DecodeTail(self.num_layers, self.max_view_tokens)
-        self._gathered = 0  # decode steps that read the pool's blocks (``gathered_steps``)
+        self._gathered = 0  # decode steps gathered for want of view memory (``gathered_steps``)
 
     # Public API
 
@@ -241,7 +241,7 @@ class PagedModelRunner(ModelRunner):
         # position num_computed, inside its block table.
         caches = decode_caches(self.pool, self.tail, [s.block_ids for s in rows],
                                [s.num_computed for s in rows])  # fmt: skip
-        self._gathered += not self.tail.view
+        self._gathered += self.tail.full
         for seq in rows:
             seq.num_computed += 1
         return caches  # type: ignore[return-value]

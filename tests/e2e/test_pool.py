@@ -89,33 +89,40 @@ def test_models_lists_configured_models_with_their_state(pool: Daemon, tiny_mode
     assert models(pool)["a"]["memory_bytes"] == size_of(tiny_model)
 
 
-def test_on_two_gpus_models_take_them_in_turn_and_each_gpu_has_the_budget(
-    tiny_model: Path, tmp_path: Path
-) -> None:
-    """Two "GPUs" (the CPU ignores them) and a budget of one model and a half: one model a GPU."""
+def test_on_two_gpus_each_gpu_has_the_budget(tiny_model: Path, tmp_path: Path) -> None:
+    """Two "GPUs" (the CPU ignores them), a budget of one model and a half. Slots take the
+    GPUs in turn: x's two replicas 0 and 1, c 0, d 1. Both replicas load (one budget for all
+    would hold one); c on GPU 0 unloads x's replica there only; d (a KV pool too large for
+    any GPU) gets a 503 naming its GPU."""
     config = tmp_path / "mlxd.toml"
     config.write_text(f"""
 max_memory = "{size_of(tiny_model) * 3 // 2}B"
-[models.a]
+[models.x]
 path = "{tiny_model}"
-pinned = true
-[models.b]
-path = "{tiny_model}"
+replicas = 2
 [models.c]
 path = "{tiny_model}"
 preload = false
+[models.d]
+path = "{tiny_model}"
+preload = false
+kv_cache_gb = 1
 """)
     d = spawn(config, env={"CUDA_VISIBLE_DEVICES": "0,1"})
     try:
-        placed = {name: m["gpus"] for name, m in models(d).items()}
-        assert placed == {"a": "0", "b": "1", "c": "0"}
-        assert visible_gpus(d.worker_pid("b")) == "1"
-        assert models(d)["b"]["state"] == "ready"  # GPU 1's budget: a on GPU 0 is not in it
+        assert {name: m["gpus"] for name, m in models(d).items()} == {
+            "x": "0,1", "c": "0", "d": "1"}  # fmt: skip
+        rows = models(d)["x"]["replica_rows"]
+        assert [(r["gpus"], r["state"]) for r in rows] == [("0", "ready"), ("1", "ready")]
+        assert visible_gpus(rows[1]["pid"]) == "1"
+        assert chat(d, "c") in ("length", "stop")  # room on GPU 0: x's replica there goes
+        rows = models(d)["x"]["replica_rows"]
+        assert [r["state"] for r in rows] == ["unloaded", "ready"]  # GPU 1's stays
+        assert chat(d, "x") in ("length", "stop")  # served by the replica left
         client = openai.OpenAI(base_url=f"{d.base_url}/v1", api_key="unused", max_retries=0)
-        with pytest.raises(openai.APIStatusError) as err:  # c beside the pinned a on GPU 0
-            client.completions.create(model="c", prompt="hi", max_tokens=2)
-        assert err.value.status_code == 503 and "on GPU 0" in str(err.value.body)
-        assert models(d)["b"]["state"] == "ready"  # not unloaded for a model on another GPU
+        with pytest.raises(openai.APIStatusError) as err:
+            client.completions.create(model="d", prompt="hi", max_tokens=2)
+        assert err.value.status_code == 503 and "on GPU 1" in str(err.value.body)
     finally:
         assert stop_daemon(d) == 0
 

@@ -67,6 +67,17 @@ def test_windowed_layers_on_the_pool_equal_mlx_lm(
         assert results[str(i)].token_ids == reference_ids(windowed, ids, 20), i
 
 
+def test_one_row_decoding_from_the_gathered_blocks_is_windowed(
+    windowed: Path, harness: Callable[..., Harness]
+) -> None:
+    """One row (every row as long: the read is trimmed to its tokens) with no view."""
+    h = harness(max_view_tokens=0)
+    ids = prompts(windowed)[2]
+    h.generate_ids("a", ids, max_tokens=20, ignore_eos=True)
+    assert h.run()["a"].token_ids == reference_ids(windowed, ids, 20)
+    assert h.engine.runner.gathered_steps == 0  # no view by configuration, not for want of room
+
+
 def test_a_prefix_hit_past_the_window_continues_as_cold(
     windowed: Path, harness: Callable[..., Harness]
 ) -> None:

@@ -258,13 +258,14 @@ def test_decode_reads_a_view_only_within_its_budget_and_padding(
     assert started([9, 14], roomy).view and started([9, 14], roomy).base == 16
     assert not caplog.records
     over = started([12, 12], roomy - 9)
-    assert not over.view  # over budget: the log says so once, with the remedy
+    assert not over.view and over.full  # over budget: the log says so once, with the remedy
     over.start(pool, [[0], [1]], [12, 12])
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1 and "outgrew" in said[0] and "--kv-cache-gb" in said[0]
     assert started([30, 1], 10_000).view  # a block of padding per row is the gather's too
     gathered = started([30, 1, 1, 1], 10_000)  # rows padded to over twice their tokens
-    assert not gathered.view and gathered.base == 0 and not gathered.outgrown  # not the budget
+    assert not gathered.view and gathered.base == 0  # the padding, not the budget:
+    assert not gathered.outgrown and not gathered.full  # no warning, not counted
     assert gathered.keys[0].shape == (4, 2, 16, 4)  # the decoded tokens only, until a flush
 
 

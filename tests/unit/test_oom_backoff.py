@@ -36,6 +36,20 @@ def test_a_raise_that_fails_soon_waits_twice_as_long() -> None:
     assert b.wait == 6 and steps(b, 4, 6)[-1] == 8
 
 
+def test_a_long_clean_run_at_the_limit_forgets_the_longer_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(oom_backoff, "MAX_WAIT", 12)
+    b = OomBackoff()
+    b.on_oom(8, 4)
+    assert steps(b, 4, 3)[-1] == 8
+    b.on_oom(8, 4)  # the raise failed soon: 6 steps next time
+    assert steps(b, 4, 6)[-1] == 8 and b.wait == 6
+    steps(b, 8, 12)  # clean for MAX_WAIT steps at the limit
+    b.on_oom(8, 4)
+    assert b.wait == 3
+
+
 def test_a_limit_set_by_hand_ends_the_backoff() -> None:
     b = OomBackoff()
     b.on_oom(8, 4)
