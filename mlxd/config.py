@@ -48,6 +48,13 @@ API_KEY_TIERS = PRIORITIES  # a key's tier is the highest priority its requests 
 VIEW_SHARE = 0.2
 
 
+def split_kv_budget(budget: int, per_token: int, block_size: int) -> tuple[int, int]:
+    """A paged worker's KV ``budget`` (bytes) as (pool blocks, tokens decode's view may hold):
+    ``VIEW_SHARE`` to the view, the rest to blocks of ``block_size`` tokens."""
+    view_bytes = int(budget * VIEW_SHARE)
+    return (budget - view_bytes) // (per_token * block_size), view_bytes // per_token
+
+
 def kv_bytes_wanted(per_token: int, max_num_seqs: int, context: int, paged: bool) -> int:
     """The KV memory ``max_num_seqs`` full contexts take, ``per_token`` bytes a token; a paged
     worker also holds decode's view (``VIEW_SHARE`` of its budget). The one sizing rule of the

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from mlxd.bench.stats import RequestTiming, summarize
-from mlxd.config import SchedulerConfig
+from mlxd.config import SchedulerConfig, split_kv_budget
 from mlxd.protocol.messages import (
     Events,
     Generate,
@@ -64,11 +64,14 @@ def new_engine(
     block_size: int = 32,
     max_view_tokens: int | None = None,
     kv_bits: int | None = None,
+    kv_cache_gb: float | None = None,
 ) -> Any:
     """An engine whose channel records token timings (see ``engine_level``): on the paged KV
     cache (the daemon's default; a pool for ``max_num_seqs`` full contexts) or the contiguous
     one. ``max_view_tokens`` bounds decode's read view (default: the pool's tokens; 0: decode
-    gathers the pool's blocks every step). ``kv_bits``: the pool quantized (``--kv-bits``)."""
+    gathers the pool's blocks every step). ``kv_bits``: the pool quantized (``--kv-bits``).
+    ``kv_cache_gb``: pool and view sized from that budget as a served worker sizes them
+    (``config.split_kv_budget``), so a batch that outgrows the daemon's view does here too."""
     from mlxd.worker.block_pool import BlockPool
     from mlxd.worker.engine import Engine
     from mlxd.worker.kv_format import KVFormat
@@ -85,6 +88,10 @@ def new_engine(
         runner, pool = ModelRunner(model, eos), None
     else:
         num_blocks = sched.max_num_seqs * -(-max_context // block_size) + 64
+        if kv_cache_gb is not None:
+            per_token = KVPool.bytes_per_token(model, KVFormat(kv_bits))
+            num_blocks, max_view_tokens = split_kv_budget(int(kv_cache_gb * 2**30), per_token,
+                                                          block_size)  # fmt: skip
         pool_kv = KVPool.for_model(model, num_blocks, block_size, fmt=KVFormat(kv_bits))
         runner = PagedModelRunner(model, eos, pool_kv, max_view_tokens)
         pool = BlockPool(num_blocks, block_size)
@@ -102,6 +109,7 @@ def engine_level(engine: Any, prompts: list[list[int]], max_tokens: int) -> dict
     timings: dict[str, RequestTiming] = {}
     engine.stats = Stats(engine.clock)  # this level's steps only
     before = copy.copy(engine.speculator.counters)
+    gathered = engine.runner.gathered_steps
     t0 = time.perf_counter()
     engine.channel = _Recorder(t0, timings)
     sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
@@ -116,6 +124,7 @@ def engine_level(engine: Any, prompts: list[list[int]], max_tokens: int) -> dict
     return {**summarize(len(prompts), list(timings.values())),
             "step_p50_ms": round(step.decode_step.p50_ms, 2),
             "step_rows_mean": round(step.decode_rows_mean, 1),
+            "gathered_steps": engine.runner.gathered_steps - gathered,
             "spec_acceptance": round(spec.acceptance_rate, 3),
             "tokens_per_forward": round(spec.tokens_per_forward, 3)}  # fmt: skip
 

@@ -15,7 +15,7 @@ from mlxd.bench.workload import SCENARIOS
 from mlxd.cli.bench_failover import failover_options, run_failover_scenario
 from mlxd.cli.knob_options import knob_option
 from mlxd.config import SchedulerConfig
-from mlxd.knobs import SPECULATE
+from mlxd.knobs import KV_CACHE_GB, SPECULATE
 
 if TYPE_CHECKING:
     from mlxd.bench.http import Target
@@ -312,6 +312,7 @@ def _extra_body(text: str) -> tuple[tuple[str, Any], ...]:
     help="The paged KV cache (the daemon's default) or the contiguous one.",
 )
 @click.option("--kv-block-size", default=32, show_default=True)
+@knob_option(KV_CACHE_GB)  # type: ignore[arg-type]
 @knob_option(SPECULATE)  # type: ignore[arg-type]
 @click.option(
     "--compare-mlx-lm/--no-compare-mlx-lm",
@@ -325,6 +326,7 @@ def engine_command(
     prefill_chunk: int,
     paged_kv: bool,
     kv_block_size: int,
+    kv_cache_gb: float | None,
     speculate: str,
     compare_mlx_lm: bool,
     concurrency: str,
@@ -334,7 +336,9 @@ def engine_command(
     plot_path: Path | None,
     label: str | None,
 ) -> None:
-    """The same workload in-process on the engine (no HTTP, no ZMQ)."""
+    """The same workload in-process on the engine (no HTTP, no ZMQ). Without --kv-cache-gb
+    the pool holds every row's context and decode's view may use all of it; with it, both
+    are sized as a served worker's."""
     import mlx_lm
 
     from mlxd.bench.engine import engine_level, mlx_lm_batch_level, mlx_lm_single, new_engine
@@ -351,7 +355,8 @@ def engine_command(
     payload = report.meta(kind="engine", label=label, model=model_path,
                           prompt_tokens=prompt_tokens, max_tokens=max_tokens, complete=False,
                           prefill_chunk=prefill_chunk, paged_kv=paged_kv,
-                          kv_block_size=kv_block_size, speculate=speculate, rows=rows,
+                          kv_block_size=kv_block_size, kv_cache_gb=kv_cache_gb,
+                          speculate=speculate, rows=rows,
                           mlx_lm=yard)  # fmt: skip
     write_partial = _partial_writer(payload, json_path)
     for level in _ints(concurrency, "--concurrency"):
@@ -360,7 +365,8 @@ def engine_command(
         sched = SchedulerConfig(max_num_seqs=level, max_queued=level, prefill_chunk=prefill_chunk,
                                 speculate=speculate)  # fmt: skip
         context = prompt_tokens + max_tokens + 8
-        engine = new_engine(model, tokenizer, sched, context, paged_kv, kv_block_size)
+        engine = new_engine(model, tokenizer, sched, context, paged_kv, kv_block_size,
+                            kv_cache_gb=kv_cache_gb)  # fmt: skip
         # Each run is preceded by a short one of the same shape: kernel compilation for new
         # batch sizes happens once and is not what we measure. Other prompts: the same ones
         # would hit the prefix cache.

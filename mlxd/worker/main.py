@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 from mlx.utils import tree_flatten
 
-from mlxd.config import VIEW_SHARE, SchedulerConfig, WorkerConfig, kv_bytes_wanted
+from mlxd.config import SchedulerConfig, WorkerConfig, kv_bytes_wanted, split_kv_budget
 from mlxd.errors import ConfigError
 from mlxd.protocol import curve
 from mlxd.protocol.channel import WorkerChannel, control_endpoint
@@ -228,8 +228,7 @@ def _runner(
     per_block = per_token * bs
     wanted = kv_bytes_wanted(per_token, config.scheduler.max_num_seqs, max_context, paged=True)
     budget = _kv_budget(model, config, wanted)
-    view_bytes = int(budget * VIEW_SHARE)
-    num_blocks = (budget - view_bytes) // per_block
+    num_blocks, view_tokens = split_kv_budget(budget, per_token, bs)
     if num_blocks < 2:
         raise ConfigError(f"--kv-cache-gb {config.cache.kv_cache_gb} holds no KV blocks; "
                           f"one block of {bs} tokens takes {per_block} bytes")  # fmt: skip
@@ -241,7 +240,7 @@ def _runner(
     chunk = max(1, int(config.cache.kv_chunk_mb * 2**20) // per_block)
     pool = KVPool.for_model(model, num_blocks=num_blocks, block_size=bs, chunk_blocks=chunk,
                             fmt=fmt)  # fmt: skip
-    runner = PagedModelRunner(model, eos_token_ids, pool, max_view_tokens=view_bytes // per_token)
+    runner = PagedModelRunner(model, eos_token_ids, pool, max_view_tokens=view_tokens)
     return runner, BlockPool(num_blocks, bs), max_context
 
 

@@ -33,4 +33,24 @@ def test_bench_engine_reports_every_level(tiny_model: Path, tmp_path: Path, cach
         (3, 3, 12),
     ]
     assert rows[0]["speedup"] == 1.0 and all(r["ttft_p50_ms"] > 0 for r in rows)
+    assert all(r["gathered_steps"] == 0 for r in rows)  # the view may use the whole pool
     assert result.stdout.splitlines()[0].split()[:2] == ["conc", "ok"]
+
+
+def test_bench_engine_sizes_the_view_as_a_worker_under_kv_cache_gb(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """A budget whose fifth holds one row's view (8-token prompts: 32 + 64 columns) but not
+    three: the 3-stream level decodes from the pool's blocks, as a served worker would."""
+    from mlxd.worker.paged_cache import KVPool
+    from tests.model.conftest import load_model
+
+    per_token = KVPool.bytes_per_token(load_model(tiny_model)[0])
+    out = tmp_path / "engine.json"
+    args = ["bench", "engine", "--model", str(tiny_model), "--concurrency", "1,3",
+            "--prompt-tokens", "8", "--max-tokens", "4", "--no-compare-mlx-lm",
+            "--kv-cache-gb", str(500 * per_token / 2**30), "--json", str(out)]  # fmt: skip
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert [(r["ok"], r["gathered_steps"] > 0) for r in data["rows"]] == [(1, False), (3, True)]
