@@ -6,8 +6,9 @@ requests meet the scheduler is exact and tests are deterministic.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -183,15 +184,24 @@ class Harness:
             res.steps_to_embeddings = self.steps
 
 
-@pytest.fixture
-def harness_factory(tiny_model: Path) -> Iterator[Any]:
+@contextlib.contextmanager
+def harnesses(model_path: Path) -> Iterator[Callable[..., Harness]]:
+    """A maker of harnesses on ``model_path`` (keyword arguments: ``Harness``'s), each closed
+    when the block ends."""
     made: list[Harness] = []
 
-    def make(clock: Any = None, **kw: Any) -> Harness:
-        h = Harness(tiny_model, clock=clock, **kw)
-        made.append(h)
-        return h
+    def make(**kw: Any) -> Harness:
+        made.append(Harness(model_path, **kw))
+        return made[-1]
 
-    yield make
-    for h in made:
-        h.close()
+    try:
+        yield make
+    finally:
+        for h in made:
+            h.close()
+
+
+@pytest.fixture
+def harness_factory(tiny_model: Path) -> Iterator[Callable[..., Harness]]:
+    with harnesses(tiny_model) as make:
+        yield make

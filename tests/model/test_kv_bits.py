@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.model.conftest import Harness
+from tests.model.conftest import Harness, harnesses
 from tests.model.test_engine import sequences_hold_no_blocks
 
 pytestmark = pytest.mark.model
@@ -36,15 +36,8 @@ def small_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def harness(small_model: Path) -> Any:
-    made: list[Harness] = []
-
-    def make(**kw: Any) -> Harness:
-        made.append(Harness(small_model, **kw))
-        return made[-1]
-
-    yield make
-    for h in made:
-        h.close()
+    with harnesses(small_model) as make:
+        yield make
 
 
 def fmt(bits: int | None) -> Any:

@@ -15,7 +15,7 @@ import pytest
 
 from mlxd.worker import paged_runner
 from mlxd.worker.model_runner import check_model_supported
-from tests.model.conftest import Harness, load_model
+from tests.model.conftest import Harness, harnesses, load_model
 from tests.model.test_engine import reference_ids
 
 pytestmark = [pytest.mark.model, pytest.mark.filterwarnings("ignore::FutureWarning")]
@@ -36,15 +36,8 @@ def windowed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def harness(windowed: Path) -> Iterator[Callable[..., Harness]]:
-    made: list[Harness] = []
-
-    def make(**kw: Any) -> Harness:
-        made.append(Harness(windowed, **kw))
-        return made[-1]
-
-    yield make
-    for h in made:
-        h.close()
+    with harnesses(windowed) as make:
+        yield make
 
 
 def prompts(windowed: Path) -> list[list[int]]:
