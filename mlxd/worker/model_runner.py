@@ -46,6 +46,10 @@ class ModelRunner:
     """Owns the decode batch: its rows, their KV caches and their not-yet-read tokens."""
 
     pads_prompts = True  # whole prompts prefill together, left-padded to one length
+    # Decode steps that read the KV pool's blocks because decode's read view would not fit its
+    # memory (the paged runner counts them; the contiguous cache has neither). A batch whose rows
+    # would pad to over twice their tokens reads the blocks too, uncounted: memory would not help.
+    gathered_steps = 0
     speculates = False  # has ``verify_step`` (the paged runner: docs/SPECULATION.md)
 
     def __init__(self, model: Any, eos_token_ids: set[int], kv_note: str = "") -> None:
@@ -214,14 +218,6 @@ class ModelRunner:
 
     def _decode_cache(self, rows: list[Sequence]) -> list[Any]:
         return self._batch  # type: ignore[return-value]
-
-    @property
-    def gathered_steps(self) -> int:
-        """Decode steps that read the KV pool's blocks because decode's read view would not fit
-        its memory (the paged runner's; the contiguous cache has neither). A batch whose rows
-        would pad to over twice their tokens also reads the blocks, not counted here: more
-        memory would not change that."""
-        return 0
 
     def _filter_cache(self, keep: list[int]) -> None:
         for layer in self._batch:

@@ -47,7 +47,7 @@ class PagedModelRunner(ModelRunner):
         self.max_view_tokens = pool.num_blocks * pool.block_size if max_view_tokens is None else (
             max_view_tokens)  # fmt: skip
         self.tail = DecodeTail(self.num_layers, self.max_view_tokens)
-        self._gathered = 0  # decode steps gathered for want of view memory (``gathered_steps``)
+        self.gathered_steps = 0
 
     # Public API
 
@@ -226,10 +226,6 @@ class PagedModelRunner(ModelRunner):
         self.tail.drop_batch()
         return super().reset()
 
-    @property
-    def gathered_steps(self) -> int:
-        return self._gathered
-
     def _decode_cache(self, rows: list[Sequence]) -> list[Any]:
         if self.tail.due():
             # The one pipeline bubble in FLUSH_EVERY (or VIEW_STEP) steps: the pool may be
@@ -241,7 +237,7 @@ class PagedModelRunner(ModelRunner):
         # position num_computed, inside its block table.
         caches = decode_caches(self.pool, self.tail, [s.block_ids for s in rows],
                                [s.num_computed for s in rows])  # fmt: skip
-        self._gathered += self.tail.full
+        self.gathered_steps += self.tail.full
         for seq in rows:
             seq.num_computed += 1
         return caches  # type: ignore[return-value]
