@@ -345,7 +345,7 @@ class Engine:
         self.oom_backoff.on_oom(self.scheduler.config.max_num_seqs, limit)
         self.scheduler.update_config(max_num_seqs=limit)
         log.warning("out of device memory in %s: %d requests computed again, max_num_seqs now "
-                    "%d, raised again after %d steps without", what, len(seqs), limit,
+                    "%d (raised again after %d clean steps)", what, len(seqs), limit,
                     self.oom_backoff.wait)  # fmt: skip
         for seq in seqs:
             if seq.num_oom_retries >= OOM_RETRIES:
