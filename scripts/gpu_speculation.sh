@@ -6,7 +6,11 @@
 # ngram / off per scenario and level, with the worker's acceptance and tokens per forward.
 # Run after `bash .gpuB/install.sh b`. Usage:
 #   GGUF=/root/smollm2.gguf [LEVELS=1,16,64] [MAX_TOKENS=256] [REPEATS=2] [SCENARIOS="edit json chat"] \
-#     bash scripts/gpu_speculation.sh
+#     [STEADY=4] bash scripts/gpu_speculation.sh
+# STEADY=n: each level sends n times as many requests as it has streams (a stream sends its next
+# request when one ends), so the figure is the steady state rather than one wave whose rows all
+# start together and end apart (with speculation they end further apart: a closed wave then
+# measures its ragged tail, stop 32).
 # Every daemon gets an 8 GB KV pool and a 20 GB budget (which caps MLX's buffer cache): daemons
 # sharing one GPU otherwise each size themselves to it, and one's cache ran the other out of
 # memory (stop 31: max_num_seqs halved to 8, 0.13x at 64 streams).
@@ -31,9 +35,14 @@ for rep in $(seq "${REPEATS:-2}"); do
   for scenario in ${SCENARIOS:-edit json chat}; do
     for mode in off ngram; do
       port=$([ $mode = ngram ] && echo 8123 || echo 8124)
-      MLXD_HOME="/root/home-spec-$mode" python3 -m mlxd bench run --url "http://127.0.0.1:$port" \
-        --model smol --scenario "$scenario" --endpoint chat --concurrency "${LEVELS:-1,16,64}" \
-        --max-tokens "${MAX_TOKENS:-256}" --json "$OUT/spec-$scenario-$mode-$rep.json" > /dev/null
+      for level in $([ -n "${STEADY:-}" ] && echo "${LEVELS:-1,16,64}" | tr , " " || echo all); do
+        args=(--concurrency "${LEVELS:-1,16,64}")
+        [ "$level" = all ] || args=(--concurrency "$level" --requests-per-level $((level * STEADY)))
+        MLXD_HOME="/root/home-spec-$mode" python3 -m mlxd bench run --url "http://127.0.0.1:$port" \
+          --model smol --scenario "$scenario" --endpoint chat "${args[@]}" \
+          --max-tokens "${MAX_TOKENS:-256}" --json "$OUT/spec-$scenario-$mode-${rep}x$level.json" \
+          > /dev/null
+      done
     done
   done
 done

@@ -101,9 +101,11 @@ def new_engine(
                   max_context=max_context)  # fmt: skip
 
 
-def engine_level(engine: Any, prompts: list[list[int]], max_tokens: int) -> dict[str, float | int]:
+def engine_level(engine: Any, prompts: list[list[int]],
+                 max_tokens: int | list[int]) -> dict[str, float | int]:  # fmt: skip
     """All ``prompts`` submitted at once to ``engine``; returns the summary, with the engine's
-    own decode step time (as a served worker reports it in ``mlxd worker stats``)."""
+    own decode step time (as a served worker reports it in ``mlxd worker stats``).
+    ``max_tokens``: every request's, or each one's (requests that end apart)."""
     from mlxd.worker.stats import Stats
 
     timings: dict[str, RequestTiming] = {}
@@ -112,9 +114,10 @@ def engine_level(engine: Any, prompts: list[list[int]], max_tokens: int) -> dict
     gathered = engine.runner.gathered_steps
     t0 = time.perf_counter()
     engine.channel = _Recorder(t0, timings)
-    sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    for i, p in enumerate(prompts):
+    budgets = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
+    for i, (p, n) in enumerate(zip(prompts, budgets, strict=True)):
         timings[str(i)] = RequestTiming(start=time.perf_counter() - t0)
+        sampling = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
         engine.dispatch(b"b", Generate(request_id=str(i), prompt=TokenPrompt(token_ids=p),
                                        sampling=sampling))  # fmt: skip
     while engine.scheduler.has_work():

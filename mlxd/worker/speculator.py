@@ -12,13 +12,17 @@ all this step. Pure Python, no MLX; the runner's ``verify_step`` does the comput
   as in a plain step.
 - **Per batch**, a verification step cannot pipeline (drafts follow from the token just read)
   and costs more than a plain one, so it pays only when it yields enough extra tokens. The
-  controller measures both kinds of step as tokens per second of wall time, per batch-size
-  class (powers of two), over phases of ``PHASE`` steps whose first step (the switch) is not
-  counted, and runs the better one. The worse one is tried again after ``FIRST_BACKOFF``,
-  then twice as many ... up to ``MAX_BACKOFF`` phases of the better one (after a try that
-  wins, after 1), so a stale figure is corrected and a losing mode costs at most one phase in
-  ``FIRST_BACKOFF + 1``; each try also pays two switches (the plain step after a verification
-  gathers decode's view again).
+  controller measures each kind's step time per batch-size class (powers of two), over phases
+  of ``PHASE`` steps whose first step (the switch) is not counted, and verifies while the
+  tokens the rows made in their recent verifications (per row, a decayed mean; ``EXPECTED``
+  for a row not verified yet) exceed the ratio of the two step times. So the choice follows
+  the rows in the batch now, not the last verification phase's figure: one stream copying
+  code verifies (on an H100: 3.8 tokens for 2.9x a plain step), then stops when the copy
+  ends, and a batch of chat rows does not verify at all.
+  The mode not chosen is tried again after ``FIRST_BACKOFF``, then twice as many ... up to
+  ``MAX_BACKOFF`` phases (after a try that changes the choice, after 1), which refreshes its
+  step time and the rows' acceptance; each try also pays two switches (the plain step after a
+  verification gathers decode's view again).
   A size class not measured yet starts from the nearest measured one's choice.
 """
 
@@ -41,10 +45,11 @@ MAX_DRAFT = 8  # draft tokens per row and step, at most
 WORTH = 0.15  # a draft position is verified while the chance its token is kept is at least this
 _DECAY = 0.7  # weight of a row's earlier verifications in its acceptance counts
 _PRIOR = (1.5, 0.5)  # (accepted, rejected) before any verification: a first draft of 4
+_MADE = 0.8  # weight of a row's earlier verifications in the tokens it is expected to make
 PHASE = 8  # steps one mode runs before the controller decides again
 FIRST_BACKOFF = 8  # phases of the better mode before the worse one's first try
 MAX_BACKOFF = 32  # phases of the better mode between two tries of the worse one
-_EMA = 0.5  # weight of a phase's figure in its mode's estimate
+_EMA = 0.5  # weight of a phase's figure in its estimate
 
 
 @dataclass(slots=True)
@@ -107,15 +112,19 @@ def draft_length(accepted: float, rejected: float) -> int:
 
 
 FIRST_DRAFT = draft_length(*_PRIOR)
+# Tokens a row not verified yet is expected to make in a verification: its next one, and each
+# of a first draft's tokens with the prior's chance a**i (2.4).
+EXPECTED = 1.0 + sum(((_PRIOR[0] + 1) / (sum(_PRIOR) + 2)) ** i for i in range(1, FIRST_DRAFT + 1))
 
 
 @dataclass(slots=True)
 class _Estimate:
-    tps: dict[bool, float] = field(default_factory=dict)  # mode (speculate?) -> tokens/s
-    backoff: int = FIRST_BACKOFF  # phases of the better mode before the worse is tried again
-    since_try: int = 0  # phases of the better mode since
-    trying: bool = False  # the phase running is a try of the worse mode
-    prior: bool | None = None  # before both modes are measured: a neighbour class's better one
+    step_s: dict[bool, float] = field(default_factory=dict)  # mode (verify?) -> s per step
+    backoff: int = FIRST_BACKOFF  # phases of the chosen mode before the other is tried again
+    since_try: int = 0  # phases of the chosen mode since
+    trying: bool = False  # the phase running is a try of the mode not chosen
+    tried: bool | None = None  # a try just ended: its mode (the next choice judges it)
+    prior: bool | None = None  # before both modes are measured: a neighbour class's choice
 
 
 class Speculator:
@@ -134,12 +143,15 @@ class Speculator:
         # Per row, as long as its sequence lives (a preempted one keeps both).
         self._index: WeakKeyDictionary[Sequence, NgramIndex] = WeakKeyDictionary()
         self._counts: WeakKeyDictionary[Sequence, tuple[float, float]] = WeakKeyDictionary()
+        self._made: WeakKeyDictionary[Sequence, float] = WeakKeyDictionary()
+        # In plain steps: (output tokens when drafted, the draft) per row (``_shadow``).
+        self._shadows: WeakKeyDictionary[Sequence, tuple[int, list[int]]] = WeakKeyDictionary()
         self._verified = False  # the step running verified drafts
         self._estimates: dict[int, _Estimate] = {}
         self._phase_mode: bool | None = None  # None: no phase running
         self._phase_class = 0
         self._phase_steps = 0
-        self._phase_tokens = 0
+        self._phase_counted = 0  # steps counted (the switch's first is not)
         self._phase_seconds = 0.0
         self._last_step: float | None = None
 
@@ -154,15 +166,15 @@ class Speculator:
         lengths = [self._length(seq) for seq in rows]
         if self.drafter is not None:
             return self.drafter.propose(rows, lengths)
-        out: list[list[int]] = []
-        for seq, k in zip(rows, lengths, strict=True):
-            if k <= 0:
-                out.append([])
-                continue
-            index = self._index.setdefault(seq, NgramIndex())
-            index.sync(seq.prompt_ids, seq.output_ids)
-            out.append(index.propose(k))
-        return out
+        return [self._lookup(seq, k) for seq, k in zip(rows, lengths, strict=True)]
+
+    def _lookup(self, seq: Sequence, k: int) -> list[int]:
+        """Prompt lookup's draft of up to ``k`` tokens after ``seq``'s tokens."""
+        if k <= 0:
+            return []
+        index = self._index.setdefault(seq, NgramIndex())
+        index.sync(seq.prompt_ids, seq.output_ids)
+        return index.propose(k)
 
     def _length(self, seq: Sequence) -> int:
         """How many tokens ``seq`` drafts now (0: none)."""
@@ -170,6 +182,10 @@ class Speculator:
             return 0
         room = seq.max_tokens - seq.num_output_tokens - 1
         return min(draft_length(*self._counts.get(seq, _PRIOR)), room)
+
+    def expected(self, seq: Sequence) -> float:
+        """Tokens ``seq`` is expected to make in a verification step (1 in a plain one)."""
+        return self._made.get(seq, EXPECTED) if self.eligible(seq) else 1.0
 
     def forget(self) -> None:
         """Rows finished: the draft model drops their caches now, not when it next drafts."""
@@ -184,14 +200,36 @@ class Speculator:
         c.verify_rows += len(rows)
         self._verified = True
         for seq, d, n in zip(rows, drafts, kept, strict=True):
-            if not d:
-                continue
-            accepted = n - 1
+            self._shadows.pop(seq, None)
+            self._learn(seq, d, n)
             c.drafted += len(d)
-            c.accepted += accepted
+            c.accepted += n - 1
+
+    def _learn(self, seq: Sequence, draft: list[int], kept: int) -> None:
+        """Row ``seq`` made ``kept`` tokens from ``draft`` (verified, or in the shadow)."""
+        if self.eligible(seq):
+            self._made[seq] = _MADE * self.expected(seq) + (1 - _MADE) * kept
+        if draft:
             hits, misses = self._counts.get(seq, _PRIOR)
-            self._counts[seq] = (_DECAY * hits + accepted,
-                                 _DECAY * misses + (accepted < len(d)))  # fmt: skip
+            self._counts[seq] = (_DECAY * hits + kept - 1,
+                                 _DECAY * misses + (kept - 1 < len(draft)))  # fmt: skip
+
+    def _shadow(self, rows: list[Sequence]) -> None:
+        """In plain steps prompt lookup still drafts, unverified, and each draft is scored
+        against the tokens its row then makes: what a verification would have made, learnt
+        without one, so the controller sees a copy begin (or end) while it runs plain steps.
+        (Not for a draft model, whose drafts cost a forward.)"""
+        for seq in rows:
+            k = self._length(seq)
+            if k <= 0 or self.drafter is not None:
+                continue
+            start, draft = self._shadows.get(seq, (-1, []))
+            if start >= 0:
+                kept = _kept(draft, seq.output_ids[start : start + len(draft) + 1])
+                if kept is None:
+                    continue  # not decided yet
+                self._learn(seq, draft, kept)
+            self._shadows[seq] = (seq.num_output_tokens, self._lookup(seq, k))
 
     # Per batch
 
@@ -205,7 +243,9 @@ class Speculator:
         size = len(rows).bit_length()
         if self._phase_mode is None or size != self._phase_class or self._phase_steps >= PHASE:
             self._end_phase()
-            self._phase_mode, self._phase_class = self._choose(size), size
+            self._phase_mode, self._phase_class = self._choose(size, rows), size
+        if not self._phase_mode:
+            self._shadow(rows)
         return self._phase_mode
 
     def on_step(self, speculated: bool, rows: int, tokens: int, clean: bool) -> None:
@@ -222,41 +262,59 @@ class Speculator:
         self._phase_steps += 1
         if self._phase_steps == 1 or not clean or last is None:
             return  # a switch's first step pays for the other mode's end
-        self._phase_tokens += tokens
+        self._phase_counted += 1
         self._phase_seconds += now - last
 
-    def _choose(self, size: int) -> bool:
-        est = self._estimates.get(size) or self._new_estimate(size)
-        if len(est.tps) < 2 and est.prior is None:
-            return True not in est.tps  # measure speculation first, then plain steps
-        better = est.prior if len(est.tps) < 2 else est.tps[True] >= est.tps[False]
+    def _choose(self, size: int, rows: list[Sequence]) -> bool:
+        est = self._estimates.get(size) or self._new_estimate(size, rows)
+        if len(est.step_s) < 2 and est.prior is None:
+            return True not in est.step_s  # measure verification first, then plain steps
+        better = est.prior if len(est.step_s) < 2 else self._pays(est, rows)
+        if est.tried is not None:  # a try that changes the choice: try the other again soon
+            est.backoff = 1 if est.tried == better else min(MAX_BACKOFF, 2 * est.backoff)
+            est.tried = None
         est.trying = est.since_try >= est.backoff
         est.since_try = 0 if est.trying else est.since_try + 1
         return better != est.trying
 
-    def _new_estimate(self, size: int) -> _Estimate:
-        """A size class's first estimate: the nearest measured class's better mode runs first
-        and the other is tried as often as there (a batch draining from 64 rows to 1 passes
-        7 classes; learning each afresh, a verification phase and two switches apiece, cost
-        0.87x where verification loses at every size, in a simulation of the H100's step
+    def _pays(self, est: _Estimate, rows: list[Sequence]) -> bool:
+        """Whether verifying ``rows`` makes more tokens per second than plain steps, by the
+        class's step times and what the rows are expected to make (see the module doc)."""
+        expected = sum(map(self.expected, rows)) / len(rows)
+        return expected * est.step_s[False] >= est.step_s[True]
+
+    def _new_estimate(self, size: int, rows: list[Sequence]) -> _Estimate:
+        """A size class's first estimate: the nearest measured class's choice for these rows
+        runs first and the other is tried as often as there (a batch draining from 64 rows to 1
+        passes 7 classes; learning each afresh, a verification phase and two switches apiece,
+        cost 0.87x where verification loses at every size, in a simulation of the H100's step
         costs)."""
-        measured = [c for c, e in self._estimates.items() if len(e.tps) == 2]
+        measured = [c for c, e in self._estimates.items() if len(e.step_s) == 2]
         est = self._estimates[size] = _Estimate()
         if measured:
             near = self._estimates[min(measured, key=lambda c: (abs(c - size), c))]
-            est.prior, est.backoff = near.tps[True] >= near.tps[False], near.backoff
+            est.prior, est.backoff = self._pays(near, rows), near.backoff
         return est
 
     def _end_phase(self) -> None:
-        mode, seconds = self._phase_mode, self._phase_seconds
-        if mode is not None and seconds > 0:
+        mode, n = self._phase_mode, self._phase_counted
+        if mode is not None and n > 0:
             est = self._estimates.setdefault(self._phase_class, _Estimate())
-            tps = self._phase_tokens / seconds
-            old = est.tps.get(mode)
-            est.tps[mode] = tps if old is None else _EMA * tps + (1 - _EMA) * old
-            if est.trying:  # the worse mode's try: still worse, try less often; else again soon
-                won = len(est.tps) == 2 and mode == (est.tps[True] >= est.tps[False])
-                est.backoff = 1 if won else min(MAX_BACKOFF, 2 * est.backoff)
-                est.trying = False
+            est.step_s[mode] = _ema(est.step_s.get(mode), self._phase_seconds / n)
+            if est.trying:
+                est.tried, est.trying = mode, False
         self._phase_mode = None
-        self._phase_steps, self._phase_tokens, self._phase_seconds = 0, 0, 0.0
+        self._phase_steps, self._phase_counted, self._phase_seconds = 0, 0, 0.0
+
+
+def _kept(draft: list[int], made: list[int]) -> int | None:
+    """The tokens a verification of ``draft`` would have kept, given the tokens the row made
+    after it (None: too few made yet to tell)."""
+    for j, token in enumerate(made):
+        if j == len(draft) or token != draft[j]:
+            return j + 1
+    return None
+
+
+def _ema(old: float | None, new: float) -> float:
+    return new if old is None else _EMA * new + (1 - _EMA) * old

@@ -1,0 +1,145 @@
+"""Where speculation's time goes at many streams (issue #20): the engine in-process (no HTTP) on
+a scenario's prompts (``edit``, ``json``, ``chat``, chat-templated), speculation ``off``,
+``ngram`` with the batch controller, and ``forced`` (every step with a draft verifies),
+alternated. Prints per mode the tokens per second, and per batch-size class the steps of each
+kind with their mean wall time and tokens, and the controller's phase estimates.
+
+    python scripts/spec_trace.py --model DIR [--scenario edit] [--streams 64] [--repeats 2] \
+        [--stagger] [--modes off,ngram,forced] [--profile MODE] [--windows]
+
+``--stagger``: request ``i`` of ``n`` asks for ``max_tokens * (0.5 + i / n)`` tokens, so rows
+leave the batch one by one, as in served traffic, not all at the last step. ``--profile MODE``:
+that mode's last run under cProfile (top functions by own time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import cProfile
+import io
+import pstats
+import time
+from typing import Any
+
+from mlxd.bench import tasks
+from mlxd.bench.engine import engine_level, load_served, new_engine
+from mlxd.config import SchedulerConfig
+from mlxd.worker import speculator as spec_mod
+
+_TASKS = {"edit": tasks.edit_prompt, "json": tasks.json_prompt, "chat": tasks.chat_prompt}
+
+
+def prompts(tokenizer: Any, scenario: str, n: int) -> list[list[int]]:
+    out = []
+    for i in range(n):
+        text = _TASKS[scenario](i)
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                            add_generation_prompt=True)  # fmt: skip
+        out.append(list(ids))
+    return out
+
+
+class Trace:
+    """Wraps the engine's speculator: each step's kind, rows, tokens and wall time."""
+
+    def __init__(self, engine: Any) -> None:
+        self.steps: list[tuple[bool, int, int, float, bool]] = []
+        self.phases: list[tuple[int, bool, float, bool]] = []
+        sp = engine.speculator
+        orig_on_step, orig_end = sp.on_step, sp._end_phase
+        last = [time.perf_counter()]
+
+        def on_step(speculated: bool, rows: int, tokens: int, clean: bool) -> None:
+            now = time.perf_counter()
+            self.steps.append((speculated, rows, tokens, now - last[0], clean))
+            last[0] = now
+            orig_on_step(speculated, rows, tokens, clean)
+
+        def end_phase() -> None:
+            if sp._phase_mode is not None and sp._phase_seconds > 0:
+                est = sp._estimates.get(sp._phase_class, spec_mod._Estimate())
+                tps = sp._phase_tokens / sp._phase_seconds
+                self.phases.append((sp._phase_class, sp._phase_mode, tps, est.trying))
+            orig_end()
+
+        sp.on_step, sp._end_phase = on_step, end_phase
+
+    def report(self, label: str) -> None:
+        by: dict[tuple[int, bool], list[tuple[int, float]]] = collections.defaultdict(list)
+        for speculated, rows, tokens, dt, clean in self.steps[1:]:
+            if clean:
+                by[(rows.bit_length(), speculated)].append((tokens / rows, dt))
+        for (cls, sp), xs in sorted(by.items(), reverse=True):
+            n = len(xs)
+            print(
+                f"  {label:7s} class {cls} ({2 ** (cls - 1)}+ rows) {'verify' if sp else 'plain '}"
+                f" steps {n:4d}  ms/step {1000 * sum(d for _, d in xs) / n:6.2f}"
+                f"  tok/row/step {sum(t for t, _ in xs) / n:5.2f}"
+            )
+        est = collections.Counter((c, m) for c, m, _, _ in self.phases)
+        print(f"  {label:7s} phases (class, verify?): {dict(sorted(est.items(), reverse=True))}")
+        for c, m, tps, trying in self.phases[:12]:
+            print(
+                f"    phase class {c} {'verify' if m else 'plain '} {tps:8.0f} tok/s"
+                f"{' (try)' if trying else ''}"
+            )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--scenario", default="edit", choices=sorted(_TASKS))
+    ap.add_argument("--streams", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--kv-cache-gb", type=float, default=8.0)
+    ap.add_argument("--stagger", action="store_true")
+    ap.add_argument("--modes", default="off,ngram,forced")
+    ap.add_argument("--profile", default="")
+    ap.add_argument(
+        "--windows",
+        action="store_true",
+        help="verify in one multi-query window per row (paged_runner.VIRTUAL_ROWS off)",
+    )
+    args = ap.parse_args()
+    if args.windows:
+        from mlxd.worker import paged_runner
+
+        paged_runner.VIRTUAL_ROWS = False
+    n = args.streams
+    budget: int | list[int] = ([int(args.max_tokens * (0.5 + i / n)) for i in range(n)]
+                               if args.stagger else args.max_tokens)  # fmt: skip
+    model, tokenizer = load_served(args.model)
+    ps = prompts(tokenizer, args.scenario, args.streams)
+    engines = {}
+    for mode in args.modes.split(","):
+        sched = SchedulerConfig(max_num_seqs=max(args.streams, 1),
+                                speculate="off" if mode == "off" else "ngram")  # fmt: skip
+        e = new_engine(model, tokenizer, sched, 4096, kv_cache_gb=args.kv_cache_gb)
+        e.speculator.adaptive = mode != "forced"
+        engine_level(e, ps[:2], 16)  # warm-up
+        engines[mode] = e
+    for rep in range(args.repeats):
+        for mode, e in engines.items():
+            trace = Trace(e)
+            prof = cProfile.Profile() if mode == args.profile and rep == args.repeats - 1 else None
+            if prof:
+                prof.enable()
+            r = engine_level(e, ps, budget)
+            if prof:
+                prof.disable()
+            print(
+                f"rep {rep} {mode:7s} {r['output_tok_s']:8.0f} tok/s  step p50 "
+                f"{r['step_p50_ms']} ms  accept {r['spec_acceptance']}  tok/fwd "
+                f"{r['tokens_per_forward']}  ttft p50 {r['ttft_p50_ms']:.0f} ms"
+            )
+            trace.report(mode)
+            if prof:
+                out = io.StringIO()
+                pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(22)
+                print("\n".join(out.getvalue().splitlines()[6:]))
+
+
+if __name__ == "__main__":
+    main()
