@@ -59,8 +59,8 @@ class Trace:
         def end_phase() -> None:
             if sp._phase_mode is not None and sp._phase_seconds > 0:
                 est = sp._estimates.get(sp._phase_class, spec_mod._Estimate())
-                tps = sp._phase_tokens / sp._phase_seconds
-                self.phases.append((sp._phase_class, sp._phase_mode, tps, est.trying))
+                step_ms = 1000 * sp._phase_seconds / max(1, sp._phase_counted)
+                self.phases.append((sp._phase_class, sp._phase_mode, step_ms, est.trying))
             orig_end()
 
         sp.on_step, sp._end_phase = on_step, end_phase
@@ -79,9 +79,9 @@ class Trace:
             )
         est = collections.Counter((c, m) for c, m, _, _ in self.phases)
         print(f"  {label:7s} phases (class, verify?): {dict(sorted(est.items(), reverse=True))}")
-        for c, m, tps, trying in self.phases[:12]:
+        for c, m, step_ms, trying in self.phases[:12]:
             print(
-                f"    phase class {c} {'verify' if m else 'plain '} {tps:8.0f} tok/s"
+                f"    phase class {c} {'verify' if m else 'plain '} {step_ms:6.2f} ms/step"
                 f"{' (try)' if trying else ''}"
             )
 
