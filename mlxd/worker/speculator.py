@@ -14,11 +14,11 @@ all this step. Pure Python, no MLX; the runner's ``verify_step`` does the comput
   and costs more than a plain one, so it pays only when it yields enough extra tokens. The
   controller measures each kind's step time per batch-size class (powers of two), over phases
   of ``PHASE`` steps whose first step (the switch) is not counted, and verifies while the
-  tokens the rows made in their recent verifications (per row, a decayed mean; ``EXPECTED``
-  for a row not verified yet) exceed the ratio of the two step times. So the choice follows
-  the rows in the batch now, not the last verification phase's figure: one stream copying
-  code verifies (on an H100: 3.8 tokens for 2.9x a plain step), then stops when the copy
-  ends, and a batch of chat rows does not verify at all.
+  tokens the rows made in their recent verifications (per row, a decayed mean; for a row not
+  verified yet, what earlier rows made: ``EXPECTED`` at first) exceed the ratio of the two
+  step times. So the choice follows the rows in the batch now, not the last verification
+  phase's figure: one stream copying code verifies (on an H100: 3.8 tokens for 2.9x a plain
+  step), then stops when the copy ends, and a batch of chat rows does not verify at all.
   The mode not chosen is tried again after ``FIRST_BACKOFF``, then twice as many ... up to
   ``MAX_BACKOFF`` phases (after a try that changes the choice, after 1), which refreshes its
   step time and the rows' acceptance; each try also pays two switches (the plain step after a
@@ -46,6 +46,7 @@ WORTH = 0.15  # a draft position is verified while the chance its token is kept 
 _DECAY = 0.7  # weight of a row's earlier verifications in its acceptance counts
 _PRIOR = (1.5, 0.5)  # (accepted, rejected) before any verification: a first draft of 4
 _MADE = 0.8  # weight of a row's earlier verifications in the tokens it is expected to make
+_NEW_ROW = 0.98  # weight of earlier rows' verifications in what a new row is expected to make
 PHASE = 8  # steps one mode runs before the controller decides again
 FIRST_BACKOFF = 8  # phases of the better mode before the worse one's first try
 MAX_BACKOFF = 32  # phases of the better mode between two tries of the worse one
@@ -144,6 +145,7 @@ class Speculator:
         self._index: WeakKeyDictionary[Sequence, NgramIndex] = WeakKeyDictionary()
         self._counts: WeakKeyDictionary[Sequence, tuple[float, float]] = WeakKeyDictionary()
         self._made: WeakKeyDictionary[Sequence, float] = WeakKeyDictionary()
+        self._new_row = EXPECTED  # what a row not verified yet is expected to make
         # In plain steps: (output tokens when drafted, the draft) per row (``_shadow``).
         self._shadows: WeakKeyDictionary[Sequence, tuple[int, list[int]]] = WeakKeyDictionary()
         self._verified = False  # the step running verified drafts
@@ -185,7 +187,7 @@ class Speculator:
 
     def expected(self, seq: Sequence) -> float:
         """Tokens ``seq`` is expected to make in a verification step (1 in a plain one)."""
-        return self._made.get(seq, EXPECTED) if self.eligible(seq) else 1.0
+        return self._made.get(seq, self._new_row) if self.eligible(seq) else 1.0
 
     def forget(self) -> None:
         """Rows finished: the draft model drops their caches now, not when it next drafts."""
@@ -209,6 +211,7 @@ class Speculator:
         """Row ``seq`` made ``kept`` tokens from ``draft`` (verified, or in the shadow)."""
         if self.eligible(seq):
             self._made[seq] = _MADE * self.expected(seq) + (1 - _MADE) * kept
+            self._new_row = _NEW_ROW * self._new_row + (1 - _NEW_ROW) * kept
         if draft:
             hits, misses = self._counts.get(seq, _PRIOR)
             self._counts[seq] = (_DECAY * hits + kept - 1,
