@@ -166,7 +166,7 @@ class Engine:
             self._prefill(chunks)
             self._flush()  # first tokens go now, not after the decode step is built and launched
             self._retire()  # done at their first token: no decode step for them
-        speculate, produced = False, 0
+        speculate = False
         if self.runner.rows:
             speculate = self.speculator.wants(self.runner.rows)  # drafts follow the last token
             if speculate or self.runner.needs_sync():
@@ -175,12 +175,12 @@ class Engine:
             self._reserve()
             if self.runner.rows:
                 decoded = len(self.runner.rows)
-                produced = self._decode(speculate)
+                self._decode(speculate)
         self._retire()  # free what finished now, not one step later
         self._flush()
         self.stats.on_step(decoded)
         if decoded:
-            self.speculator.on_step(speculate, decoded, produced, clean=not chunks)
+            self.speculator.on_step(speculate, decoded, clean=not chunks)
 
     # Message handlers
 
@@ -297,9 +297,8 @@ class Engine:
             log.info("preempted %s (KV pool full)", [s.request_id for s in preempted])
             self.runner.remove(set(preempted))
 
-    def _decode(self, speculate: bool) -> int:
-        """One decode step, verifying drafts when ``speculate`` and some row has any; returns
-        the tokens it produced."""
+    def _decode(self, speculate: bool) -> None:
+        """One decode step, verifying drafts when ``speculate`` and some row has any."""
         rows = list(self.runner.rows)
         try:
             drafts = self._drafts(rows) if speculate else []
@@ -307,7 +306,7 @@ class Engine:
         except (RuntimeError, ValueError, TypeError) as exc:
             log.exception("decode step failed")
             self._recover(self.runner.reset(), exc, "decode")
-            return 0
+            return
         if any(drafts):
             for seq in rows:
                 self.scheduler.trim(seq)  # rejected drafts' blocks
@@ -319,7 +318,6 @@ class Engine:
             log.info("max_num_seqs back to %d: no out-of-memory error in %d steps", raised,
                      self.oom_backoff.wait)  # fmt: skip
         self._accept(events)
-        return len(events) if any(drafts) else len(rows)
 
     def _drafts(self, rows: list[Sequence]) -> list[list[int]]:
         """Each row's drafts, cut to what its grammar accepts and the KV room free blocks give."""

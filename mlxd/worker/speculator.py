@@ -14,9 +14,10 @@ all this step. Pure Python, no MLX; the runner's ``verify_step`` does the comput
   and costs more than a plain one, so it pays only when it yields enough extra tokens. The
   controller measures each kind's step time per batch-size class (powers of two), over phases
   of ``PHASE`` steps whose first step (the switch) is not counted, and verifies while the
-  tokens the rows made in their recent verifications (per row, a decayed mean; for a row not
-  verified yet, what earlier rows made: ``EXPECTED`` at first) exceed the ratio of the two
-  step times. So the choice follows the rows in the batch now, not the last verification
+  tokens the rows made from their recent drafts (per row, a decayed mean over verified drafts
+  and, in plain steps, drafts scored unverified against the tokens that followed; for a new
+  row, what earlier rows made: ``EXPECTED`` at first) are at least the ratio of the two step
+  times. So the choice follows the rows in the batch now, not the last verification
   phase's figure: one stream copying code verifies (on an H100: 3.8 tokens for 2.9x a plain
   step), then stops when the copy ends, and a batch of chat rows does not verify at all.
   The mode not chosen is tried again after ``FIRST_BACKOFF``, then twice as many ... up to
@@ -43,11 +44,12 @@ from mlxd.worker.sequence import Sequence
 MODES = ("ngram", "draft", "off")
 MAX_DRAFT = 8  # draft tokens per row and step, at most
 WORTH = 0.15  # a draft position is verified while the chance its token is kept is at least this
-_DECAY = 0.7  # weight of a row's earlier verifications in its acceptance counts
+_DECAY = 0.7  # weight of a row's earlier drafts (verified or shadowed) in its acceptance counts
 _PRIOR = (1.5, 0.5)  # (accepted, rejected) before any verification: a first draft of 4
-_MADE = 0.8  # weight of a row's earlier verifications in the tokens it is expected to make
-_NEW_ROW = 0.98  # weight of earlier rows' verifications in what a new row is expected to make
+_MADE = 0.8  # weight of a row's earlier drafts in the tokens it is expected to make
+_NEW_ROW = 0.98  # weight of earlier drafts (any row's) in what a new row is expected to make
 PHASE = 8  # steps one mode runs before the controller decides again
+SHADOW_ROWS = 8  # rows whose unverified drafts a plain step scores (``_shadow``)
 FIRST_BACKOFF = 8  # phases of the better mode before the worse one's first try
 MAX_BACKOFF = 32  # phases of the better mode between two tries of the worse one
 _EMA = 0.5  # weight of a phase's figure in its estimate
@@ -125,7 +127,7 @@ class _Estimate:
     since_try: int = 0  # phases of the chosen mode since
     trying: bool = False  # the phase running is a try of the mode not chosen
     tried: bool | None = None  # a try just ended: its mode (the next choice judges it)
-    prior: bool | None = None  # before both modes are measured: a neighbour class's choice
+    near: int | None = None  # before both modes are measured: the nearest measured class
 
 
 class Speculator:
@@ -146,6 +148,7 @@ class Speculator:
         self._counts: WeakKeyDictionary[Sequence, tuple[float, float]] = WeakKeyDictionary()
         self._made: WeakKeyDictionary[Sequence, float] = WeakKeyDictionary()
         self._new_row = EXPECTED  # what a row not verified yet is expected to make
+        self._shadow_turn = 0  # the first row ``_shadow`` scores next
         # In plain steps: (output tokens when drafted, the draft) per row (``_shadow``).
         self._shadows: WeakKeyDictionary[Sequence, tuple[int, list[int]]] = WeakKeyDictionary()
         self._verified = False  # the step running verified drafts
@@ -167,8 +170,14 @@ class Speculator:
         """Each row's drafts (``[]``: none), at most what its ``max_tokens`` leaves."""
         lengths = [self._length(seq) for seq in rows]
         if self.drafter is not None:
-            return self.drafter.propose(rows, lengths)
-        return [self._lookup(seq, k) for seq, k in zip(rows, lengths, strict=True)]
+            drafts = self.drafter.propose(rows, lengths)
+        else:
+            drafts = [self._lookup(seq, k) for seq, k in zip(rows, lengths, strict=True)]
+        if not any(drafts):  # nothing to verify: the step is plain, and each row made 1 token
+            for seq, k in zip(rows, lengths, strict=True):
+                if k > 0:
+                    self._learn(seq, [], 1)
+        return drafts
 
     def _lookup(self, seq: Sequence, k: int) -> list[int]:
         """Prompt lookup's draft of up to ``k`` tokens after ``seq``'s tokens."""
@@ -187,7 +196,8 @@ class Speculator:
 
     def expected(self, seq: Sequence) -> float:
         """Tokens ``seq`` is expected to make in a verification step (1 in a plain one)."""
-        return self._made.get(seq, self._new_row) if self.eligible(seq) else 1.0
+        k = self._length(seq)
+        return min(self._made.get(seq, self._new_row), k + 1.0) if k > 0 else 1.0
 
     def forget(self) -> None:
         """Rows finished: the draft model drops their caches now, not when it next drafts."""
@@ -221,10 +231,15 @@ class Speculator:
         """In plain steps prompt lookup still drafts, unverified, and each draft is scored
         against the tokens its row then makes: what a verification would have made, learnt
         without one, so the controller sees a copy begin (or end) while it runs plain steps.
-        (Not for a draft model, whose drafts cost a forward.)"""
-        for seq in rows:
+        (Not for a draft model, whose drafts cost a forward.) At most ``SHADOW_ROWS`` rows a
+        step, in turn: at 64 rows, scoring every row cost about 1.1 ms of host time a step."""
+        if self.drafter is not None or not rows:
+            return
+        first = self._shadow_turn % len(rows)
+        self._shadow_turn = first + SHADOW_ROWS
+        for seq in (rows[first:] + rows[:first])[:SHADOW_ROWS]:
             k = self._length(seq)
-            if k <= 0 or self.drafter is not None:
+            if k <= 0:
                 continue
             start, draft = self._shadows.get(seq, (-1, []))
             if start >= 0:
@@ -251,13 +266,14 @@ class Speculator:
             self._shadow(rows)
         return self._phase_mode
 
-    def on_step(self, speculated: bool, rows: int, tokens: int, clean: bool) -> None:
-        """A decode step ended: ``tokens`` produced by ``rows`` rows, verifying drafts or not
-        (``speculated``: ``wants`` said so, drafts or none); ``clean`` when it ran no prefill
-        (a step with one is not a sample of decode's cost)."""
-        if not self._verified:
+    def on_step(self, speculated: bool, rows: int, clean: bool) -> None:
+        """A decode step of ``rows`` rows ended, verifying drafts or not (``speculated``:
+        ``wants`` said so, drafts or none); ``clean`` when it ran no prefill (a step with one
+        is not a sample of decode's cost, nor is a plain step where no row had a draft)."""
+        verified, self._verified = self._verified, False
+        if not verified:
             self.counters.plain_rows += rows
-        self._verified = False
+        clean = clean and verified == speculated
         now = self.clock()
         last, self._last_step = self._last_step, now
         if self._phase_mode is None or speculated != self._phase_mode:
@@ -269,10 +285,12 @@ class Speculator:
         self._phase_seconds += now - last
 
     def _choose(self, size: int, rows: list[Sequence]) -> bool:
-        est = self._estimates.get(size) or self._new_estimate(size, rows)
-        if len(est.step_s) < 2 and est.prior is None:
+        est = self._estimates.get(size) or self._new_estimate(size)
+        if len(est.step_s) < 2 and est.near is None:
             return True not in est.step_s  # measure verification first, then plain steps
-        better = est.prior if len(est.step_s) < 2 else self._pays(est, rows)
+        # Until both are measured here, the nearest measured class's step times judge.
+        times = est if len(est.step_s) == 2 else self._estimates[est.near]  # type: ignore[index]
+        better = self._pays(times, rows)
         if est.tried is not None:  # a try that changes the choice: try the other again soon
             est.backoff = 1 if est.tried == better else min(MAX_BACKOFF, 2 * est.backoff)
             est.tried = None
@@ -286,17 +304,17 @@ class Speculator:
         expected = sum(map(self.expected, rows)) / len(rows)
         return expected * est.step_s[False] >= est.step_s[True]
 
-    def _new_estimate(self, size: int, rows: list[Sequence]) -> _Estimate:
-        """A size class's first estimate: the nearest measured class's choice for these rows
-        runs first and the other is tried as often as there (a batch draining from 64 rows to 1
-        passes 7 classes; learning each afresh, a verification phase and two switches apiece,
-        cost 0.87x where verification loses at every size, in a simulation of the H100's step
-        costs)."""
+    def _new_estimate(self, size: int) -> _Estimate:
+        """A size class's first estimate: the nearest measured class's step times judge until
+        this one's are measured, and the other mode is tried as often as there (a batch
+        draining from 64 rows to 1 passes 7 classes; learning each afresh, a verification
+        phase and two switches apiece, cost 0.87x where verification loses at every size, in
+        a simulation of the H100's step costs)."""
         measured = [c for c, e in self._estimates.items() if len(e.step_s) == 2]
         est = self._estimates[size] = _Estimate()
         if measured:
-            near = self._estimates[min(measured, key=lambda c: (abs(c - size), c))]
-            est.prior, est.backoff = self._pays(near, rows), near.backoff
+            est.near = min(measured, key=lambda c: (abs(c - size), c))
+            est.backoff = self._estimates[est.near].backoff
         return est
 
     def _end_phase(self) -> None:

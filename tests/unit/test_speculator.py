@@ -12,7 +12,7 @@ from mlxd.protocol.messages import SamplingParams
 from mlxd.worker import attention_shapes
 from mlxd.worker.ngram import NgramIndex
 from mlxd.worker.sequence import Sequence
-from mlxd.worker.speculator import FIRST_DRAFT, MAX_DRAFT, Speculator, _kept, resolve
+from mlxd.worker.speculator import FIRST_DRAFT, MAX_DRAFT, PHASE, Speculator, _kept, resolve
 
 
 def _seq(prompt: list[int], **sampling: object) -> Sequence:
@@ -59,9 +59,9 @@ def test_draft_length_follows_acceptance() -> None:
 def test_tokens_per_forward_counts_every_decode_row() -> None:
     spec = Speculator("ngram")
     spec.on_verified([_seq([1]), _seq([1])], [[5, 6], []], [3, 1])  # 2 rows, 2 accepted
-    spec.on_step(True, 2, 4, clean=True)
-    spec.on_step(True, 2, 2, clean=True)  # speculating, but nobody had drafts: plain rows
-    spec.on_step(False, 2, 2, clean=True)
+    spec.on_step(True, 2, clean=True)
+    spec.on_step(True, 2, clean=True)  # speculating, but nobody had drafts: plain rows
+    spec.on_step(False, 2, clean=True)
     assert spec.counters.tokens_per_forward == (6 + 2) / 6
 
 
@@ -105,7 +105,7 @@ class _Device:
             speculate = spec.wants(seqs)
             made = _verify(spec, seqs, self.tokens_per_row, self.rng) if speculate else rows
             self.now += self.verify_s if speculate else self.plain_s
-            spec.on_step(speculate, rows, made, clean=True)
+            spec.on_step(speculate, rows, clean=True)
             tokens += made
             verifying += speculate
         return tokens / (self.now - start), verifying / steps
@@ -146,7 +146,7 @@ def test_a_draining_batch_loses_little_where_verification_never_pays() -> None:
         now += plain * 3.2 if speculate else plain + (0.03 if last else 0.0)
         made = _verify(spec, seqs[:n], 2.8, rng) if speculate else n
         per_row = made / n
-        spec.on_step(speculate, n, made, clean=True)
+        spec.on_step(speculate, n, clean=True)
         plain_only += plain * per_row  # the same tokens without speculation
         last = speculate
         left = [k - per_row for k in left if k > per_row]
@@ -183,17 +183,16 @@ def _write(spec: Speculator, seq: Sequence, text: list[int], clock: list[float],
     verified = pos = 0
     while pos < len(text):
         speculate = spec.wants([seq])
-        if speculate:
-            draft = spec.propose([seq])[0][: len(text) - pos - 1]
+        draft = spec.propose([seq])[0][: len(text) - pos - 1] if speculate else []
+        made = 1
+        if draft:  # as the engine: a verification only where some row has a draft
             made = _kept(draft, text[pos : pos + len(draft) + 1]) or len(draft) + 1
             spec.on_verified([seq], [draft], [made])
-        else:
-            made = 1
         seq.output_ids += text[pos : pos + made]
         pos += made
-        clock[0] += 0.001 * (cost if speculate else 1.0)
-        spec.on_step(speculate, 1, made, clean=True)
-        verified += made if speculate else 0
+        clock[0] += 0.001 * (cost if draft else 1.0)
+        spec.on_step(speculate, 1, clean=True)
+        verified += made if draft else 0
     return verified / len(text)
 
 
@@ -201,16 +200,16 @@ def test_one_stream_verifies_while_it_copies() -> None:
     """One stream copies its prompt, then writes new text, then copies again. Verification
     pays while it copies (drafts kept) and not in between. Plain steps still score prompt
     lookup's drafts against the tokens that follow (unverified), so the second copy is seen
-    within a few steps; judged only by tries of verification, whose wait doubles after each
-    that lost, most of it ran plain."""
+    within a few phases; judged only by tries of verification, whose wait doubles after each
+    that lost (to 32 phases, 256 steps, over the new text), most of it ran plain."""
     rng = random.Random(3)
     prompt = [rng.randrange(1000) for _ in range(600)]
     seq = _seq(prompt)
-    seq.max_tokens = 2000
+    seq.max_tokens = 5000
     clock = [0.0]
     spec = Speculator("ngram", clock=lambda: clock[0])
     assert _write(spec, seq, prompt[:300], clock) > 0.8
-    assert _write(spec, seq, [rng.randrange(1000, 2000) for _ in range(400)], clock) < 0.2
+    assert _write(spec, seq, [rng.randrange(1000, 2000) for _ in range(2000)], clock) < 0.2
     assert _write(spec, seq, prompt[300:], clock) > 0.8
 
 
@@ -229,6 +228,23 @@ def test_a_new_row_is_expected_to_make_what_the_rows_before_it_made() -> None:
         shares.append(_write(spec, seq, [rng.randrange(1000, 2000) for _ in range(60)], clock,
                              cost=2.0))  # fmt: skip
     assert sum(shares[4:]) / 8 < 0.05  # tries aside (a phase in 32)
+
+
+def test_a_verification_phase_step_with_no_draft_is_not_timed_as_a_verification() -> None:
+    """Prompt lookup finds nothing: the engine runs a plain step in a verification phase. Its
+    time is not a verification's (that would make verifying look as cheap as a plain step),
+    and the row learns that a verification would have made 1 token."""
+    clock = [0.0]
+    spec = Speculator("ngram", clock=lambda: clock[0])
+    seq = _seq(list(range(50)))  # no token repeats: nothing to look up
+    for _ in range(2 * PHASE):
+        speculate = spec.wants([seq])
+        assert not any(spec.propose([seq])) if speculate else True
+        seq.output_ids.append(100 + len(seq.output_ids))
+        clock[0] += 0.001
+        spec.on_step(speculate, 1, clean=True)
+    assert True not in spec._estimates[1].step_s
+    assert spec.expected(seq) < 1.5
 
 
 def test_auto_is_prompt_lookup_except_where_attention_builds_plans(
