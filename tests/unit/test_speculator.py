@@ -247,6 +247,28 @@ def test_a_verification_phase_step_with_no_draft_is_not_timed_as_a_verification(
     assert spec.expected(seq) < 1.5
 
 
+def test_steps_stay_pipelined_while_no_row_has_a_draft() -> None:
+    """One stream writes text that prompt lookup never continues: after one verification step
+    that found no draft, steps of a verification phase run plain without reading the last
+    token first (``wants`` is False), until an unverified draft shows up; then it verifies."""
+    clock = [0.0]
+    spec = Speculator("ngram", clock=lambda: clock[0])
+    seq = _seq(list(range(50)))
+    seq.max_tokens = 1000
+    asked = 0
+    for _ in range(200):
+        speculate = spec.wants([seq])
+        asked += speculate
+        if speculate:
+            assert not any(spec.propose([seq]))
+        seq.output_ids.append(1000 + len(seq.output_ids))  # never seen before
+        clock[0] += 0.001
+        spec.on_step(speculate, 1, clean=True)
+    assert asked <= 2
+    seq.output_ids += list(range(10))  # now it copies its prompt: drafts again
+    assert any(spec.wants([seq]) for _ in range(3 * PHASE))
+
+
 def test_auto_is_prompt_lookup_except_where_attention_builds_plans(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
