@@ -23,8 +23,10 @@ all this step. Pure Python, no MLX; the runner's ``verify_step`` does the comput
   The mode not chosen is tried again after ``FIRST_BACKOFF``, then twice as many ... up to
   ``MAX_BACKOFF`` phases (after a try that changes the choice, after 1), which refreshes its
   step time and the rows' acceptance; each try also pays two switches (the plain step after a
-  verification gathers decode's view again).
-  A size class not measured yet starts from the nearest measured one's choice.
+  verification gathers decode's view again). A verification phase's step where no row had a
+  draft runs plain and is not timed; after one, the phase's steps stay pipelined until an
+  unverified draft shows up. A size class not measured yet is judged by the nearest measured
+  one's step times.
 """
 
 from __future__ import annotations
