@@ -225,7 +225,7 @@ class Speculator:
     def _learn(self, seq: Sequence, draft: list[int], kept: int) -> None:
         """Row ``seq`` made ``kept`` tokens from ``draft`` (verified, or in the shadow)."""
         if self.eligible(seq):
-            self._made[seq] = _MADE * self.expected(seq) + (1 - _MADE) * kept
+            self._made[seq] = _MADE * self._made.get(seq, self._new_row) + (1 - _MADE) * kept
             self._new_row = _NEW_ROW * self._new_row + (1 - _NEW_ROW) * kept
         if draft:
             hits, misses = self._counts.get(seq, _PRIOR)
@@ -240,9 +240,9 @@ class Speculator:
         step, in turn: at 64 rows, scoring every row cost about 1.1 ms of host time a step."""
         if self.drafter is not None or not rows:
             return
-        first = self._shadow_turn % len(rows)
+        n, first = len(rows), self._shadow_turn % len(rows)
         self._shadow_turn = first + SHADOW_ROWS
-        for seq in (rows[first:] + rows[:first])[:SHADOW_ROWS]:
+        for seq in (rows[(first + i) % n] for i in range(min(SHADOW_ROWS, n))):
             k = self._length(seq)
             if k <= 0:
                 continue
