@@ -18,7 +18,7 @@ all this step. Pure Python, no MLX; the runner's ``verify_step`` does the comput
   and, in plain steps, drafts scored unverified against the tokens that followed; for a new
   row, what earlier rows made: ``EXPECTED`` at first) are at least the ratio of the two step
   times. So the choice follows the rows in the batch now, not the last verification
-  phase's figure: one stream copying code verifies (on an H100: 3.8 tokens for 2.9x a plain
+  phase's figure: one stream copying code verifies (on an H200: 3.8 tokens for 2.9x a plain
   step), then stops when the copy ends, and a batch of chat rows does not verify at all.
   The mode not chosen is tried again after ``FIRST_BACKOFF``, then twice as many ... up to
   ``MAX_BACKOFF`` phases (after a try that changes the choice, after 1), which refreshes its
@@ -237,7 +237,8 @@ class Speculator:
         against the tokens its row then makes: what a verification would have made, learnt
         without one, so the controller sees a copy begin (or end) while it runs plain steps.
         (Not for a draft model, whose drafts cost a forward.) At most ``SHADOW_ROWS`` rows a
-        step, in turn: at 64 rows, scoring every row cost about 1.1 ms of host time a step."""
+        step, in turn: scoring all of 64 rows cost about 1.1 ms of host time a step on the
+        2-core CPU machine."""
         if self.drafter is not None or not rows:
             return
         n, first = len(rows), self._shadow_turn % len(rows)

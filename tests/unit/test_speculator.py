@@ -178,7 +178,7 @@ def test_the_controller_tries_speculation_again() -> None:
 def _write(spec: Speculator, seq: Sequence, text: list[int], clock: list[float],
            cost: float = 2.9) -> float:  # fmt: skip
     """Row ``seq`` writes ``text`` (a verification keeps the drafts ``text`` agrees with and
-    costs ``cost`` plain steps: 2.9 on an H100 at one stream); returns the share of the text
+    costs ``cost`` plain steps: 2.9 on an H200 at one stream, run T3); returns the share of the text
     that verifications made."""
     verified = pos = 0
     while pos < len(text):
