@@ -46,6 +46,9 @@ API_KEY_TIERS = PRIORITIES  # a key's tier is the highest priority its requests 
 # K/V that makes each step read one contiguous array; see worker/decode_tail.py); the pool
 # gets the rest, so the budget caps both.
 VIEW_SHARE = 0.2
+# Of a hybrid model's KV budget, the share its prefix cache's recurrent-state snapshots may hold
+# (worker/hybrid_runner.py); the pool and the view split the rest.
+STATE_SHARE = 0.25
 
 
 def split_kv_budget(budget: int, per_token: int, block_size: int) -> tuple[int, int]:

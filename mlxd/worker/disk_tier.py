@@ -105,6 +105,9 @@ def attach(config: WorkerConfig, scheduler: Scheduler, runner: ModelRunner) -> D
         if gb:
             log.warning("--kv-disk-gb needs a prefix cache (paged or snapshots); no disk tier")
         return None
+    if scheduler.radix.state_budget is not None:
+        log.warning("--kv-disk-gb keeps K/V blocks, not a hybrid's recurrent state; no disk tier")
+        return None
     pool = runner.pool
     k, v = parts(pool.keys[0])[0], parts(pool.values[0])[-1]  # float dtype last
     layout = (f"{len(pool.keys)} layers K{k.shape[1:]} V{v.shape[1:]} {v.dtype} "

@@ -20,6 +20,8 @@ from mlx.utils import tree_flatten
 
 # Kinds whose only state is K/V of every past token: the paged pool holds these.
 _PLAIN = ("KVCache",)
+# Kinds whose state is a fixed size, whatever the length: a hybrid's recurrent layers.
+_RECURRENT = ("ArraysCache",)
 
 
 def model_caches(model: Any) -> list[Any]:
@@ -40,6 +42,20 @@ def is_plain(model: Any) -> bool:
     """One plain K/V cache per layer: the paged pool and our own contiguous caches fit."""
     caches = model_caches(model)
     return len(caches) == len(model.layers) and all(k in _PLAIN for k in kinds(caches))
+
+
+def is_hybrid(model: Any) -> bool:
+    """Plain K/V caches and recurrent state (``ArraysCache``), nothing else, at least one of
+    each: the pool holds the attention layers, each row's state rides beside it
+    (``hybrid_runner``). Cache-less layers are fine: the model pairs caches with its layers."""
+    names = kinds(model_caches(model))
+    return (set(names) <= {*_PLAIN, *_RECURRENT} and any(n in _PLAIN for n in names)
+            and any(n in _RECURRENT for n in names))  # fmt: skip
+
+
+def attention_entries(caches: list[Any]) -> list[bool]:
+    """Which entries of a cache list are plain K/V caches (the pool's layers, in order)."""
+    return [k in _PLAIN for k in kinds(caches)]
 
 
 def is_batchable(model: Any) -> bool:

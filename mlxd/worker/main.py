@@ -17,12 +17,18 @@ from typing import TYPE_CHECKING, Any
 import zmq
 from mlx.utils import tree_flatten
 
-from mlxd.config import SchedulerConfig, WorkerConfig, kv_bytes_wanted, split_kv_budget
+from mlxd.config import (
+    STATE_SHARE,
+    SchedulerConfig,
+    WorkerConfig,
+    kv_bytes_wanted,
+    split_kv_budget,
+)
 from mlxd.errors import ConfigError
 from mlxd.protocol import curve
 from mlxd.protocol.channel import WorkerChannel, control_endpoint
 from mlxd.protocol.messages import Message, Ping
-from mlxd.worker import cpu_backend, disk_tier
+from mlxd.worker import cpu_backend, disk_tier, layer_caches
 from mlxd.worker import group as worker_group
 from mlxd.worker.block_pool import BlockPool
 from mlxd.worker.control import Control
@@ -100,6 +106,7 @@ def serve(config: WorkerConfig) -> int:
         drafter=drafter,
     )
     engine.idle_release = IdleRelease(config.cache.kv_idle_s)
+    _keep_states(engine.scheduler, runner)
     tier = disk_tier.attach(config, engine.scheduler, runner)
     engine.control = Control(
         engine,
@@ -212,7 +219,8 @@ def _runner(
     cache-less layers: ``native_runner``). The context is capped to what the pool holds, so
     any one request fits alone."""
     why = check_model_supported(model)  # raises for models the engine cannot serve
-    if why or not config.cache.paged:
+    hybrid = bool(why) and config.cache.paged and layer_caches.is_hybrid(model)
+    if (why and not hybrid) or not config.cache.paged:
         if config.cache.kv_bits is not None:
             log.warning("--kv-bits applies to the paged KV pool only; %s keeps float KV",
                         config.name)  # fmt: skip
@@ -228,7 +236,8 @@ def _runner(
     per_block = per_token * bs
     wanted = kv_bytes_wanted(per_token, config.scheduler.max_num_seqs, max_context, paged=True)
     budget = _kv_budget(model, config, wanted)
-    num_blocks, view_tokens = split_kv_budget(budget, per_token, bs)
+    state_budget = int(budget * STATE_SHARE) if hybrid else 0
+    num_blocks, view_tokens = split_kv_budget(budget - state_budget, per_token, bs)
     if num_blocks < 2:
         raise ConfigError(f"--kv-cache-gb {config.cache.kv_cache_gb} holds no KV blocks; "
                           f"one block of {bs} tokens takes {per_block} bytes")  # fmt: skip
@@ -240,8 +249,22 @@ def _runner(
     chunk = max(1, int(config.cache.kv_chunk_mb * 2**20) // per_block)
     pool = KVPool.for_model(model, num_blocks=num_blocks, block_size=bs, chunk_blocks=chunk,
                             fmt=fmt)  # fmt: skip
-    runner = PagedModelRunner(model, eos_token_ids, pool, max_view_tokens=view_tokens)
+    if hybrid:
+        from mlxd.worker.hybrid_runner import HybridModelRunner
+
+        runner: ModelRunner = HybridModelRunner(model, eos_token_ids, pool, state_budget,
+                                                max_view_tokens=view_tokens)  # fmt: skip
+    else:
+        runner = PagedModelRunner(model, eos_token_ids, pool, max_view_tokens=view_tokens)
     return runner, BlockPool(num_blocks, bs), max_context
+
+
+def _keep_states(scheduler: Scheduler, runner: ModelRunner) -> None:
+    """A hybrid's prefix cache keeps its recurrent states (``hybrid_runner``)."""
+    from mlxd.worker.hybrid_runner import HybridModelRunner
+
+    if isinstance(runner, HybridModelRunner) and scheduler.radix is not None:
+        scheduler.radix.keep_states(runner.state_budget)
 
 
 def _kv_format(model: Any, config: WorkerConfig) -> KVFormat:

@@ -160,13 +160,17 @@ def gather_blocks(buf: mx.array, block_size: int, table: mx.array) -> mx.array:
 
 def kv_shape(model: Any) -> tuple[int, int, int, int, mx.Dtype]:
     """(layers, kv heads, key dim, value dim, dtype) of ``model``'s KV, from one token run
-    through a plain KV cache."""
+    through its caches: the layers are its plain K/V caches (a hybrid's recurrent layers have
+    none in the pool)."""
     from mlx_lm.models.cache import make_prompt_cache
+
+    from mlxd.worker.layer_caches import attention_entries
 
     cache = make_prompt_cache(model)
     model(mx.array([[0]]), cache=cache)
-    k, v = cache[0].state[0], cache[0].state[1]
-    return len(cache), k.shape[1], k.shape[3], v.shape[3], k.dtype
+    plain = [c for c, a in zip(cache, attention_entries(cache), strict=True) if a]
+    k, v = plain[0].state[0], plain[0].state[1]
+    return len(plain), k.shape[1], k.shape[3], v.shape[3], k.dtype
 
 
 @dataclass(frozen=True)
@@ -204,13 +208,16 @@ class PagedStep:
     @classmethod
     def build(
         cls, block_tables: list[list[int]], context_lens: list[int], new_lens: list[int],
-        pool: KVPool,
+        pool: KVPool, exact: bool = False,
     ) -> PagedStep:  # fmt: skip
         """Rows have ``context_lens[b]`` tokens cached and ``new_lens[b]`` new ones, right-aligned
         in a query window of ``attention_shapes.queries(max(new_lens))`` tokens (shorter rows
-        are left-padded; the caller pads its tokens the same way)."""
+        are left-padded; the caller pads its tokens the same way); ``exact``: a window of
+        ``max(new_lens)``, whatever the backend (a recurrent layer cannot skip padding)."""
         pool.ensure(max((max(t) for t in block_tables if t), default=0))
-        bs, q_len = pool.block_size, attention_shapes.queries(max(new_lens))
+        longest_new = max(new_lens)
+        bs = pool.block_size
+        q_len = longest_new if exact else attention_shapes.queries(longest_new)
         width = attention_shapes.key_blocks(max(len(t) for t in block_tables), q_len > 1)
         uniform = (
             len(set(new_lens)) == 1

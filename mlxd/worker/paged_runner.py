@@ -46,7 +46,7 @@ class PagedModelRunner(ModelRunner):
         self.pool = pool
         self.max_view_tokens = pool.num_blocks * pool.block_size if max_view_tokens is None else (
             max_view_tokens)  # fmt: skip
-        self.tail = DecodeTail(self.num_layers, self.max_view_tokens)
+        self.tail = DecodeTail(len(pool.keys), self.max_view_tokens)
         self.gathered_steps = 0
 
     # Public API

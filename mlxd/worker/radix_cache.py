@@ -8,7 +8,13 @@ references are evicted, least recently used first, and only when the pool needs 
 
 With a ``tier`` (the disk cache, ``worker/disk_tier.py``), evicted blocks are saved there first,
 keyed by their chained digest, and a match that runs out of cached blocks goes on with the
-blocks the tier holds, loaded into free blocks of the pool. Pure Python: no MLX.
+blocks the tier holds, loaded into free blocks of the pool.
+
+A hybrid model's recurrent layers have no blocks: their state after a node's tokens is stored
+on the node (``keep_states``), a few nodes per sequence (``hybrid_runner`` says which), within a
+byte budget, least recently used dropped first and always with their node. A match then ends
+at the deepest node holding a state: blocks past it cannot be used without one. Pure Python:
+no MLX (a state is opaque here but for its ``nbytes``).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from mlxd.worker.block_pool import BlockPool
 from mlxd.worker.disk_cache import block_digest
@@ -33,6 +39,7 @@ class TreeNode:
     lock_ref: int = 0
     last_access: int = 0
     digest: bytes = b""  # block_digest of the prefix up to this block (the tier's key)
+    state: Any = None  # a hybrid's recurrent state after this node's tokens (``nbytes`` sized)
 
 
 # (digest, parent digest, the block's tokens, its block id)
@@ -53,10 +60,13 @@ class Tier(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class PrefixMatch:
-    """The cached blocks of a prefix (in order) and the deepest node matched (lock it)."""
+    """The cached blocks of a prefix (in order) and the deepest node matched (lock it).
+    ``shared_blocks``: the blocks the prefix shares with the cache, more than ``block_ids``
+    when a match had to end at a node with a recurrent state."""
 
     node: TreeNode
     block_ids: list[int]
+    shared_blocks: int = 0
 
     @property
     def num_blocks(self) -> int:
@@ -73,6 +83,12 @@ class RadixCache:
         self.num_cached_blocks = 0
         self.tier: Tier | None = None  # set by the worker with --kv-disk-gb
         self.num_restored_blocks = 0  # loaded from the tier
+        self.state_budget: int | None = None  # bytes of recurrent states (None: no states)
+        self.state_bytes = 0
+
+    def keep_states(self, budget: int) -> None:
+        """The model has recurrent state: matches end at nodes holding one; ``budget`` bytes."""
+        self.state_budget = budget
 
     # Public API
 
@@ -92,17 +108,27 @@ class RadixCache:
             node = child
             node.last_access = now
             ids.append(node.block_id)
+        if self.state_budget is not None:  # a hybrid: the tier keeps blocks, not states
+            shared = len(ids)
+            while node is not self.root and node.state is None:
+                node = node.parent  # type: ignore[assignment]
+                ids.pop()
+            return PrefixMatch(node, ids, shared)
         if restore and self.tier is not None and len(ids) < limit:
             node = self._restore(node, self._keys(token_ids, limit)[len(ids) :], ids)
-        return PrefixMatch(node, ids)
+        return PrefixMatch(node, ids, len(ids))
 
-    def insert(self, token_ids: list[int], block_ids: list[int]) -> int:
+    def insert(
+        self, token_ids: list[int], block_ids: list[int], states: dict[int, Any] | None = None
+    ) -> int:
         """Index the full blocks ``block_ids`` holding ``token_ids``; the tree takes a reference
-        to each block it adds. Returns how many blocks of the prefix were already indexed
-        (those keep their cached block; the caller's copy is not referenced)."""
+        to each block it adds, and keeps ``states`` (by the tokens they follow, at block
+        boundaries) on their nodes. Returns how many blocks of the prefix were already
+        indexed (those keep their cached block; the caller's copy is not referenced)."""
         node, now, known = self.root, next(_clock), 0
         n = min(len(block_ids), len(token_ids) // self.block_size)
-        for key, block_id in zip(self._keys(token_ids, n), block_ids, strict=False):
+        for i, (key, block_id) in enumerate(zip(self._keys(token_ids, n), block_ids,
+                                                strict=False)):  # fmt: skip
             child = node.children.get(key)
             if child is None:
                 child = TreeNode(key=key, block_id=block_id, parent=node,
@@ -114,6 +140,10 @@ class RadixCache:
                 known += 1
             child.last_access = now
             node = child
+            if states and (state := states.get((i + 1) * self.block_size)) is not None:
+                self._keep_state(node, state)
+        if states:
+            self._trim_states()
         return known
 
     def lock(self, node: TreeNode) -> None:
@@ -183,6 +213,9 @@ class RadixCache:
     def check_invariants(self) -> None:
         nodes = list(self._nodes())
         assert len(nodes) == self.num_cached_blocks, "node count != cached blocks"
+        held = sum(n.state.nbytes for n in nodes if n.state is not None)
+        assert held == self.state_bytes, "state bytes != the states held"
+        assert self.state_budget is None or held <= self.state_budget, "states over budget"
         assert len({n.block_id for n in nodes}) == len(nodes), "a block indexed twice"
         for n in nodes:
             assert self.pool.ref_count(n.block_id) >= 1, "an indexed block is free"
@@ -250,9 +283,35 @@ class RadixCache:
         self.num_restored_blocks += loaded
         return node
 
+    def _keep_state(self, node: TreeNode, state: Any) -> None:
+        """Store ``state`` on ``node`` (a newer one replaces it: both hold the same tokens)."""
+        if self.state_budget is None or state.nbytes > self.state_budget:
+            return
+        self._drop_state(node)
+        node.state = state
+        self.state_bytes += state.nbytes
+
+    def _drop_state(self, node: TreeNode) -> None:
+        if node.state is not None:
+            self.state_bytes -= node.state.nbytes
+            node.state = None
+
+    def _trim_states(self) -> None:
+        """Drop the least recently used states until they fit the budget."""
+        assert self.state_budget is not None
+        if self.state_bytes <= self.state_budget:
+            return
+        stated = sorted((n for n in self._nodes() if n.state is not None),
+                        key=lambda n: n.last_access)  # fmt: skip
+        for node in stated:
+            if self.state_bytes <= self.state_budget:
+                break
+            self._drop_state(node)
+
     def _remove_leaf(self, node: TreeNode) -> TreeNode | None:
         parent = node.parent
         assert parent is not None and not node.children
         del parent.children[node.key]
+        self._drop_state(node)
         self.num_cached_blocks -= 1
         return None if parent is self.root else parent

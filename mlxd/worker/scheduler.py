@@ -157,7 +157,8 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             if self.radix is not None:  # later requests with this prefix can share it now
-                self.radix.insert(seq.prefill_ids, seq.block_ids)
+                self.radix.insert(seq.prefill_ids, seq.block_ids, seq.states)
+                seq.states = {}
             elif not seq.num_preemptions:  # the runner's own prefix cache set num_cached
                 self._count_lookup(seq.num_cached)
 
@@ -327,8 +328,11 @@ class Scheduler:
             return False
         bs = self.pool.block_size
         first = seq.prefill_ids[:bs]
-        if len(seq.prefill_ids) <= bs:
-            return False  # no full block to share: at least one prompt token is computed anyway
+        if len(seq.prefill_ids) <= bs or self.radix.state_budget is not None:
+            # no full block to share: at least one prompt token is computed anyway; or a
+            # hybrid's, whose shared blocks need a state at their end, which no prompt leaves
+            # until it meets another sharing them (``Sequence.shared_until``)
+            return False
         if not any(o.prefill_ids[:bs] == first for o in self.prefilling):
             return False
         return self.radix.match_prefix(seq.prefill_ids, max_blocks=1).num_blocks == 0
@@ -366,6 +370,8 @@ class Scheduler:
         self.pool.retain(match.block_ids)
         seq.block_ids = match.block_ids + self.pool.allocate(need)
         seq.prefix_node = match.node
+        seq.state_hit = match.node.state
+        seq.shared_until = match.shared_blocks * self.pool.block_size
         seq.num_prefilled = seq.num_computed = match.num_blocks * self.pool.block_size
         if not seq.num_preemptions:  # a resumed sequence's own blocks are not a cache hit
             seq.num_cached = seq.num_computed
@@ -408,7 +414,8 @@ class Scheduler:
             return
         if cache:
             known = (seq.prompt_ids + seq.output_ids)[: seq.num_computed]
-            self.radix.insert(known, seq.block_ids)
+            self.radix.insert(known, seq.block_ids, seq.states)
+        seq.states, seq.state_hit = {}, None
         if seq.prefix_node is not None:
             self.radix.unlock(seq.prefix_node)
         self.pool.release(seq.block_ids)

@@ -61,12 +61,15 @@ class Harness:
     def __init__(
         self, model_path: Path, clock: Any = None, paged: bool = True, num_blocks: int = 256,
         block_size: int = 16, max_view_tokens: int | None = None,
-        chunk_blocks: int | None = None, kv_format: Any = None, **sched: Any,
+        chunk_blocks: int | None = None, kv_format: Any = None, state_budget: int = 1 << 30,
+        **sched: Any,
     ) -> None:  # fmt: skip
+        from mlxd.worker import layer_caches
         from mlxd.worker.block_pool import BlockPool
         from mlxd.worker.embedder import Embedder
         from mlxd.worker.engine import Engine
-        from mlxd.worker.main import _vocab_size
+        from mlxd.worker.hybrid_runner import HybridModelRunner
+        from mlxd.worker.main import _keep_states, _vocab_size
         from mlxd.worker.model_runner import ModelRunner, check_model_supported
         from mlxd.worker.native_runner import NativeModelRunner
         from mlxd.worker.output_head import last_position_only
@@ -80,9 +83,15 @@ class Harness:
         last_position_only(model)  # as the worker serves it (mlx-lm reads the last one too)
         encoder = PromptEncoder(tokenizer, vocab_size=_vocab_size(model, tokenizer))
         native = check_model_supported(model)  # the pool cannot hold it: its own caches
-        pool = BlockPool(num_blocks, block_size) if paged and not native else None
+        hybrid = bool(native) and paged and layer_caches.is_hybrid(model)  # as the worker
+        pool = BlockPool(num_blocks, block_size) if paged and (hybrid or not native) else None
         runner: ModelRunner
-        if native:  # ``paged``: with the snapshot prefix cache, as the worker serves it
+        if hybrid:
+            runner = HybridModelRunner(model, encoder.eos_token_ids,
+                                       KVPool.for_model(model, num_blocks, block_size,
+                                                        chunk_blocks, kv_format),
+                                       state_budget, max_view_tokens)  # fmt: skip
+        elif native:  # ``paged``: with the snapshot prefix cache, as the worker serves it
             snapshots = SnapshotCache(1 << 30) if paged else None
             runner = NativeModelRunner(model, encoder.eos_token_ids, snapshots, block_size, native)
         elif paged:
@@ -115,6 +124,7 @@ class Harness:
             channel=self.channel, max_context=min(512, num_blocks * block_size),
             embedder=Embedder(model), drafter=drafter,
         )  # fmt: skip
+        _keep_states(self.engine.scheduler, runner)
         self.results: dict[str, Result] = {}
         self.steps = 0
 

@@ -126,22 +126,23 @@ def greedy(path: Path, prompt: list[int], num_tokens: int) -> str:
 
 def pool_gb(path: Path) -> float:
     """A KV budget of POOL_BLOCKS blocks for this model (its paged pool, or snapshot cache)."""
-    from mlxd.config import VIEW_SHARE
+    from mlxd.config import STATE_SHARE, VIEW_SHARE
+    from mlxd.worker import layer_caches
     from mlxd.worker.model_runner import check_model_supported
 
     model, _ = load(path)
-    if not check_model_supported(model):
+    hybrid = layer_caches.is_hybrid(model)  # its recurrent states' share on top (2+ fit)
+    if not check_model_supported(model) or hybrid:
         from mlxd.worker.paged_cache import KVPool
 
         per_token = KVPool.bytes_per_token(model)
-        return per_token * POOL_BLOCKS * BLOCK_SIZE / (1 - VIEW_SHARE) / 2**30
+        pool = per_token * POOL_BLOCKS * BLOCK_SIZE / (1 - VIEW_SHARE)
+        return pool / (1 - STATE_SHARE if hybrid else 1) / 2**30
     # A model on its own caches: per token (K/V, growing 256 tokens at a time) and per
     # sequence (recurrent state, windows), measured. Its budget is split in half, the batch's
     # caches and the snapshots: each half holds POOL_BLOCKS blocks of K/V and three sequences'
     # state, so four long requests preempt and two snapshots fit.
     import mlx.core as mx
-
-    from mlxd.worker import layer_caches
 
     sizes = []
     for n in (256, 512):

@@ -1,0 +1,183 @@
+"""The paged runner for hybrids: attention layers in the block pool, recurrent state by row.
+
+A hybrid's cache list (``make_cache()``) mixes plain K/V caches, which the pool holds as it does
+any model's, with recurrent layers' ``ArraysCache`` (Mamba, Gated DeltaNet, short convolutions):
+a fixed-size state per sequence that each token updates instead of adding K/V. Each prefilling
+sequence keeps its own state here, and the decode batch one ``ArraysCache`` per recurrent layer
+with a row per sequence, joined and filtered as the rows' block tables are.
+
+A state cannot be rebuilt from blocks nor rolled back, so the prefix cache keeps snapshots of
+it on radix nodes (``RadixCache.keep_states``), taken where a later prompt can hit: at the last
+block boundary of each prefill, at the boundary where a prompt stops sharing blocks with the
+cache (the next prompt with that prefix hits there), and at the last boundary each decoding row
+passed (a finished sequence's next turn, a preempted one's resume). A hit restores the blocks by
+reference and the state by copy. Prefill runs one sequence per forward with exact lengths: a
+recurrent layer would fold a left-padded row's padding into its state. Drafts are not verified
+(``speculates``): rejected tokens would have moved the state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import ArraysCache
+
+from mlxd.worker import layer_caches
+from mlxd.worker.paged_cache import KVPool, PagedKVCache, PagedStep
+from mlxd.worker.paged_runner import PagedModelRunner
+from mlxd.worker.scheduler import PrefillChunk
+from mlxd.worker.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The recurrent layers' arrays after some tokens of one sequence (batch of one)."""
+
+    arrays: tuple[tuple[mx.array | None, ...], ...]
+    nbytes: int
+
+    @classmethod
+    def of(cls, states: list[ArraysCache], row: int | None = None) -> Snapshot:
+        """``states`` as they are (one sequence's), or row ``row`` of the batch's, copied out
+        (a slice would keep the whole batch's arrays alive)."""
+        pick = None if row is None else mx.array([row])
+        arrays = tuple(
+            tuple(a if a is None or pick is None else mx.take(a, pick, axis=0) for a in c.cache)
+            for c in states
+        )
+        held = [a for entry in arrays for a in entry if a is not None]
+        if pick is not None:
+            mx.async_eval(held)
+        return cls(arrays, sum(a.nbytes for a in held))
+
+    def caches(self) -> list[ArraysCache]:
+        """Fresh caches holding these arrays (the model rebinds entries, never writes them)."""
+        out = []
+        for entry in self.arrays:
+            cache = ArraysCache(len(entry))
+            cache.cache = list(entry)
+            out.append(cache)
+        return out
+
+
+class HybridModelRunner(PagedModelRunner):
+    """``PagedModelRunner`` for models whose layers are plain K/V caches and recurrent state."""
+
+    speculates = False
+
+    def __init__(
+        self, model: Any, eos_token_ids: set[int], pool: KVPool, state_budget: int,
+        max_view_tokens: int | None = None,
+    ) -> None:  # fmt: skip
+        """``state_budget``: bytes the prefix cache's snapshots may hold (the scheduler's radix
+        cache keeps them; here for status)."""
+        super().__init__(model, eos_token_ids, pool, max_view_tokens)
+        self.state_budget = state_budget
+        self._attention = layer_caches.attention_entries(layer_caches.model_caches(model))
+        self._states: list[ArraysCache] = []  # the decode rows', one per recurrent layer
+        self._own: dict[Sequence, tuple[int, list[ArraysCache]]] = {}  # prefilling: tokens, state
+
+    # Public API
+
+    def decode_step(self) -> list[Any]:
+        """A decode step, then a snapshot of each row that has just filled a block."""
+        events = super().decode_step()
+        bs = self.pool.block_size
+        for i, seq in enumerate(self.rows):
+            if seq.num_computed % bs == 0:  # the state after this step holds num_computed tokens
+                seq.states = {seq.num_computed: Snapshot.of(self._states, i)}
+        return events
+
+    def remove(self, seqs: set[Sequence]) -> None:
+        for seq in seqs:
+            self._own.pop(seq, None)
+        super().remove(seqs)
+
+    def reset(self) -> list[Sequence]:
+        self._states, self._own = [], {}
+        return super().reset()
+
+    def sequences(self) -> list[Sequence]:
+        return self.rows + [s for s in self._own if s not in self.rows]
+
+    @property
+    def kv_bytes(self) -> int:
+        own = sum(layer_caches.nbytes(states) for _, states in self._own.values())
+        return super().kv_bytes + own + layer_caches.nbytes(self._states)
+
+    @property
+    def kv_description(self) -> str:
+        recurrent = self._attention.count(False)
+        return (f"{super().kv_description}; {recurrent} recurrent layers' state by row, prefix "
+                f"snapshots up to {self.state_budget / 2**30:.2f} GiB")  # fmt: skip
+
+    # Internal helpers
+
+    def _caches(self, paged: list[Any], states: list[ArraysCache]) -> list[Any]:
+        """The model's cache list: the pool's layers and the recurrent ones, in its order."""
+        p, r = iter(paged), iter(states)
+        return [next(p) if a else next(r) for a in self._attention]
+
+    def _forward(self, group: list[PrefillChunk]) -> None:
+        for chunk in group:
+            self._prefill_chunk(chunk)
+
+    def _prefill_chunk(self, chunk: PrefillChunk) -> None:
+        """``chunk`` (without a prompt's last token), stopping to snapshot at its cuts."""
+        seq = chunk.seq
+        assert chunk.start == seq.num_computed, "a chunk must continue its sequence"
+        end = chunk.end - 1 if chunk.is_last else chunk.end
+        states = self._state_at(seq, chunk.start)
+        cuts = self._cuts(seq)
+        start = chunk.start
+        for stop in sorted({c for c in cuts if start < c < end} | {end}):
+            if stop > start:
+                self._run(seq, start, stop, states)
+                start = seq.num_computed = stop
+            if stop in cuts:
+                seq.states[stop] = Snapshot.of(states)
+        self._own[seq] = (end, states)
+
+    def _cuts(self, seq: Sequence) -> set[int]:
+        """Where ``seq``'s prefill snapshots: its last block boundary (a repeated prompt hits
+        there) and where it stops sharing the cache's blocks (the next prompt sharing them)."""
+        bs = self.pool.block_size
+        return {(seq.num_prefill_tokens - 1) // bs * bs, seq.shared_until} - {0}
+
+    def _state_at(self, seq: Sequence, start: int) -> list[ArraysCache]:
+        """The recurrent state after ``seq``'s first ``start`` tokens: none yet, its own from
+        the last chunk, or the prefix hit's snapshot."""
+        if start == 0:
+            caches = layer_caches.model_caches(self.model)
+            return [c for c, a in zip(caches, self._attention, strict=True) if not a]
+        own = self._own.get(seq)
+        if own is not None and own[0] == start:
+            return own[1]
+        hit = seq.state_hit
+        if hit is None:
+            raise RuntimeError(f"no recurrent state for {seq.request_id} at token {start}")
+        return hit.caches()  # type: ignore[no-any-return]
+
+    def _run(self, seq: Sequence, start: int, end: int, states: list[ArraysCache]) -> None:
+        """One forward of ``seq``'s tokens ``[start, end)``, exactly that long."""
+        step = PagedStep.build([seq.block_ids], [start], [end - start], self.pool, exact=True)
+        tokens = mx.array([seq.prefill_ids[start:end]])
+        self.model(tokens, cache=self._caches(PagedKVCache.for_step(self.pool, step), states))
+        mx.eval(layer_caches.arrays(states))  # keep the lazy graph one forward deep
+
+    def _enter(self, seqs: list[Sequence]) -> None:
+        """Rows join with their state: each prefilled all but its prompt's last token."""
+        joined = layer_caches.merge([self._own.pop(s)[1] for s in seqs])
+        for cache in joined:  # a merge of empty states marks padding there is none of
+            cache.left_padding = cache.lengths = None
+        self._states = layer_caches.extend(self._states, joined)
+        super()._enter(seqs)
+
+    def _decode_cache(self, rows: list[Sequence]) -> list[Any]:
+        return self._caches(super()._decode_cache(rows), self._states)
+
+    def _filter_cache(self, keep: list[int]) -> None:
+        super()._filter_cache(keep)
+        self._states = layer_caches.keep_rows(self._states, keep)

@@ -1,0 +1,146 @@
+"""Hybrids on the block pool (``hybrid_runner``): attention layers paged, recurrent state by row,
+snapshots of it on the prefix cache's nodes at block boundaries. Every output is checked
+against mlx-lm's own greedy tokens for the same prompt."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mlxd.models.maker import make_model
+from mlxd.models.zoo import make_zoo_model
+from tests.model.conftest import Harness
+from tests.model.test_engine import PROMPTS, reference_ids
+
+pytestmark = pytest.mark.model
+
+BLOCK = 16
+LONG = PROMPTS[1] * 3  # several blocks
+
+
+# LFM2 (short convolutions) and Qwen3-Next (Gated DeltaNet, gated attention)
+@pytest.fixture(scope="module", params=["lfm2", "qwen3_next"])
+def model_path(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp(request.param) / "m"
+    if request.param == "lfm2":
+        return make_model(out, arch="lfm2", size="tiny", progress=lambda line: None)
+    return make_zoo_model(out, request.param)
+
+
+def _run(h: Harness, rid: str, ids: list[int], max_tokens: int = 12) -> Any:
+    from tests.model.conftest import Result
+
+    h.results[rid] = Result()
+    h.generate_ids(rid, ids, max_tokens=max_tokens, ignore_eos=True)
+    return h.run()[rid]
+
+
+def test_a_hybrid_is_served_on_the_pool(model_path: Path) -> None:
+    from mlxd.worker.hybrid_runner import HybridModelRunner
+
+    h = Harness(model_path, block_size=BLOCK)
+    try:
+        assert isinstance(h.engine.runner, HybridModelRunner)
+        assert h.engine.runner.kv_description.startswith("paged")
+        assert not h.engine.runner.speculates  # a rejected draft would have moved the state
+    finally:
+        h.close()
+
+
+def test_a_repeated_prompt_hits_its_last_block_and_continues_as_cold(model_path: Path) -> None:
+    h = Harness(model_path, block_size=BLOCK)
+    try:
+        ids = h.engine.encoder.tokenizer.encode(LONG)
+        cold = _run(h, "cold", ids)
+        hit = _run(h, "hit", ids)
+        assert h.engine.scheduler.flush_prefix_cache() > 0  # mlxd worker flush-cache
+        assert h.engine.scheduler.radix.state_bytes == 0  # states go with their blocks
+        flushed = _run(h, "flushed", ids)
+        h.engine.scheduler.check_invariants()
+    finally:
+        h.close()
+    assert cold.finished.usage.cached_tokens == 0
+    assert hit.finished.usage.cached_tokens == (len(ids) - 1) // BLOCK * BLOCK > 0
+    assert hit.token_ids == cold.token_ids == reference_ids(model_path, ids, 12)
+    assert flushed.finished.usage.cached_tokens == 0
+    assert flushed.token_ids == cold.token_ids
+
+
+def test_the_next_turn_hits_past_the_previous_prompt(model_path: Path) -> None:
+    """Decode snapshots each row at the block boundaries it passes; a finished sequence hands
+    its last one to the prefix cache, so the next turn (prompt, answer, more) hits inside the
+    answer, not only at the first prompt's end."""
+    h = Harness(model_path, block_size=BLOCK)
+    try:
+        first = h.engine.encoder.tokenizer.encode(PROMPTS[3])
+        turn1 = _run(h, "1", first, max_tokens=2 * BLOCK)
+        second = first + turn1.token_ids + [40, 41, 42]
+        turn2 = _run(h, "2", second)
+    finally:
+        h.close()
+    fed = len(first) + len(turn1.token_ids) - 1  # the last answer token was never fed
+    assert turn2.finished.usage.cached_tokens == fed // BLOCK * BLOCK > len(first)
+    assert turn2.token_ids == reference_ids(model_path, second, 12)
+
+
+def test_prompts_sharing_a_system_prompt_hit_it_whatever_follows(model_path: Path) -> None:
+    """The second prompt sharing blocks with the cache snapshots where they stop; every later
+    one with that prefix, whatever its question, hits it."""
+    h = Harness(model_path, block_size=BLOCK)
+    try:
+        system = h.engine.encoder.tokenizer.encode(LONG)[: 3 * BLOCK]
+        questions = [list(range(q, q + BLOCK + 4)) for q in (100, 200, 300)]  # a block and more
+        first = _run(h, "1", system + questions[0])
+        second = _run(h, "2", system + questions[1])
+        third = _run(h, "3", system + questions[2])
+        h.engine.scheduler.check_invariants()
+    finally:
+        h.close()
+    assert first.finished.usage.cached_tokens == second.finished.usage.cached_tokens == 0
+    assert third.finished.usage.cached_tokens == len(system)
+    assert third.token_ids == reference_ids(model_path, system + questions[2], 12)
+
+
+def test_states_stay_within_their_budget_least_recently_used_first(model_path: Path) -> None:
+    """With room for one snapshot, the next prompt's replaces the first: the first prompt's
+    blocks are still cached but useless without a state, so its repeat misses."""
+    h = Harness(model_path, block_size=BLOCK)
+    try:
+        tok = h.engine.encoder.tokenizer
+        radix = h.engine.scheduler.radix
+        a, b = tok.encode(LONG), tok.encode(PROMPTS[3] * 3)
+        _run(h, "a", a, max_tokens=2)
+        radix.state_budget = radix.state_bytes  # one snapshot, the one held
+        _run(h, "b", b, max_tokens=2)
+        assert 0 < radix.state_bytes <= radix.state_budget
+        again_b = _run(h, "again b", b, max_tokens=2)
+        again_a = _run(h, "again a", a, max_tokens=2)
+        h.engine.scheduler.check_invariants()
+    finally:
+        h.close()
+    assert again_a.finished.usage.cached_tokens == 0
+    assert again_b.finished.usage.cached_tokens == (len(b) - 1) // BLOCK * BLOCK
+
+
+def test_batched_and_preempted_rows_equal_mlx_lm(model_path: Path) -> None:
+    """Four prompts at once in a pool too small for all of them: rows are preempted, resume
+    from their snapshots, and every output equals mlx-lm's alone."""
+    h = Harness(model_path, block_size=BLOCK, num_blocks=12)
+    try:
+        tok = h.engine.encoder.tokenizer
+        prompts = [tok.encode(p * 2) for p in PROMPTS[:4]]
+        from tests.model.conftest import Result
+
+        for i, ids in enumerate(prompts):
+            h.results[f"r{i}"] = Result()
+            h.generate_ids(f"r{i}", ids, max_tokens=40, ignore_eos=True)
+        results = h.run()
+        preemptions = h.engine.scheduler.counters.preemptions
+        h.engine.scheduler.check_invariants()
+    finally:
+        h.close()
+    assert preemptions > 0
+    for i, ids in enumerate(prompts):
+        assert results[f"r{i}"].token_ids == reference_ids(model_path, ids, 40), i
