@@ -11,11 +11,11 @@
 #     bash scripts/gpu_hybrid.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source /root/mlx-env.sh
+source /root/mlx-env.sh  # mlx and mlx-lm come on PYTHONPATH: extend it, never replace it
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 PREFIX=${PREFIX:-4000}; LEVELS=${LEVELS:-1,8,32}; BEFORE=${BEFORE:-.before}
 M=/root/qwen35
-[ -f "$M/config.json" ] || PYTHONPATH="$PWD" python3 scripts/make_shaped.py qwen3_5-0.8b "$M" \
+[ -f "$M/config.json" ] || PYTHONPATH="$PWD:${PYTHONPATH:-}" python3 scripts/make_shaped.py qwen3_5-0.8b "$M" \
   --dtype bfloat16 > /dev/null
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/gpu.txt"
 PORT=8200
@@ -45,7 +45,7 @@ for server in ${SERVERS:-after before mlx_lm}; do
     after|before)
       src=$PWD; [ "$server" = before ] && src=$(cd "$BEFORE" && pwd)
       # from its own directory: `python -m` puts the working directory first on the path
-      (cd "$src" && PYTHONPATH="$src" MLXD_HOME="/root/home-$server" exec python3 -m mlxd start \
+      (cd "$src" && PYTHONPATH="$src:${PYTHONPATH:-}" MLXD_HOME="/root/home-$server" exec python3 -m mlxd start \
         --model "q=$M" --port "$PORT" --max-num-seqs 64 --kv-cache-gb 16 --max-memory 40GB \
         --log-level warning > "$OUT/$server.log" 2>&1) &
       SERVER=$!

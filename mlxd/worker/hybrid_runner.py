@@ -30,6 +30,10 @@ from mlxd.worker.paged_runner import PagedModelRunner
 from mlxd.worker.scheduler import PrefillChunk
 from mlxd.worker.sequence import Sequence
 
+# Prefill snapshots the recurrent state about every this many tokens (rounded to blocks): a
+# prompt that parts from an earlier one recomputes at most this much of what they share.
+SNAPSHOT_EVERY = 1024
+
 
 @dataclass(frozen=True)
 class Snapshot:
@@ -130,9 +134,9 @@ class HybridModelRunner(PagedModelRunner):
         assert chunk.start == seq.num_computed, "a chunk must continue its sequence"
         end = chunk.end - 1 if chunk.is_last else chunk.end
         states = self._state_at(seq, chunk.start)
-        cuts = self._cuts(seq)
+        cuts = self._cuts(seq, chunk.start, end)
         start = chunk.start
-        for stop in sorted({c for c in cuts if start < c < end} | {end}):
+        for stop in sorted(cuts | {end}):
             if stop > start:
                 self._run(seq, start, stop, states)
                 start = seq.num_computed = stop
@@ -140,11 +144,16 @@ class HybridModelRunner(PagedModelRunner):
                 seq.states[stop] = Snapshot.of(states)
         self._own[seq] = (end, states)
 
-    def _cuts(self, seq: Sequence) -> set[int]:
-        """Where ``seq``'s prefill snapshots: its last block boundary (a repeated prompt hits
-        there) and where it stops sharing the cache's blocks (the next prompt sharing them)."""
+    def _cuts(self, seq: Sequence, start: int, end: int) -> set[int]:
+        """Where ``seq``'s prefill from ``start`` to ``end`` snapshots: its last block boundary
+        (a repeated prompt hits there), the boundaries the scheduler asked for (where the prompt
+        parts from the cache's blocks or from a prompt waiting on it), and every
+        ``SNAPSHOT_EVERY`` tokens (a later prompt that parts from this one hits close by)."""
         bs = self.pool.block_size
-        return {(seq.num_prefill_tokens - 1) // bs * bs, seq.shared_until} - {0}
+        step = max(bs, SNAPSHOT_EVERY // bs * bs)
+        every = range(-(-(start + 1) // step) * step, end + 1, step)
+        cuts = {(seq.num_prefill_tokens - 1) // bs * bs, *seq.snapshot_at, *every}
+        return {c for c in cuts if start < c <= end}
 
     def _state_at(self, seq: Sequence, start: int) -> list[ArraysCache]:
         """The recurrent state after ``seq``'s first ``start`` tokens: none yet, its own from

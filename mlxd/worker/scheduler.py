@@ -328,14 +328,27 @@ class Scheduler:
             return False
         bs = self.pool.block_size
         first = seq.prefill_ids[:bs]
-        if len(seq.prefill_ids) <= bs or self.radix.state_budget is not None:
-            # no full block to share: at least one prompt token is computed anyway; or a
-            # hybrid's, whose shared blocks need a state at their end, which no prompt leaves
-            # until it meets another sharing them (``Sequence.shared_until``)
+        if len(seq.prefill_ids) <= bs:
+            return False  # no full block to share: at least one prompt token is computed anyway
+        sharing = [o for o in self.prefilling if o.prefill_ids[:bs] == first]
+        if not sharing:
             return False
-        if not any(o.prefill_ids[:bs] == first for o in self.prefilling):
+        if self.radix.state_budget is not None and not self._snapshot_for(seq, sharing[0]):
             return False
-        return self.radix.match_prefix(seq.prefill_ids, max_blocks=1).num_blocks == 0
+        return self.radix.match_prefix(seq.prefill_ids, max_blocks=1).shared_blocks == 0
+
+    def _snapshot_for(self, seq: Sequence, other: Sequence) -> bool:
+        """Ask ``other``, prefilling, to snapshot its recurrent state where ``seq``'s prompt
+        parts from it (a hybrid's shared blocks are no use without one); False when it has
+        passed that boundary already."""
+        assert self.pool is not None
+        n = min(len(seq.prefill_ids) - 1, len(other.prefill_ids))
+        shared = next((i for i in range(n) if seq.prefill_ids[i] != other.prefill_ids[i]), n)
+        boundary = shared // self.pool.block_size * self.pool.block_size
+        if boundary <= other.num_prefilled:
+            return False
+        other.snapshot_at.add(boundary)
+        return True
 
     def _num_slots_used(self) -> int:
         return len(self.running) + len(self.prefilling)
@@ -371,7 +384,7 @@ class Scheduler:
         seq.block_ids = match.block_ids + self.pool.allocate(need)
         seq.prefix_node = match.node
         seq.state_hit = match.node.state
-        seq.shared_until = match.shared_blocks * self.pool.block_size
+        seq.snapshot_at = {match.shared_blocks * self.pool.block_size} - {0}
         seq.num_prefilled = seq.num_computed = match.num_blocks * self.pool.block_size
         if not seq.num_preemptions:  # a resumed sequence's own blocks are not a cache hit
             seq.num_cached = seq.num_computed

@@ -49,11 +49,11 @@ class Sequence:
     num_preemptions: int = 0
     num_oom_retries: int = 0  # times computed again after the device ran out of memory
     # A hybrid's recurrent state (hybrid_runner): the state the prefix hit restores (None: none,
-    # prefill starts from nothing), the block boundary where the prompt stops sharing blocks
-    # with the prefix cache (prefill snapshots there), and the snapshots taken but not yet
-    # handed to the prefix cache, by the tokens they follow.
+    # prefill starts from nothing), block boundaries where prefill must snapshot it (where the
+    # prompt stops sharing blocks with the prefix cache or with a prompt waiting on it), and the
+    # snapshots taken but not yet handed to the prefix cache, by the tokens they follow.
     state_hit: Any = None
-    shared_until: int = 0
+    snapshot_at: set[int] = field(default_factory=set)
     states: dict[int, Any] = field(default_factory=dict)
     finish_reason: str | None = None
     detok: Any = None

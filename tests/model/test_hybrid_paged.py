@@ -144,3 +144,44 @@ def test_batched_and_preempted_rows_equal_mlx_lm(model_path: Path) -> None:
     assert preemptions > 0
     for i, ids in enumerate(prompts):
         assert results[f"r{i}"].token_ids == reference_ids(model_path, ids, 40), i
+
+
+def test_a_wave_sharing_a_system_prompt_computes_it_once(model_path: Path) -> None:
+    """Prompts that arrive together with one system prompt: the first computes it and
+    snapshots where the others part from it (they wait for it), so each of them hits it."""
+    from tests.model.conftest import Result
+
+    h = Harness(model_path, block_size=BLOCK)
+    try:
+        system = h.engine.encoder.tokenizer.encode(LONG)[: 3 * BLOCK + 5]
+        prompts = [system + list(range(q, q + BLOCK + 4)) for q in (100, 200, 300, 400)]
+        for i, ids in enumerate(prompts):
+            h.results[str(i)] = Result()
+            h.generate_ids(str(i), ids, max_tokens=8, ignore_eos=True)
+        out = h.run()
+    finally:
+        h.close()
+    cached = sorted(out[str(i)].finished.usage.cached_tokens for i in range(4))
+    assert cached == [0] + [3 * BLOCK] * 3
+    for i, ids in enumerate(prompts):
+        assert out[str(i)].token_ids == reference_ids(model_path, ids, 8), i
+
+
+def test_a_prompt_parting_from_an_earlier_one_hits_a_periodic_snapshot(
+    model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prefill snapshots every SNAPSHOT_EVERY tokens: a later prompt that shares more than that
+    with an earlier one, and parts from it where nothing was asked for, still hits."""
+    from mlxd.worker import hybrid_runner
+
+    monkeypatch.setattr(hybrid_runner, "SNAPSHOT_EVERY", 2 * BLOCK)
+    h = Harness(model_path, block_size=BLOCK)
+    try:
+        ids = h.engine.encoder.tokenizer.encode(LONG)
+        _run(h, "first", ids, max_tokens=2)
+        other = ids[: 2 * BLOCK + 7] + [5, 6, 7, 8, 9]
+        parted = _run(h, "parted", other)
+    finally:
+        h.close()
+    assert parted.finished.usage.cached_tokens == 2 * BLOCK
+    assert parted.token_ids == reference_ids(model_path, other, 12)
