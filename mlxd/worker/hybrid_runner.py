@@ -36,6 +36,17 @@ SNAPSHOT_EVERY = 1024
 
 
 @dataclass(frozen=True)
+class _Span:
+    """Tokens ``[start, stop)`` of a prefilling sequence, one forward's share of it; its state
+    is snapshot after them when ``snapshot``."""
+
+    seq: Sequence
+    start: int
+    stop: int
+    snapshot: bool
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """The recurrent layers' arrays after some tokens of one sequence (batch of one)."""
 
@@ -124,25 +135,35 @@ class HybridModelRunner(PagedModelRunner):
         p, r = iter(paged), iter(states)
         return [next(p) if a else next(r) for a in self._attention]
 
-    def _forward(self, group: list[PrefillChunk]) -> None:
-        for chunk in group:
-            self._prefill_chunk(chunk)
+    def _groups(self, chunks: list[PrefillChunk]) -> list[list[PrefillChunk]]:
+        return [chunks]  # ``_forward`` groups their spans itself
 
-    def _prefill_chunk(self, chunk: PrefillChunk) -> None:
-        """``chunk`` (without a prompt's last token), stopping to snapshot at its cuts."""
+    def _forward(self, group: list[PrefillChunk]) -> None:
+        """Every chunk (without a prompt's last token) in spans between its snapshot cuts; in
+        rounds, each row's next span, spans of one length in one forward (no padding)."""
+        plans = [self._spans(chunk) for chunk in group]
+        while any(plans):
+            spans = [plan.pop(0) for plan in plans if plan]
+            for n in sorted({s.stop - s.start for s in spans}):
+                rows = [s for s in spans if s.stop - s.start == n]
+                if n:
+                    self._run(rows)
+                for span in rows:
+                    span.seq.num_computed = span.stop
+                    if span.snapshot:
+                        span.seq.states[span.stop] = Snapshot.of(self._own[span.seq][1])
+
+    def _spans(self, chunk: PrefillChunk) -> list[_Span]:
+        """``chunk``'s spans, split at its snapshot cuts; the sequence's state is made ready
+        (``_own``) for the first."""
         seq = chunk.seq
         assert chunk.start == seq.num_computed, "a chunk must continue its sequence"
         end = chunk.end - 1 if chunk.is_last else chunk.end
-        states = self._state_at(seq, chunk.start)
+        self._own[seq] = (end, self._state_at(seq, chunk.start))
         cuts = self._cuts(seq, chunk.start, end)
-        start = chunk.start
-        for stop in sorted(cuts | {end}):
-            if stop > start:
-                self._run(seq, start, stop, states)
-                start = seq.num_computed = stop
-            if stop in cuts:
-                seq.states[stop] = Snapshot.of(states)
-        self._own[seq] = (end, states)
+        stops = sorted(cuts | {end})
+        return [_Span(seq, a, b, b in cuts)
+                for a, b in zip([chunk.start, *stops], stops, strict=False)]  # fmt: skip
 
     def _cuts(self, seq: Sequence, start: int, end: int) -> set[int]:
         """Where ``seq``'s prefill from ``start`` to ``end`` snapshots: its last block boundary
@@ -169,12 +190,25 @@ class HybridModelRunner(PagedModelRunner):
             raise RuntimeError(f"no recurrent state for {seq.request_id} at token {start}")
         return hit.caches()  # type: ignore[no-any-return]
 
-    def _run(self, seq: Sequence, start: int, end: int, states: list[ArraysCache]) -> None:
-        """One forward of ``seq``'s tokens ``[start, end)``, exactly that long."""
-        step = PagedStep.build([seq.block_ids], [start], [end - start], self.pool, exact=True)
-        tokens = mx.array([seq.prefill_ids[start:end]])
+    def _run(self, spans: list[_Span]) -> None:
+        """One forward of spans of one length, a row each: their states merged for it, then
+        each row's copied back into its own caches (a slice would keep the batch's alive)."""
+        seqs = [s.seq for s in spans]
+        own = [self._own[s][1] for s in seqs]
+        starts, lengths = [s.start for s in spans], [s.stop - s.start for s in spans]
+        step = PagedStep.build([s.block_ids for s in seqs], starts, lengths, self.pool, exact=True)
+        tokens = mx.array([s.seq.prefill_ids[s.start : s.stop] for s in spans])
+        states = own[0] if len(own) == 1 else layer_caches.merge(own)
+        for cache in states:  # a merge of empty states marks padding there is none of
+            cache.left_padding = cache.lengths = None
         self.model(tokens, cache=self._caches(PagedKVCache.for_step(self.pool, step), states))
-        mx.eval(layer_caches.arrays(states))  # keep the lazy graph one forward deep
+        if len(own) > 1:
+            for i, caches in enumerate(own):
+                row = mx.array([i])
+                for mine, batch in zip(caches, states, strict=True):
+                    mine.cache = [None if a is None else mx.take(a, row, axis=0)
+                                  for a in batch.cache]  # fmt: skip
+        mx.eval([layer_caches.arrays(caches) for caches in own])  # the graph one forward deep
 
     def _enter(self, seqs: list[Sequence]) -> None:
         """Rows join with their state: each prefilled all but its prompt's last token."""

@@ -68,7 +68,7 @@ class PagedModelRunner(ModelRunner):
         # the last prefill's writes, so these go on top of evaluated arrays.
         self.tail.flush(self.pool)
         joined: list[Sequence] = []
-        for group in _pack(chunks):
+        for group in self._groups(chunks):
             self._forward(group)
             done = [c.seq for c in group if c.is_last]
             if not done:
@@ -201,6 +201,10 @@ class PagedModelRunner(ModelRunner):
         self._emitted = [True] * len(rows)
         self._entering.clear()
         return events
+
+    def _groups(self, chunks: list[PrefillChunk]) -> list[list[PrefillChunk]]:
+        """The chunks that run in one forward (``_pack``)."""
+        return _pack(chunks)
 
     def _forward(self, group: list[PrefillChunk]) -> None:
         """One left-padded forward of ``group``'s chunks, without the last token of a prompt

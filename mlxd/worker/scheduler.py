@@ -333,22 +333,29 @@ class Scheduler:
         sharing = [o for o in self.prefilling if o.prefill_ids[:bs] == first]
         if not sharing:
             return False
-        if self.radix.state_budget is not None and not self._snapshot_for(seq, sharing[0]):
-            return False
+        if self.radix.state_budget is not None:  # a hybrid: ``_ask_snapshots`` asked for one
+            self._snapshot_for(seq, sharing[0])
         return self.radix.match_prefix(seq.prefill_ids, max_blocks=1).shared_blocks == 0
 
-    def _snapshot_for(self, seq: Sequence, other: Sequence) -> bool:
+    def _ask_snapshots(self, seq: Sequence) -> None:
+        """A hybrid's shared blocks are no use without a recurrent state where a prompt parts
+        from them: ``seq``, admitted, snapshots where each waiting prompt sharing its first
+        block parts from it (those wait for it: ``_prefix_in_flight``)."""
+        assert self.pool is not None
+        first = seq.prefill_ids[: self.pool.block_size]
+        for other in self.waiting:
+            if other is not seq and other.prefill_ids[: len(first)] == first:
+                self._snapshot_for(other, seq)
+
+    def _snapshot_for(self, seq: Sequence, other: Sequence) -> None:
         """Ask ``other``, prefilling, to snapshot its recurrent state where ``seq``'s prompt
-        parts from it (a hybrid's shared blocks are no use without one); False when it has
-        passed that boundary already."""
+        parts from it, unless it has passed there already."""
         assert self.pool is not None
         n = min(len(seq.prefill_ids) - 1, len(other.prefill_ids))
         shared = next((i for i in range(n) if seq.prefill_ids[i] != other.prefill_ids[i]), n)
         boundary = shared // self.pool.block_size * self.pool.block_size
-        if boundary <= other.num_prefilled:
-            return False
-        other.snapshot_at.add(boundary)
-        return True
+        if boundary > other.num_prefilled:
+            other.snapshot_at.add(boundary)
 
     def _num_slots_used(self) -> int:
         return len(self.running) + len(self.prefilling)
@@ -385,6 +392,8 @@ class Scheduler:
         seq.prefix_node = match.node
         seq.state_hit = match.node.state
         seq.snapshot_at = {match.shared_blocks * self.pool.block_size} - {0}
+        if self.radix.state_budget is not None:
+            self._ask_snapshots(seq)
         seq.num_prefilled = seq.num_computed = match.num_blocks * self.pool.block_size
         if not seq.num_preemptions:  # a resumed sequence's own blocks are not a cache hit
             seq.num_cached = seq.num_computed
