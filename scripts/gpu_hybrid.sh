@@ -34,10 +34,12 @@ bench() {  # bench NAME BOUND_S MODEL [ARGS...]
 }
 legs() {  # legs TAG MODEL [ARGS...]: shared prefix, then throughput
   local tag=$1 model=$2; shift 2
-  bench "$tag-prime" 120 "$model" --prompt-tokens 128 --max-tokens 32 --concurrency 8 "$@" > /dev/null
-  bench "$tag-prefix" 240 "$model" --scenario shared-prefix --prefix-tokens "$PREFIX" \
+  # the first CUDA kernel builds of a fresh machine (a 2,048-token chunk's: 44 s once) land here
+  bench "$tag-prime" 100 "$model" --prompt-tokens 4096 --max-tokens 32 --concurrency 1 "$@" \
+    > /dev/null
+  bench "$tag-prefix" 200 "$model" --scenario shared-prefix --prefix-tokens "$PREFIX" \
     --concurrency 1,8 --max-tokens 16 "$@"
-  bench "$tag-decode" 150 "$model" --prompt-tokens 128 --max-tokens 128 --concurrency "$LEVELS" "$@"
+  bench "$tag-decode" 120 "$model" --prompt-tokens 128 --max-tokens 128 --concurrency "$LEVELS" "$@"
 }
 for server in ${SERVERS:-after before mlx_lm}; do
   PORT=$((PORT + 1))
@@ -61,4 +63,4 @@ for server in ${SERVERS:-after before mlx_lm}; do
   esac
   stop
 done
-tail -5 "$OUT"/after.log "$OUT"/before.log 2>/dev/null
+tail -n 5 "$OUT"/*.log 2>/dev/null

@@ -5,7 +5,8 @@ on waves of prompts sharing a system prompt, each engine step timed with what it
     python scripts/profile_hybrid.py MODEL_DIR [--runner hybrid|native] [--prefix 4000]
         [--streams 1,8] [--kv-cache-gb 16]
 
-Per wave: wall time, TTFT p50, the model's forwards and the tokens they took, and the slowest
+Waves per level: ``cold`` (one new system prompt), ``hit`` (the same, new questions),
+``distinct`` (a system prompt each). Per wave: wall time, TTFT p50, the model's forwards and the tokens they took, and the slowest
 steps (their prefill chunks' lengths, decode rows, milliseconds).
 """
 
@@ -107,7 +108,10 @@ def main() -> None:
     for n in [int(s) for s in args.streams.split(",")]:
         system = [rng.randrange(10, top) for _ in range(args.prefix)]
         prompts = [system + [rng.randrange(10, top) for _ in range(128)] for _ in range(n)]
-        for label in ("cold", "hit"):
+        for label in ("cold", "hit", "distinct"):
+            if label == "distinct":  # each its own system prompt, as `bench run`'s cold group
+                prompts = [[rng.randrange(10, top) for _ in range(args.prefix + 128)]
+                           for _ in range(n)]  # fmt: skip
             log = timed_steps(engine)
             f0, t0 = counting.forwards, counting.tokens
             res = engine_level(engine, prompts, 16)

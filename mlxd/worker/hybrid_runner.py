@@ -33,6 +33,10 @@ from mlxd.worker.sequence import Sequence
 # Prefill snapshots the recurrent state about every this many tokens (rounded to blocks): a
 # prompt that parts from an earlier one recomputes at most this much of what they share.
 SNAPSHOT_EVERY = 1024
+# Rows a prefill step may take a whole chunk of each (``Scheduler.prefill_rows``): on an H200,
+# eight 4,000-token prompts of a Qwen3.5-0.8B shape took 6.6 s each one after the other, and
+# mlx_lm.server prefilled all eight in 10.8 s together (docs/PERFORMANCE.md).
+PREFILL_ROWS = 8
 
 
 @dataclass(frozen=True)

@@ -260,11 +260,13 @@ def _runner(
 
 
 def _keep_states(scheduler: Scheduler, runner: ModelRunner) -> None:
-    """A hybrid's prefix cache keeps its recurrent states (``hybrid_runner``)."""
-    from mlxd.worker.hybrid_runner import HybridModelRunner
+    """A hybrid's prefix cache keeps its recurrent states, and a step prefills several of its
+    rows (``hybrid_runner``)."""
+    from mlxd.worker.hybrid_runner import PREFILL_ROWS, HybridModelRunner
 
     if isinstance(runner, HybridModelRunner) and scheduler.radix is not None:
         scheduler.radix.keep_states(runner.state_budget)
+        scheduler.prefill_rows = PREFILL_ROWS
 
 
 def _kv_format(model: Any, config: WorkerConfig) -> KVFormat:

@@ -99,6 +99,10 @@ class Scheduler:
         self.clock = clock
         self.pool = pool  # None: the contiguous cache, no block accounting
         self.radix = RadixCache(pool) if pool is not None else None
+        # Rows whose chunks one step's budget buys: a hybrid's prefill costs about its longest
+        # row's tokens, not their sum (its recurrent layers scan tokens in order, all rows at
+        # once), so each of up to this many rows gets a whole ``prefill_chunk`` per step.
+        self.prefill_rows = 1
         self.counters = CacheCounters()
         self.drain = DrainRate()  # departures from ``waiting``: the 429's Retry-After
         self.waiting: list[Sequence] = []
@@ -133,7 +137,7 @@ class Scheduler:
         streams run, prompt chunks spend the budget as cost (``PrefillCost``): deep in a long
         prompt they are shorter, so the streams' next token waits no longer there.
         """
-        budget = self.config.prefill_chunk
+        budget = self.config.prefill_chunk * self.prefill_rows
         chunks: list[PrefillChunk | EmbedChunk] = []
         for seq in self.prefilling:
             if budget <= 0:
@@ -362,6 +366,7 @@ class Scheduler:
 
     def _chunk(self, seq: Sequence, budget: int) -> PrefillChunk:
         start = seq.num_prefilled
+        budget = min(budget, self.config.prefill_chunk)  # a row's share (``prefill_rows``)
         if self.running:  # streams wait on this step: a chunk within the budget's cost
             floor = min(budget, max(MIN_CHUNK, self.config.prefill_chunk // MAX_SHRINK))
             budget = max(floor, self.cost.tokens_within(budget, start))
