@@ -6,8 +6,8 @@ on waves of prompts sharing a system prompt, each engine step timed with what it
         [--streams 1,8] [--kv-cache-gb 16]
 
 Waves per level: ``cold`` (one new system prompt), ``hit`` (the same, new questions),
-``distinct`` (a system prompt each). Per wave: wall time, TTFT p50, the model's forwards and the tokens they took, and the slowest
-steps (their prefill chunks' lengths, decode rows, milliseconds).
+``distinct`` (a system prompt each). Per wave: wall time, TTFT p50, the model's forwards and the
+tokens they took, and the slowest steps (their prefill chunks' lengths, decode rows, ms).
 """
 
 from __future__ import annotations
