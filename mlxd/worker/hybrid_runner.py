@@ -33,9 +33,10 @@ from mlxd.worker.sequence import Sequence
 # Prefill snapshots the recurrent state about every this many tokens (rounded to blocks): a
 # prompt that parts from an earlier one recomputes at most this much of what they share.
 SNAPSHOT_EVERY = 1024
-# Rows a prefill step may take a whole chunk of each (``Scheduler.prefill_rows``): on an H200,
-# eight 4,000-token prompts of a Qwen3.5-0.8B shape took 6.6 s each one after the other, and
-# mlx_lm.server prefilled all eight in 10.8 s together (docs/PERFORMANCE.md).
+# Rows a prefill step may take a whole chunk of each while no row decodes (``Scheduler.
+# prefill_rows``; spans of one length share a forward): on an H200, eight 4,000-token prompts of
+# a Qwen3.5-0.8B shape took 6.6 s each one after the other, and mlx_lm.server prefilled all
+# eight in 10.8 s together (docs/PERFORMANCE.md).
 PREFILL_ROWS = 8
 
 
@@ -52,13 +53,15 @@ class _Span:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The recurrent layers' arrays after some tokens of one sequence (batch of one)."""
+    """The recurrent layers' arrays after the first ``tokens`` tokens of one sequence (batch of
+    one)."""
 
     arrays: tuple[tuple[mx.array | None, ...], ...]
     nbytes: int
+    tokens: int
 
     @classmethod
-    def of(cls, states: list[ArraysCache], row: int | None = None) -> Snapshot:
+    def of(cls, states: list[ArraysCache], tokens: int, row: int | None = None) -> Snapshot:
         """``states`` as they are (one sequence's), or row ``row`` of the batch's, copied out
         (a slice would keep the whole batch's arrays alive)."""
         pick = None if row is None else mx.array([row])
@@ -69,7 +72,7 @@ class Snapshot:
         held = [a for entry in arrays for a in entry if a is not None]
         if pick is not None:
             mx.async_eval(held)
-        return cls(arrays, sum(a.nbytes for a in held))
+        return cls(arrays, sum(a.nbytes for a in held), tokens)
 
     def caches(self) -> list[ArraysCache]:
         """Fresh caches holding these arrays (the model rebinds entries, never writes them)."""
@@ -106,7 +109,8 @@ class HybridModelRunner(PagedModelRunner):
         bs = self.pool.block_size
         for i, seq in enumerate(self.rows):
             if seq.num_computed % bs == 0:  # the state after this step holds num_computed tokens
-                seq.states = {seq.num_computed: Snapshot.of(self._states, i)}
+                n = seq.num_computed
+                seq.states = {n: Snapshot.of(self._states, n, i)}
         return events
 
     def remove(self, seqs: set[Sequence]) -> None:
@@ -115,7 +119,9 @@ class HybridModelRunner(PagedModelRunner):
         super().remove(seqs)
 
     def reset(self) -> list[Sequence]:
-        self._states, self._own = [], {}
+        """Forget the decode batch; prompts mid-prefill keep their states (evaluated at the end
+        of each forward: a failed decode step did not touch them)."""
+        self._states = []
         return super().reset()
 
     def sequences(self) -> list[Sequence]:
@@ -123,8 +129,11 @@ class HybridModelRunner(PagedModelRunner):
 
     @property
     def kv_bytes(self) -> int:
+        """The pool and view, every row's recurrent state and the snapshots sequences hold
+        until the prefix cache takes them (those it holds count in its own budget)."""
         own = sum(layer_caches.nbytes(states) for _, states in self._own.values())
-        return super().kv_bytes + own + layer_caches.nbytes(self._states)
+        held = sum(s.nbytes for seq in self.sequences() for s in seq.states.values())
+        return super().kv_bytes + own + layer_caches.nbytes(self._states) + held
 
     @property
     def kv_description(self) -> str:
@@ -154,8 +163,10 @@ class HybridModelRunner(PagedModelRunner):
                     self._run(rows)
                 for span in rows:
                     span.seq.num_computed = span.stop
+                    states = self._own[span.seq][1]
+                    self._own[span.seq] = (span.stop, states)
                     if span.snapshot:
-                        span.seq.states[span.stop] = Snapshot.of(self._own[span.seq][1])
+                        span.seq.states[span.stop] = Snapshot.of(states, span.stop)
 
     def _spans(self, chunk: PrefillChunk) -> list[_Span]:
         """``chunk``'s spans, split at its snapshot cuts; the sequence's state is made ready
@@ -163,7 +174,7 @@ class HybridModelRunner(PagedModelRunner):
         seq = chunk.seq
         assert chunk.start == seq.num_computed, "a chunk must continue its sequence"
         end = chunk.end - 1 if chunk.is_last else chunk.end
-        self._own[seq] = (end, self._state_at(seq, chunk.start))
+        self._own[seq] = (chunk.start, self._state_at(seq, chunk.start))
         cuts = self._cuts(seq, chunk.start, end)
         stops = sorted(cuts | {end})
         return [_Span(seq, a, b, b in cuts)
@@ -189,8 +200,8 @@ class HybridModelRunner(PagedModelRunner):
         own = self._own.get(seq)
         if own is not None and own[0] == start:
             return own[1]
-        hit = seq.state_hit
-        if hit is None:
+        hit, seq.state_hit = seq.state_hit, None  # needed once: not pinned for the row's life
+        if hit is None or hit.tokens != start:
             raise RuntimeError(f"no recurrent state for {seq.request_id} at token {start}")
         return hit.caches()  # type: ignore[no-any-return]
 
@@ -217,9 +228,9 @@ class HybridModelRunner(PagedModelRunner):
     def _enter(self, seqs: list[Sequence]) -> None:
         """Rows join with their state: each prefilled all but its prompt's last token."""
         joined = layer_caches.merge([self._own.pop(s)[1] for s in seqs])
-        for cache in joined:  # a merge of empty states marks padding there is none of
-            cache.left_padding = cache.lengths = None
         self._states = layer_caches.extend(self._states, joined)
+        for cache in self._states:  # a merge of empty states marks padding there is none of
+            cache.left_padding = cache.lengths = None  # (after ``extend``: it sizes rows by it)
         super()._enter(seqs)
 
     def _decode_cache(self, rows: list[Sequence]) -> list[Any]:

@@ -99,9 +99,9 @@ class Scheduler:
         self.clock = clock
         self.pool = pool  # None: the contiguous cache, no block accounting
         self.radix = RadixCache(pool) if pool is not None else None
-        # Rows whose chunks one step's budget buys: a hybrid's prefill costs about its longest
-        # row's tokens, not their sum (its recurrent layers scan tokens in order, all rows at
-        # once), so each of up to this many rows gets a whole ``prefill_chunk`` per step.
+        # Rows whose chunks one step's budget buys while no stream decodes: a hybrid's prefill
+        # costs about its longest row's tokens, not their sum (its recurrent layers scan tokens
+        # in order, all rows at once), so each of up to this many gets a whole ``prefill_chunk``.
         self.prefill_rows = 1
         self.counters = CacheCounters()
         self.drain = DrainRate()  # departures from ``waiting``: the 429's Retry-After
@@ -137,7 +137,8 @@ class Scheduler:
         streams run, prompt chunks spend the budget as cost (``PrefillCost``): deep in a long
         prompt they are shorter, so the streams' next token waits no longer there.
         """
-        budget = self.config.prefill_chunk * self.prefill_rows
+        # several rows' chunks only while no stream waits on the step (they may not batch)
+        budget = self.config.prefill_chunk * (1 if self.running else self.prefill_rows)
         chunks: list[PrefillChunk | EmbedChunk] = []
         for seq in self.prefilling:
             if budget <= 0:
@@ -156,6 +157,11 @@ class Scheduler:
         """Record that ``chunk`` ran; a fully prefilled sequence joins the decode batch."""
         seq = chunk.seq
         seq.num_prefilled = chunk.end
+        if seq.states and self.radix is not None and not chunk.is_last:
+            # a hybrid's snapshots go to the prefix cache as prefill takes them (nothing else
+            # bounds them), with the blocks computed so far
+            self.radix.insert(seq.prefill_ids[: seq.num_computed], seq.block_ids, seq.states)
+            seq.states = {}
         if chunk.is_last and seq in self.prefilling:
             self.prefilling.remove(seq)
             seq.status = SequenceStatus.RUNNING
@@ -289,7 +295,7 @@ class Scheduler:
         or the best must wait (then nothing jumps ahead of it)."""
         best = self._best_queued(admit)
         if isinstance(best, EmbedJob):
-            return self._embed_chunk(best, budget)
+            return self._embed_chunk(best, min(budget, self.config.prefill_chunk))
         if best is None or self._prefix_in_flight(best):
             return None  # next step its prefix is cached: reuse it rather than compute it twice
         if not self._allocate_prompt(best):

@@ -185,3 +185,85 @@ def test_a_prompt_parting_from_an_earlier_one_hits_a_periodic_snapshot(
         h.close()
     assert parted.finished.usage.cached_tokens == 2 * BLOCK
     assert parted.token_ids == reference_ids(model_path, other, 12)
+
+
+def test_a_failed_decode_step_leaves_a_prompt_mid_prefill_exact(model_path: Path) -> None:
+    """Out of memory in a decode step while a long prompt is between its chunks: the decode
+    rows are computed again, and the prompt continues from its own state (not a stale one)."""
+    from tests.model.conftest import Result
+    from tests.model.test_step_failures import CUDA_OOM, inject
+
+    h = Harness(model_path, block_size=BLOCK, prefill_chunk=BLOCK)
+    fired: list[bool] = []
+
+    def once_while_prefilling(tokens: Any) -> bool:
+        prefilling = [s.request_id for s in h.engine.scheduler.prefilling]
+        if tokens.shape[1] == 1 and "long" in prefilling and not fired:
+            fired.append(True)
+            return True
+        return False
+
+    try:
+        tok = h.engine.encoder.tokenizer
+        short, long = tok.encode(PROMPTS[3]), tok.encode(LONG)
+        inject(h, once_while_prefilling, CUDA_OOM)
+        h.results["short"], h.results["long"] = Result(), Result()
+        h.generate_ids("short", short, max_tokens=30, ignore_eos=True)
+        h.step(3)
+        h.generate_ids("long", long, max_tokens=8, ignore_eos=True)
+        out = h.run()
+    finally:
+        h.close()
+    assert fired
+    assert out["long"].token_ids == reference_ids(model_path, long, 8)
+    assert out["short"].token_ids == reference_ids(model_path, short, 30)
+
+
+def test_one_token_prompts_joining_a_running_batch(model_path: Path) -> None:
+    """Rows whose prefill computed nothing (a one-token prompt: its token runs in the decode
+    step) join a batch already decoding, two in one step."""
+    from tests.model.conftest import Result
+
+    h = Harness(model_path, block_size=BLOCK)
+    try:
+        first = h.engine.encoder.tokenizer.encode(PROMPTS[3])
+        h.results["a"] = Result()
+        h.generate_ids("a", first, max_tokens=20, ignore_eos=True)
+        h.step(3)
+        for rid, token in (("x", 5), ("y", 9)):
+            h.results[rid] = Result()
+            h.generate_ids(rid, [token], max_tokens=8, ignore_eos=True)
+        out = h.run()
+    finally:
+        h.close()
+    assert out["a"].token_ids == reference_ids(model_path, first, 20)
+    assert out["x"].token_ids == reference_ids(model_path, [5], 8)
+    assert out["y"].token_ids == reference_ids(model_path, [9], 8)
+
+
+def test_a_long_prefill_hands_its_snapshots_to_the_cache_as_it_goes(
+    model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Snapshots every SNAPSHOT_EVERY tokens go to the prefix cache with each chunk (within its
+    budget), not kept on the sequence until its prompt is done."""
+    from mlxd.worker import hybrid_runner
+    from tests.model.conftest import Result
+
+    monkeypatch.setattr(hybrid_runner, "SNAPSHOT_EVERY", BLOCK)
+    h = Harness(model_path, block_size=BLOCK, prefill_chunk=2 * BLOCK)
+    held = []
+    try:
+        ids = h.engine.encoder.tokenizer.encode(LONG * 3)
+        h.results["long"] = Result()
+        h.generate_ids("long", ids, max_tokens=2, ignore_eos=True)
+        for _ in range(len(ids) // (2 * BLOCK) + 4):
+            h.step()
+            held += [len(s.states) for s in h.engine.runner.sequences()]
+        out = h.run()
+        radix = h.engine.scheduler.radix
+        assert radix.state_bytes > 0
+        radix.check_invariants()
+    finally:
+        h.close()
+    assert max(held) <= 2  # one chunk's cuts at most
+    assert out["long"].token_ids == reference_ids(model_path, ids, 2)

@@ -146,3 +146,53 @@ def test_evict_from_keeps_locked_blocks() -> None:
     assert pool.highest_used() == 1
     cache.unlock(match.node)
     cache.check_invariants()
+
+
+class _State:
+    """A hybrid's recurrent state, as the radix cache sees one: opaque but for its size."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+
+
+def test_with_states_a_match_ends_at_the_deepest_node_holding_one() -> None:
+    pool, cache = _cache()
+    cache.keep_states(100)
+    tokens = list(range(16))
+    ids = pool.allocate(4)
+    cache.insert(tokens, ids, {4: _State(10), 12: _State(10)})
+    m = cache.match_prefix(tokens + [99])
+    assert (m.block_ids, m.shared_blocks, m.node.state.nbytes) == (ids[:3], 4, 10)
+    assert cache.match_prefix(tokens[:11] + [99]).block_ids == ids[:1]  # parts before 12
+    assert cache.match_prefix([7] + tokens[1:]).block_ids == []
+    cache.check_invariants()
+
+
+def test_states_stay_within_their_budget_least_recently_used_first_and_go_with_their_node() -> None:
+    pool, cache = _cache()
+    cache.keep_states(25)
+    a, b, c = [list(range(k, k + 8)) for k in (0, 100, 200)]
+
+    def store(tokens: list[int]) -> None:  # a finished sequence's blocks and state
+        ids = pool.allocate(2)
+        cache.insert(tokens, ids, {8: _State(10)})
+        pool.release(ids)
+
+    store(a)
+    store(b)
+    cache.match_prefix(a + [1])  # a is used again: b is the least recently used
+    store(c)
+    assert cache.state_bytes == 20
+    assert cache.match_prefix(b + [1]).block_ids == []  # its state went, its blocks stay
+    assert cache.match_prefix(a + [1]).shared_blocks == 2
+    cache.evict(cache.num_cached_blocks)  # nodes go, and their states with them
+    assert cache.state_bytes == 0
+    cache.check_invariants()
+
+
+def test_a_state_larger_than_the_budget_is_not_kept() -> None:
+    pool, cache = _cache()
+    cache.keep_states(5)
+    cache.insert(list(range(8)), pool.allocate(2), {8: _State(10)})
+    assert cache.state_bytes == 0
+    assert cache.match_prefix(list(range(9))).block_ids == []
