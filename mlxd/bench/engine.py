@@ -71,10 +71,16 @@ def new_engine(
     one. ``max_view_tokens`` bounds decode's read view (default: the pool's tokens; 0: decode
     gathers the pool's blocks every step). ``kv_bits``: the pool quantized (``--kv-bits``).
     ``kv_cache_gb``: pool and view sized from that budget as a served worker sizes them
-    (``config.split_kv_budget``), so a batch that outgrows the daemon's view does here too."""
+    (``config.split_kv_budget``), so a batch that outgrows the daemon's view does here too.
+    A hybrid is paged as the worker pages it (``hybrid_runner``); other layouts the pool cannot
+    hold run on the contiguous cache."""
+    from mlxd.config import STATE_SHARE
+    from mlxd.worker import layer_caches
     from mlxd.worker.block_pool import BlockPool
     from mlxd.worker.engine import Engine
+    from mlxd.worker.hybrid_runner import HybridModelRunner
     from mlxd.worker.kv_format import KVFormat
+    from mlxd.worker.main import _keep_states
     from mlxd.worker.model_runner import ModelRunner, check_model_supported
     from mlxd.worker.paged_cache import KVPool
     from mlxd.worker.paged_runner import PagedModelRunner
@@ -84,18 +90,26 @@ def new_engine(
 
     encoder = PromptEncoder(tokenizer, vocab_size=model.args.vocab_size)
     eos = encoder.eos_token_ids
-    if not paged or check_model_supported(model):  # windows, recurrent state: as served
+    hybrid = paged and layer_caches.is_hybrid(model)
+    if not paged or (check_model_supported(model) and not hybrid):  # windows, cache lists
         runner, pool = ModelRunner(model, eos), None
     else:
         num_blocks = sched.max_num_seqs * -(-max_context // block_size) + 64
+        state_budget = 1 << 30
         if kv_cache_gb is not None:
+            budget = int(kv_cache_gb * 2**30)
+            state_budget = int(budget * STATE_SHARE) if hybrid else 0
             per_token = KVPool.bytes_per_token(model, KVFormat(kv_bits))
-            num_blocks, max_view_tokens = split_kv_budget(int(kv_cache_gb * 2**30), per_token,
+            num_blocks, max_view_tokens = split_kv_budget(budget - state_budget, per_token,
                                                           block_size)  # fmt: skip
         pool_kv = KVPool.for_model(model, num_blocks, block_size, fmt=KVFormat(kv_bits))
-        runner = PagedModelRunner(model, eos, pool_kv, max_view_tokens)
+        if hybrid:
+            runner = HybridModelRunner(model, eos, pool_kv, state_budget, max_view_tokens)
+        else:
+            runner = PagedModelRunner(model, eos, pool_kv, max_view_tokens)
         pool = BlockPool(num_blocks, block_size)
     scheduler = Scheduler(sched, pool=pool, cost=PrefillCost.for_model(model))
+    _keep_states(scheduler, runner)
     return Engine(name="bench", runner=runner, scheduler=scheduler,
                   encoder=encoder, channel=_Recorder(0.0, {}),  # type: ignore[arg-type]
                   max_context=max_context)  # fmt: skip
