@@ -146,6 +146,12 @@ class Harness:
         self.send(Generate(request_id=rid, prompt=TokenPrompt(token_ids=ids),
                            sampling=SamplingParams(**sampling)))  # fmt: skip
 
+    def run_alone(self, rid: str, ids: list[int], max_tokens: int = 12) -> Result:
+        """One greedy request of ``ids`` (EOS ignored), run to its end: its result."""
+        self.results[rid] = Result()
+        self.generate_ids(rid, ids, max_tokens=max_tokens, ignore_eos=True)
+        return self.run()[rid]
+
     def embed(self, rid: str, texts: list[str]) -> None:
         self.results[rid] = Result()
         self.send(Embed(request_id=rid, inputs=[TextPrompt(text=t) for t in texts]))

@@ -14,6 +14,12 @@ from mlxd.models.zoo import make_zoo_model
 from tests.model.conftest import Harness
 from tests.model.test_engine import PROMPTS, reference_ids
 
+# The snapshot runner's contract, collected here too with this module's hybrids: the second
+# prompt sharing blocks with the cache snapshots where they part, later ones hit there.
+from tests.model.test_prefix_snapshots import (  # noqa: F401
+    test_prompts_sharing_a_system_prompt_hit_it_whatever_follows,
+)
+
 pytestmark = pytest.mark.model
 
 BLOCK = 16
@@ -27,14 +33,6 @@ def model_path(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     if request.param == "lfm2":
         return make_model(out, arch="lfm2", size="tiny", progress=lambda line: None)
     return make_zoo_model(out, request.param)
-
-
-def _run(h: Harness, rid: str, ids: list[int], max_tokens: int = 12) -> Any:
-    from tests.model.conftest import Result
-
-    h.results[rid] = Result()
-    h.generate_ids(rid, ids, max_tokens=max_tokens, ignore_eos=True)
-    return h.run()[rid]
 
 
 def test_a_hybrid_is_served_on_the_pool(model_path: Path) -> None:
@@ -53,11 +51,11 @@ def test_a_repeated_prompt_hits_its_last_block_and_continues_as_cold(model_path:
     h = Harness(model_path, block_size=BLOCK)
     try:
         ids = h.engine.encoder.tokenizer.encode(LONG)
-        cold = _run(h, "cold", ids)
-        hit = _run(h, "hit", ids)
+        cold = h.run_alone("cold", ids)
+        hit = h.run_alone("hit", ids)
         assert h.engine.scheduler.flush_prefix_cache() > 0  # mlxd worker flush-cache
         assert h.engine.scheduler.radix.state_bytes == 0  # states go with their blocks
-        flushed = _run(h, "flushed", ids)
+        flushed = h.run_alone("flushed", ids)
         h.engine.scheduler.check_invariants()
     finally:
         h.close()
@@ -75,32 +73,14 @@ def test_the_next_turn_hits_past_the_previous_prompt(model_path: Path) -> None:
     h = Harness(model_path, block_size=BLOCK)
     try:
         first = h.engine.encoder.tokenizer.encode(PROMPTS[3])
-        turn1 = _run(h, "1", first, max_tokens=2 * BLOCK)
+        turn1 = h.run_alone("1", first, max_tokens=2 * BLOCK)
         second = first + turn1.token_ids + [40, 41, 42]
-        turn2 = _run(h, "2", second)
+        turn2 = h.run_alone("2", second)
     finally:
         h.close()
     fed = len(first) + len(turn1.token_ids) - 1  # the last answer token was never fed
     assert turn2.finished.usage.cached_tokens == fed // BLOCK * BLOCK > len(first)
     assert turn2.token_ids == reference_ids(model_path, second, 12)
-
-
-def test_prompts_sharing_a_system_prompt_hit_it_whatever_follows(model_path: Path) -> None:
-    """The second prompt sharing blocks with the cache snapshots where they stop; every later
-    one with that prefix, whatever its question, hits it."""
-    h = Harness(model_path, block_size=BLOCK)
-    try:
-        system = h.engine.encoder.tokenizer.encode(LONG)[: 3 * BLOCK]
-        questions = [list(range(q, q + BLOCK + 4)) for q in (100, 200, 300)]  # a block and more
-        first = _run(h, "1", system + questions[0])
-        second = _run(h, "2", system + questions[1])
-        third = _run(h, "3", system + questions[2])
-        h.engine.scheduler.check_invariants()
-    finally:
-        h.close()
-    assert first.finished.usage.cached_tokens == second.finished.usage.cached_tokens == 0
-    assert third.finished.usage.cached_tokens == len(system)
-    assert third.token_ids == reference_ids(model_path, system + questions[2], 12)
 
 
 def test_states_stay_within_their_budget_least_recently_used_first(model_path: Path) -> None:
@@ -111,12 +91,12 @@ def test_states_stay_within_their_budget_least_recently_used_first(model_path: P
         tok = h.engine.encoder.tokenizer
         radix = h.engine.scheduler.radix
         a, b = tok.encode(LONG), tok.encode(PROMPTS[3] * 3)
-        _run(h, "a", a, max_tokens=2)
+        h.run_alone("a", a, max_tokens=2)
         radix.state_budget = radix.state_bytes  # one snapshot, the one held
-        _run(h, "b", b, max_tokens=2)
+        h.run_alone("b", b, max_tokens=2)
         assert 0 < radix.state_bytes <= radix.state_budget
-        again_b = _run(h, "again b", b, max_tokens=2)
-        again_a = _run(h, "again a", a, max_tokens=2)
+        again_b = h.run_alone("again b", b, max_tokens=2)
+        again_a = h.run_alone("again a", a, max_tokens=2)
         h.engine.scheduler.check_invariants()
     finally:
         h.close()
@@ -178,9 +158,9 @@ def test_a_prompt_parting_from_an_earlier_one_hits_a_periodic_snapshot(
     h = Harness(model_path, block_size=BLOCK)
     try:
         ids = h.engine.encoder.tokenizer.encode(LONG)
-        _run(h, "first", ids, max_tokens=2)
+        h.run_alone("first", ids, max_tokens=2)
         other = ids[: 2 * BLOCK + 7] + [5, 6, 7, 8, 9]
-        parted = _run(h, "parted", other)
+        parted = h.run_alone("parted", other)
     finally:
         h.close()
     assert parted.finished.usage.cached_tokens == 2 * BLOCK

@@ -32,23 +32,15 @@ def model_path(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     return make_model(out, arch=arch, size="tiny", progress=lambda line: None, **extra)
 
 
-def _run(h: Harness, rid: str, ids: list[int], max_tokens: int = 12) -> Any:
-    from tests.model.conftest import Result
-
-    h.results[rid] = Result()
-    h.generate_ids(rid, ids, max_tokens=max_tokens, ignore_eos=True)
-    return h.run()[rid]
-
-
 def test_a_repeated_prompt_hits_its_last_block_and_continues_as_cold(model_path: Path) -> None:
     h = Harness(model_path, block_size=BLOCK)
     try:
         ids = h.engine.encoder.tokenizer.encode(LONG)
-        cold = _run(h, "cold", ids)
-        hit = _run(h, "hit", ids)
+        cold = h.run_alone("cold", ids)
+        hit = h.run_alone("hit", ids)
         report = h.engine.scheduler.kv_report()  # what stats and /metrics show
         assert h.engine.runner.flush_prefix_cache() > 0  # mlxd worker flush-cache
-        flushed = _run(h, "flushed", ids)
+        flushed = h.run_alone("flushed", ids)
     finally:
         h.close()
     assert cold.finished.usage.cached_tokens == 0
@@ -68,10 +60,10 @@ def test_the_next_turn_hits_the_whole_previous_turn(model_path: Path) -> None:
     h = Harness(model_path, block_size=BLOCK)
     try:
         first = h.engine.encoder.tokenizer.encode(PROMPTS[3])
-        turn1 = _run(h, "1", first)
+        turn1 = h.run_alone("1", first)
         second = first + turn1.token_ids + [40, 41, 42]
-        turn2 = _run(h, "2", second)
-        other = _run(h, "other", [7] + second[1:])  # differs at its first token: no hit
+        turn2 = h.run_alone("2", second)
+        other = h.run_alone("other", [7] + second[1:])  # differs at its first token: no hit
     finally:
         h.close()
     assert turn2.finished.usage.cached_tokens == len(first) + len(turn1.token_ids)
@@ -84,14 +76,14 @@ def test_snapshots_stay_within_their_budget(model_path: Path) -> None:
     try:
         snapshots = h.engine.runner.snapshots
         tok = h.engine.encoder.tokenizer
-        _run(h, "a", tok.encode(LONG))
+        h.run_alone("a", tok.encode(LONG))
         one = snapshots.nbytes / len(snapshots)
         snapshots.budget_bytes = int(2.5 * one)
         for i, prompt in enumerate(PROMPTS):
             if prompt * 3 != LONG:
-                _run(h, f"p{i}", tok.encode(prompt * 3), max_tokens=4)
+                h.run_alone(f"p{i}", tok.encode(prompt * 3), max_tokens=4)
                 assert 0 < snapshots.nbytes <= snapshots.budget_bytes
-        again = _run(h, "again", tok.encode(LONG))
+        again = h.run_alone("again", tok.encode(LONG))
         assert again.finished.usage.cached_tokens == 0  # the least recently used went first
     finally:
         h.close()
@@ -104,9 +96,9 @@ def test_prompts_sharing_a_system_prompt_hit_it_whatever_follows(model_path: Pat
     try:
         system = h.engine.encoder.tokenizer.encode(LONG)[: 3 * BLOCK]
         questions = [list(range(q, q + BLOCK + 4)) for q in (100, 200, 300)]  # a block and more
-        first = _run(h, "1", system + questions[0])
-        second = _run(h, "2", system + questions[1])
-        third = _run(h, "3", system + questions[2])
+        first = h.run_alone("1", system + questions[0])
+        second = h.run_alone("2", system + questions[1])
+        third = h.run_alone("3", system + questions[2])
     finally:
         h.close()
     assert first.finished.usage.cached_tokens == second.finished.usage.cached_tokens == 0
@@ -174,7 +166,7 @@ def test_new_prompts_prefill_in_one_forward_and_continue_as_alone(model_path: Pa
             h.results[str(i)] = Result()
             h.generate_ids(str(i), ids, max_tokens=12, ignore_eos=True)
         out = h.run()
-        again = _run(h, "again", prompts[1])
+        again = h.run_alone("again", prompts[1])
     finally:
         h.close()
     # mlx-lm's Mamba lets right padding into its state (it reads no lengths from its cache):
