@@ -53,6 +53,14 @@ def is_hybrid(model: Any) -> bool:
             and any(n in _RECURRENT for n in names))  # fmt: skip
 
 
+def state_bytes(model: Any) -> int:
+    """Bytes of one sequence's recurrent state (its non-K/V entries after one token: their size
+    does not grow with the sequence)."""
+    caches = model_caches(model)
+    model(mx.array([[0]]), cache=caches)
+    return nbytes([c for c, a in zip(caches, attention_entries(caches), strict=True) if not a])
+
+
 def attention_entries(caches: list[Any]) -> list[bool]:
     """Which entries of a cache list are plain K/V caches (the pool's layers, in order)."""
     return [k in _PLAIN for k in kinds(caches)]

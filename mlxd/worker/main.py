@@ -236,10 +236,14 @@ def _runner(
     per_block = per_token * bs
     wanted = kv_bytes_wanted(per_token, config.scheduler.max_num_seqs, max_context, paged=True)
     budget = _kv_budget(model, config, wanted)
-    state_budget = int(budget * STATE_SHARE) if hybrid else 0
-    num_blocks, view_tokens = split_kv_budget(budget - state_budget, per_token, bs)
+    state_budget, rows = 0, 0
+    if hybrid:  # the prefix cache's snapshots, and each row's live state and latest snapshot
+        state_budget = int(budget * STATE_SHARE)
+        rows = 2 * config.scheduler.max_num_seqs * layer_caches.state_bytes(model)
+    num_blocks, view_tokens = split_kv_budget(budget - state_budget - rows, per_token, bs)
     if num_blocks < 2:
-        raise ConfigError(f"--kv-cache-gb {config.cache.kv_cache_gb} holds no KV blocks; "
+        held = f" after {rows} bytes of rows' recurrent state" if rows else ""
+        raise ConfigError(f"--kv-cache-gb {config.cache.kv_cache_gb} holds no KV blocks{held}; "
                           f"one block of {bs} tokens takes {per_block} bytes")  # fmt: skip
     if num_blocks * bs < max_context:
         log.warning("the KV pool holds %d tokens: context capped from %d", num_blocks * bs,

@@ -247,3 +247,31 @@ def test_a_long_prefill_hands_its_snapshots_to_the_cache_as_it_goes(
         h.close()
     assert max(held) <= 2  # one chunk's cuts at most
     assert out["long"].token_ids == reference_ids(model_path, ids, 2)
+
+
+def test_the_kv_budget_holds_every_rows_state_and_the_snapshots(model_path: Path) -> None:
+    """A worker's KV budget for a hybrid: a quarter for the prefix cache's snapshots, each
+    possible row's live state and latest snapshot, then the pool and decode's view."""
+    from mlxd.config import STATE_SHARE, CacheConfig, SchedulerConfig, WorkerConfig, split_kv_budget
+    from mlxd.worker import layer_caches
+    from mlxd.worker.main import _runner
+    from mlxd.worker.paged_cache import KVPool
+    from tests.model.conftest import load_model
+
+    model, _ = load_model(model_path)
+    budget = 2**20
+
+    def blocks(rows: int) -> tuple[int, int]:
+        config = WorkerConfig(model=str(model_path), name="h", endpoint="ipc:///tmp/h",
+                              cache=CacheConfig(kv_cache_gb=budget / 2**30, block_size=BLOCK),
+                              scheduler=SchedulerConfig(max_num_seqs=rows))  # fmt: skip
+        runner, pool, _ = _runner(model, {0}, config, 1 << 16)
+        assert pool is not None
+        return pool.num_blocks, runner.state_budget  # type: ignore[attr-defined]
+
+    per_row = layer_caches.state_bytes(model)
+    for rows in (1, 8):
+        reserved = int(budget * STATE_SHARE) + 2 * rows * per_row
+        expected = split_kv_budget(budget - reserved, KVPool.bytes_per_token(model), BLOCK)[0]
+        assert blocks(rows) == (expected, int(budget * STATE_SHARE))
+    assert blocks(8)[0] < blocks(1)[0]

@@ -133,11 +133,15 @@ def pool_gb(path: Path) -> float:
     model, _ = load(path)
     hybrid = layer_caches.is_hybrid(model)  # its recurrent states' share on top (2+ fit)
     if not check_model_supported(model) or hybrid:
+        from mlxd.knobs import MAX_NUM_SEQS
         from mlxd.worker.paged_cache import KVPool
 
         per_token = KVPool.bytes_per_token(model)
         pool = per_token * POOL_BLOCKS * BLOCK_SIZE / (1 - VIEW_SHARE)
-        return pool / (1 - STATE_SHARE if hybrid else 1) / 2**30
+        if not hybrid:
+            return pool / 2**30
+        rows = 2 * MAX_NUM_SEQS.default * layer_caches.state_bytes(model)  # the worker's reserve
+        return (pool + rows) / (1 - STATE_SHARE) / 2**30
     # A model on its own caches: per token (K/V, growing 256 tokens at a time) and per
     # sequence (recurrent state, windows), measured. Its budget is split in half, the batch's
     # caches and the snapshots: each half holds POOL_BLOCKS blocks of K/V and three sequences'
