@@ -98,10 +98,13 @@ def new_engine(
         state_budget = 1 << 30
         if kv_cache_gb is not None:
             budget = int(kv_cache_gb * 2**30)
-            state_budget = int(budget * STATE_SHARE) if hybrid else 0
+            state_budget, rows = 0, 0
+            if hybrid:  # as the worker reserves it (worker/main.py ``_runner``)
+                state_budget = int(budget * STATE_SHARE)
+                rows = 2 * sched.max_num_seqs * layer_caches.state_bytes(model)
             per_token = KVPool.bytes_per_token(model, KVFormat(kv_bits))
-            num_blocks, max_view_tokens = split_kv_budget(budget - state_budget, per_token,
-                                                          block_size)  # fmt: skip
+            num_blocks, max_view_tokens = split_kv_budget(budget - state_budget - rows,
+                                                          per_token, block_size)  # fmt: skip
         pool_kv = KVPool.for_model(model, num_blocks, block_size, fmt=KVFormat(kv_bits))
         if hybrid:
             runner = HybridModelRunner(model, eos, pool_kv, state_budget, max_view_tokens)
