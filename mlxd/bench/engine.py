@@ -74,11 +74,10 @@ def new_engine(
     (``config.split_kv_budget``), so a batch that outgrows the daemon's view does here too.
     A hybrid is paged as the worker pages it (``hybrid_runner``); other layouts the pool cannot
     hold run on the contiguous cache."""
-    from mlxd.config import STATE_SHARE
     from mlxd.worker import layer_caches
     from mlxd.worker.block_pool import BlockPool
     from mlxd.worker.engine import Engine
-    from mlxd.worker.hybrid_runner import HybridModelRunner
+    from mlxd.worker.hybrid_runner import HybridModelRunner, reserved_bytes
     from mlxd.worker.kv_format import KVFormat
     from mlxd.worker.main import _keep_states
     from mlxd.worker.model_runner import ModelRunner, check_model_supported
@@ -99,9 +98,8 @@ def new_engine(
         if kv_cache_gb is not None:
             budget = int(kv_cache_gb * 2**30)
             state_budget, rows = 0, 0
-            if hybrid:  # as the worker reserves it (worker/main.py ``_runner``)
-                state_budget = int(budget * STATE_SHARE)
-                rows = 2 * sched.max_num_seqs * layer_caches.state_bytes(model)
+            if hybrid:  # as the worker reserves it
+                state_budget, rows = reserved_bytes(model, budget, sched.max_num_seqs)
             per_token = KVPool.bytes_per_token(model, KVFormat(kv_bits))
             num_blocks, max_view_tokens = split_kv_budget(budget - state_budget - rows,
                                                           per_token, block_size)  # fmt: skip

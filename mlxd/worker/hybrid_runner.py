@@ -24,6 +24,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache
 
+from mlxd.config import STATE_SHARE
 from mlxd.worker import layer_caches
 from mlxd.worker.paged_cache import KVPool, PagedKVCache, PagedStep
 from mlxd.worker.paged_runner import PagedModelRunner
@@ -38,6 +39,13 @@ SNAPSHOT_EVERY = 1024
 # a Qwen3.5-0.8B shape took 6.6 s each one after the other, and mlx_lm.server prefilled all
 # eight in 10.8 s together (docs/PERFORMANCE.md).
 PREFILL_ROWS = 8
+
+
+def reserved_bytes(model: Any, budget: int, max_num_seqs: int) -> tuple[int, int]:
+    """What a hybrid's KV ``budget`` holds before its pool and view: (the prefix cache's
+    snapshots, ``STATE_SHARE`` of it; two states per possible row: its live state and its
+    latest decode snapshot)."""
+    return int(budget * STATE_SHARE), 2 * max_num_seqs * layer_caches.state_bytes(model)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@ import zmq
 from mlx.utils import tree_flatten
 
 from mlxd.config import (
-    STATE_SHARE,
     SchedulerConfig,
     WorkerConfig,
     kv_bytes_wanted,
@@ -237,9 +236,10 @@ def _runner(
     wanted = kv_bytes_wanted(per_token, config.scheduler.max_num_seqs, max_context, paged=True)
     budget = _kv_budget(model, config, wanted)
     state_budget, rows = 0, 0
-    if hybrid:  # the prefix cache's snapshots, and each row's live state and latest snapshot
-        state_budget = int(budget * STATE_SHARE)
-        rows = 2 * config.scheduler.max_num_seqs * layer_caches.state_bytes(model)
+    if hybrid:
+        from mlxd.worker.hybrid_runner import reserved_bytes
+
+        state_budget, rows = reserved_bytes(model, budget, config.scheduler.max_num_seqs)
     num_blocks, view_tokens = split_kv_budget(budget - state_budget - rows, per_token, bs)
     if num_blocks < 2:
         held = f" after {rows} bytes of rows' recurrent state" if rows else ""
