@@ -8,12 +8,13 @@ with a row per sequence, joined and filtered as the rows' block tables are.
 
 A state cannot be rebuilt from blocks nor rolled back, so the prefix cache keeps snapshots of
 it on radix nodes (``RadixCache.keep_states``), taken where a later prompt can hit: at the last
-block boundary of each prefill, at the boundary where a prompt stops sharing blocks with the
-cache (the next prompt with that prefix hits there), and at the last boundary each decoding row
-passed (a finished sequence's next turn, a preempted one's resume). A hit restores the blocks by
-reference and the state by copy. Prefill runs one sequence per forward with exact lengths: a
-recurrent layer would fold a left-padded row's padding into its state. Drafts are not verified
-(``speculates``): rejected tokens would have moved the state.
+block boundary of each prefill, about every ``SNAPSHOT_EVERY`` tokens, where the scheduler asks
+(where a prompt parts from the cached blocks, or from a waiting prompt that shares its first
+block), and at the last boundary each decoding row passed (a finished sequence's next turn, a
+preempted one's resume). A hit restores the blocks by reference and the state by copy. Prefill
+runs without padding, which a recurrent layer would fold into its state: spans of one length,
+from any rows, share a forward. Drafts are not verified (``speculates``): rejected tokens would
+have moved the state.
 """
 
 from __future__ import annotations
