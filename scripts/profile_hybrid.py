@@ -24,6 +24,7 @@ from mlxd.bench.engine import _Recorder, engine_level
 from mlxd.config import CacheConfig, SchedulerConfig, WorkerConfig
 from mlxd.worker import main as worker
 from mlxd.worker.engine import Engine
+from mlxd.worker.hybrid_runner import fit_scheduler
 from mlxd.worker.model_runner import check_model_supported
 from mlxd.worker.scheduler import Scheduler
 from mlxd.worker.tokenizer import PromptEncoder
@@ -55,7 +56,7 @@ def build(path: str, runner_kind: str, kv_gb: float) -> tuple[Engine, _Counting]
     else:
         runner, pool, _ = worker._runner(model, eos, config, 65536)
     scheduler = Scheduler(worker._scheduler_config(config, runner), pool=pool)
-    worker._keep_states(scheduler, runner)
+    fit_scheduler(scheduler, runner)
     encoder = PromptEncoder(tokenizer, vocab_size=worker._vocab_size(model, tokenizer))
     engine = Engine(
         name="p",

@@ -77,9 +77,8 @@ def new_engine(
     from mlxd.worker import layer_caches
     from mlxd.worker.block_pool import BlockPool
     from mlxd.worker.engine import Engine
-    from mlxd.worker.hybrid_runner import HybridModelRunner, reserved_bytes
+    from mlxd.worker.hybrid_runner import HybridModelRunner, fit_scheduler, reserved_bytes
     from mlxd.worker.kv_format import KVFormat
-    from mlxd.worker.main import _keep_states
     from mlxd.worker.model_runner import ModelRunner, check_model_supported
     from mlxd.worker.paged_cache import KVPool
     from mlxd.worker.paged_runner import PagedModelRunner
@@ -110,7 +109,7 @@ def new_engine(
             runner = PagedModelRunner(model, eos, pool_kv, max_view_tokens)
         pool = BlockPool(num_blocks, block_size)
     scheduler = Scheduler(sched, pool=pool, cost=PrefillCost.for_model(model))
-    _keep_states(scheduler, runner)
+    fit_scheduler(scheduler, runner)
     return Engine(name="bench", runner=runner, scheduler=scheduler,
                   encoder=encoder, channel=_Recorder(0.0, {}),  # type: ignore[arg-type]
                   max_context=max_context)  # fmt: skip

@@ -29,7 +29,7 @@ from mlxd.config import STATE_SHARE
 from mlxd.worker import layer_caches
 from mlxd.worker.paged_cache import KVPool, PagedKVCache, PagedStep
 from mlxd.worker.paged_runner import PagedModelRunner
-from mlxd.worker.scheduler import PrefillChunk
+from mlxd.worker.scheduler import PrefillChunk, Scheduler
 from mlxd.worker.sequence import Sequence
 
 # Prefill snapshots the recurrent state about every this many tokens (rounded to blocks): a
@@ -47,6 +47,14 @@ def reserved_bytes(model: Any, budget: int, max_num_seqs: int) -> tuple[int, int
     snapshots, ``STATE_SHARE`` of it; two states per possible row: its live state and its
     latest decode snapshot)."""
     return int(budget * STATE_SHARE), 2 * max_num_seqs * layer_caches.state_bytes(model)
+
+
+def fit_scheduler(scheduler: Scheduler, runner: Any) -> None:
+    """For a hybrid's runner: its prefix cache keeps recurrent states, and a step prefills
+    several of its rows (any other runner leaves ``scheduler`` as it is)."""
+    if isinstance(runner, HybridModelRunner) and scheduler.radix is not None:
+        scheduler.radix.keep_states(runner.state_budget)
+        scheduler.prefill_rows = PREFILL_ROWS
 
 
 @dataclass(frozen=True)

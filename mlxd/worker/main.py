@@ -17,12 +17,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 from mlx.utils import tree_flatten
 
-from mlxd.config import (
-    SchedulerConfig,
-    WorkerConfig,
-    kv_bytes_wanted,
-    split_kv_budget,
-)
+from mlxd.config import SchedulerConfig, WorkerConfig, kv_bytes_wanted, split_kv_budget
 from mlxd.errors import ConfigError
 from mlxd.protocol import curve
 from mlxd.protocol.channel import WorkerChannel, control_endpoint
@@ -33,6 +28,7 @@ from mlxd.worker.block_pool import BlockPool
 from mlxd.worker.control import Control
 from mlxd.worker.embedder import Embedder
 from mlxd.worker.engine import Engine
+from mlxd.worker.hybrid_runner import fit_scheduler
 from mlxd.worker.idle_release import IdleRelease
 from mlxd.worker.model_runner import ModelRunner, check_model_supported
 from mlxd.worker.output_head import last_position_only
@@ -105,7 +101,7 @@ def serve(config: WorkerConfig) -> int:
         drafter=drafter,
     )
     engine.idle_release = IdleRelease(config.cache.kv_idle_s)
-    _keep_states(engine.scheduler, runner)
+    fit_scheduler(engine.scheduler, runner)
     tier = disk_tier.attach(config, engine.scheduler, runner)
     engine.control = Control(
         engine,
@@ -261,16 +257,6 @@ def _runner(
     else:
         runner = PagedModelRunner(model, eos_token_ids, pool, max_view_tokens=view_tokens)
     return runner, BlockPool(num_blocks, bs), max_context
-
-
-def _keep_states(scheduler: Scheduler, runner: ModelRunner) -> None:
-    """A hybrid's prefix cache keeps its recurrent states, and a step prefills several of its
-    rows (``hybrid_runner``)."""
-    from mlxd.worker.hybrid_runner import PREFILL_ROWS, HybridModelRunner
-
-    if isinstance(runner, HybridModelRunner) and scheduler.radix is not None:
-        scheduler.radix.keep_states(runner.state_budget)
-        scheduler.prefill_rows = PREFILL_ROWS
 
 
 def _kv_format(model: Any, config: WorkerConfig) -> KVFormat:

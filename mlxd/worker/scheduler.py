@@ -343,8 +343,8 @@ class Scheduler:
         sharing = [o for o in self.prefilling if o.prefill_ids[:bs] == first]
         if not sharing:
             return False
-        if self.radix.state_budget is not None:  # a hybrid: ``_ask_snapshots`` asked for one
-            self._snapshot_for(seq, sharing[0])
+        if self.radix.state_budget is not None:  # a hybrid: for a prompt that came after
+            self._snapshot_for(seq, sharing[0])  # ``sharing[0]`` was admitted (``_ask_snapshots``)
         return self.radix.match_prefix(seq.prefill_ids, max_blocks=1).shared_blocks == 0
 
     def _ask_snapshots(self, seq: Sequence) -> None:

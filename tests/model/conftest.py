@@ -68,8 +68,8 @@ class Harness:
         from mlxd.worker.block_pool import BlockPool
         from mlxd.worker.embedder import Embedder
         from mlxd.worker.engine import Engine
-        from mlxd.worker.hybrid_runner import HybridModelRunner
-        from mlxd.worker.main import _keep_states, _vocab_size
+        from mlxd.worker.hybrid_runner import HybridModelRunner, fit_scheduler
+        from mlxd.worker.main import _vocab_size
         from mlxd.worker.model_runner import ModelRunner, check_model_supported
         from mlxd.worker.native_runner import NativeModelRunner
         from mlxd.worker.output_head import last_position_only
@@ -124,7 +124,7 @@ class Harness:
             channel=self.channel, max_context=min(512, num_blocks * block_size),
             embedder=Embedder(model), drafter=drafter,
         )  # fmt: skip
-        _keep_states(self.engine.scheduler, runner)
+        fit_scheduler(self.engine.scheduler, runner)
         self.results: dict[str, Result] = {}
         self.steps = 0
 
