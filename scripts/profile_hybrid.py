@@ -24,7 +24,6 @@ from mlxd.bench.engine import _Recorder, engine_level
 from mlxd.config import CacheConfig, SchedulerConfig, WorkerConfig
 from mlxd.worker import main as worker
 from mlxd.worker.engine import Engine
-from mlxd.worker.hybrid_runner import fit_scheduler
 from mlxd.worker.model_runner import check_model_supported
 from mlxd.worker.scheduler import Scheduler
 from mlxd.worker.tokenizer import PromptEncoder
@@ -56,7 +55,7 @@ def build(path: str, runner_kind: str, kv_gb: float) -> tuple[Engine, _Counting]
     else:
         runner, pool, _ = worker._runner(model, eos, config, 65536)
     scheduler = Scheduler(worker._scheduler_config(config, runner), pool=pool)
-    fit_scheduler(scheduler, runner)
+    runner.fit_scheduler(scheduler)
     encoder = PromptEncoder(tokenizer, vocab_size=worker._vocab_size(model, tokenizer))
     engine = Engine(
         name="p",

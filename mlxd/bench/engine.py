@@ -72,12 +72,12 @@ def new_engine(
     gathers the pool's blocks every step). ``kv_bits``: the pool quantized (``--kv-bits``).
     ``kv_cache_gb``: pool and view sized from that budget as a served worker sizes them
     (``config.split_kv_budget``), so a batch that outgrows the daemon's view does here too.
-    A hybrid is paged as the worker pages it (``hybrid_runner``); other layouts the pool cannot
-    hold run on the contiguous cache."""
+    A hybrid and a sliding-window model are paged as the worker pages them (``hybrid_runner``,
+    ``window_runner``); other layouts the pool cannot hold run on the contiguous cache."""
     from mlxd.worker import layer_caches
     from mlxd.worker.block_pool import BlockPool
     from mlxd.worker.engine import Engine
-    from mlxd.worker.hybrid_runner import HybridModelRunner, fit_scheduler, reserved_bytes
+    from mlxd.worker.hybrid_runner import HybridModelRunner, reserved_bytes
     from mlxd.worker.kv_format import KVFormat
     from mlxd.worker.model_runner import ModelRunner, check_model_supported
     from mlxd.worker.paged_cache import KVPool
@@ -85,11 +85,13 @@ def new_engine(
     from mlxd.worker.prefill_cost import PrefillCost
     from mlxd.worker.scheduler import Scheduler
     from mlxd.worker.tokenizer import PromptEncoder
+    from mlxd.worker.window_runner import WindowModelRunner
 
     encoder = PromptEncoder(tokenizer, vocab_size=model.args.vocab_size)
     eos = encoder.eos_token_ids
     hybrid = paged and layer_caches.is_hybrid(model)
-    if not paged or (check_model_supported(model) and not hybrid):  # windows, cache lists
+    window = layer_caches.window_size(model) if paged and not hybrid else 0
+    if not paged or (check_model_supported(model) and not hybrid and not window):
         runner, pool = ModelRunner(model, eos), None
     else:
         num_blocks = sched.max_num_seqs * -(-max_context // block_size) + 64
@@ -99,17 +101,23 @@ def new_engine(
             state_budget, rows = 0, 0
             if hybrid:  # as the worker reserves it
                 state_budget, rows = reserved_bytes(model, budget, sched.max_num_seqs)
-            per_token = KVPool.bytes_per_token(model, KVFormat(kv_bits))
+            per_token = sum(KVPool.bytes_per_token(model, KVFormat(kv_bits), windows=w)
+                            for w in ((False, True) if window else (False,)))  # fmt: skip
             num_blocks, max_view_tokens = split_kv_budget(budget - state_budget - rows,
                                                           per_token, block_size)  # fmt: skip
         pool_kv = KVPool.for_model(model, num_blocks, block_size, fmt=KVFormat(kv_bits))
-        if hybrid:
+        if window:
+            runner, pool = WindowModelRunner.for_model(
+                model, eos, num_blocks, block_size, window, None, KVFormat(kv_bits), max_view_tokens
+            )
+        elif hybrid:
             runner = HybridModelRunner(model, eos, pool_kv, state_budget, max_view_tokens)
         else:
             runner = PagedModelRunner(model, eos, pool_kv, max_view_tokens)
-        pool = BlockPool(num_blocks, block_size)
+        if not window:
+            pool = BlockPool(num_blocks, block_size)
     scheduler = Scheduler(sched, pool=pool, cost=PrefillCost.for_model(model))
-    fit_scheduler(scheduler, runner)
+    runner.fit_scheduler(scheduler)
     return Engine(name="bench", runner=runner, scheduler=scheduler,
                   encoder=encoder, channel=_Recorder(0.0, {}),  # type: ignore[arg-type]
                   max_context=max_context)  # fmt: skip

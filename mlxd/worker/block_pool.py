@@ -7,6 +7,10 @@ cache for each block it indexes. A block whose count drops to zero is free again
 The lowest free id is handed out first, so the blocks in use stay packed at the low end and
 the pool's arrays (which grow in chunks up to ``num_blocks``, see ``paged_cache.KVPool``) need
 only reach the highest of them.
+
+A sliding-window model keeps two kinds of blocks (its full-attention layers' and its window
+layers', ``window_slabs``) in two pools of ids that draw from one ``KVBudget`` of bytes, each
+block costing what its layers' K/V take.
 """
 
 from __future__ import annotations
@@ -14,14 +18,31 @@ from __future__ import annotations
 import heapq
 
 
-class BlockPool:
-    """``num_blocks`` blocks of ``block_size`` tokens, handed out by id (0..num_blocks-1)."""
+class KVBudget:
+    """Bytes that several block pools share: a block in use takes its pool's ``cost`` of it."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
-        if num_blocks < 1 or block_size < 1:
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.used = 0
+
+    @property
+    def free(self) -> int:
+        return self.total - self.used
+
+
+class BlockPool:
+    """``num_blocks`` blocks of ``block_size`` tokens, handed out by id (0..num_blocks-1); with a
+    ``budget``, as many of them at once as its bytes pay for, ``cost`` bytes each."""
+
+    def __init__(
+        self, num_blocks: int, block_size: int, budget: KVBudget | None = None, cost: int = 1
+    ) -> None:
+        if num_blocks < 1 or block_size < 1 or cost < 1:
             raise ValueError("a block pool needs at least one block of at least one token")
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.budget = budget
+        self.cost = cost
         self._ref_counts = [0] * num_blocks
         self._free: list[int] = list(range(num_blocks))  # a min-heap
 
@@ -29,7 +50,9 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        if self.budget is None:
+            return len(self._free)
+        return min(len(self._free), self.budget.free // self.cost)
 
     @property
     def num_used(self) -> int:
@@ -40,15 +63,17 @@ class BlockPool:
         return -(-num_tokens // self.block_size)
 
     def can_allocate(self, n: int) -> bool:
-        return n <= len(self._free)
+        return n <= self.num_free
 
     def allocate(self, n: int) -> list[int]:
         """Take ``n`` free blocks, each with one reference; raise if fewer are free."""
-        if n > len(self._free):
-            raise MemoryError(f"{n} KV blocks asked for, {len(self._free)} free")
+        if n > self.num_free:
+            raise MemoryError(f"{n} KV blocks asked for, {self.num_free} free")
         ids = [heapq.heappop(self._free) for _ in range(n)]
         for i in ids:
             self._ref_counts[i] = 1
+        if self.budget is not None:
+            self.budget.used += n * self.cost
         return ids
 
     def retain(self, ids: list[int]) -> None:
@@ -66,6 +91,8 @@ class BlockPool:
             if self._ref_counts[i] == 0:
                 heapq.heappush(self._free, i)
                 freed += 1
+        if self.budget is not None:
+            self.budget.used -= freed * self.cost
         return freed
 
     def highest_used(self) -> int:

@@ -218,8 +218,9 @@ def _rows(buf: KV) -> int:
 
 
 def _table(pool: KVPool, block_tables: list[list[int]], width: int) -> mx.array:
-    """(B, width) block ids, short tables padded with the scratch block."""
-    return mx.array([(tb + [pool.scratch_block] * width)[:width] for tb in block_tables])
+    """(B, width) block ids, short tables padded with the scratch block (as -1 entries are)."""
+    table = mx.array([(tb + [-1] * width)[:width] for tb in block_tables])
+    return mx.where(table < 0, pool.scratch_block, table)
 
 
 def _view(pool: KVPool, kind: int, pool_layer: KV, table: mx.array, base: int) -> KV:

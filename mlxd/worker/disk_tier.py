@@ -106,7 +106,10 @@ def attach(config: WorkerConfig, scheduler: Scheduler, runner: ModelRunner) -> D
             log.warning("--kv-disk-gb needs a prefix cache (paged or snapshots); no disk tier")
         return None
     if scheduler.radix.state_budget is not None:
-        log.warning("--kv-disk-gb keeps K/V blocks, not a hybrid's recurrent state; no disk tier")
+        log.warning(
+            "--kv-disk-gb keeps K/V blocks, not a hybrid's recurrent state nor a "
+            "window model's window slabs; no disk tier"
+        )
         return None
     pool = runner.pool
     k, v = parts(pool.keys[0])[0], parts(pool.values[0])[-1]  # float dtype last

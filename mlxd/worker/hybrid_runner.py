@@ -6,15 +6,15 @@ a fixed-size state per sequence that each token updates instead of adding K/V. E
 sequence keeps its own state here, and the decode batch one ``ArraysCache`` per recurrent layer
 with a row per sequence, joined and filtered as the rows' block tables are.
 
-A state cannot be rebuilt from blocks nor rolled back, so the prefix cache keeps snapshots of
-it on radix nodes (``RadixCache.keep_states``), taken where a later prompt can hit: at the last
-block boundary of each prefill, about every ``SNAPSHOT_EVERY`` tokens, where the scheduler asks
-(where a prompt parts from the cached blocks, or from a waiting prompt that shares its first
-block), and at the last boundary each decoding row passed (a finished sequence's next turn, a
-preempted one's resume). A hit restores the blocks by reference and the state by copy. Prefill
-runs without padding, which a recurrent layer would fold into its state: spans of one length,
-from any rows, share a forward. Drafts are not verified (``speculates``): rejected tokens would
-have moved the state.
+A state cannot be rebuilt from blocks nor rolled back, so the prefix cache keeps snapshots of it
+on radix nodes (``RadixCache.keep_states``), taken where a later prompt can hit: at the last
+block boundary of each prefill, about every ``radix_cache.STATE_EVERY`` tokens, where the
+scheduler asks (where a prompt parts from the cached blocks, or from a waiting prompt that
+shares its first block), and at the last boundary each decoding row passed (a finished
+sequence's next turn, a preempted one's resume). A hit restores the blocks by reference and the
+state by copy. Prefill runs without padding, which a recurrent layer would fold into its state:
+spans of one length, from any rows, share a forward. Drafts are not verified (``speculates``):
+rejected tokens would have moved the state.
 """
 
 from __future__ import annotations
@@ -29,12 +29,10 @@ from mlxd.config import STATE_SHARE
 from mlxd.worker import layer_caches
 from mlxd.worker.paged_cache import KVPool, PagedKVCache, PagedStep
 from mlxd.worker.paged_runner import PagedModelRunner
+from mlxd.worker.radix_cache import state_cuts
 from mlxd.worker.scheduler import PrefillChunk, Scheduler
 from mlxd.worker.sequence import Sequence
 
-# Prefill snapshots the recurrent state about every this many tokens (rounded to blocks): a
-# prompt that parts from an earlier one recomputes at most this much of what they share.
-SNAPSHOT_EVERY = 1024
 # Rows a prefill step may take a whole chunk of each while no row decodes (``Scheduler.
 # prefill_rows``; spans of one length share a forward): on an H200, eight 4,000-token prompts of
 # a Qwen3.5-0.8B shape took 6.6 s each one after the other, and mlx_lm.server prefilled all
@@ -47,14 +45,6 @@ def reserved_bytes(model: Any, budget: int, max_num_seqs: int) -> tuple[int, int
     snapshots, ``STATE_SHARE`` of it; two states per possible row: its live state and its
     latest decode snapshot)."""
     return int(budget * STATE_SHARE), 2 * max_num_seqs * layer_caches.state_bytes(model)
-
-
-def fit_scheduler(scheduler: Scheduler, runner: Any) -> None:
-    """For a hybrid's runner: its prefix cache keeps recurrent states, and a step prefills
-    several of its rows (any other runner leaves ``scheduler`` as it is)."""
-    if isinstance(runner, HybridModelRunner) and scheduler.radix is not None:
-        scheduler.radix.keep_states(runner.state_budget)
-        scheduler.prefill_rows = PREFILL_ROWS
 
 
 @dataclass(frozen=True)
@@ -119,6 +109,12 @@ class HybridModelRunner(PagedModelRunner):
         self._own: dict[Sequence, tuple[int, list[ArraysCache]]] = {}  # prefilling: tokens, state
 
     # Public API
+
+    def fit_scheduler(self, scheduler: Scheduler) -> None:
+        """Its prefix cache keeps recurrent states, and a step prefills several rows."""
+        if scheduler.radix is not None:
+            scheduler.radix.keep_states(self.state_budget)
+            scheduler.prefill_rows = PREFILL_ROWS
 
     def decode_step(self) -> list[Any]:
         """A decode step, then a snapshot of each row that has just filled a block."""
@@ -192,21 +188,11 @@ class HybridModelRunner(PagedModelRunner):
         assert chunk.start == seq.num_computed, "a chunk must continue its sequence"
         end = chunk.end - 1 if chunk.is_last else chunk.end
         self._own[seq] = (chunk.start, self._state_at(seq, chunk.start))
-        cuts = self._cuts(seq, chunk.start, end)
+        cuts = state_cuts(self.pool.block_size, seq.num_prefill_tokens, seq.snapshot_at,
+                          chunk.start, end)  # fmt: skip
         stops = sorted(cuts | {end})
         return [_Span(seq, a, b, b in cuts)
                 for a, b in zip([chunk.start, *stops], stops, strict=False)]  # fmt: skip
-
-    def _cuts(self, seq: Sequence, start: int, end: int) -> set[int]:
-        """Where ``seq``'s prefill from ``start`` to ``end`` snapshots: its last block boundary
-        (a repeated prompt hits there), the boundaries the scheduler asked for (where the prompt
-        parts from the cache's blocks or from a prompt waiting on it), and every
-        ``SNAPSHOT_EVERY`` tokens (a later prompt that parts from this one hits close by)."""
-        bs = self.pool.block_size
-        step = max(bs, SNAPSHOT_EVERY // bs * bs)
-        every = range(-(-(start + 1) // step) * step, end + 1, step)
-        cuts = {(seq.num_prefill_tokens - 1) // bs * bs, *seq.snapshot_at, *every}
-        return {c for c in cuts if start < c <= end}
 
     def _state_at(self, seq: Sequence, start: int) -> list[ArraysCache]:
         """The recurrent state after ``seq``'s first ``start`` tokens: none yet, its own from

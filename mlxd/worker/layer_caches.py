@@ -22,6 +22,8 @@ from mlx.utils import tree_flatten
 _PLAIN = ("KVCache",)
 # Kinds whose state is a fixed size, whatever the length: a hybrid's recurrent layers.
 _RECURRENT = ("ArraysCache",)
+# Kinds that keep the K/V of a sliding window: the pool holds these in slabs (window_slabs.py).
+_WINDOW = ("RotatingKVCache",)
 
 
 def model_caches(model: Any) -> list[Any]:
@@ -51,6 +53,50 @@ def is_hybrid(model: Any) -> bool:
     names = kinds(model_caches(model))
     return (set(names) <= {*_PLAIN, *_RECURRENT} and any(n in _PLAIN for n in names)
             and any(n in _RECURRENT for n in names))  # fmt: skip
+
+
+def window_size(model: Any) -> int:
+    """The window of a model whose caches are plain K/V and sliding-window ones of one size
+    (at least one of each; no kept sink tokens), whose window layers' masks ask for it (the
+    pool masks keys outside it, where mlx-lm's rotating cache drops them; a model relying on
+    the rotation alone would see its whole context): 0 for any other."""
+    caches = model_caches(model)
+    names = kinds(caches)
+    if set(names) != {*_PLAIN, *_WINDOW}:
+        return 0
+    rotating = [c for c, n in zip(caches, names, strict=True) if n in _WINDOW]
+    sizes = {c.max_size for c in rotating}
+    if len(sizes) != 1 or any(getattr(c, "keep", 0) for c in rotating):
+        return 0
+    window = sizes.pop()
+    if window not in _asked_windows(model, len(caches)):
+        return 0
+    model(mx.array([[0]]), cache=caches)  # each pool's layers must share one K/V shape
+    shapes = [{(c.state[0].shape[1:], c.state[1].shape[1:], c.state[0].dtype)
+               for c, n in zip(caches, names, strict=True) if n in kind}
+              for kind in (_PLAIN, _WINDOW)]  # fmt: skip
+    return window if all(len(s) == 1 for s in shapes) else 0
+
+
+def _asked_windows(model: Any, entries: int) -> set[int]:
+    """The windows ``model``'s forward asks its caches' masks for (one token, plain caches)."""
+    from mlx_lm.models.cache import KVCache
+
+    asked: set[int] = set()
+
+    class Probe(KVCache):  # type: ignore[misc]
+        def make_mask(self, *args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("window_size"):
+                asked.add(kwargs["window_size"])
+            return super().make_mask(*args, **kwargs)
+
+    model(mx.array([[0]]), cache=[Probe() for _ in range(entries)])
+    return asked
+
+
+def window_entries(caches: list[Any]) -> list[bool]:
+    """Which entries of a cache list keep a sliding window (the window pool's layers)."""
+    return [k in _WINDOW for k in kinds(caches)]
 
 
 def state_bytes(model: Any) -> int:

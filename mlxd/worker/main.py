@@ -28,7 +28,6 @@ from mlxd.worker.block_pool import BlockPool
 from mlxd.worker.control import Control
 from mlxd.worker.embedder import Embedder
 from mlxd.worker.engine import Engine
-from mlxd.worker.hybrid_runner import fit_scheduler
 from mlxd.worker.idle_release import IdleRelease
 from mlxd.worker.model_runner import ModelRunner, check_model_supported
 from mlxd.worker.output_head import last_position_only
@@ -101,7 +100,7 @@ def serve(config: WorkerConfig) -> int:
         drafter=drafter,
     )
     engine.idle_release = IdleRelease(config.cache.kv_idle_s)
-    fit_scheduler(engine.scheduler, runner)
+    runner.fit_scheduler(engine.scheduler)
     tier = disk_tier.attach(config, engine.scheduler, runner)
     engine.control = Control(
         engine,
@@ -215,6 +214,9 @@ def _runner(
     any one request fits alone."""
     why = check_model_supported(model)  # raises for models the engine cannot serve
     hybrid = bool(why) and config.cache.paged and layer_caches.is_hybrid(model)
+    window = layer_caches.window_size(model) if why and config.cache.paged and not hybrid else 0
+    if window:
+        return _window_runner(model, eos_token_ids, config, max_context, window)
     if (why and not hybrid) or not config.cache.paged:
         if config.cache.kv_bits is not None:
             log.warning("--kv-bits applies to the paged KV pool only; %s keeps float KV",
@@ -257,6 +259,35 @@ def _runner(
     else:
         runner = PagedModelRunner(model, eos_token_ids, pool, max_view_tokens=view_tokens)
     return runner, BlockPool(num_blocks, bs), max_context
+
+
+def _window_runner(
+    model: Any, eos_token_ids: set[int], config: WorkerConfig, max_context: int, window: int
+) -> tuple[ModelRunner, BlockPool, int]:
+    """The paged runner of a sliding-window model: full layers' blocks and window layers'
+    slabs from one budget (``window_slabs``). The context is capped to what the budget holds
+    with one window's slabs beside it."""
+    from mlxd.worker.paged_cache import KVPool
+    from mlxd.worker.window_runner import WindowModelRunner
+
+    bs, fmt = config.cache.block_size, _kv_format(model, config)
+    full, windowed = (KVPool.bytes_per_token(model, fmt, windows=w) * bs for w in (False, True))
+    wanted = kv_bytes_wanted(full // bs + windowed // bs, config.scheduler.max_num_seqs,
+                             max_context, paged=True)  # fmt: skip
+    num_blocks, view_tokens = split_kv_budget(_kv_budget(model, config, wanted),
+                                              (full + windowed) // bs, bs)  # fmt: skip
+    in_window = -(-(window + config.scheduler.prefill_chunk) // bs) + 2
+    context = (num_blocks * (full + windowed) - in_window * windowed) // full * bs
+    if context < bs:
+        raise ConfigError(f"--kv-cache-gb {config.cache.kv_cache_gb} holds no KV blocks beside "
+                          f"one window ({in_window} slabs of {windowed} bytes)")  # fmt: skip
+    if context < max_context:
+        log.warning("the KV pool holds %d tokens: context capped from %d", context, max_context)
+        max_context = context
+    runner, pool = WindowModelRunner.for_model(
+        model, eos_token_ids, num_blocks, bs, window, int(config.cache.kv_chunk_mb * 2**20),
+        fmt, view_tokens)  # fmt: skip
+    return runner, pool, max_context
 
 
 def _kv_format(model: Any, config: WorkerConfig) -> KVFormat:

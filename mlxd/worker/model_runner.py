@@ -15,7 +15,7 @@ from mlxd.worker import grammar, layer_caches, logprobs
 from mlxd.worker.kv_cache import BatchKVCache, SequenceKVCache
 from mlxd.worker.logprobs import StepLogprobs
 from mlxd.worker.sampling import SampleRow, needs_history, sample
-from mlxd.worker.scheduler import PrefillChunk
+from mlxd.worker.scheduler import PrefillChunk, Scheduler
 from mlxd.worker.sequence import Sequence
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,10 @@ class ModelRunner:
         self._prefill: dict[Sequence, list[Any]] = {}
 
     # Public API
+
+    def fit_scheduler(self, scheduler: Scheduler) -> None:
+        """Set what this runner needs on the scheduler that feeds it (a hybrid's prefix cache
+        keeps recurrent states, a windowed model's pool has window slabs); nothing here."""
 
     def prefill(self, chunks: list[PrefillChunk]) -> list[TokenEvent]:
         """Run this step's prompt chunks; sequences whose prompt is done join the decode batch.

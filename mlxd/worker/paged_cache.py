@@ -107,17 +107,18 @@ class KVPool:
     @classmethod
     def for_model(
         cls, model: Any, num_blocks: int, block_size: int, chunk_blocks: int | None = None,
-        fmt: KVFormat | None = None,
+        fmt: KVFormat | None = None, windows: bool = False,
     ) -> KVPool:  # fmt: skip
         """A pool for ``model`` (shapes from ``kv_shape``); all ``num_blocks`` at once unless
-        ``chunk_blocks`` is given."""
-        layers, heads, kd, vd, dtype = kv_shape(model)
+        ``chunk_blocks`` is given; ``windows``: for its sliding-window layers' slabs."""
+        layers, heads, kd, vd, dtype = kv_shape(model, windows)
         return cls(layers, num_blocks, block_size, heads, kd, vd, dtype, chunk_blocks, fmt)
 
     @staticmethod
-    def bytes_per_token(model: Any, fmt: KVFormat | None = None) -> int:
-        """K and V bytes one token takes in every layer of ``model``, as ``fmt`` stores them."""
-        layers, heads, kd, vd, dtype = kv_shape(model)
+    def bytes_per_token(model: Any, fmt: KVFormat | None = None, windows: bool = False) -> int:
+        """K and V bytes one token takes in every layer of ``model`` (``windows``: every
+        sliding-window layer) as ``fmt`` stores them."""
+        layers, heads, kd, vd, dtype = kv_shape(model, windows)
         fmt = fmt or KVFormat()
         return layers * heads * (fmt.row_bytes(kd, dtype) + fmt.row_bytes(vd, dtype))
 
@@ -158,17 +159,18 @@ def gather_blocks(buf: mx.array, block_size: int, table: mx.array) -> mx.array:
     return blocks.reshape(table.shape[0], -1, heads, dim)
 
 
-def kv_shape(model: Any) -> tuple[int, int, int, int, mx.Dtype]:
+def kv_shape(model: Any, windows: bool = False) -> tuple[int, int, int, int, mx.Dtype]:
     """(layers, kv heads, key dim, value dim, dtype) of ``model``'s KV, from one token run
     through its caches: the layers are its plain K/V caches (a hybrid's recurrent layers have
-    none in the pool)."""
+    none in the pool), or with ``windows`` its sliding-window ones (``window_runner``)."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    from mlxd.worker.layer_caches import attention_entries
+    from mlxd.worker.layer_caches import attention_entries, window_entries
 
     cache = make_prompt_cache(model)
     model(mx.array([[0]]), cache=cache)
-    plain = [c for c, a in zip(cache, attention_entries(cache), strict=True) if a]
+    pick = window_entries(cache) if windows else attention_entries(cache)
+    plain = [c for c, a in zip(cache, pick, strict=True) if a]
     k, v = plain[0].state[0], plain[0].state[1]
     return len(plain), k.shape[1], k.shape[3], v.shape[3], k.dtype
 
@@ -179,8 +181,9 @@ class PagedStep:
 
     ``write_slots`` (B*L,) are the pool slots of the new tokens (row-major; left padding goes to
     the scratch block); ``read_blocks`` (B, W) are each row's block table, padded with the
-    scratch block to a common width (so each row reads W whole blocks, Lk = W * block_size
-    keys); ``offset`` (B,) is the RoPE position of each row's first query.
+    scratch block to a common width, as its -1 entries are (a window layer's slabs gone back),
+    so each row reads W whole blocks, Lk = W * block_size keys; ``offset`` (B,) is the RoPE
+    position of each row's first query.
 
     When every row has as many cached and as many new tokens (always, for one request), rows
     read exactly their ``read_len`` keys and attend with the "causal" mask, as mlx-lm's own
@@ -225,7 +228,8 @@ class PagedStep:
             and q_len == new_lens[0]
             and (q_len == 1 or not attention_shapes.BUCKETED)
         )
-        table = mx.array([t + [pool.scratch_block] * (width - len(t)) for t in block_tables])
+        table = mx.array([t + [-1] * (width - len(t)) for t in block_tables])
+        table = mx.where(table < 0, pool.scratch_block, table)  # -1: no block, read the scratch
         ctx = mx.array(context_lens)
         pad = q_len - mx.array(new_lens)
         total = ctx + q_len - pad  # tokens per row after this step

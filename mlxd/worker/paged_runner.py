@@ -66,16 +66,17 @@ class PagedModelRunner(ModelRunner):
             mx.eval(self._pending)  # a decode step in flight holds the pool: writes would copy it
         # Prefill reads the pool (prefix hits) and must see it all; the flush also completes
         # the last prefill's writes, so these go on top of evaluated arrays.
-        self.tail.flush(self.pool)
+        self._flush()
         joined: list[Sequence] = []
         for group in self._groups(chunks):
             self._forward(group)
             done = [c.seq for c in group if c.is_last]
             if not done:
-                mx.eval(self.pool.keys, self.pool.values)  # keep the lazy graph one chunk deep
+                mx.eval([pool.arrays for pool, _ in self._kv()])  # the graph one chunk deep
             joined += done
         if joined:
-            self.tail.restart()  # new rows' tokens are in the pool only: the next step starts there
+            for _, tail in self._kv():  # new rows' tokens are in the pool only: the next step
+                tail.restart()  # starts there
             self._enter(joined)
         return []
 
@@ -83,8 +84,11 @@ class PagedModelRunner(ModelRunner):
     def kv_bytes(self) -> int:
         """The pool's arrays as they stand, and decode's view or buffers (their graph may be
         unevaluated: then the size they will have): the KV memory reserved now."""
-        buffers = [p for b in self.tail.keys + self.tail.values if b is not None for p in parts(b)]
-        return self.pool.nbytes + sum(p.nbytes for p in buffers)
+        held = 0
+        for pool, tail in self._kv():
+            buffers = [p for b in tail.keys + tail.values if b is not None for p in parts(b)]
+            held += pool.nbytes + sum(p.nbytes for p in buffers)
+        return held
 
     @property
     def kv_reserved_bytes(self) -> int:
@@ -110,14 +114,15 @@ class PagedModelRunner(ModelRunner):
         is read or written between steps (the disk tier, an idle release)."""
         if self._pending is not None:
             mx.eval(self._pending)
-        self.tail.flush(self.pool)
+        self._flush()
 
     def release_memory(self, highest_used: int) -> int:
         """Idle: write what decode left into the pool, drop the pool's chunks above block
         ``highest_used`` and free MLX's buffer cache. Returns the blocks dropped."""
         self.settle()
         if not self.rows:
-            self.tail.drop_batch()
+            for _, tail in self._kv():
+                tail.drop_batch()
         dropped = self.pool.shrink(highest_used)
         self.free_memory()
         return dropped
@@ -222,33 +227,52 @@ class PagedModelRunner(ModelRunner):
         width = attention_shapes.queries(max(new))
         rows = [[0] * (width - n) + seq.prefill_ids[start:end]
                 for (seq, start, end), n in zip(parts, new, strict=True)]  # fmt: skip
-        tables = [seq.block_ids for seq, _, _ in parts]
-        step = PagedStep.build(tables, [start for _, start, _ in parts], new, self.pool)
-        self.model(mx.array(rows), cache=PagedKVCache.for_step(self.pool, step))
+        caches = self._step_caches([s for s, _, _ in parts], [start for _, start, _ in parts], new)
+        self.model(mx.array(rows), cache=caches)
+
+    def _step_caches(self, seqs: list[Sequence], starts: list[int], new: list[int],
+                     exact: bool = False) -> list[Any]:  # fmt: skip
+        """The caches of a forward of ``new[b]`` tokens after ``starts[b]`` for each of
+        ``seqs`` (``PagedStep.build``)."""
+        step = PagedStep.build([s.block_ids for s in seqs], starts, new, self.pool, exact)
+        return PagedKVCache.for_step(self.pool, step)  # type: ignore[return-value]
+
+    def _kv(self) -> list[tuple[KVPool, DecodeTail]]:
+        """Each pool with its decode tail (a windowed model has two: ``window_runner``)."""
+        return [(self.pool, self.tail)]
+
+    def _flush(self) -> None:
+        for pool, tail in self._kv():
+            tail.flush(pool)
 
     def reset(self) -> list[Sequence]:
-        self.tail.drop_batch()
+        for _, tail in self._kv():
+            tail.drop_batch()
         return super().reset()
 
     def _decode_cache(self, rows: list[Sequence]) -> list[Any]:
-        if self.tail.due():
+        if any(tail.due() for _, tail in self._kv()):
             # The one pipeline bubble in FLUSH_EVERY (or VIEW_STEP) steps: the pool may be
             # written only once the step in flight is done with it.
             if self._pending is not None:
                 mx.eval(self._pending)
-            self.tail.flush(self.pool)
+            self._flush()
         # The scheduler made room (reserve_decode): each row writes its next token at
         # position num_computed, inside its block table.
-        caches = decode_caches(self.pool, self.tail, [s.block_ids for s in rows],
-                               [s.num_computed for s in rows])  # fmt: skip
+        caches = self._decode_caches(rows)
         self.gathered_steps += self.tail.full
         for seq in rows:
             seq.num_computed += 1
-        return caches  # type: ignore[return-value]
+        return caches
+
+    def _decode_caches(self, rows: list[Sequence]) -> list[Any]:
+        return decode_caches(self.pool, self.tail, [s.block_ids for s in rows],  # type: ignore[return-value]
+                             [s.num_computed for s in rows])  # fmt: skip
 
     def _filter_cache(self, keep: list[int]) -> None:
         # Rows own no K/V but their tail; their blocks go back to the pool through the scheduler.
-        self.tail.keep(keep, len(self.rows))
+        for _, tail in self._kv():
+            tail.keep(keep, len(self.rows))
 
 
 def _pack(chunks: list[PrefillChunk]) -> list[list[PrefillChunk]]:

@@ -13,14 +13,17 @@ blocks the tier holds, loaded into free blocks of the pool.
 A hybrid model's recurrent layers have no blocks: their state after a node's tokens is stored
 on the node (``keep_states``), a few nodes per sequence (``hybrid_runner`` says which), within a
 byte budget, least recently used dropped first and always with their node. A match then ends
-at the deepest node holding a state: blocks past it cannot be used without one. Pure Python:
-no MLX (a state is opaque here but for its ``nbytes``).
+at the deepest node holding a state: blocks past it cannot be used without one. A sliding-window
+model's states are references to its window layers' slabs (``window_slabs``): the tree hands
+each state it drops or does not keep to ``release``. Pure Python: no MLX (a state is opaque here
+but for its ``nbytes``).
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -28,6 +31,22 @@ from mlxd.worker.block_pool import BlockPool
 from mlxd.worker.disk_cache import block_digest
 
 _clock = itertools.count()  # a logical clock: LRU order without reading time
+# Prefill keeps a state about every this many tokens (rounded to blocks): a prompt that parts
+# from an earlier one recomputes at most this much of what they share.
+STATE_EVERY = 1024
+
+
+def state_cuts(
+    block_size: int, prompt_tokens: int, asked: set[int], start: int, end: int
+) -> set[int]:
+    """Where a prefill from token ``start`` to ``end`` keeps states for the prefix cache: the
+    prompt's last block boundary (a repeated prompt hits there), where the scheduler ``asked``
+    (where the prompt parts from the cache or from a prompt waiting on it), and every
+    ``STATE_EVERY`` tokens (a later prompt parting from this one hits close by)."""
+    step = max(block_size, STATE_EVERY // block_size * block_size)
+    every = range(-(-(start + 1) // step) * step, end + 1, step)
+    cuts = {(prompt_tokens - 1) // block_size * block_size, *asked, *every}
+    return {c for c in cuts if start < c <= end}
 
 
 @dataclass(eq=False)
@@ -85,10 +104,15 @@ class RadixCache:
         self.num_restored_blocks = 0  # loaded from the tier
         self.state_budget: int | None = None  # bytes of recurrent states (None: no states)
         self.state_bytes = 0
+        self._stated: set[TreeNode] = set()  # the nodes holding a state (few: trimmed by LRU)
+        self._let_go: Callable[[Any], None] = lambda state: None
 
-    def keep_states(self, budget: int) -> None:
-        """The model has recurrent state: matches end at nodes holding one; ``budget`` bytes."""
+    def keep_states(self, budget: int, release: Callable[[Any], None] | None = None) -> None:
+        """The model has state beside its blocks: matches end at nodes holding one; ``budget``
+        bytes; ``release`` is told of each state the tree lets go of."""
         self.state_budget = budget
+        if release is not None:
+            self._let_go = release
 
     # Public API
 
@@ -122,10 +146,11 @@ class RadixCache:
         self, token_ids: list[int], block_ids: list[int], states: dict[int, Any] | None = None
     ) -> int:
         """Index the full blocks ``block_ids`` holding ``token_ids``; the tree takes a reference
-        to each block it adds, and keeps ``states`` (by the tokens they follow, at block
-        boundaries) on their nodes. Returns how many blocks of the prefix were already
-        indexed (those keep their cached block; the caller's copy is not referenced)."""
-        node, now, known = self.root, next(_clock), 0
+        to each block it adds, and takes ``states`` (by the tokens they follow, at block
+        boundaries: ``states`` is emptied) onto their nodes. Returns how many blocks of the
+        prefix were already indexed (those keep their cached block; the caller's copy is not
+        referenced)."""
+        node, now, known, stated = self.root, next(_clock), 0, bool(states)
         n = min(len(block_ids), len(token_ids) // self.block_size)
         for i, (key, block_id) in enumerate(zip(self._keys(token_ids, n), block_ids,
                                                 strict=False)):  # fmt: skip
@@ -140,11 +165,19 @@ class RadixCache:
                 known += 1
             child.last_access = now
             node = child
-            if states and (state := states.get((i + 1) * self.block_size)) is not None:
+            if states and (state := states.pop((i + 1) * self.block_size, None)) is not None:
                 self._keep_state(node, state)
-        if states:
+        if stated:
+            for state in states.values():  # past the blocks given: nowhere to keep them
+                self._let_go(state)
+            states.clear()
             self._trim_states()
         return known
+
+    def discard(self, states: dict[int, Any]) -> None:
+        """Let go of ``states`` the tree was not given (a sequence that failed)."""
+        for state in states.values():
+            self._let_go(state)
 
     def lock(self, node: TreeNode) -> None:
         """Protect ``node`` and its ancestors from eviction (a running sequence uses them)."""
@@ -215,6 +248,7 @@ class RadixCache:
         assert len(nodes) == self.num_cached_blocks, "node count != cached blocks"
         held = sum(n.state.nbytes for n in nodes if n.state is not None)
         assert held == self.state_bytes, "state bytes != the states held"
+        assert self._stated == {n for n in nodes if n.state is not None}, "stated set is off"
         assert self.state_budget is None or held <= self.state_budget, "states over budget"
         assert len({n.block_id for n in nodes}) == len(nodes), "a block indexed twice"
         for n in nodes:
@@ -286,24 +320,35 @@ class RadixCache:
     def _keep_state(self, node: TreeNode, state: Any) -> None:
         """Store ``state`` on ``node`` (a newer one replaces it: both hold the same tokens)."""
         if self.state_budget is None or state.nbytes > self.state_budget:
+            self._let_go(state)
             return
         self._drop_state(node)
         node.state = state
         self.state_bytes += state.nbytes
+        self._stated.add(node)
 
     def _drop_state(self, node: TreeNode) -> None:
         if node.state is not None:
             self.state_bytes -= node.state.nbytes
+            self._let_go(node.state)
             node.state = None
+            self._stated.discard(node)
+
+    def drop_states(self, nbytes: int) -> None:
+        """Drop the least recently used states until ``nbytes`` of them are gone or none is
+        left (a window model's slabs are short: ``Scheduler._make_room``)."""
+        target = max(0, self.state_bytes - nbytes)
+        for node in sorted(self._stated, key=lambda n: n.last_access):
+            if self.state_bytes <= target:
+                break
+            self._drop_state(node)
 
     def _trim_states(self) -> None:
         """Drop the least recently used states until they fit the budget."""
         assert self.state_budget is not None
         if self.state_bytes <= self.state_budget:
             return
-        stated = sorted((n for n in self._nodes() if n.state is not None),
-                        key=lambda n: n.last_access)  # fmt: skip
-        for node in stated:
+        for node in sorted(self._stated, key=lambda n: n.last_access):
             if self.state_bytes <= self.state_budget:
                 break
             self._drop_state(node)

@@ -28,6 +28,7 @@ from mlxd.worker.prefill_cost import PrefillCost
 from mlxd.worker.radix_cache import RadixCache
 from mlxd.worker.sequence import Sequence, SequenceStatus
 from mlxd.worker.stats import KVReport
+from mlxd.worker.window_slabs import WindowSlabs
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +104,9 @@ class Scheduler:
         # costs about its longest row's tokens, not their sum (its recurrent layers scan tokens
         # in order, all rows at once), so each of up to this many gets a whole ``prefill_chunk``.
         self.prefill_rows = 1
+        # A sliding-window model's window layers: their slabs, taken and given back here
+        # (window_slabs.py; set with the runner, ``WindowModelRunner.fit_scheduler``).
+        self.windows: WindowSlabs | None = None
         self.counters = CacheCounters()
         self.drain = DrainRate()  # departures from ``waiting``: the 429's Retry-After
         self.waiting: list[Sequence] = []
@@ -140,10 +144,15 @@ class Scheduler:
         # several rows' chunks only while no stream waits on the step (they may not batch)
         budget = self.config.prefill_chunk * (1 if self.running else self.prefill_rows)
         chunks: list[PrefillChunk | EmbedChunk] = []
-        for seq in self.prefilling:
+        for seq in list(self.prefilling):
             if budget <= 0:
                 return chunks
-            chunks.append(self._chunk(seq, budget))
+            part = self._chunk(seq, budget)
+            if part.num_tokens == 0 and seq.num_prefilled < seq.num_prefill_tokens:
+                if not self.running and not chunks:  # every prompt waits on slabs: make some
+                    self._preempt(self._victim())
+                return chunks  # no window slab free for it (``_window_room``)
+            chunks.append(part)
             budget -= self._spent(chunks[-1])
         while budget > 0:
             chunk = self._next_queued_chunk(admit, budget)
@@ -157,11 +166,15 @@ class Scheduler:
         """Record that ``chunk`` ran; a fully prefilled sequence joins the decode batch."""
         seq = chunk.seq
         seq.num_prefilled = chunk.end
+        if self.windows is not None:  # states where a later prompt may hit, then the slabs
+            self.windows.take_states(seq, chunk.start, seq.num_computed)  # behind the window go
         if seq.states and self.radix is not None and not chunk.is_last:
             # a hybrid's snapshots go to the prefix cache as prefill takes them (nothing else
             # bounds them), with the blocks computed so far
             self.radix.insert(seq.prefill_ids[: seq.num_computed], seq.block_ids, seq.states)
             seq.states = {}
+        if self.windows is not None:
+            self.windows.drop_behind(seq)
         if chunk.is_last and seq in self.prefilling:
             self.prefilling.remove(seq)
             seq.status = SequenceStatus.RUNNING
@@ -194,10 +207,14 @@ class Scheduler:
         if self.pool is None:
             return []
         preempted: list[Sequence] = []
+        if self.windows is not None:
+            for seq in rows:
+                self.windows.drop_behind(seq)
+        slabs = int(self.windows is not None)
         for seq in rows:
             if seq in preempted or seq.num_computed < len(seq.block_ids) * self.pool.block_size:
                 continue
-            while not self._make_room(1):
+            while not self._make_room(1, slabs):
                 victim = self._victim()
                 self._preempt(victim)
                 preempted.append(victim)
@@ -205,6 +222,8 @@ class Scheduler:
                     break
             else:
                 seq.block_ids += self.pool.allocate(1)
+                if self.windows is not None:
+                    self.windows.grow(seq, seq.num_computed + 1)
         return preempted
 
     def reserve_drafts(self, seq: Sequence, num_drafts: int) -> int:
@@ -376,7 +395,20 @@ class Scheduler:
         if self.running:  # streams wait on this step: a chunk within the budget's cost
             floor = min(budget, max(MIN_CHUNK, self.config.prefill_chunk // MAX_SHRINK))
             budget = max(floor, self.cost.tokens_within(budget, start))
-        return PrefillChunk(seq, start, min(seq.num_prefill_tokens, start + budget))
+        end = self._window_room(seq, min(seq.num_prefill_tokens, start + budget))
+        return PrefillChunk(seq, start, max(start, end))
+
+    def _window_room(self, seq: Sequence, end: int) -> int:
+        """A windowed model: slabs for ``seq``'s blocks up to token ``end``, or as far as they
+        can be had; returns the end they cover."""
+        if self.windows is None:
+            return end
+        missing = self.windows.missing(seq, end)
+        if missing and not self._make_room(0, missing):
+            got = min(missing, self.windows.pool.num_free)
+            end = min(end, (len(seq.window_ids) + got) * self.windows.block_size)
+        self.windows.grow(seq, end)
+        return end
 
     def _spent(self, chunk: PrefillChunk | EmbedChunk) -> int:
         if isinstance(chunk, EmbedChunk) or not self.running:
@@ -395,13 +427,19 @@ class Scheduler:
         )
         self.radix.lock(match.node)  # so making room cannot evict the prefix we are about to use
         need = self.pool.blocks_for(len(tokens)) - match.num_blocks
-        if not self._make_room(need):
+        hit = match.num_blocks * self.pool.block_size
+        first = min(len(tokens), hit + self.config.prefill_chunk)  # its first chunk's slabs
+        slabs = self.pool.blocks_for(first) - match.num_blocks if self.windows else 0
+        if not self._make_room(need, slabs):
             self.radix.unlock(match.node)
             return False
         self.pool.retain(match.block_ids)
         seq.block_ids = match.block_ids + self.pool.allocate(need)
         seq.prefix_node = match.node
         seq.state_hit = match.node.state
+        if self.windows is not None:
+            self.windows.restore(seq, match.node.state, hit)
+            self.windows.grow(seq, first)
         seq.snapshot_at = {match.shared_blocks * self.pool.block_size} - {0}
         if self.radix.state_budget is not None:
             self._ask_snapshots(seq)
@@ -416,13 +454,31 @@ class Scheduler:
         self.counters.misses += not num_cached
         self.counters.hit_tokens += num_cached
 
-    def _make_room(self, num_blocks: int) -> bool:
-        """Whether ``num_blocks`` blocks are free, evicting unreferenced cached ones if needed."""
+    def _make_room(self, num_blocks: int, slabs: int = 0) -> bool:
+        """Whether ``num_blocks`` blocks (and ``slabs`` window slabs) are free, evicting
+        unreferenced cached blocks if needed (and the prefix cache's window states, least
+        recently used first: they hold slabs)."""
         assert self.pool is not None and self.radix is not None
         short = num_blocks - self.pool.num_free
-        if short > 0:
-            self.radix.evict(short)
-        return self.pool.num_free >= num_blocks
+        if self.windows is None:
+            if short > 0:
+                self.radix.evict(short)
+            return self.pool.num_free >= num_blocks
+        while not self._fits(num_blocks, slabs):
+            if self.radix.evict(max(1, short)):
+                continue
+            held = self.radix.state_bytes
+            self.radix.drop_states(max(1, slabs) * self.windows.slab_bytes)
+            if self.radix.state_bytes == held:
+                return False
+        return True
+
+    def _fits(self, num_blocks: int, slabs: int) -> bool:
+        """Whether ``num_blocks`` blocks and ``slabs`` slabs are free together (one budget)."""
+        assert self.pool is not None and self.windows is not None and self.pool.budget
+        wanted = num_blocks * self.pool.cost + slabs * self.windows.pool.cost
+        return (self.pool.num_free >= num_blocks and self.windows.pool.num_free >= slabs
+                and self.pool.budget.free >= wanted)  # fmt: skip
 
     def _victim(self) -> Sequence:
         """Whom to preempt: the lowest priority, then the most recent arrival."""
@@ -446,9 +502,15 @@ class Scheduler:
         if self.pool is None or self.radix is None or not seq.block_ids:
             return
         if cache:
+            if self.windows is not None:  # its next turn or its resume hits here
+                self.windows.take(seq, {seq.num_computed // self.pool.block_size
+                                        * self.pool.block_size} - {0})  # fmt: skip
             known = (seq.prompt_ids + seq.output_ids)[: seq.num_computed]
             self.radix.insert(known, seq.block_ids, seq.states)
+        self.radix.discard(seq.states)
         seq.states, seq.state_hit = {}, None
+        if self.windows is not None:
+            self.windows.release(seq)
         if seq.prefix_node is not None:
             self.radix.unlock(seq.prefix_node)
         self.pool.release(seq.block_ids)
@@ -478,4 +540,7 @@ class Scheduler:
         self.radix.check_invariants()
         live = [b for q in (self.prefilling, self.running) for s in q for b in s.block_ids]
         assert not any(s.block_ids for s in self.waiting), "a waiting sequence holds blocks"
+        if self.windows is not None:
+            self.windows.check(self.prefilling + self.running)
+            assert not any(s.window_ids for s in self.waiting), "a waiting sequence holds slabs"
         assert all(self.pool.ref_count(b) >= live.count(b) for b in set(live))

@@ -43,15 +43,19 @@ class Sequence:
     # the prefix-cache node it locked, and how many output tokens a recompute prefills again
     # after a preemption.
     block_ids: list[int] = field(default_factory=list)
+    # A sliding-window model's window layers: the slab of each block, -1 once behind the window
+    # (window_slabs.py).
+    window_ids: list[int] = field(default_factory=list)
     num_computed: int = 0
     prefix_node: Any = None
     num_resumed: int = 0
     num_preemptions: int = 0
     num_oom_retries: int = 0  # times computed again after the device ran out of memory
-    # A hybrid's recurrent state (hybrid_runner): the state the prefix hit restores (None: none,
-    # prefill starts from nothing), block boundaries where prefill must snapshot it (where the
-    # prompt stops sharing blocks with the prefix cache or with a prompt waiting on it), and the
-    # snapshots taken but not yet handed to the prefix cache, by the tokens they follow.
+    # A hybrid's recurrent state (hybrid_runner) or a windowed model's window (window_slabs):
+    # the state the prefix hit restores (None: none, prefill starts from nothing), block
+    # boundaries where prefill must keep one (where the prompt stops sharing blocks with the
+    # prefix cache or with a prompt waiting on it), and the states taken but not yet handed to
+    # the prefix cache, by the tokens they follow.
     state_hit: Any = None
     snapshot_at: set[int] = field(default_factory=set)
     states: dict[int, Any] = field(default_factory=dict)

@@ -68,7 +68,7 @@ class Harness:
         from mlxd.worker.block_pool import BlockPool
         from mlxd.worker.embedder import Embedder
         from mlxd.worker.engine import Engine
-        from mlxd.worker.hybrid_runner import HybridModelRunner, fit_scheduler
+        from mlxd.worker.hybrid_runner import HybridModelRunner
         from mlxd.worker.main import _vocab_size
         from mlxd.worker.model_runner import ModelRunner, check_model_supported
         from mlxd.worker.native_runner import NativeModelRunner
@@ -78,15 +78,22 @@ class Harness:
         from mlxd.worker.scheduler import Scheduler
         from mlxd.worker.snapshot_cache import SnapshotCache
         from mlxd.worker.tokenizer import PromptEncoder
+        from mlxd.worker.window_runner import WindowModelRunner
 
         model, tokenizer = load_model(model_path)
         last_position_only(model)  # as the worker serves it (mlx-lm reads the last one too)
         encoder = PromptEncoder(tokenizer, vocab_size=_vocab_size(model, tokenizer))
         native = check_model_supported(model)  # the pool cannot hold it: its own caches
         hybrid = bool(native) and paged and layer_caches.is_hybrid(model)  # as the worker
+        window = layer_caches.window_size(model) if native and paged and not hybrid else 0
         pool = BlockPool(num_blocks, block_size) if paged and (hybrid or not native) else None
         runner: ModelRunner
-        if hybrid:
+        if window:  # ``num_blocks`` of every layer's K/V: the budget both pools share
+            runner, pool = WindowModelRunner.for_model(
+                model, encoder.eos_token_ids, num_blocks, block_size, window,
+                None if chunk_blocks is None else chunk_blocks * block_size * 1024, kv_format,
+                max_view_tokens)  # fmt: skip
+        elif hybrid:
             runner = HybridModelRunner(model, encoder.eos_token_ids,
                                        KVPool.for_model(model, num_blocks, block_size,
                                                         chunk_blocks, kv_format),
@@ -124,7 +131,7 @@ class Harness:
             channel=self.channel, max_context=min(512, num_blocks * block_size),
             embedder=Embedder(model), drafter=drafter,
         )  # fmt: skip
-        fit_scheduler(self.engine.scheduler, runner)
+        runner.fit_scheduler(self.engine.scheduler)
         self.results: dict[str, Result] = {}
         self.steps = 0
 

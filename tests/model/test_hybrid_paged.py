@@ -150,11 +150,11 @@ def test_a_wave_sharing_a_system_prompt_computes_it_once(model_path: Path) -> No
 def test_a_prompt_parting_from_an_earlier_one_hits_a_periodic_snapshot(
     model_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Prefill snapshots every SNAPSHOT_EVERY tokens: a later prompt that shares more than that
+    """Prefill snapshots every STATE_EVERY tokens: a later prompt that shares more than that
     with an earlier one, and parts from it where nothing was asked for, still hits."""
-    from mlxd.worker import hybrid_runner
+    from mlxd.worker import radix_cache
 
-    monkeypatch.setattr(hybrid_runner, "SNAPSHOT_EVERY", 2 * BLOCK)
+    monkeypatch.setattr(radix_cache, "STATE_EVERY", 2 * BLOCK)
     h = Harness(model_path, block_size=BLOCK)
     try:
         ids = h.engine.encoder.tokenizer.encode(LONG)
@@ -224,12 +224,12 @@ def test_one_token_prompts_joining_a_running_batch(model_path: Path) -> None:
 def test_a_long_prefill_hands_its_snapshots_to_the_cache_as_it_goes(
     model_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Snapshots every SNAPSHOT_EVERY tokens go to the prefix cache with each chunk (within its
+    """Snapshots every STATE_EVERY tokens go to the prefix cache with each chunk (within its
     budget), not kept on the sequence until its prompt is done."""
-    from mlxd.worker import hybrid_runner
+    from mlxd.worker import radix_cache
     from tests.model.conftest import Result
 
-    monkeypatch.setattr(hybrid_runner, "SNAPSHOT_EVERY", BLOCK)
+    monkeypatch.setattr(radix_cache, "STATE_EVERY", BLOCK)
     h = Harness(model_path, block_size=BLOCK, prefill_chunk=2 * BLOCK)
     held = []
     try:

@@ -1,0 +1,132 @@
+"""The paged runner for sliding-window models: full-attention layers in blocks, window layers
+in slabs that go back once behind the window (``window_slabs``).
+
+A windowed model's cache list (``make_cache()``) mixes plain K/V caches with sliding-window
+ones (``RotatingKVCache``). Here each kind has its own pool: the full layers' ``pool``, read
+through each row's ``block_ids`` as for any model, and the window layers' ``windows``, read
+through its ``window_ids`` (the scratch block where a slab went back). A forward builds one
+``PagedStep`` per pool from the same positions; the window layers' masks keep keys within the
+window (``PagedStep.window_mask``), so the slabs read past it are never seen. Decode keeps a
+tail per pool, flushed together. The scheduler takes and returns slabs; this runner only reads
+the tables. Drafts are not verified (``speculates``): the window pool would need its own
+verification tables.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlxd.config import STATE_SHARE
+from mlxd.worker import layer_caches
+from mlxd.worker.block_pool import BlockPool, KVBudget
+from mlxd.worker.decode_tail import VIEW_STEP, DecodeTail, decode_caches
+from mlxd.worker.kv_format import KVFormat
+from mlxd.worker.paged_cache import KVPool, PagedKVCache, PagedStep
+from mlxd.worker.paged_runner import PagedModelRunner
+from mlxd.worker.scheduler import Scheduler
+from mlxd.worker.sequence import Sequence
+from mlxd.worker.window_slabs import WindowSlabs
+
+
+class WindowModelRunner(PagedModelRunner):
+    """``PagedModelRunner`` for models whose layers are full attention and sliding windows."""
+
+    speculates = False
+
+    def __init__(
+        self, model: Any, eos_token_ids: set[int], pool: KVPool, windows: KVPool,
+        slabs: BlockPool, window: int, max_view_tokens: int | None = None,
+    ) -> None:  # fmt: skip
+        """``windows``: the window layers' arrays, their slab ids handed out by ``slabs``
+        (which shares its budget with the allocator of ``pool``'s blocks)."""
+        super().__init__(model, eos_token_ids, pool, max_view_tokens)
+        self.windows = windows
+        self.slabs = slabs
+        self.window = window
+        self.wtail = DecodeTail(len(windows.keys), self.max_view_tokens)
+        self._windowed = layer_caches.window_entries(layer_caches.model_caches(model))
+        budget = slabs.budget.total if slabs.budget is not None else 0
+        self.state_budget = int(budget * STATE_SHARE)  # bytes of slabs states may hold
+
+    @classmethod
+    def for_model(
+        cls, model: Any, eos_token_ids: set[int], num_blocks: int, block_size: int,
+        window: int, chunk_bytes: int | None = None, fmt: KVFormat | None = None,
+        max_view_tokens: int | None = None,
+    ) -> tuple[WindowModelRunner, BlockPool]:  # fmt: skip
+        """The runner for ``model`` and the allocator of its full layers' blocks, in the budget
+        of ``num_blocks`` blocks of every layer: each pool's arrays grow (``chunk_bytes`` or
+        more at a time) to what the ids in use reach, and both kinds of ids draw from it."""
+        costs = [KVPool.bytes_per_token(model, fmt, windows=w) * block_size for w in (False, True)]
+        budget = KVBudget(num_blocks * sum(costs))
+        ids = [budget.total // cost for cost in costs]
+        chunks = [None if chunk_bytes is None else max(1, chunk_bytes // c) for c in costs]
+        pool, windows = (KVPool.for_model(model, n, block_size, c, fmt, windows=w)
+                         for n, c, w in zip(ids, chunks, (False, True), strict=True))  # fmt: skip
+        slabs = BlockPool(ids[1], block_size, budget, costs[1])
+        runner = cls(model, eos_token_ids, pool, windows, slabs, window, max_view_tokens)
+        return runner, BlockPool(ids[0], block_size, budget, costs[0])
+
+    # Public API
+
+    def fit_scheduler(self, scheduler: Scheduler) -> None:
+        """The scheduler hands out this pool's slabs; its prefix cache keeps window states."""
+        if scheduler.radix is None:
+            return
+        windows = WindowSlabs(self.slabs, self.window, VIEW_STEP, self.windows.bytes_per_block)
+        scheduler.windows = windows
+        scheduler.radix.keep_states(self.state_budget, release=windows.release_state)
+
+    def release_memory(self, highest_used: int) -> int:
+        dropped = super().release_memory(highest_used)
+        return dropped + self.windows.shrink(self.slabs.highest_used())
+
+    @property
+    def kv_budget_bytes(self) -> int:
+        assert self.slabs.budget is not None
+        return self.slabs.budget.total + self._view_bytes
+
+    @property
+    def kv_description(self) -> str:
+        w = self.windows
+        return (f"{super().kv_description}; {len(w.keys)} of {len(self._windowed)} layers see a "
+                f"{self.window}-token window: their K/V in slabs that go back behind it "
+                f"({w.capacity} held), prefix states up to "
+                f"{self.state_budget / 2**30:.2f} GiB")  # fmt: skip
+
+    # Internal helpers
+
+    @property
+    def _view_bytes(self) -> int:
+        per_token = (
+            self.pool.bytes_per_block + self.windows.bytes_per_block
+        ) // self.pool.block_size
+        return self.max_view_tokens * per_token
+
+    def _kv(self) -> list[tuple[KVPool, DecodeTail]]:
+        return [(self.pool, self.tail), (self.windows, self.wtail)]
+
+    def _caches(self, full: list[Any], windowed: list[Any]) -> list[Any]:
+        """The model's cache list: each pool's layers, in the model's order."""
+        f, w = iter(full), iter(windowed)
+        return [next(w) if is_window else next(f) for is_window in self._windowed]
+
+    def _tables(self, seqs: list[Sequence], blocks: list[int]) -> list[list[int]]:
+        """Each row's slab table over its first ``blocks[b]`` blocks (-1 where a slab went
+        back: the scratch block is read there, masked out, outside the window)."""
+        for seq, n in zip(seqs, blocks, strict=True):
+            assert len(seq.window_ids) >= n, f"{seq.request_id} has no slab for a block it reads"
+        return [seq.window_ids[:n] for seq, n in zip(seqs, blocks, strict=True)]
+
+    def _step_caches(self, seqs: list[Sequence], starts: list[int], new: list[int],
+                     exact: bool = False) -> list[Any]:  # fmt: skip
+        full = super()._step_caches(seqs, starts, new, exact)
+        blocks = [-(-(s + n) // self.pool.block_size) for s, n in zip(starts, new, strict=True)]
+        step = PagedStep.build(self._tables(seqs, blocks), starts, new, self.windows, exact)
+        return self._caches(full, PagedKVCache.for_step(self.windows, step))
+
+    def _decode_caches(self, rows: list[Sequence]) -> list[Any]:
+        positions = [s.num_computed for s in rows]
+        blocks = [p // self.pool.block_size + 1 for p in positions]
+        windowed = decode_caches(self.windows, self.wtail, self._tables(rows, blocks), positions)
+        return self._caches(super()._decode_caches(rows), windowed)

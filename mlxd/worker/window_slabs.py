@@ -1,0 +1,130 @@
+"""A sliding-window model's window layers in the block pool: the slabs each sequence holds.
+
+A windowed model (Gemma 3, GPT-OSS, OLMo 3, EXAONE 4, Cohere 2...) has full-attention layers,
+whose K/V every later token reads, and window layers, whose query at position q reads only the
+keys in ``(q - window, q]``. The full layers' K/V are the pool's blocks, as for any model
+(``Sequence.block_ids``). The window layers' K/V live in a second pool of the same block size,
+in *slabs*: ``Sequence.window_ids`` gives, for each block of the sequence, the slab holding its
+window layers' K/V, or -1 once the block has fallen behind every later query's window and its
+slab went back (the runner reads the scratch block there, masked out). A sequence so holds its
+whole context in the full layers' blocks and only its window in the window layers' slabs: on
+Gemma 3 (five window layers to one full) an 8k-token sequence with a 1k window takes about a
+quarter of the memory it took in plain blocks. Both kinds are paid from one ``KVBudget``.
+
+Slabs are taken as prefill reaches their blocks (``grow``, a chunk's worth ahead) and as decode
+opens a block; they go back (``drop_behind``) ``margin`` tokens after they leave the window: a
+decode step's K/V reach the pool only at the next flush (``decode_tail``), and a slab must not
+change hands while tokens are on their way into it.
+
+A prefix hit at block boundary P needs, beside the full layers' blocks, the window layers' K/V
+of ``[P - window, P)``: a ``WindowState`` holds references to those slabs on the radix node at
+P (``RadixCache.keep_states``, as a hybrid's recurrent state is kept), so the match ends at the
+deepest node holding one. States are taken where a later prompt can hit, as a hybrid's
+snapshots are (``radix_cache.state_cuts``), and at the last block boundary of a sequence that
+finishes or is preempted (its next turn, its resume). A state copies nothing. Pure Python: no MLX.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mlxd.worker.block_pool import BlockPool
+from mlxd.worker.radix_cache import state_cuts
+from mlxd.worker.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class WindowState:
+    """References to the slabs of the window before ``tokens`` (one per block, in order)."""
+
+    slabs: tuple[int, ...]
+    nbytes: int
+    tokens: int
+
+
+class WindowSlabs:
+    """The slab pool of a windowed model and the rules for taking and returning slabs."""
+
+    def __init__(self, slabs: BlockPool, window: int, margin: int, slab_bytes: int) -> None:
+        """``window``: tokens each window layer sees (the largest, if they differ); ``margin``:
+        tokens a slab is kept after leaving it (at least the tokens decode leaves unflushed,
+        and a block)."""
+        assert margin >= slabs.block_size, "a finished sequence's last state needs its slabs"
+        self.pool = slabs
+        self.window = window
+        self.margin = margin
+        self.slab_bytes = slab_bytes
+
+    @property
+    def block_size(self) -> int:
+        return self.pool.block_size
+
+    def span(self, tokens: int) -> range:
+        """The blocks a query at position ``tokens`` reads in the window layers."""
+        return range(max(0, tokens - self.window + 1) // self.block_size, tokens // self.block_size)
+
+    def missing(self, seq: Sequence, end: int) -> int:
+        """Slabs ``seq`` lacks for its blocks before token ``end``."""
+        return max(0, -(-end // self.block_size) - len(seq.window_ids))
+
+    def grow(self, seq: Sequence, end: int) -> None:
+        """Slabs for ``seq``'s blocks up to token ``end`` (the caller made room)."""
+        seq.window_ids += self.pool.allocate(self.missing(seq, end))
+
+    def drop_behind(self, seq: Sequence) -> None:
+        """Give back the slabs of blocks no later query of ``seq`` reads (and no unflushed
+        token may still be written into)."""
+        last = (seq.num_computed - self.window - self.margin) // self.block_size
+        ids = seq.window_ids
+        gone = [i for i in range(min(last, len(ids))) if ids[i] >= 0]
+        if gone:
+            self.pool.release([ids[i] for i in gone])
+            for i in gone:
+                ids[i] = -1
+
+    def state(self, seq: Sequence, tokens: int) -> WindowState | None:
+        """A state at block boundary ``tokens`` of ``seq`` (None: a slab it needs is gone)."""
+        slabs = [seq.window_ids[i] for i in self.span(tokens)]
+        if any(s < 0 for s in slabs):
+            return None
+        self.pool.retain(slabs)
+        return WindowState(tuple(slabs), max(1, len(slabs)) * self.slab_bytes, tokens)
+
+    def take(self, seq: Sequence, cuts: set[int]) -> None:
+        """States of ``seq`` at each block boundary of ``cuts``, into ``seq.states``."""
+        for tokens in sorted(cuts - set(seq.states)):
+            state = self.state(seq, tokens)
+            if state is not None:
+                seq.states[tokens] = state
+
+    def restore(self, seq: Sequence, state: WindowState | None, tokens: int) -> None:
+        """``seq`` starts from a prefix hit of ``tokens`` tokens: the hit's window slabs."""
+        assert not seq.window_ids, "a sequence takes a hit only when admitted"
+        if not tokens:
+            return
+        assert state is not None and state.tokens == tokens, "a hit without its window"
+        self.pool.retain(list(state.slabs))
+        seq.window_ids = [-1] * (tokens // self.block_size - len(state.slabs)) + list(state.slabs)
+
+    def release(self, seq: Sequence) -> None:
+        """Every slab ``seq`` holds goes back (it finished, was preempted or failed)."""
+        self.pool.release([i for i in seq.window_ids if i >= 0])
+        seq.window_ids = []
+
+    def release_state(self, state: object) -> None:
+        """A state the prefix cache drops or does not keep."""
+        assert isinstance(state, WindowState)
+        self.pool.release(list(state.slabs))
+
+    def take_states(self, seq: Sequence, start: int, end: int) -> None:
+        """States of ``seq`` where its prefill from ``start`` to ``end`` keeps them
+        (``state_cuts``), into ``seq.states``."""
+        cuts = state_cuts(self.block_size, seq.num_prefill_tokens, seq.snapshot_at, start, end)
+        self.take(seq, cuts)
+
+    def check(self, seqs: list[Sequence]) -> None:
+        """Every slab a sequence holds is in use."""
+        self.pool.check_invariants()
+        for seq in seqs:
+            assert all(self.pool.ref_count(i) > 0 for i in seq.window_ids if i >= 0)
+            assert len(seq.window_ids) <= len(seq.block_ids), "a slab past the blocks"
