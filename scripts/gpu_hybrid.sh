@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
-# Hybrids on the GPU machine (issue #18): a Qwen3.5-0.8B-shaped model (random weights, bf16,
-# scripts/make_shaped.py) served by this mlxd (attention layers in the block pool, recurrent
-# state by row, its snapshots in the prefix cache: worker/hybrid_runner.py), by an earlier mlxd
-# checkout in $BEFORE (the model's own caches and whole-cache snapshots) and by mlx_lm.server,
-# one after the other on one machine. Per server: TTFT of a shared $PREFIX-token system prompt
-# cold vs hit at 1 and 8 streams (`mlxd bench run --scenario shared-prefix`), then decode tok/s
-# at $LEVELS streams (128-token prompts, 128 tokens out).
+# Hybrids and sliding windows on the GPU machine (issue #18): a Qwen3.5-0.8B-shaped model
+# (SHAPE=qwen3_5-0.8b) or a Gemma-3-1B-shaped one (SHAPE=gemma3-1b), random weights, bf16
+# (scripts/make_shaped.py), served by this mlxd (attention in the block pool: recurrent state by
+# row, worker/hybrid_runner.py; window layers in slabs, worker/window_runner.py), by an earlier
+# mlxd checkout in $BEFORE (the model's own caches and whole-cache snapshots) and by
+# mlx_lm.server, one after the other on one machine. Per server: TTFT of a shared
+# $PREFIX-token system prompt cold vs hit at 1 and 8 streams (`mlxd bench run --scenario
+# shared-prefix`), then decode tok/s at $LEVELS streams (128-token prompts, 128 tokens out).
 # Run after `bash .gpuB/install.sh b`. Usage (SERVERS picks and orders them):
-#   [BEFORE=.before] [SERVERS="after before mlx_lm"] [PREFIX=4000] [LEVELS=1,8,32] \
-#     bash scripts/gpu_hybrid.sh
+#   [SHAPE=qwen3_5-0.8b] [BEFORE=.before] [SERVERS="after before mlx_lm"] [PREFIX=4000] \
+#     [LEVELS=1,8,32] bash scripts/gpu_hybrid.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source /root/mlx-env.sh  # mlx and mlx-lm come on PYTHONPATH: extend it, never replace it
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 PREFIX=${PREFIX:-4000}; LEVELS=${LEVELS:-1,8,32}; BEFORE=${BEFORE:-.before}
-M=/root/qwen35
-[ -f "$M/config.json" ] || PYTHONPATH="$PWD:${PYTHONPATH:-}" python3 scripts/make_shaped.py qwen3_5-0.8b "$M" \
+SHAPE=${SHAPE:-qwen3_5-0.8b}; M=/root/$SHAPE
+[ -f "$M/config.json" ] || PYTHONPATH="$PWD:${PYTHONPATH:-}" python3 scripts/make_shaped.py "$SHAPE" "$M" \
   --dtype bfloat16 > /dev/null
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/gpu.txt"
 PORT=8200

@@ -69,7 +69,8 @@ def window_size(model: Any) -> int:
     if len(sizes) != 1 or any(getattr(c, "keep", 0) for c in rotating):
         return 0
     window = sizes.pop()
-    if window not in _asked_windows(model, len(caches)):
+    asked = _asked_windows(model, len(caches))
+    if window not in asked or 0 in asked:  # 0: a layer reads another's K/V from its cache
         return 0
     model(mx.array([[0]]), cache=caches)  # each pool's layers must share one K/V shape
     shapes = [{(c.state[0].shape[1:], c.state[1].shape[1:], c.state[0].dtype)
@@ -79,7 +80,9 @@ def window_size(model: Any) -> int:
 
 
 def _asked_windows(model: Any, entries: int) -> set[int]:
-    """The windows ``model``'s forward asks its caches' masks for (one token, plain caches)."""
+    """The windows ``model``'s forward asks its caches' masks for (one token, plain caches),
+    with 0 when a layer reads a cache's K/V outside ``update_and_fetch`` (Gemma 3n's layers
+    that share another's: the pool's caches hand K/V out only as a step writes them)."""
     from mlx_lm.models.cache import KVCache
 
     asked: set[int] = set()
@@ -89,6 +92,18 @@ def _asked_windows(model: Any, entries: int) -> set[int]:
             if kwargs.get("window_size"):
                 asked.add(kwargs["window_size"])
             return super().make_mask(*args, **kwargs)
+
+        def update_and_fetch(self, keys: Any, values: Any) -> Any:
+            self.writing = True
+            try:
+                return super().update_and_fetch(keys, values)
+            finally:
+                self.writing = False
+
+        def keys_and_values(self) -> Any:
+            if not getattr(self, "writing", False):
+                asked.add(0)
+            return super().keys_and_values()
 
     model(mx.array([[0]]), cache=[Probe() for _ in range(entries)])
     return asked

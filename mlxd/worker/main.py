@@ -267,6 +267,7 @@ def _window_runner(
     """The paged runner of a sliding-window model: full layers' blocks and window layers'
     slabs from one budget (``window_slabs``). The context is capped to what the budget holds
     with one window's slabs beside it."""
+    from mlxd.worker.decode_tail import VIEW_STEP
     from mlxd.worker.paged_cache import KVPool
     from mlxd.worker.window_runner import WindowModelRunner
 
@@ -276,11 +277,14 @@ def _window_runner(
                              max_context, paged=True)  # fmt: skip
     num_blocks, view_tokens = split_kv_budget(_kv_budget(model, config, wanted),
                                               (full + windowed) // bs, bs)  # fmt: skip
-    in_window = -(-(window + config.scheduler.prefill_chunk) // bs) + 2
-    context = (num_blocks * (full + windowed) - in_window * windowed) // full * bs
-    if context < bs:
-        raise ConfigError(f"--kv-cache-gb {config.cache.kv_cache_gb} holds no KV blocks beside "
-                          f"one window ({in_window} slabs of {windowed} bytes)")  # fmt: skip
+    if num_blocks < 2:
+        raise ConfigError(f"--kv-cache-gb {config.cache.kv_cache_gb} holds no KV blocks; one "
+                          f"block of {bs} tokens takes {full + windowed} bytes")  # fmt: skip
+    # one sequence holds at most a window, decode's margin and a prefill chunk of slabs
+    in_window = -(-(window + VIEW_STEP + config.scheduler.prefill_chunk) // bs) + 2
+    context = num_blocks * bs  # every block with its slab
+    if num_blocks > in_window:  # or beyond a window, blocks alone
+        context = (num_blocks * (full + windowed) - in_window * windowed) // full * bs
     if context < max_context:
         log.warning("the KV pool holds %d tokens: context capped from %d", context, max_context)
         max_context = context

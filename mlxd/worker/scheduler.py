@@ -430,7 +430,11 @@ class Scheduler:
         hit = match.num_blocks * self.pool.block_size
         first = min(len(tokens), hit + self.config.prefill_chunk)  # its first chunk's slabs
         slabs = self.pool.blocks_for(first) - match.num_blocks if self.windows else 0
+        if self.windows is not None:  # held first: making room may drop the node's state
+            self.windows.restore(seq, match.node.state, hit)
         if not self._make_room(need, slabs):
+            if self.windows is not None:
+                self.windows.release(seq)
             self.radix.unlock(match.node)
             return False
         self.pool.retain(match.block_ids)
@@ -438,7 +442,6 @@ class Scheduler:
         seq.prefix_node = match.node
         seq.state_hit = match.node.state
         if self.windows is not None:
-            self.windows.restore(seq, match.node.state, hit)
             self.windows.grow(seq, first)
         seq.snapshot_at = {match.shared_blocks * self.pool.block_size} - {0}
         if self.radix.state_budget is not None:

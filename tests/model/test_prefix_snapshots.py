@@ -22,14 +22,14 @@ LONG = PROMPTS[1] * 3  # past the window and several blocks
 
 # Falcon-H1 is a hybrid whose layers hold cache lists (attention and Mamba in one entry), which
 # the block pool does not take; LFM2-like hybrids are paged (tests/model/test_hybrid_paged.py).
-@pytest.fixture(scope="module", params=["falcon_h1", "mamba", "swa"])
+# RecurrentGemma mixes recurrent layers and sliding windows; windows beside full attention alone
+# are paged (tests/model/test_window_slabs.py).
+@pytest.fixture(scope="module", params=["falcon_h1", "mamba", "recurrent_gemma"])
 def model_path(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp(request.param) / "m"
-    if request.param == "falcon_h1":
-        return make_zoo_model(out, "falcon_h1")
-    arch, extra = (("llama", {"sliding_window": 8}) if request.param == "swa"
-                   else (request.param, {}))  # fmt: skip
-    return make_model(out, arch=arch, size="tiny", progress=lambda line: None, **extra)
+    if request.param != "mamba":
+        return make_zoo_model(out, request.param)
+    return make_model(out, arch="mamba", size="tiny", progress=lambda line: None)
 
 
 def test_a_repeated_prompt_hits_its_last_block_and_continues_as_cold(model_path: Path) -> None:
@@ -169,9 +169,9 @@ def test_new_prompts_prefill_in_one_forward_and_continue_as_alone(model_path: Pa
         again = h.run_alone("again", prompts[1])
     finally:
         h.close()
-    # mlx-lm's Mamba lets right padding into its state (it reads no lengths from its cache):
-    # the load probe sees it, and its prompts prefill one at a time.
-    together = model_path.parent.name.rstrip("0123456789") != "mamba"
+    # mlx-lm's Mamba and RecurrentGemma let right padding into their state (they read no
+    # lengths from their caches): the load probe sees it, and their prompts prefill one at a time.
+    together = model_path.parent.name.rstrip("0123456789") not in ("mamba", "recurrent_gemma")
     assert h.engine.runner.prefills_together == together
     assert ((3, max(len(p) for p in prompts) - 1) in counting.shapes) == together
     for i, ids in enumerate(prompts):

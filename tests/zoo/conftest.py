@@ -37,6 +37,7 @@ LIKE_QWEN3 = (
 )  # fmt: skip
 BLOCK_SIZE = 16
 POOL_BLOCKS = 24  # 384 tokens: one long request fits, four of them preempt
+WINDOW_SLABS = 14  # a window model's slabs beside them: one long prompt's, prefilled at once
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "MODELS.md"
 
 
@@ -124,6 +125,14 @@ def greedy(path: Path, prompt: list[int], num_tokens: int) -> str:
     return str(detokenizer.text)
 
 
+def is_windowed(path: Path) -> bool:
+    """Whether the model's window layers go in slabs (``window_runner``)."""
+    from mlxd.worker import layer_caches
+
+    model, _ = load(path)
+    return bool(layer_caches.window_size(model))
+
+
 def pool_gb(path: Path) -> float:
     """A KV budget of POOL_BLOCKS blocks for this model (its paged pool, or snapshot cache)."""
     from mlxd.config import STATE_SHARE, VIEW_SHARE
@@ -132,11 +141,14 @@ def pool_gb(path: Path) -> float:
 
     model, _ = load(path)
     hybrid = layer_caches.is_hybrid(model)  # its recurrent states' share on top (2+ fit)
-    if not check_model_supported(model) or hybrid:
+    window = layer_caches.window_size(model)  # blocks of every layer: slabs go back
+    if not check_model_supported(model) or hybrid or window:
         from mlxd.knobs import MAX_NUM_SEQS
         from mlxd.worker.paged_cache import KVPool
 
         per_token = KVPool.bytes_per_token(model)
+        if window:  # one long request's window slabs beside the blocks (its whole prompt)
+            per_token += KVPool.bytes_per_token(model, windows=True) * WINDOW_SLABS / POOL_BLOCKS
         pool = per_token * POOL_BLOCKS * BLOCK_SIZE / (1 - VIEW_SHARE)
         if not hybrid:
             return pool / 2**30

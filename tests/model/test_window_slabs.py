@@ -1,0 +1,164 @@
+"""Sliding-window models on the block pool with their window layers' K/V in slabs that go back
+behind the window (``window_slabs``, ``window_runner``; docs/decisions/0003). A Gemma-3-shaped
+zoo model (an 8-token window on every layer but the last) against mlx-lm's greedy output, with
+sequences long enough that slabs go back during prefill and decode (a slab is kept ``margin``
+tokens past the window: decode's unflushed tokens may still be written into it)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.model.conftest import Harness, harnesses, load_model
+from tests.model.test_engine import reference_ids
+
+pytestmark = [pytest.mark.model, pytest.mark.filterwarnings("ignore::FutureWarning")]
+
+BLOCK = 4
+WORDS = ("the quick brown fox jumps over the lazy dog while a b c d e f a b c d e f "
+         "hello world hello world and so on and on").split()  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def windowed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from mlxd.models.zoo import WINDOW, make_zoo_model
+
+    path = make_zoo_model(tmp_path_factory.mktemp("slabs") / "gemma3_text", "gemma3_text")
+    assert WINDOW == 8
+    return path
+
+
+@pytest.fixture
+def harness(windowed: Path) -> Iterator[Callable[..., Harness]]:
+    with harnesses(windowed) as make:
+        yield make
+
+
+def words(windowed: Path, n: int, start: int = 0) -> list[int]:
+    """``n`` tokens of text (past the window and its margin when ``n`` is large)."""
+    _, tok = load_model(windowed)
+    ids: list[int] = tok.encode(" ".join((WORDS * 12)[start:]))
+    assert len(ids) >= n
+    return ids[:n]
+
+
+def run(h: Harness) -> int:
+    """Run ``h`` to its end, checking the pools each step; returns the most slabs any sequence
+    held at once."""
+    s, peak = h.engine.scheduler, 0
+    while s.has_work():
+        h.step()
+        peak = max([peak] + [sum(i >= 0 for i in q.window_ids) for q in s.prefilling + s.running])
+    return peak
+
+
+def bound(h: Harness) -> int:
+    """The most slabs a sequence may hold: its window, the margin, a prefill chunk, the block
+    being written and a partial one."""
+    w = h.engine.scheduler.windows
+    assert w is not None
+    chunk = h.engine.scheduler.config.prefill_chunk
+    return -(-(w.window + w.margin + chunk) // BLOCK) + 2
+
+
+@pytest.mark.parametrize("kv", [{}, {"max_view_tokens": 0}], ids=["view", "gathered"])
+def test_long_sequences_equal_mlx_lm_while_their_slabs_go_back(
+    windowed: Path, harness: Callable[..., Harness], kv: dict[str, Any]
+) -> None:
+    """Prompts of different lengths (past the window and its margin) prefill in chunks and
+    decode together; each is mlx-lm's, and no sequence ever holds more slabs than its window
+    needs, while its full layers' blocks cover its whole context."""
+    h = harness(block_size=BLOCK, num_blocks=400, prefill_chunk=32, **kv)
+    asks = [words(windowed, 150), words(windowed, 90, start=5), words(windowed, 20, start=9)]
+    for i, ids in enumerate(asks):
+        h.generate_ids(str(i), ids, max_tokens=80, ignore_eos=True)
+    peak = run(h)
+    for i, ids in enumerate(asks):
+        assert h.results[str(i)].token_ids == reference_ids(windowed, ids, 80), i
+    assert peak <= bound(h) < (150 + 80) // BLOCK
+
+
+def test_a_repeated_prompt_hits_and_continues_as_cold(
+    windowed: Path, harness: Callable[..., Harness]
+) -> None:
+    h = harness(block_size=BLOCK, num_blocks=400)
+    ids = words(windowed, 150)
+    cold = h.run_alone("cold", ids)
+    hit = h.run_alone("hit", ids)
+    assert cold.finished is not None and hit.finished is not None
+    assert cold.finished.usage.cached_tokens == 0
+    assert hit.finished.usage.cached_tokens == (len(ids) - 1) // BLOCK * BLOCK
+    assert hit.token_ids == cold.token_ids == reference_ids(windowed, ids, 12)
+
+
+def test_the_next_turn_hits_the_whole_previous_turn(
+    windowed: Path, harness: Callable[..., Harness]
+) -> None:
+    """A finished sequence keeps its window at its last block boundary, past its output."""
+    h = harness(block_size=BLOCK, num_blocks=400)
+    first = words(windowed, 60)
+    turn1 = h.run_alone("1", first, max_tokens=90)
+    second = first + turn1.token_ids + [40, 41, 42]
+    turn2 = h.run_alone("2", second)
+    assert turn2.finished is not None
+    assert turn2.finished.usage.cached_tokens == (len(first) + 90 - 1) // BLOCK * BLOCK
+    assert turn2.token_ids == reference_ids(windowed, second, 12)
+
+
+def test_prompts_sharing_a_system_prompt_hit_where_they_part(
+    windowed: Path, harness: Callable[..., Harness]
+) -> None:
+    """Two prompts sent together share 100 tokens: the second waits for the first, which keeps
+    the window where they part, and prefills only its own tokens."""
+    h = harness(block_size=BLOCK, num_blocks=400, prefill_chunk=32)
+    system = words(windowed, 100)
+    asks = [system + words(windowed, 60, start=30), system + [5, 6, 7, 8, 9]]
+    for i, ids in enumerate(asks):
+        h.generate_ids(str(i), ids, max_tokens=10, ignore_eos=True)
+    run(h)
+    second = h.results["1"].finished
+    assert second is not None and second.usage.cached_tokens == 100
+    for i, ids in enumerate(asks):
+        assert h.results[str(i)].token_ids == reference_ids(windowed, ids, 10), i
+
+
+def test_a_hit_ends_where_the_window_was_kept(
+    windowed: Path, harness: Callable[..., Harness], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A later prompt sharing 120 tokens of a finished one: the blocks are cached that far, but
+    the window's slabs only where prefill kept them (every ``STATE_EVERY`` tokens here): the
+    hit is cut back to the last of those, and continues exactly."""
+    from mlxd.worker import radix_cache
+
+    monkeypatch.setattr(radix_cache, "STATE_EVERY", 32)
+    h = harness(block_size=BLOCK, num_blocks=400, prefill_chunk=64)
+    first = words(windowed, 200)
+    h.run_alone("first", first)
+    later = first[:120] + [3, 4, 5]
+    hit = h.run_alone("later", later)
+    assert hit.finished is not None and hit.finished.usage.cached_tokens == 96
+    assert hit.token_ids == reference_ids(windowed, later, 12)
+
+
+def test_preempted_rows_resume_from_their_window_and_pools_end_exact(
+    windowed: Path, harness: Callable[..., Harness]
+) -> None:
+    """A budget too small for three long rows: some are preempted (their blocks and slabs go
+    back) and resume; every output is mlx-lm's, and once the prefix cache is flushed every
+    block, slab and byte of the budget is free again."""
+    h = harness(block_size=BLOCK, num_blocks=70, prefill_chunk=32)
+    asks = [words(windowed, 60, start=k) for k in (0, 3, 7)]
+    for i, ids in enumerate(asks):
+        h.generate_ids(str(i), ids, max_tokens=100, ignore_eos=True)
+    run(h)
+    s = h.engine.scheduler
+    assert s.counters.preemptions > 0
+    for i, ids in enumerate(asks):
+        assert h.results[str(i)].token_ids == reference_ids(windowed, ids, 100), i
+    assert s.flush_prefix_cache() > 0
+    assert s.windows is not None and s.pool is not None and s.pool.budget is not None
+    assert (s.pool.num_used, s.windows.pool.num_used, s.pool.budget.used) == (0, 0, 0)
+    assert s.radix is not None and s.radix.state_bytes == 0
