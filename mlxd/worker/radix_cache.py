@@ -13,10 +13,14 @@ blocks the tier holds, loaded into free blocks of the pool.
 A hybrid model's recurrent layers have no blocks: their state after a node's tokens is stored
 on the node (``keep_states``), a few nodes per sequence (``hybrid_runner`` says which), within a
 byte budget, least recently used dropped first and always with their node. A match then ends
-at the deepest node holding a state: blocks past it cannot be used without one. A sliding-window
-model's states are references to its window layers' slabs (``window_slabs``): the tree hands
-each state it drops or does not keep to ``release``. Pure Python: no MLX (a state is opaque here
-but for its ``nbytes``).
+at the deepest node holding a state: blocks past it cannot be used without one.
+
+A sliding-window model's window layers keep their K/V in slabs of a second pool
+(``window_slabs``): each node may hold its block's slab too (``keep_slabs``), taken from the
+sequence that computed it, and a match ends at the deepest block boundary whose window (the
+slabs of the blocks a query there reads) is all held. Slabs go least recently used first when
+their pool is short, before their node (whose full-attention block is of use to deeper hits).
+Pure Python: no MLX (a state is opaque here but for its ``nbytes``).
 """
 
 from __future__ import annotations
@@ -59,6 +63,8 @@ class TreeNode:
     last_access: int = 0
     digest: bytes = b""  # block_digest of the prefix up to this block (the tier's key)
     state: Any = None  # a hybrid's recurrent state after this node's tokens (``nbytes`` sized)
+    slab: int = -1  # a windowed model's window slab of this block (-1: none)
+    depth: int = 0  # blocks from the root, this one's included
 
 
 # (digest, parent digest, the block's tokens, its block id)
@@ -81,11 +87,13 @@ class Tier(Protocol):
 class PrefixMatch:
     """The cached blocks of a prefix (in order) and the deepest node matched (lock it).
     ``shared_blocks``: the blocks the prefix shares with the cache, more than ``block_ids``
-    when a match had to end at a node with a recurrent state."""
+    when a match had to end at a node with a recurrent state or a whole window; ``window``: a
+    windowed model's slabs of the blocks a query after the prefix reads."""
 
     node: TreeNode
     block_ids: list[int]
     shared_blocks: int = 0
+    window: list[int] = field(default_factory=list)
 
     @property
     def num_blocks(self) -> int:
@@ -104,15 +112,19 @@ class RadixCache:
         self.num_restored_blocks = 0  # loaded from the tier
         self.state_budget: int | None = None  # bytes of recurrent states (None: no states)
         self.state_bytes = 0
-        self._stated: set[TreeNode] = set()  # the nodes holding a state (few: trimmed by LRU)
-        self._let_go: Callable[[Any], None] = lambda state: None
+        self._stated: set[TreeNode] = set()  # the nodes holding a state (trimmed by LRU)
+        self.slabs: BlockPool | None = None  # a windowed model's window slabs (``keep_slabs``)
+        self._span: Callable[[int], range] = lambda tokens: range(0)
+        self._slabbed: set[TreeNode] = set()
 
-    def keep_states(self, budget: int, release: Callable[[Any], None] | None = None) -> None:
-        """The model has state beside its blocks: matches end at nodes holding one; ``budget``
-        bytes; ``release`` is told of each state the tree lets go of."""
+    def keep_states(self, budget: int) -> None:
+        """The model has recurrent state: matches end at nodes holding one; ``budget`` bytes."""
         self.state_budget = budget
-        if release is not None:
-            self._let_go = release
+
+    def keep_slabs(self, slabs: BlockPool, span: Callable[[int], range]) -> None:
+        """The model has window layers, their K/V in ``slabs``: nodes keep their block's slab,
+        and a match at ``P`` tokens needs the slabs of the blocks ``span(P)``."""
+        self.slabs, self._span = slabs, span
 
     # Public API
 
@@ -121,7 +133,7 @@ class RadixCache:
     ) -> PrefixMatch:
         """The longest cached prefix of ``token_ids``, in whole blocks (at most ``max_blocks``);
         with ``restore``, extended by the tier's blocks, loaded into free pool blocks."""
-        node, ids, now = self.root, [], next(_clock)
+        node, ids, now, path = self.root, [], next(_clock), []
         limit = len(token_ids) // self.block_size
         if max_blocks is not None:
             limit = min(limit, max_blocks)
@@ -132,6 +144,9 @@ class RadixCache:
             node = child
             node.last_access = now
             ids.append(node.block_id)
+            path.append(node)
+        if self.slabs is not None:
+            return self._windowed_match(path)
         if self.state_budget is not None:  # a hybrid: the tier keeps blocks, not states
             shared = len(ids)
             while node is not self.root and node.state is None:
@@ -143,20 +158,21 @@ class RadixCache:
         return PrefixMatch(node, ids, len(ids))
 
     def insert(
-        self, token_ids: list[int], block_ids: list[int], states: dict[int, Any] | None = None
-    ) -> int:
+        self, token_ids: list[int], block_ids: list[int], states: dict[int, Any] | None = None,
+        slabs: list[int] | None = None,
+    ) -> int:  # fmt: skip
         """Index the full blocks ``block_ids`` holding ``token_ids``; the tree takes a reference
-        to each block it adds, and takes ``states`` (by the tokens they follow, at block
-        boundaries: ``states`` is emptied) onto their nodes. Returns how many blocks of the
-        prefix were already indexed (those keep their cached block; the caller's copy is not
-        referenced)."""
-        node, now, known, stated = self.root, next(_clock), 0, bool(states)
+        to each block it adds, and keeps ``states`` (by the tokens they follow, at block
+        boundaries) on their nodes, and ``slabs`` (the blocks' window slabs, -1 for none) on
+        nodes without one. Returns how many blocks of the prefix were already indexed (those
+        keep their cached block; the caller's copy is not referenced)."""
+        node, now, known = self.root, next(_clock), 0
         n = min(len(block_ids), len(token_ids) // self.block_size)
         for i, (key, block_id) in enumerate(zip(self._keys(token_ids, n), block_ids,
                                                 strict=False)):  # fmt: skip
             child = node.children.get(key)
             if child is None:
-                child = TreeNode(key=key, block_id=block_id, parent=node,
+                child = TreeNode(key=key, block_id=block_id, parent=node, depth=i + 1,
                                  digest=block_digest(node.digest, key))  # fmt: skip
                 node.children[key] = child
                 self.pool.retain([block_id])
@@ -165,19 +181,25 @@ class RadixCache:
                 known += 1
             child.last_access = now
             node = child
-            if states and (state := states.pop((i + 1) * self.block_size, None)) is not None:
+            if states and (state := states.get((i + 1) * self.block_size)) is not None:
                 self._keep_state(node, state)
-        if stated:
-            for state in states.values():  # past the blocks given: nowhere to keep them
-                self._let_go(state)
-            states.clear()
+            if slabs and i < len(slabs) and slabs[i] >= 0 and node.slab < 0:
+                self._keep_slab(node, slabs[i])
+        if states:
             self._trim_states()
         return known
 
-    def discard(self, states: dict[int, Any]) -> None:
-        """Let go of ``states`` the tree was not given (a sequence that failed)."""
-        for state in states.values():
-            self._let_go(state)
+    def drop_slabs(self, num_slabs: int) -> int:
+        """Free up to ``num_slabs`` window slabs by letting go of the tree's, least recently used
+        first, and of a path's first blocks first (the last ones hold the window of its end,
+        where its next turn hits); returns how many were freed (a slab a sequence still holds
+        is let go of, not freed)."""
+        freed = 0
+        for node in sorted(self._slabbed, key=lambda n: (n.last_access, n.depth)):
+            if freed >= num_slabs:
+                break
+            freed += self._drop_slab(node)
+        return freed
 
     def lock(self, node: TreeNode) -> None:
         """Protect ``node`` and its ancestors from eviction (a running sequence uses them)."""
@@ -249,6 +271,8 @@ class RadixCache:
         held = sum(n.state.nbytes for n in nodes if n.state is not None)
         assert held == self.state_bytes, "state bytes != the states held"
         assert self._stated == {n for n in nodes if n.state is not None}, "stated set is off"
+        assert self._slabbed == {n for n in nodes if n.slab >= 0}, "slabbed set is off"
+        assert all(self.slabs.ref_count(n.slab) for n in self._slabbed if self.slabs)
         assert self.state_budget is None or held <= self.state_budget, "states over budget"
         assert len({n.block_id for n in nodes}) == len(nodes), "a block indexed twice"
         for n in nodes:
@@ -309,7 +333,7 @@ class RadixCache:
         now = next(_clock)
         for digest, _, key, block_id in blocks[:loaded]:
             child = TreeNode(key=key, block_id=block_id, parent=node, digest=digest,
-                             last_access=now)  # fmt: skip
+                             last_access=now, depth=node.depth + 1)  # fmt: skip
             node.children[key] = child  # the tree keeps the reference allocate gave
             self.num_cached_blocks += 1
             ids.append(block_id)
@@ -320,7 +344,6 @@ class RadixCache:
     def _keep_state(self, node: TreeNode, state: Any) -> None:
         """Store ``state`` on ``node`` (a newer one replaces it: both hold the same tokens)."""
         if self.state_budget is None or state.nbytes > self.state_budget:
-            self._let_go(state)
             return
         self._drop_state(node)
         node.state = state
@@ -330,18 +353,8 @@ class RadixCache:
     def _drop_state(self, node: TreeNode) -> None:
         if node.state is not None:
             self.state_bytes -= node.state.nbytes
-            self._let_go(node.state)
             node.state = None
             self._stated.discard(node)
-
-    def drop_states(self, nbytes: int) -> None:
-        """Drop the least recently used states until ``nbytes`` of them are gone or none is
-        left (a window model's slabs are short: ``Scheduler._make_room``)."""
-        target = max(0, self.state_bytes - nbytes)
-        for node in sorted(self._stated, key=lambda n: n.last_access):
-            if self.state_bytes <= target:
-                break
-            self._drop_state(node)
 
     def _trim_states(self) -> None:
         """Drop the least recently used states until they fit the budget."""
@@ -353,10 +366,36 @@ class RadixCache:
                 break
             self._drop_state(node)
 
+    def _keep_slab(self, node: TreeNode, slab: int) -> None:
+        assert self.slabs is not None
+        self.slabs.retain([slab])
+        node.slab = slab
+        self._slabbed.add(node)
+
+    def _drop_slab(self, node: TreeNode) -> int:
+        """Let go of ``node``'s slab; returns 1 if that freed it."""
+        if node.slab < 0:
+            return 0
+        assert self.slabs is not None
+        freed = self.slabs.release([node.slab])
+        node.slab = -1
+        self._slabbed.discard(node)
+        return freed
+
+    def _windowed_match(self, path: list[TreeNode]) -> PrefixMatch:
+        """The deepest prefix of ``path`` whose window's slabs the tree holds, with them."""
+        bs, depth = self.block_size, len(path)
+        while depth and any(path[i].slab < 0 for i in self._span(depth * bs)):
+            depth -= 1
+        node = path[depth - 1] if depth else self.root
+        window = [path[i].slab for i in self._span(depth * bs)]
+        return PrefixMatch(node, [n.block_id for n in path[:depth]], len(path), window)
+
     def _remove_leaf(self, node: TreeNode) -> TreeNode | None:
         parent = node.parent
         assert parent is not None and not node.children
         del parent.children[node.key]
         self._drop_state(node)
+        self._drop_slab(node)
         self.num_cached_blocks -= 1
         return None if parent is self.root else parent

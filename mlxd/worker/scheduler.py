@@ -166,15 +166,18 @@ class Scheduler:
         """Record that ``chunk`` ran; a fully prefilled sequence joins the decode batch."""
         seq = chunk.seq
         seq.num_prefilled = chunk.end
-        if self.windows is not None:  # states where a later prompt may hit, then the slabs
-            self.windows.take_states(seq, chunk.start, seq.num_computed)  # behind the window go
+        if self.windows is not None and self.radix is not None:  # the blocks computed so far and
+            self.radix.insert(
+                seq.prefill_ids[: seq.num_computed],
+                seq.block_ids,  # their slabs,
+                slabs=seq.window_ids,
+            )  # before those behind the window go back
+            self.windows.drop_behind(seq)
         if seq.states and self.radix is not None and not chunk.is_last:
             # a hybrid's snapshots go to the prefix cache as prefill takes them (nothing else
             # bounds them), with the blocks computed so far
             self.radix.insert(seq.prefill_ids[: seq.num_computed], seq.block_ids, seq.states)
             seq.states = {}
-        if self.windows is not None:
-            self.windows.drop_behind(seq)
         if chunk.is_last and seq in self.prefilling:
             self.prefilling.remove(seq)
             seq.status = SequenceStatus.RUNNING
@@ -430,8 +433,8 @@ class Scheduler:
         hit = match.num_blocks * self.pool.block_size
         first = min(len(tokens), hit + self.config.prefill_chunk)  # its first chunk's slabs
         slabs = self.pool.blocks_for(first) - match.num_blocks if self.windows else 0
-        if self.windows is not None:  # held first: making room may drop the node's state
-            self.windows.restore(seq, match.node.state, hit)
+        if self.windows is not None:  # held first: making room may drop the tree's slabs
+            self.windows.restore(seq, match.window, hit)
         if not self._make_room(need, slabs):
             if self.windows is not None:
                 self.windows.release(seq)
@@ -459,8 +462,7 @@ class Scheduler:
 
     def _make_room(self, num_blocks: int, slabs: int = 0) -> bool:
         """Whether ``num_blocks`` blocks (and ``slabs`` window slabs) are free, evicting
-        unreferenced cached blocks if needed (and the prefix cache's window states, least
-        recently used first: they hold slabs)."""
+        unreferenced cached blocks (and the prefix cache's slabs) if needed."""
         assert self.pool is not None and self.radix is not None
         short = num_blocks - self.pool.num_free
         if self.windows is None:
@@ -468,11 +470,7 @@ class Scheduler:
                 self.radix.evict(short)
             return self.pool.num_free >= num_blocks
         while not self._fits(num_blocks, slabs):
-            if self.radix.evict(max(1, short)):
-                continue
-            held = self.radix.state_bytes
-            self.radix.drop_states(max(1, slabs) * self.windows.slab_bytes)
-            if self.radix.state_bytes == held:
+            if not self.radix.drop_slabs(max(1, slabs)) and not self.radix.evict(max(1, short)):
                 return False
         return True
 
@@ -504,13 +502,9 @@ class Scheduler:
         """Release ``seq``'s blocks; the full blocks of known tokens stay in the prefix cache."""
         if self.pool is None or self.radix is None or not seq.block_ids:
             return
-        if cache:
-            if self.windows is not None:  # its next turn or its resume hits here
-                self.windows.take(seq, {seq.num_computed // self.pool.block_size
-                                        * self.pool.block_size} - {0})  # fmt: skip
+        if cache:  # (a windowed model's slabs with them: its next turn or its resume hits)
             known = (seq.prompt_ids + seq.output_ids)[: seq.num_computed]
-            self.radix.insert(known, seq.block_ids, seq.states)
-        self.radix.discard(seq.states)
+            self.radix.insert(known, seq.block_ids, seq.states, seq.window_ids)
         seq.states, seq.state_hit = {}, None
         if self.windows is not None:
             self.windows.release(seq)

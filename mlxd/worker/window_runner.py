@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxd.config import STATE_SHARE
 from mlxd.worker import layer_caches
 from mlxd.worker.block_pool import BlockPool, KVBudget
 from mlxd.worker.decode_tail import VIEW_STEP, DecodeTail, decode_caches
@@ -45,8 +44,6 @@ class WindowModelRunner(PagedModelRunner):
         self.window = window
         self.wtail = DecodeTail(len(windows.keys), self.max_view_tokens)
         self._windowed = layer_caches.window_entries(layer_caches.model_caches(model))
-        budget = slabs.budget.total if slabs.budget is not None else 0
-        self.state_budget = int(budget * STATE_SHARE)  # bytes of slabs states may hold
 
     @classmethod
     def for_model(
@@ -70,12 +67,11 @@ class WindowModelRunner(PagedModelRunner):
     # Public API
 
     def fit_scheduler(self, scheduler: Scheduler) -> None:
-        """The scheduler hands out this pool's slabs; its prefix cache keeps window states."""
+        """The scheduler hands out this pool's slabs; its prefix cache keeps them by block."""
         if scheduler.radix is None:
             return
-        windows = WindowSlabs(self.slabs, self.window, VIEW_STEP, self.windows.bytes_per_block)
-        scheduler.windows = windows
-        scheduler.radix.keep_states(self.state_budget, release=windows.release_state)
+        scheduler.windows = WindowSlabs(self.slabs, self.window, VIEW_STEP)
+        scheduler.radix.keep_slabs(self.slabs, scheduler.windows.span)
 
     def release_memory(self, highest_used: int) -> int:
         dropped = super().release_memory(highest_used)
@@ -91,8 +87,7 @@ class WindowModelRunner(PagedModelRunner):
         w = self.windows
         return (f"{super().kv_description}; {len(w.keys)} of {len(self._windowed)} layers see a "
                 f"{self.window}-token window: their K/V in slabs that go back behind it "
-                f"({w.capacity} held), prefix states up to "
-                f"{self.state_budget / 2**30:.2f} GiB")  # fmt: skip
+                f"({w.capacity} held)")  # fmt: skip
 
     # Internal helpers
 

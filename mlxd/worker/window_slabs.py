@@ -17,43 +17,31 @@ decode step's K/V reach the pool only at the next flush (``decode_tail``), and a
 change hands while tokens are on their way into it.
 
 A prefix hit at block boundary P needs, beside the full layers' blocks, the window layers' K/V
-of ``[P - window, P)``: a ``WindowState`` holds references to those slabs on the radix node at
-P (``RadixCache.keep_states``, as a hybrid's recurrent state is kept), so the match ends at the
-deepest node holding one. States are taken where a later prompt can hit, as a hybrid's
-snapshots are (``radix_cache.state_cuts``), and at the last block boundary of a sequence that
-finishes or is preempted (its next turn, its resume). A state copies nothing. Pure Python: no MLX.
+of ``[P - window, P)``: the prefix cache keeps each block's slab on its node beside the block
+(``RadixCache.keep_slabs``), handed over as prefill completes each chunk and when a sequence
+finishes or is preempted, before the sequence gives its own references back. A cached slab is
+memory the pool may take back (least recently used first) when it is short: a live sequence
+holds only its window; the cache holds the rest while nothing needs the room, and a hit lands
+at the deepest boundary whose window survived. Pure Python: no MLX.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from mlxd.worker.block_pool import BlockPool
-from mlxd.worker.radix_cache import state_cuts
 from mlxd.worker.sequence import Sequence
-
-
-@dataclass(frozen=True)
-class WindowState:
-    """References to the slabs of the window before ``tokens`` (one per block, in order)."""
-
-    slabs: tuple[int, ...]
-    nbytes: int
-    tokens: int
 
 
 class WindowSlabs:
     """The slab pool of a windowed model and the rules for taking and returning slabs."""
 
-    def __init__(self, slabs: BlockPool, window: int, margin: int, slab_bytes: int) -> None:
+    def __init__(self, slabs: BlockPool, window: int, margin: int) -> None:
         """``window``: tokens each window layer sees (the largest, if they differ); ``margin``:
         tokens a slab is kept after leaving it (at least the tokens decode leaves unflushed,
         and a block)."""
-        assert margin >= slabs.block_size, "a finished sequence's last state needs its slabs"
+        assert margin >= slabs.block_size, "a finished sequence keeps its last boundary's window"
         self.pool = slabs
         self.window = window
         self.margin = margin
-        self.slab_bytes = slab_bytes
 
     @property
     def block_size(self) -> int:
@@ -82,45 +70,16 @@ class WindowSlabs:
             for i in gone:
                 ids[i] = -1
 
-    def state(self, seq: Sequence, tokens: int) -> WindowState | None:
-        """A state at block boundary ``tokens`` of ``seq`` (None: a slab it needs is gone)."""
-        slabs = [seq.window_ids[i] for i in self.span(tokens)]
-        if any(s < 0 for s in slabs):
-            return None
-        self.pool.retain(slabs)
-        return WindowState(tuple(slabs), max(1, len(slabs)) * self.slab_bytes, tokens)
-
-    def take(self, seq: Sequence, cuts: set[int]) -> None:
-        """States of ``seq`` at each block boundary of ``cuts``, into ``seq.states``."""
-        for tokens in sorted(cuts - set(seq.states)):
-            state = self.state(seq, tokens)
-            if state is not None:
-                seq.states[tokens] = state
-
-    def restore(self, seq: Sequence, state: WindowState | None, tokens: int) -> None:
-        """``seq`` starts from a prefix hit of ``tokens`` tokens: the hit's window slabs."""
+    def restore(self, seq: Sequence, window: list[int], tokens: int) -> None:
+        """``seq`` starts from a prefix hit of ``tokens`` tokens: the hit's ``window`` slabs."""
         assert not seq.window_ids, "a sequence takes a hit only when admitted"
-        if not tokens:
-            return
-        assert state is not None and state.tokens == tokens, "a hit without its window"
-        self.pool.retain(list(state.slabs))
-        seq.window_ids = [-1] * (tokens // self.block_size - len(state.slabs)) + list(state.slabs)
+        self.pool.retain(window)
+        seq.window_ids = [-1] * (tokens // self.block_size - len(window)) + list(window)
 
     def release(self, seq: Sequence) -> None:
         """Every slab ``seq`` holds goes back (it finished, was preempted or failed)."""
         self.pool.release([i for i in seq.window_ids if i >= 0])
         seq.window_ids = []
-
-    def release_state(self, state: object) -> None:
-        """A state the prefix cache drops or does not keep."""
-        assert isinstance(state, WindowState)
-        self.pool.release(list(state.slabs))
-
-    def take_states(self, seq: Sequence, start: int, end: int) -> None:
-        """States of ``seq`` where its prefill from ``start`` to ``end`` keeps them
-        (``state_cuts``), into ``seq.states``."""
-        cuts = state_cuts(self.block_size, seq.num_prefill_tokens, seq.snapshot_at, start, end)
-        self.take(seq, cuts)
 
     def check(self, seqs: list[Sequence]) -> None:
         """Every slab a sequence holds is in use."""

@@ -111,8 +111,8 @@ def test_the_next_turn_hits_the_whole_previous_turn(
 def test_prompts_sharing_a_system_prompt_hit_where_they_part(
     windowed: Path, harness: Callable[..., Harness]
 ) -> None:
-    """Two prompts sent together share 100 tokens: the second waits for the first, which keeps
-    the window where they part, and prefills only its own tokens."""
+    """Two prompts sent together share 100 tokens: the second waits for the first's blocks and
+    slabs to be cached, and prefills only its own tokens."""
     h = harness(block_size=BLOCK, num_blocks=400, prefill_chunk=32)
     system = words(windowed, 100)
     asks = [system + words(windowed, 60, start=30), system + [5, 6, 7, 8, 9]]
@@ -125,22 +125,24 @@ def test_prompts_sharing_a_system_prompt_hit_where_they_part(
         assert h.results[str(i)].token_ids == reference_ids(windowed, ids, 10), i
 
 
-def test_a_hit_ends_where_the_window_was_kept(
-    windowed: Path, harness: Callable[..., Harness], monkeypatch: pytest.MonkeyPatch
+def test_a_hit_lands_wherever_the_window_s_slabs_survive(
+    windowed: Path, harness: Callable[..., Harness]
 ) -> None:
-    """A later prompt sharing 120 tokens of a finished one: the blocks are cached that far, but
-    the window's slabs only where prefill kept them (every ``STATE_EVERY`` tokens here): the
-    hit is cut back to the last of those, and continues exactly."""
-    from mlxd.worker import radix_cache
-
-    monkeypatch.setattr(radix_cache, "STATE_EVERY", 32)
+    """A later prompt sharing 120 tokens of a finished one hits all of them: the prefix cache
+    kept every block's slab beside it (the finished sequence gave them back). Once the pool
+    has taken those slabs back, the same prompt finds the blocks but no window: a miss, and
+    the same text."""
     h = harness(block_size=BLOCK, num_blocks=400, prefill_chunk=64)
     first = words(windowed, 200)
     h.run_alone("first", first)
     later = first[:120] + [3, 4, 5]
     hit = h.run_alone("later", later)
-    assert hit.finished is not None and hit.finished.usage.cached_tokens == 96
-    assert hit.token_ids == reference_ids(windowed, later, 12)
+    radix = h.engine.scheduler.radix
+    assert radix is not None and radix.drop_slabs(10**6) > 0
+    again = h.run_alone("again", later)
+    assert hit.finished is not None and hit.finished.usage.cached_tokens == 120
+    assert again.finished is not None and again.finished.usage.cached_tokens == 0
+    assert hit.token_ids == again.token_ids == reference_ids(windowed, later, 12)
 
 
 def test_preempted_rows_resume_from_their_window_and_pools_end_exact(

@@ -36,10 +36,9 @@ def test_two_pools_share_one_budget_of_bytes() -> None:
 def _scheduler(total_blocks: int = 200, nbytes: int = 400) -> tuple[Scheduler, KVBudget]:
     budget = KVBudget(nbytes)
     s = Scheduler(SchedulerConfig(prefill_chunk=16), pool=BlockPool(total_blocks, BS, budget, 1))
-    slabs = WindowSlabs(BlockPool(total_blocks, BS, budget, 1), WINDOW, MARGIN, slab_bytes=1)
-    s.windows = slabs
+    s.windows = WindowSlabs(BlockPool(total_blocks, BS, budget, 1), WINDOW, MARGIN)
     assert s.radix is not None
-    s.radix.keep_states(1000, release=slabs.release_state)
+    s.radix.keep_slabs(s.windows.pool, s.windows.span)
     return s, budget
 
 
@@ -58,6 +57,14 @@ def _seq(rid: str, n: int) -> Sequence:
                     sampling=SamplingParams(), max_tokens=8)  # fmt: skip
 
 
+def _prefilled(s: Scheduler, rid: str, n: int) -> Sequence:
+    seq = _seq(rid, n)
+    s.add(seq)
+    while seq in s.prefilling or seq in s.waiting:
+        _prefill_step(s)
+    return seq
+
+
 def test_slabs_are_taken_a_chunk_ahead_and_go_back_behind_the_window() -> None:
     s, _ = _scheduler()
     seq = _seq("a", 80)
@@ -71,50 +78,43 @@ def test_slabs_are_taken_a_chunk_ahead_and_go_back_behind_the_window() -> None:
     assert held == [16, 17, 18, 19] and len(seq.block_ids) == 20
 
 
-def test_a_finished_sequence_leaves_its_window_to_the_prefix_cache_and_a_flush_frees_all() -> None:
+def test_the_prefix_cache_keeps_the_slabs_a_sequence_gave_back_until_a_flush() -> None:
     s, budget = _scheduler()
-    seq = _seq("a", 80)
-    s.add(seq)
-    while seq in s.prefilling or seq in s.waiting:
-        _prefill_step(s)
-    s.finish(seq, "stop")
-    assert s.radix is not None and s.radix.state_bytes > 0  # a repeat of the prompt may hit
+    s.finish(_prefilled(s, "a", 80), "stop")
+    assert s.windows is not None and s.windows.pool.num_used == 19  # each computed block's
     again = _seq("b", 80)
     s.add(again)
     _prefill_step(s)
-    assert again.num_cached == 76  # the hit's window only: blocks 17 and 18 (of tokens 69-75)
+    assert again.num_cached == 76  # the window of the hit only: blocks 17 and 18 (tokens 69-75)
     assert again.window_ids[:17] == [-1] * 17 and min(again.window_ids[17:]) >= 0
     s.finish(again, "stop")
     s.flush_prefix_cache()
-    assert s.pool is not None and s.windows is not None and s.radix.state_bytes == 0
+    assert s.pool is not None and s.radix is not None
     assert (s.pool.num_used, s.windows.pool.num_used, budget.used) == (0, 0, 0)
 
 
-def test_a_failed_sequence_gives_back_the_states_it_took() -> None:
-    s, budget = _scheduler()
-    seq = _seq("a", 80)
-    s.add(seq)
-    _prefill_step(s)
-    assert s.windows is not None
-    s.windows.take(seq, {8})  # as a prefill would, not yet handed to the prefix cache
-    s.finish(seq, "error")  # nothing of it is cached
-    assert (budget.used, s.windows.pool.num_used) == (0, 0)
+def test_slabs_go_first_from_a_path_s_start_and_a_hit_needs_its_whole_window() -> None:
+    s, _ = _scheduler()
+    s.finish(_prefilled(s, "a", 80), "stop")
+    assert s.radix is not None and s.radix.drop_slabs(17) == 17  # blocks 0-16's
+    hit = s.radix.match_prefix(list(range(80)), max_blocks=19)
+    assert (hit.num_blocks, hit.shared_blocks) == (19, 19)  # its window (17, 18) is whole
+    assert s.radix.drop_slabs(1) == 1  # block 17's: no boundary has its whole window now
+    cut = s.radix.match_prefix(list(range(80)), max_blocks=19)
+    assert (cut.num_blocks, cut.shared_blocks, cut.window) == (0, 19, [])
+    s.check_invariants()
 
 
 def test_making_room_for_a_hit_keeps_the_window_it_restores() -> None:
-    """The budget is full with the cached prompt (its 10 blocks and the 2 slabs of its window
-    at 36): admitting its repeat must make room, and may drop states to do so; the hit's own
-    window is held first, so the repeat waits (nothing else can go) instead of taking a hit
-    without it."""
+    """The budget is full with the cached prompt (its 20 blocks, the slabs of its window at
+    76): admitting its repeat must make room, and lets go of the tree's slabs to do so; the
+    hit's own window is held first, so the repeat waits (nothing else can go) instead of
+    taking a hit whose slabs were freed."""
     s, budget = _scheduler()
-    seq = _seq("a", 40)
-    s.add(seq)
-    while seq in s.prefilling or seq in s.waiting:
-        _prefill_step(s)
-    s.finish(seq, "stop")
+    s.finish(_prefilled(s, "a", 80), "stop")
+    assert s.radix is not None and s.radix.drop_slabs(17) == 17
     budget.total = budget.used  # nothing else fits
-    assert budget.used == 12
-    again = _seq("b", 40)
+    again = _seq("b", 80)
     s.add(again)
     assert _prefill_step(s) == []  # no room: it waits, holding nothing
     assert again in s.waiting and not again.window_ids and not again.block_ids
