@@ -207,6 +207,7 @@ class PagedStep:
     real: mx.array | None = None  # (B, 1, L, 1): which new tokens are not padding, when some are
     qpos: mx.array | None = None  # (B, L): each query's position (negative: padding)
     longest: int = 0  # the most tokens a row has after this step
+    key_start: int = 0  # position of the first key read (a window's slabs gone back before it)
 
     @classmethod
     def build(
@@ -216,10 +217,16 @@ class PagedStep:
         """Rows have ``context_lens[b]`` tokens cached and ``new_lens[b]`` new ones, right-aligned
         in a query window of ``attention_shapes.queries(max(new_lens))`` tokens (shorter rows
         are left-padded; the caller pads its tokens the same way); ``exact``: a window of
-        ``max(new_lens)``, whatever the backend (a recurrent layer cannot skip padding)."""
+        ``max(new_lens)``, whatever the backend (a recurrent layer cannot skip padding).
+
+        Leading blocks no row has (-1: a window layer's slabs gone back) are not read: the
+        keys start at ``key_start``, so a window layer's read stays near its window."""
         pool.ensure(max((max(t) for t in block_tables if t), default=0))
         longest_new = max(new_lens)
         bs = pool.block_size
+        skip = min(next((i for i, b in enumerate(t) if b >= 0), len(t)) for t in block_tables)
+        start = skip * bs
+        block_tables = [t[skip:] for t in block_tables] if skip else block_tables
         q_len = longest_new if exact else attention_shapes.queries(longest_new)
         width = attention_shapes.key_blocks(max(len(t) for t in block_tables), q_len > 1)
         uniform = (
@@ -236,14 +243,14 @@ class PagedStep:
         # query i of row b is position ctx + i - pad (negative: padding)
         qpos = ctx[:, None] + mx.arange(q_len)[None, :] - pad[:, None]
         real = qpos >= ctx[:, None]
-        block = mx.take_along_axis(table, mx.maximum(qpos, 0) // bs, axis=1)
+        block = mx.take_along_axis(table, mx.maximum(qpos - start, 0) // bs, axis=1)
         write = mx.where(real, block * bs + mx.maximum(qpos, 0) % bs, pool.scratch_block * bs)
         write, table = write.reshape(-1).astype(mx.int32), table.astype(mx.int32)
         fresh = not any(context_lens)
         longest = max(c + n for c, n in zip(context_lens, new_lens, strict=True))
         if uniform:
-            return cls(write, table, ctx.astype(mx.int32), None, context_lens[0] + q_len, fresh,
-                       qpos=qpos, longest=longest)  # fmt: skip
+            return cls(write, table, ctx.astype(mx.int32), None, context_lens[0] + q_len - start,
+                       fresh, qpos=qpos, longest=longest, key_start=start)  # fmt: skip
         # Padding K/V are zeroed: a masked key still multiplies its (zero) weight into the
         # output, so a non-finite one would poison real rows. Padding queries sit at negative
         # positions, and some models' position terms are not finite there (Mistral 3's
@@ -256,12 +263,12 @@ class PagedStep:
             mask = mask | ((kpos == 0) & ~real[:, :, None])  # padding queries see one key
             return cls(write, table, (ctx - pad).astype(mx.int32), mask[:, None], fresh=True,
                        real=keep, qpos=qpos, longest=longest)  # fmt: skip
-        kpos = mx.arange(width * bs)[None, None, :]
+        kpos = start + mx.arange(width * bs)[None, None, :]
         mask = (kpos <= qpos[:, :, None]) & (kpos < total[:, None, None])
         # a padding query must still see one key, or its softmax row is all -inf (NaN)
-        mask = mask | ((kpos == 0) & ~real[:, :, None])
+        mask = mask | ((kpos == start) & ~real[:, :, None])
         return cls(write, table, (ctx - pad).astype(mx.int32), mask[:, None, :, :], real=keep,
-                   qpos=qpos, longest=longest)  # fmt: skip
+                   qpos=qpos, longest=longest, key_start=start)  # fmt: skip
 
     def window_mask(self, window: int) -> mx.array | None:
         """The mask of a layer that sees only its last ``window`` positions (mlx-lm's
@@ -277,7 +284,7 @@ class PagedStep:
         else:
             keys = self.read_len if self.mask is None else self.mask.shape[-1]
             assert keys is not None
-            kpos = mx.arange(keys)[None, None, :]
+            kpos = self.key_start + mx.arange(keys)[None, None, :]
         near = kpos > qpos - window
         if self.real is not None:  # a padding query keeps the one key it sees
             near = near | ~self.real[:, 0]
