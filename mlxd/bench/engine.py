@@ -74,6 +74,7 @@ def new_engine(
     (``config.split_kv_budget``), so a batch that outgrows the daemon's view does here too.
     A hybrid and a sliding-window model are paged as the worker pages them (``hybrid_runner``,
     ``window_runner``); other layouts the pool cannot hold run on the contiguous cache."""
+    from mlxd.knobs import KV_CHUNK_MB
     from mlxd.worker import layer_caches
     from mlxd.worker.block_pool import BlockPool
     from mlxd.worker.engine import Engine
@@ -105,16 +106,17 @@ def new_engine(
                             for w in ((False, True) if window else (False,)))  # fmt: skip
             num_blocks, max_view_tokens = split_kv_budget(budget - state_budget - rows,
                                                           per_token, block_size)  # fmt: skip
-        pool_kv = KVPool.for_model(model, num_blocks, block_size, fmt=KVFormat(kv_bits))
-        if window:
+        if window:  # both pools grow as a worker's do, a chunk at a time
             runner, pool = WindowModelRunner.for_model(
-                model, eos, num_blocks, block_size, window, None, KVFormat(kv_bits), max_view_tokens
-            )
-        elif hybrid:
-            runner = HybridModelRunner(model, eos, pool_kv, state_budget, max_view_tokens)
+                model, eos, num_blocks, block_size, window, int(KV_CHUNK_MB.default * 2**20),
+                KVFormat(kv_bits), max_view_tokens)  # fmt: skip
         else:
-            runner = PagedModelRunner(model, eos, pool_kv, max_view_tokens)
-        if not window:
+            pool_kv = KVPool.for_model(model, num_blocks, block_size, fmt=KVFormat(kv_bits))
+            runner = (
+                HybridModelRunner(model, eos, pool_kv, state_budget, max_view_tokens)
+                if hybrid
+                else PagedModelRunner(model, eos, pool_kv, max_view_tokens)
+            )
             pool = BlockPool(num_blocks, block_size)
     scheduler = Scheduler(sched, pool=pool, cost=PrefillCost.for_model(model))
     runner.fit_scheduler(scheduler)

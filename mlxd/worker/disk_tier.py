@@ -105,7 +105,7 @@ def attach(config: WorkerConfig, scheduler: Scheduler, runner: ModelRunner) -> D
         if gb:
             log.warning("--kv-disk-gb needs a prefix cache (paged or snapshots); no disk tier")
         return None
-    if scheduler.radix.state_budget is not None:
+    if scheduler.radix.state_budget is not None or scheduler.radix.slabs is not None:
         log.warning(
             "--kv-disk-gb keeps K/V blocks, not a hybrid's recurrent state nor a "
             "window model's window slabs; no disk tier"

@@ -67,6 +67,9 @@ def release(runner: ModelRunner, scheduler: Scheduler) -> None:
     if scheduler.pool is not None and kv_pool is not None:
         if scheduler.radix is not None:
             evicted = scheduler.radix.evict_from(kv_pool.chunk_blocks)
+            windows = getattr(runner, "windows", None)  # a window model's slab arrays
+            if scheduler.windows is not None and windows is not None:
+                scheduler.radix.drop_slabs_from(windows.chunk_blocks)
         highest = scheduler.pool.highest_used()
     runner.release_memory(highest)
     _trim_heap()

@@ -267,9 +267,8 @@ def _window_runner(
     """The paged runner of a sliding-window model: full layers' blocks and window layers'
     slabs from one budget (``window_slabs``). The context is capped to what the budget holds
     with one window's slabs beside it."""
-    from mlxd.worker.decode_tail import VIEW_STEP
     from mlxd.worker.paged_cache import KVPool
-    from mlxd.worker.window_runner import WindowModelRunner
+    from mlxd.worker.window_runner import WindowModelRunner, margin
 
     bs, fmt = config.cache.block_size, _kv_format(model, config)
     full, windowed = (KVPool.bytes_per_token(model, fmt, windows=w) * bs for w in (False, True))
@@ -281,7 +280,7 @@ def _window_runner(
         raise ConfigError(f"--kv-cache-gb {config.cache.kv_cache_gb} holds no KV blocks; one "
                           f"block of {bs} tokens takes {full + windowed} bytes")  # fmt: skip
     # one sequence holds at most a window, decode's margin and a prefill chunk of slabs
-    in_window = -(-(window + VIEW_STEP + config.scheduler.prefill_chunk) // bs) + 2
+    in_window = -(-(window + margin(bs) + config.scheduler.prefill_chunk) // bs) + 2
     context = num_blocks * bs  # every block with its slab
     if num_blocks > in_window:  # or beyond a window, blocks alone
         context = (num_blocks * (full + windowed) - in_window * windowed) // full * bs

@@ -192,14 +192,21 @@ class RadixCache:
     def drop_slabs(self, num_slabs: int) -> int:
         """Free up to ``num_slabs`` window slabs by letting go of the tree's, least recently used
         first, and of a path's first blocks first (the last ones hold the window of its end,
-        where its next turn hits); returns how many were freed (a slab a sequence still holds
-        is let go of, not freed)."""
+        where its next turn hits); returns how many were freed. A slab a sequence also holds
+        stays: letting go of it would free nothing and lose the hit."""
+        assert self.slabs is not None
         freed = 0
         for node in sorted(self._slabbed, key=lambda n: (n.last_access, n.depth)):
             if freed >= num_slabs:
                 break
-            freed += self._drop_slab(node)
+            if self.slabs.ref_count(node.slab) == 1:
+                freed += self._drop_slab(node)
         return freed
+
+    def drop_slabs_from(self, slab: int) -> int:
+        """Let go of the tree's slabs whose ids are ``slab`` or higher (so the window pool's
+        arrays may shrink below it); returns how many were freed."""
+        return sum(self._drop_slab(n) for n in list(self._slabbed) if n.slab >= slab)
 
     def lock(self, node: TreeNode) -> None:
         """Protect ``node`` and its ancestors from eviction (a running sequence uses them)."""

@@ -144,16 +144,20 @@ class Scheduler:
         # several rows' chunks only while no stream waits on the step (they may not batch)
         budget = self.config.prefill_chunk * (1 if self.running else self.prefill_rows)
         chunks: list[PrefillChunk | EmbedChunk] = []
+        stalled = False  # a prompt found no window slab free for its chunk (``_window_room``)
         for seq in list(self.prefilling):
             if budget <= 0:
                 return chunks
             part = self._chunk(seq, budget)
             if part.num_tokens == 0 and seq.num_prefilled < seq.num_prefill_tokens:
-                if not self.running and not chunks:  # every prompt waits on slabs: make some
-                    self._preempt(self._victim())
-                return chunks  # no window slab free for it (``_window_room``)
+                stalled = True
+                continue
             chunks.append(part)
             budget -= self._spent(chunks[-1])
+        if stalled:  # admit none before it; if nothing else runs either, make room
+            if not chunks and not self.running:
+                self._preempt(self._victim())
+            return chunks
         while budget > 0:
             chunk = self._next_queued_chunk(admit, budget)
             if chunk is None:

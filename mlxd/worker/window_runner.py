@@ -27,6 +27,13 @@ from mlxd.worker.sequence import Sequence
 from mlxd.worker.window_slabs import WindowSlabs
 
 
+def margin(block_size: int) -> int:
+    """Tokens a slab is kept after it leaves the window: decode writes its tokens into the
+    pool at a flush, up to ``VIEW_STEP`` of them late, and a finished sequence leaves the
+    window of its last block boundary to the prefix cache (``window_slabs``)."""
+    return max(VIEW_STEP, block_size)
+
+
 class WindowModelRunner(PagedModelRunner):
     """``PagedModelRunner`` for models whose layers are full attention and sliding windows."""
 
@@ -70,12 +77,16 @@ class WindowModelRunner(PagedModelRunner):
         """The scheduler hands out this pool's slabs; its prefix cache keeps them by block."""
         if scheduler.radix is None:
             return
-        scheduler.windows = WindowSlabs(self.slabs, self.window, VIEW_STEP)
+        scheduler.windows = WindowSlabs(self.slabs, self.window, margin(self.pool.block_size))
         scheduler.radix.keep_slabs(self.slabs, scheduler.windows.span)
 
     def release_memory(self, highest_used: int) -> int:
+        """Both pools shrink to the ids in use (``idle_release`` let go of the prefix cache's
+        slabs above the window pool's first chunk), then MLX's cache is freed again."""
         dropped = super().release_memory(highest_used)
-        return dropped + self.windows.shrink(self.slabs.highest_used())
+        dropped += self.windows.shrink(self.slabs.highest_used())
+        self.free_memory()
+        return dropped
 
     @property
     def kv_budget_bytes(self) -> int:

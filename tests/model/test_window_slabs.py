@@ -164,3 +164,16 @@ def test_preempted_rows_resume_from_their_window_and_pools_end_exact(
     assert s.windows is not None and s.pool is not None and s.pool.budget is not None
     assert (s.pool.num_used, s.windows.pool.num_used, s.pool.budget.used) == (0, 0, 0)
     assert s.radix is not None and s.radix.state_bytes == 0
+
+
+def test_blocks_larger_than_decode_s_unflushed_tokens(
+    windowed: Path, harness: Callable[..., Harness]
+) -> None:
+    """A slab is kept at least a block past the window (``window_runner.margin``), so a
+    finished sequence leaves its last boundary's window: with 128-token blocks too."""
+    h = harness(block_size=128, num_blocks=16)
+    ids = words(windowed, 200)
+    cold = h.run_alone("cold", ids, max_tokens=60)
+    again = h.run_alone("again", ids + cold.token_ids + [5], max_tokens=12)
+    assert again.finished is not None and again.finished.usage.cached_tokens == 256
+    assert again.token_ids == reference_ids(windowed, ids + cold.token_ids + [5], 12)

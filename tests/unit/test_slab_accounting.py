@@ -118,3 +118,5 @@ def test_making_room_for_a_hit_keeps_the_window_it_restores() -> None:
     s.add(again)
     assert _prefill_step(s) == []  # no room: it waits, holding nothing
     assert again in s.waiting and not again.window_ids and not again.block_ids
+    # and the cache still has the hit: the slabs the attempt held were not let go of
+    assert s.radix.match_prefix(list(range(80)), max_blocks=19).num_blocks == 19
