@@ -10,12 +10,17 @@ only reach the highest of them.
 
 A sliding-window model keeps two kinds of blocks (its full-attention layers' and its window
 layers', ``window_slabs``) in two pools of ids that draw from one ``KVBudget`` of bytes, each
-block costing what its layers' K/V take.
+block costing what its layers' K/V take. What a pool pays for is its arrays' *capacity*, not
+the ids in use: arrays grow to the highest id handed out and shrink only when told
+(``set_capacity``), so two pools that each grew at a different time would otherwise hold
+more than the budget together. A pool grows its arrays through ``grow`` as it hands out an id
+past them, never beyond what the budget has left.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 
 
 class KVBudget:
@@ -32,11 +37,14 @@ class KVBudget:
 
 class BlockPool:
     """``num_blocks`` blocks of ``block_size`` tokens, handed out by id (0..num_blocks-1); with a
-    ``budget``, as many of them at once as its bytes pay for, ``cost`` bytes each."""
+    ``budget``, ids up to a ``capacity`` its bytes pay for, ``cost`` bytes each."""
 
     def __init__(
-        self, num_blocks: int, block_size: int, budget: KVBudget | None = None, cost: int = 1
-    ) -> None:
+        self, num_blocks: int, block_size: int, budget: KVBudget | None = None, cost: int = 1,
+        capacity: int = 0, grow: Callable[[int, int], int] | None = None,
+    ) -> None:  # fmt: skip
+        """``capacity``: the ids the arrays hold now (paid at once); ``grow(block_id, limit)``
+        makes them hold ``block_id``, within ``limit`` ids, and returns how many they hold."""
         if num_blocks < 1 or block_size < 1 or cost < 1:
             raise ValueError("a block pool needs at least one block of at least one token")
         self.num_blocks = num_blocks
@@ -45,6 +53,11 @@ class BlockPool:
         self.cost = cost
         self._ref_counts = [0] * num_blocks
         self._free: list[int] = list(range(num_blocks))  # a min-heap
+        self.capacity = num_blocks
+        self._grow = grow or (lambda block_id, limit: block_id + 1)
+        if budget is not None:
+            self.capacity = capacity
+            budget.used += capacity * cost
 
     # Public API
 
@@ -52,7 +65,8 @@ class BlockPool:
     def num_free(self) -> int:
         if self.budget is None:
             return len(self._free)
-        return min(len(self._free), self.budget.free // self.cost)
+        beyond = self.num_blocks - self.capacity  # free: never handed out past the arrays
+        return len(self._free) - beyond + min(beyond, self.budget.free // self.cost)
 
     @property
     def num_used(self) -> int:
@@ -65,16 +79,31 @@ class BlockPool:
     def can_allocate(self, n: int) -> bool:
         return n <= self.num_free
 
-    def allocate(self, n: int) -> list[int]:
-        """Take ``n`` free blocks, each with one reference; raise if fewer are free."""
+    def allocate(self, n: int, keep: int = 0) -> list[int]:
+        """Take ``n`` free blocks, each with one reference; raise if fewer are free. Arrays
+        that grow for them leave ``keep`` bytes of the budget (the other pool's share of the
+        same step)."""
         if n > self.num_free:
             raise MemoryError(f"{n} KV blocks asked for, {self.num_free} free")
         ids = [heapq.heappop(self._free) for _ in range(n)]
         for i in ids:
             self._ref_counts[i] = 1
-        if self.budget is not None:
-            self.budget.used += n * self.cost
+        if ids and self.budget is not None and ids[-1] >= self.capacity:  # lowest first
+            limit = self.capacity + (self.budget.free - keep) // self.cost
+            grown = self._grow(ids[-1], limit)
+            assert ids[-1] < grown <= limit, "the arrays grew past the budget"
+            self._charge(grown)
         return ids
+
+    def set_capacity(self, capacity: int) -> None:
+        """The arrays hold ``capacity`` ids now (shrunk, above the highest id in use)."""
+        assert self.budget is not None and capacity > self.highest_used()
+        self._charge(capacity)
+
+    def _charge(self, capacity: int) -> None:
+        assert self.budget is not None
+        self.budget.used += (capacity - self.capacity) * self.cost
+        self.capacity = capacity
 
     def retain(self, ids: list[int]) -> None:
         """One more reference to each of ``ids`` (all in use)."""
@@ -91,13 +120,11 @@ class BlockPool:
             if self._ref_counts[i] == 0:
                 heapq.heappush(self._free, i)
                 freed += 1
-        if self.budget is not None:
-            self.budget.used -= freed * self.cost
         return freed
 
     def highest_used(self) -> int:
-        """The highest id in use, -1 if none (O(num_blocks): for idle moments, not steps)."""
-        return next((i for i in range(self.num_blocks - 1, -1, -1) if self._ref_counts[i]), -1)
+        """The highest id in use, -1 if none (O(capacity): for idle moments, not steps)."""
+        return next((i for i in range(self.capacity - 1, -1, -1) if self._ref_counts[i]), -1)
 
     def ref_count(self, block_id: int) -> int:
         return self._ref_counts[block_id]
@@ -110,3 +137,5 @@ class BlockPool:
         used = {i for i, c in enumerate(self._ref_counts) if c > 0}
         assert not free & used, "a referenced block is on the free list"
         assert len(free) + len(used) == self.num_blocks, "free + used != total"
+        assert all(i < self.capacity for i in used), "a block in use past the arrays"
+        assert self.budget is None or self.budget.used <= self.budget.total, "over budget"

@@ -55,11 +55,15 @@ class KVPool:
     def scratch_block(self) -> int:
         return self.capacity
 
-    def ensure(self, block_id: int) -> None:
-        """Make room for ``block_id`` (one of the allocator's, so below ``num_blocks``)."""
+    def ensure(self, block_id: int, limit: int | None = None) -> int:
+        """Make room for ``block_id`` (one of the allocator's, so below ``num_blocks``), within
+        ``limit`` blocks if given (an allocator whose budget the arrays count in: ``BlockPool``'s
+        ``grow``); returns the blocks the arrays hold."""
         if block_id >= self.capacity:
             step = max(self.chunk_blocks, self.capacity // 4)
-            self.grow_to(min(self.num_blocks, -(-(block_id + 1) // step) * step))
+            top = min(self.num_blocks, limit or self.num_blocks)
+            self.grow_to(min(top, -(-(block_id + 1) // step) * step))
+        return self.capacity
 
     def grow_to(self, capacity: int) -> None:
         """Hold ``capacity`` blocks (the old scratch block becomes a free one)."""

@@ -107,6 +107,9 @@ class Scheduler:
         # A sliding-window model's window layers: their slabs, taken and given back here
         # (window_slabs.py; set with the runner, ``WindowModelRunner.fit_scheduler``).
         self.windows: WindowSlabs | None = None
+        # Out of room: the runner's arrays shrink to the ids in use, their budget freed for the
+        # other pool's (``WindowModelRunner.reclaim``); None where arrays pay for no budget.
+        self.reclaim: Callable[[], bool] | None = None
         self.counters = CacheCounters()
         self.drain = DrainRate()  # departures from ``waiting``: the 429's Retry-After
         self.waiting: list[Sequence] = []
@@ -228,7 +231,7 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                seq.block_ids += self.pool.allocate(1)
+                seq.block_ids += self.pool.allocate(1, keep=self._slab_bytes(1))
                 if self.windows is not None:
                     self.windows.grow(seq, seq.num_computed + 1)
         return preempted
@@ -445,7 +448,7 @@ class Scheduler:
             self.radix.unlock(match.node)
             return False
         self.pool.retain(match.block_ids)
-        seq.block_ids = match.block_ids + self.pool.allocate(need)
+        seq.block_ids = match.block_ids + self.pool.allocate(need, keep=self._slab_bytes(slabs))
         seq.prefix_node = match.node
         seq.state_hit = match.node.state
         if self.windows is not None:
@@ -473,10 +476,18 @@ class Scheduler:
             if short > 0:
                 self.radix.evict(short)
             return self.pool.num_free >= num_blocks
+        reclaimed = False
         while not self._fits(num_blocks, slabs):
-            if not self.radix.drop_slabs(max(1, slabs)) and not self.radix.evict(max(1, short)):
+            if self.radix.drop_slabs(max(1, slabs)) or self.radix.evict(max(1, short)):
+                continue
+            if reclaimed or self.reclaim is None or not self.reclaim():
                 return False
+            reclaimed = True
         return True
+
+    def _slab_bytes(self, slabs: int) -> int:
+        """What ``slabs`` window slabs take of the budget (none without windows)."""
+        return 0 if self.windows is None else slabs * self.windows.pool.cost
 
     def _fits(self, num_blocks: int, slabs: int) -> bool:
         """Whether ``num_blocks`` blocks and ``slabs`` slabs are free together (one budget)."""

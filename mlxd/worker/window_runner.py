@@ -50,6 +50,7 @@ class WindowModelRunner(PagedModelRunner):
         self.slabs = slabs
         self.window = window
         self.wtail = DecodeTail(len(windows.keys), self.max_view_tokens)
+        self.blocks: BlockPool | None = None  # the full layers' allocator (``for_model``)
         self._windowed = layer_caches.window_entries(layer_caches.model_caches(model))
 
     @classmethod
@@ -60,16 +61,21 @@ class WindowModelRunner(PagedModelRunner):
     ) -> tuple[WindowModelRunner, BlockPool]:  # fmt: skip
         """The runner for ``model`` and the allocator of its full layers' blocks, in the budget
         of ``num_blocks`` blocks of every layer: each pool's arrays grow (``chunk_bytes`` or
-        more at a time) to what the ids in use reach, and both kinds of ids draw from it."""
+        more at a time) as ids past them are handed out, both paid from the budget."""
         costs = [KVPool.bytes_per_token(model, fmt, windows=w) * block_size for w in (False, True)]
         budget = KVBudget(num_blocks * sum(costs))
         ids = [budget.total // cost for cost in costs]
-        chunks = [None if chunk_bytes is None else max(1, chunk_bytes // c) for c in costs]
+        # each pool's arrays start at a chunk (an eighth of the budget by default), together
+        # within the budget, and grow and shrink (``reclaim``) as the other's leave room
+        chunk = min(chunk_bytes or budget.total // 8, budget.total // 2)
+        first = [max(1, chunk // c) for c in costs]
         pool, windows = (KVPool.for_model(model, n, block_size, c, fmt, windows=w)
-                         for n, c, w in zip(ids, chunks, (False, True), strict=True))  # fmt: skip
-        slabs = BlockPool(ids[1], block_size, budget, costs[1])
+                         for n, c, w in zip(ids, first, (False, True), strict=True))  # fmt: skip
+        blocks, slabs = (BlockPool(n, block_size, budget, c, kv.capacity, kv.ensure)
+                         for n, c, kv in zip(ids, costs, (pool, windows), strict=True))  # fmt: skip
         runner = cls(model, eos_token_ids, pool, windows, slabs, window, max_view_tokens)
-        return runner, BlockPool(ids[0], block_size, budget, costs[0])
+        runner.blocks = blocks
+        return runner, blocks
 
     # Public API
 
@@ -78,6 +84,7 @@ class WindowModelRunner(PagedModelRunner):
         if scheduler.radix is None:
             return
         scheduler.windows = WindowSlabs(self.slabs, self.window, margin(self.pool.block_size))
+        scheduler.reclaim = self.reclaim
         scheduler.radix.keep_slabs(self.slabs, scheduler.windows.span)
 
     def release_memory(self, highest_used: int) -> int:
@@ -86,7 +93,25 @@ class WindowModelRunner(PagedModelRunner):
         dropped = super().release_memory(highest_used)
         dropped += self.windows.shrink(self.slabs.highest_used())
         self.free_memory()
+        self._paid()
         return dropped
+
+    def reclaim(self) -> bool:
+        """Out of room under load: both pools' arrays shrink to the ids in use, so the budget
+        they held past them pays for the other's (the step in flight done and decode's tokens
+        in the pool first). Returns whether any shrank."""
+        self.settle()
+        assert self.blocks is not None
+        dropped = self.pool.shrink(self.blocks.highest_used())
+        dropped += self.windows.shrink(self.slabs.highest_used())
+        self._paid()
+        return dropped > 0
+
+    def _paid(self) -> None:
+        """The allocators pay for what the arrays hold now."""
+        for kv, ids in ((self.pool, self.blocks), (self.windows, self.slabs)):
+            if ids is not None and ids.capacity != kv.capacity:
+                ids.set_capacity(kv.capacity)
 
     @property
     def kv_budget_bytes(self) -> int:

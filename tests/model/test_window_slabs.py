@@ -46,13 +46,29 @@ def words(windowed: Path, n: int, start: int = 0) -> list[int]:
 
 
 def run(h: Harness) -> int:
-    """Run ``h`` to its end, checking the pools each step; returns the most slabs any sequence
-    held at once."""
+    """Run ``h`` to its end, checking the pools each step (and that their arrays stay within
+    the budget); returns the most slabs any sequence held at once."""
     s, peak = h.engine.scheduler, 0
-    while s.has_work():
+    for _ in range(3000):
+        if not s.has_work():
+            break
         h.step()
         peak = max([peak] + [sum(i >= 0 for i in q.window_ids) for q in s.prefilling + s.running])
+        assert arrays_bytes(h) <= budget(h).total
+    assert not s.has_work(), "the engine did not finish"
     return peak
+
+
+def budget(h: Harness) -> Any:
+    assert h.engine.scheduler.pool is not None and h.engine.scheduler.pool.budget is not None
+    return h.engine.scheduler.pool.budget
+
+
+def arrays_bytes(h: Harness) -> int:
+    """What both pools' arrays hold (their scratch blocks aside), as the budget counts it."""
+    runner, s = h.engine.runner, h.engine.scheduler
+    assert s.pool is not None and s.windows is not None
+    return runner.pool.capacity * s.pool.cost + runner.windows.capacity * s.windows.pool.cost
 
 
 def bound(h: Harness) -> int:
@@ -161,9 +177,29 @@ def test_preempted_rows_resume_from_their_window_and_pools_end_exact(
     for i, ids in enumerate(asks):
         assert h.results[str(i)].token_ids == reference_ids(windowed, ids, 100), i
     assert s.flush_prefix_cache() > 0
-    assert s.windows is not None and s.pool is not None and s.pool.budget is not None
-    assert (s.pool.num_used, s.windows.pool.num_used, s.pool.budget.used) == (0, 0, 0)
-    assert s.radix is not None and s.radix.state_bytes == 0
+    assert s.windows is not None and s.pool is not None
+    assert (s.pool.num_used, s.windows.pool.num_used) == (0, 0)
+    h.engine.runner.release_memory(-1)  # idle: the arrays shrink to a chunk each, paid for
+    assert budget(h).used == arrays_bytes(h) < budget(h).total // 2
+
+
+def test_a_pool_grown_by_one_burst_gives_its_room_to_the_other(
+    windowed: Path, harness: Callable[..., Harness]
+) -> None:
+    """Short prompts fill the budget with both pools' arrays (their blocks and slabs cached);
+    then a long prompt needs more full-layer blocks than the full pool's arrays hold: the
+    cached slabs go, the window pool's arrays shrink (``reclaim``) and the full pool's grow
+    into the room, never both past the budget (the review's 1.58x)."""
+    h = harness(block_size=BLOCK, num_blocks=60, prefill_chunk=32)
+    for k in range(12):
+        h.generate_ids(f"s{k}", words(windowed, 20, start=k), max_tokens=2, ignore_eos=True)
+    run(h)
+    before = h.engine.runner.windows.capacity
+    long = words(windowed, 220)
+    h.generate_ids("long", long, max_tokens=8, ignore_eos=True)
+    run(h)
+    assert h.engine.runner.windows.capacity < before
+    assert h.results["long"].token_ids == reference_ids(windowed, long, 8)
 
 
 def test_blocks_larger_than_decode_s_unflushed_tokens(

@@ -17,20 +17,41 @@ from mlxd.worker.window_slabs import WindowSlabs
 BS, WINDOW, MARGIN = 4, 8, 4
 
 
-def test_two_pools_share_one_budget_of_bytes() -> None:
+def test_two_pools_pay_for_their_arrays_from_one_budget() -> None:
+    """A pool pays for the ids its arrays hold (grown as ids past them are handed out), not
+    for those in use: an id given back stays paid for until the arrays shrink."""
     budget = KVBudget(100)
     blocks, slabs = BlockPool(50, BS, budget, cost=10), BlockPool(20, BS, budget, cost=30)
-    ids = blocks.allocate(4)  # 40 bytes
+    ids = blocks.allocate(4)  # arrays of 4: 40 bytes
     assert (blocks.num_free, slabs.num_free) == (6, 2)
     slab = slabs.allocate(2)  # 60 more: the budget is spent
     assert (blocks.num_free, slabs.num_free, budget.free) == (0, 0, 0)
     with pytest.raises(MemoryError):
         blocks.allocate(1)
-    slabs.release(slab[:1])
+    slabs.release(slab[1:])  # id 1 goes back, its arrays stay: only the slabs may reuse it
+    assert (blocks.num_free, slabs.num_free) == (0, 1)
+    slabs.set_capacity(1)  # the arrays shrank above the ids in use: 30 bytes back
     assert (blocks.num_free, slabs.num_free) == (3, 1)
     blocks.release(ids)
-    slabs.release(slab[1:])
+    slabs.release(slab[:1])
+    blocks.set_capacity(0)
+    slabs.set_capacity(0)
     assert budget.used == 0
+
+
+def test_arrays_grow_within_what_the_budget_has_left() -> None:
+    budget = KVBudget(100)
+    asked: list[tuple[int, int]] = []
+
+    def grow(block_id: int, limit: int) -> int:  # chunks of 8, as a KVPool grows
+        asked.append((block_id, limit))
+        return min(limit, (block_id // 8 + 1) * 8)
+
+    blocks = BlockPool(50, BS, budget, cost=10, grow=grow)
+    blocks.allocate(1)
+    assert (blocks.capacity, budget.used) == (8, 80)
+    blocks.allocate(8)  # id 8 is past them: 2 more is what the budget has left
+    assert asked[-1] == (8, 10) and (blocks.capacity, budget.used) == (10, 100)
 
 
 def _scheduler(total_blocks: int = 200, nbytes: int = 400) -> tuple[Scheduler, KVBudget]:
@@ -90,7 +111,10 @@ def test_the_prefix_cache_keeps_the_slabs_a_sequence_gave_back_until_a_flush() -
     s.finish(again, "stop")
     s.flush_prefix_cache()
     assert s.pool is not None and s.radix is not None
-    assert (s.pool.num_used, s.windows.pool.num_used, budget.used) == (0, 0, 0)
+    assert (s.pool.num_used, s.windows.pool.num_used) == (0, 0)
+    s.pool.set_capacity(0)  # as the arrays shrink when idle
+    s.windows.pool.set_capacity(0)
+    assert budget.used == 0
 
 
 def test_slabs_go_first_from_a_path_s_start_and_a_hit_needs_its_whole_window() -> None:
