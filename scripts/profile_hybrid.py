@@ -1,5 +1,7 @@
-"""Where a hybrid's time goes, in-process: the served runner (``hybrid``: attention in the block
-pool, recurrent state by row; or ``native``: the model's own caches with whole-cache snapshots)
+"""Where a hybrid's time goes, in-process: the served runner (``hybrid``: the paged runner the
+worker picks, for a hybrid attention in the block pool and recurrent state by row, for a
+sliding-window model its window slabs; or ``native``: the model's own caches with whole-cache
+snapshots)
 on waves of prompts sharing a system prompt, each engine step timed with what it ran.
 
     python scripts/profile_hybrid.py MODEL_DIR [--runner hybrid|native] [--prefix 4000]

@@ -15,33 +15,11 @@ import argparse
 import random
 from typing import Any
 
-from mlx_lm.utils import load
+from profile_hybrid import build  # this directory: the engine as the worker builds it
 
-from mlxd.bench.engine import _Recorder, engine_level
-from mlxd.config import CacheConfig, SchedulerConfig, WorkerConfig
-from mlxd.worker import main as worker
+from mlxd.bench.engine import engine_level
 from mlxd.worker.engine import Engine
-from mlxd.worker.model_runner import check_model_supported
 from mlxd.worker.paged_cache import KVPool
-from mlxd.worker.scheduler import Scheduler
-from mlxd.worker.tokenizer import PromptEncoder
-
-
-def build(path: str, native: bool) -> Engine:
-    model, tokenizer = load(path)
-    config = WorkerConfig(model=path, name="m", endpoint="ipc:///tmp/window-memory",
-                          cache=CacheConfig(kv_cache_gb=16),
-                          scheduler=SchedulerConfig())  # fmt: skip
-    eos = set(tokenizer.eos_token_ids)
-    if native:
-        runner, pool = worker._native_runner(model, eos, config, check_model_supported(model)), None
-    else:
-        runner, pool, _ = worker._runner(model, eos, config, 65536)
-    scheduler = Scheduler(worker._scheduler_config(config, runner), pool=pool)
-    runner.fit_scheduler(scheduler)
-    encoder = PromptEncoder(tokenizer, vocab_size=worker._vocab_size(model, tokenizer))
-    return Engine(name="m", runner=runner, scheduler=scheduler, encoder=encoder,
-                  channel=_Recorder(0.0, {}), max_context=65536)  # type: ignore[arg-type]  # fmt: skip
 
 
 def live_bytes(engine: Engine) -> int:
@@ -79,7 +57,7 @@ def main() -> None:
     rng = random.Random(0)
     prompt: list[int] = []
     for native in (False, True):
-        engine = build(args.model, native)
+        engine, _ = build(args.model, "native" if native else "hybrid", 16.0)
         top = min(20000, engine.encoder.vocab_size - 1)
         prompt = prompt or [rng.randrange(10, top) for _ in range(args.tokens)]
         peak, last = measure(engine, prompt, args.max_tokens)
