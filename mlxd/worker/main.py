@@ -276,20 +276,18 @@ def _window_runner(
                              max_context, paged=True)  # fmt: skip
     num_blocks, view_tokens = split_kv_budget(_kv_budget(model, config, wanted),
                                               (full + windowed) // bs, bs)  # fmt: skip
-    if num_blocks < 2:
-        raise ConfigError(f"--kv-cache-gb {config.cache.kv_cache_gb} holds no KV blocks; one "
-                          f"block of {bs} tokens takes {full + windowed} bytes")  # fmt: skip
-    # one sequence holds at most a window, decode's margin and a prefill chunk of slabs
-    in_window = -(-(window + margin(bs) + config.scheduler.prefill_chunk) // bs) + 2
-    context = num_blocks * bs  # every block with its slab
-    if num_blocks > in_window:  # or beyond a window, blocks alone
-        context = (num_blocks * (full + windowed) - in_window * windowed) // full * bs
-    if context < max_context:
-        log.warning("the KV pool holds %d tokens: context capped from %d", context, max_context)
-        max_context = context
     runner, pool = WindowModelRunner.for_model(
         model, eos_token_ids, num_blocks, bs, window, int(config.cache.kv_chunk_mb * 2**20),
         fmt, view_tokens)  # fmt: skip
+    # one sequence holds at most a window, decode's margin and a prefill chunk of slabs
+    in_window = -(-(window + margin(bs) + config.scheduler.prefill_chunk) // bs) + 2
+    context = runner.context_blocks(in_window) * bs
+    if context < bs:
+        raise ConfigError(f"--kv-cache-gb {config.cache.kv_cache_gb} holds no KV blocks; one "
+                          f"block of {bs} tokens takes {full + windowed} bytes")  # fmt: skip
+    if context < max_context:
+        log.warning("the KV pool holds %d tokens: context capped from %d", context, max_context)
+        max_context = context
     return runner, pool, max_context
 
 

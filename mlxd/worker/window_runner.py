@@ -65,9 +65,9 @@ class WindowModelRunner(PagedModelRunner):
         costs = [KVPool.bytes_per_token(model, fmt, windows=w) * block_size for w in (False, True)]
         budget = KVBudget(num_blocks * sum(costs))
         ids = [budget.total // cost for cost in costs]
-        # each pool's arrays start at a chunk (an eighth of the budget by default), together
-        # within the budget, and grow and shrink (``reclaim``) as the other's leave room
-        chunk = min(chunk_bytes or budget.total // 8, budget.total // 2)
+        # each pool's arrays start at a chunk (at most an eighth of the budget), which they never
+        # shrink below, and grow and shrink (``reclaim``) as the other's leave room
+        chunk = min(chunk_bytes or budget.total, budget.total // 8)
         first = [max(1, chunk // c) for c in costs]
         pool, windows = (KVPool.for_model(model, n, block_size, c, fmt, windows=w)
                          for n, c, w in zip(ids, first, (False, True), strict=True))  # fmt: skip
@@ -76,6 +76,21 @@ class WindowModelRunner(PagedModelRunner):
         runner = cls(model, eos_token_ids, pool, windows, slabs, window, max_view_tokens)
         runner.blocks = blocks
         return runner, blocks
+
+    def context_blocks(self, in_window: int) -> int:
+        """The most blocks one sequence may hold alone, with ``in_window`` slabs at most (its
+        window, the margin and a prefill chunk) beside them: within the budget, the window
+        pool's arrays never below their first chunk."""
+        assert self.blocks is not None and self.slabs.budget is not None
+        full, windowed, total = self.blocks.cost, self.slabs.cost, self.slabs.budget.total
+        floor = self.windows.chunk_blocks
+        past = (total - max(in_window, floor) * windowed) // full  # more blocks than slabs
+        if past >= in_window:
+            return past
+        each = total // (full + windowed)  # fewer: every block with its slab
+        if each >= floor:
+            return min(each, in_window)
+        return max(0, min(floor, (total - floor * windowed) // full))
 
     # Public API
 
