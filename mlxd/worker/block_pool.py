@@ -68,6 +68,13 @@ class BlockPool:
         beyond = self.num_blocks - self.capacity  # free: never handed out past the arrays
         return len(self._free) - beyond + min(beyond, self.budget.free // self.cost)
 
+    def growth_bytes(self, n: int) -> int:
+        """What the budget must add for ``n`` more ids (those past the arrays' free ones)."""
+        if self.budget is None:
+            return 0
+        free_below = len(self._free) - (self.num_blocks - self.capacity)
+        return max(0, n - free_below) * self.cost
+
     @property
     def num_used(self) -> int:
         return self.num_blocks - len(self._free)

@@ -157,9 +157,10 @@ class Scheduler:
                 continue
             chunks.append(part)
             budget -= self._spent(chunks[-1])
-        if stalled:  # admit none before it; if nothing else runs either, make room
+        if stalled:  # admit none before it; if nothing else runs either, start it over
             if not chunks and not self.running:
-                self._preempt(self._victim())
+                self._preempt(self._victim(), cache=False)
+                self._start_over()
             return chunks
         while budget > 0:
             chunk = self._next_queued_chunk(admit, budget)
@@ -428,7 +429,28 @@ class Scheduler:
     def _allocate_prompt(self, seq: Sequence) -> bool:
         """Give ``seq`` the cached blocks of its longest cached prefix plus new blocks for the
         rest of its prompt, if they fit. At least one token is left to prefill: its logits
-        give the first output token."""
+        give the first output token.
+
+        A windowed model's arrays may hold the room at ids the cache's blocks pin (a hit's
+        own, high in the arrays): when nothing else runs, the cache is dropped and the arrays
+        shrink (``_start_over``), and the prompt is computed from scratch, which the context
+        cap guarantees fits alone."""
+        if self._admit(seq):
+            return True
+        if self.windows is None or self.running or self.prefilling:
+            return False
+        self._start_over()
+        return self._admit(seq)
+
+    def _start_over(self) -> None:
+        """Nothing runs and the head of the queue cannot proceed: every cached block and slab
+        goes, and the runner's arrays shrink to their first chunks."""
+        self.flush_prefix_cache()
+        if self.reclaim is not None:
+            self.reclaim()
+
+    def _admit(self, seq: Sequence) -> bool:
+        """``_allocate_prompt``'s one attempt."""
         if self.pool is None or self.radix is None:
             return True
         tokens = seq.prefill_ids
@@ -492,9 +514,9 @@ class Scheduler:
     def _fits(self, num_blocks: int, slabs: int) -> bool:
         """Whether ``num_blocks`` blocks and ``slabs`` slabs are free together (one budget)."""
         assert self.pool is not None and self.windows is not None and self.pool.budget
-        wanted = num_blocks * self.pool.cost + slabs * self.windows.pool.cost
+        grow = self.pool.growth_bytes(num_blocks) + self.windows.pool.growth_bytes(slabs)
         return (self.pool.num_free >= num_blocks and self.windows.pool.num_free >= slabs
-                and self.pool.budget.free >= wanted)  # fmt: skip
+                and self.pool.budget.free >= grow)  # fmt: skip
 
     def _victim(self) -> Sequence:
         """Whom to preempt: the lowest priority, then the most recent arrival."""

@@ -183,22 +183,20 @@ def test_preempted_rows_resume_from_their_window_and_pools_end_exact(
     assert budget(h).used == arrays_bytes(h) < budget(h).total // 2
 
 
-def test_a_pool_grown_by_one_burst_gives_its_room_to_the_other(
+def test_both_pools_arrays_stay_within_the_budget_as_the_mix_changes(
     windowed: Path, harness: Callable[..., Harness]
 ) -> None:
     """Short prompts fill the budget with both pools' arrays (their blocks and slabs cached);
-    then a long prompt needs more full-layer blocks than the full pool's arrays hold: the
-    cached slabs go, the window pool's arrays shrink (``reclaim``) and the full pool's grow
-    into the room, never both past the budget (the review's 1.58x)."""
+    then a long prompt needs most of the budget in full-layer blocks: the cache gives way and
+    the arrays of both pools stay within the budget at every step (``run``; the review found
+    them 1.58x over it when each pool's arrays were paid only by the ids in use)."""
     h = harness(block_size=BLOCK, num_blocks=60, prefill_chunk=32)
     for k in range(12):
         h.generate_ids(f"s{k}", words(windowed, 20, start=k), max_tokens=2, ignore_eos=True)
     run(h)
-    before = h.engine.runner.windows.capacity
     long = words(windowed, 220)
     h.generate_ids("long", long, max_tokens=8, ignore_eos=True)
     run(h)
-    assert h.engine.runner.windows.capacity < before
     assert h.results["long"].token_ids == reference_ids(windowed, long, 8)
 
 

@@ -129,18 +129,39 @@ def test_slabs_go_first_from_a_path_s_start_and_a_hit_needs_its_whole_window() -
     s.check_invariants()
 
 
-def test_making_room_for_a_hit_keeps_the_window_it_restores() -> None:
-    """The budget is full with the cached prompt (its 20 blocks, the slabs of its window at
-    76): admitting its repeat must make room, and lets go of the tree's slabs to do so; the
-    hit's own window is held first, so the repeat waits (nothing else can go) instead of
-    taking a hit whose slabs were freed."""
-    s, budget = _scheduler()
+def test_the_cache_keeps_the_slabs_a_sequence_holds_when_room_is_made() -> None:
+    """A hit's window is held by the sequence that takes it before room is made for it; letting
+    go of the cache's reference to those slabs would free nothing and lose the hit for every
+    later prompt (and, if the admission then failed, the slabs themselves)."""
+    s, _ = _scheduler()
     s.finish(_prefilled(s, "a", 80), "stop")
-    assert s.radix is not None and s.radix.drop_slabs(17) == 17
-    budget.total = budget.used  # nothing else fits
-    again = _seq("b", 80)
-    s.add(again)
-    assert _prefill_step(s) == []  # no room: it waits, holding nothing
-    assert again in s.waiting and not again.window_ids and not again.block_ids
-    # and the cache still has the hit: the slabs the attempt held were not let go of
+    assert s.radix is not None and s.windows is not None
+    hit = s.radix.match_prefix(list(range(80)), max_blocks=19)
+    taker = _seq("b", 80)
+    s.windows.restore(taker, hit.window, 76)
+    assert s.radix.drop_slabs(100) == 17  # all but the two the taker holds
+    s.windows.release(taker)
     assert s.radix.match_prefix(list(range(80)), max_blocks=19).num_blocks == 19
+    s.check_invariants()
+
+
+def test_a_prompt_that_fits_alone_starts_over_when_its_hit_pins_the_room() -> None:
+    """Nothing runs; the budget is all arrays, grown for a cached prompt whose blocks a longer
+    repeat would hit: those blocks are locked by the hit, so the arrays cannot shrink below
+    them and the repeat's new blocks have no room. The cache goes, the arrays shrink, and the
+    repeat is computed from scratch (which fits alone)."""
+    s, budget = _scheduler()
+    assert s.pool is not None and s.windows is not None
+
+    def reclaim() -> bool:  # as the runner's arrays shrink to the ids in use
+        for ids in (s.pool, s.windows.pool):  # type: ignore[union-attr]
+            ids.set_capacity(ids.highest_used() + 1)
+        return True
+
+    s.reclaim = reclaim
+    s.finish(_prefilled(s, "a", 80), "stop")
+    budget.total = budget.used
+    longer = _seq("b", 120)
+    s.add(longer)
+    assert _prefill_step(s) and longer in s.prefilling + s.running
+    assert longer.num_cached == 0  # from scratch: the hit's blocks went with the cache
