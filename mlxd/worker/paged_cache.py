@@ -61,7 +61,7 @@ class KVPool:
         ``grow``); returns the blocks the arrays hold."""
         if block_id >= self.capacity:
             step = max(self.chunk_blocks, self.capacity // 4)
-            top = min(self.num_blocks, limit or self.num_blocks)
+            top = min(self.num_blocks, self.num_blocks if limit is None else limit)
             self.grow_to(min(top, -(-(block_id + 1) // step) * step))
         return self.capacity
 

@@ -500,7 +500,11 @@ class Scheduler:
             return self.pool.num_free >= num_blocks
         reclaimed = False
         while not self._fits(num_blocks, slabs):
-            if self.radix.drop_slabs(max(1, slabs)) or self.radix.evict(max(1, short)):
+            # the pool that is short first: a freed id serves its own pool (the arrays stay)
+            blocks = max(1, num_blocks - self.pool.num_free)
+            if slabs > self.windows.pool.num_free and self.radix.drop_slabs(slabs):
+                continue
+            if self.radix.evict(blocks) or self.radix.drop_slabs(max(1, slabs)):
                 continue
             if reclaimed or self.reclaim is None or not self.reclaim():
                 return False
@@ -508,8 +512,9 @@ class Scheduler:
         return True
 
     def _slab_bytes(self, slabs: int) -> int:
-        """What ``slabs`` window slabs take of the budget (none without windows)."""
-        return 0 if self.windows is None else slabs * self.windows.pool.cost
+        """What ``slabs`` more window slabs take of the budget: none where the slab arrays
+        have free room (none without windows)."""
+        return 0 if self.windows is None else self.windows.pool.growth_bytes(slabs)
 
     def _fits(self, num_blocks: int, slabs: int) -> bool:
         """Whether ``num_blocks`` blocks and ``slabs`` slabs are free together (one budget)."""

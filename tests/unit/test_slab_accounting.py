@@ -165,3 +165,18 @@ def test_a_prompt_that_fits_alone_starts_over_when_its_hit_pins_the_room() -> No
     s.add(longer)
     assert _prefill_step(s) and longer in s.prefilling + s.running
     assert longer.num_cached == 0  # from scratch: the hit's blocks went with the cache
+
+
+def test_blocks_grow_into_what_the_slabs_do_not_need() -> None:
+    """The slab arrays have free room for a prompt's first chunk, the budget 5 bytes for the
+    block arrays to grow by: admission takes them (it kept the slabs' bytes aside, which they
+    did not need, and the block arrays could not grow: the worker stopped on an assertion)."""
+    s, budget = _scheduler()
+    s.finish(_prefilled(s, "a", 80), "stop")
+    s.flush_prefix_cache()
+    budget.total = budget.used + 5  # block arrays at 20, slab arrays at 19, all free
+    longer = _seq("b", 100)
+    longer.prompt_ids = [7] * 100
+    s.add(longer)
+    assert _prefill_step(s) and longer in s.prefilling
+    assert s.pool is not None and s.pool.capacity == 25
