@@ -66,14 +66,18 @@ class BlockPool:
         if self.budget is None:
             return len(self._free)
         beyond = self.num_blocks - self.capacity  # free: never handed out past the arrays
-        return len(self._free) - beyond + min(beyond, self.budget.free // self.cost)
+        return self._free_below + min(beyond, self.budget.free // self.cost)
 
     def growth_bytes(self, n: int) -> int:
         """What the budget must add for ``n`` more ids (those past the arrays' free ones)."""
         if self.budget is None:
             return 0
-        free_below = len(self._free) - (self.num_blocks - self.capacity)
-        return max(0, n - free_below) * self.cost
+        return max(0, n - self._free_below) * self.cost
+
+    @property
+    def _free_below(self) -> int:
+        """Free ids the arrays hold (every id past them is free)."""
+        return len(self._free) - (self.num_blocks - self.capacity)
 
     @property
     def num_used(self) -> int:

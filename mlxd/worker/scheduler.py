@@ -174,12 +174,10 @@ class Scheduler:
         """Record that ``chunk`` ran; a fully prefilled sequence joins the decode batch."""
         seq = chunk.seq
         seq.num_prefilled = chunk.end
-        if self.windows is not None and self.radix is not None:  # the blocks computed so far and
-            self.radix.insert(
-                seq.prefill_ids[: seq.num_computed],
-                seq.block_ids,  # their slabs,
-                slabs=seq.window_ids,
-            )  # before those behind the window go back
+        if self.windows is not None and self.radix is not None:
+            # the blocks computed so far and their slabs, before those behind the window go back
+            known = seq.prefill_ids[: seq.num_computed]
+            self.radix.insert(known, seq.block_ids, slabs=seq.window_ids)
             self.windows.drop_behind(seq)
         if seq.states and self.radix is not None and not chunk.is_last:
             # a hybrid's snapshots go to the prefix cache as prefill takes them (nothing else

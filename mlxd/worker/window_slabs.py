@@ -63,12 +63,16 @@ class WindowSlabs:
         """Give back the slabs of blocks no later query of ``seq`` reads (and no unflushed
         token may still be written into)."""
         last = (seq.num_computed - self.window - self.margin) // self.block_size
-        ids = seq.window_ids
-        gone = [i for i in range(min(last, len(ids))) if ids[i] >= 0]
+        ids, i = seq.window_ids, min(last, len(seq.window_ids))
+        # the slabs gone back are a prefix (a hit's, and each earlier call's): walk back to it,
+        # not from the first block on every decode step
+        gone = []
+        while i > 0 and ids[i - 1] >= 0:
+            i -= 1
+            gone.append(ids[i])
+            ids[i] = -1
         if gone:
-            self.pool.release([ids[i] for i in gone])
-            for i in gone:
-                ids[i] = -1
+            self.pool.release(gone)
 
     def restore(self, seq: Sequence, window: list[int], tokens: int) -> None:
         """``seq`` starts from a prefix hit of ``tokens`` tokens: the hit's ``window`` slabs."""
@@ -87,3 +91,5 @@ class WindowSlabs:
         for seq in seqs:
             assert all(self.pool.ref_count(i) > 0 for i in seq.window_ids if i >= 0)
             assert len(seq.window_ids) <= len(seq.block_ids), "a slab past the blocks"
+            held = [i >= 0 for i in seq.window_ids]
+            assert held == sorted(held), "a slab gone back after one held (drop_behind)"
