@@ -7,6 +7,8 @@ kind with their mean wall time and tokens, and the controller's phase estimates.
     python scripts/spec_trace.py --model DIR [--scenario edit] [--streams 64] [--repeats 2] \
         [--stagger] [--modes off,ngram,forced] [--profile MODE] [--windows]
 
+A mode ending in ``/gather`` runs with ``paged_runner.VIEW_VERIFY`` off: a lone row verifies
+over its gathered blocks instead of decode's view (``forced,forced/gather`` compares the two).
 ``--stagger``: request ``i`` of ``n`` asks for ``max_tokens * (0.5 + i / n)`` tokens, so rows
 leave the batch one by one, as in served traffic, not all at the last step. ``--profile MODE``:
 that mode's last run under cProfile (top functions by own time).
@@ -25,6 +27,7 @@ from typing import Any
 from mlxd.bench import tasks
 from mlxd.bench.engine import engine_level, load_served, new_engine
 from mlxd.config import SchedulerConfig
+from mlxd.worker import paged_runner
 from mlxd.worker import speculator as spec_mod
 
 _TASKS = {"edit": tasks.edit_prompt, "json": tasks.json_prompt, "chat": tasks.chat_prompt}
@@ -48,13 +51,14 @@ class Trace:
         self.phases: list[tuple[int, bool, float, bool]] = []
         sp = engine.speculator
         orig_on_step, orig_end = sp.on_step, sp._end_phase
-        last = [time.perf_counter()]
+        last = [time.perf_counter(), sp.counters.accepted]
 
-        def on_step(speculated: bool, rows: int, tokens: int, clean: bool) -> None:
-            now = time.perf_counter()
+        def on_step(speculated: bool, rows: int, clean: bool) -> None:
+            now, accepted = time.perf_counter(), sp.counters.accepted
+            tokens = rows + accepted - last[1]  # each row's token and its accepted drafts
             self.steps.append((speculated, rows, tokens, now - last[0], clean))
-            last[0] = now
-            orig_on_step(speculated, rows, tokens, clean)
+            last[:] = [now, accepted]
+            orig_on_step(speculated, rows, clean)
 
         def end_phase() -> None:
             if sp._phase_mode is not None and sp._phase_seconds > 0:
@@ -97,6 +101,8 @@ def main() -> None:
     ap.add_argument("--stagger", action="store_true")
     ap.add_argument("--modes", default="off,ngram,forced")
     ap.add_argument("--profile", default="")
+    ap.add_argument("--max-draft", type=int, default=spec_mod.MAX_DRAFT)
+    ap.add_argument("--worth", type=float, default=spec_mod.WORTH)
     ap.add_argument(
         "--windows",
         action="store_true",
@@ -104,9 +110,8 @@ def main() -> None:
     )
     args = ap.parse_args()
     if args.windows:
-        from mlxd.worker import paged_runner
-
         paged_runner.VIRTUAL_ROWS = False
+    spec_mod.MAX_DRAFT, spec_mod.WORTH = args.max_draft, args.worth
     n = args.streams
     budget: int | list[int] = ([int(args.max_tokens * (0.5 + i / n)) for i in range(n)]
                                if args.stagger else args.max_tokens)  # fmt: skip
@@ -114,14 +119,16 @@ def main() -> None:
     ps = prompts(tokenizer, args.scenario, args.streams)
     engines = {}
     for mode in args.modes.split(","):
+        paged_runner.VIEW_VERIFY = not mode.endswith("/gather")
         sched = SchedulerConfig(max_num_seqs=max(args.streams, 1),
                                 speculate="off" if mode == "off" else "ngram")  # fmt: skip
         e = new_engine(model, tokenizer, sched, 4096, kv_cache_gb=args.kv_cache_gb)
-        e.speculator.adaptive = mode != "forced"
+        e.speculator.adaptive = not mode.startswith("forced")
         engine_level(e, ps[:2], 16)  # warm-up
         engines[mode] = e
     for rep in range(args.repeats):
         for mode, e in engines.items():
+            paged_runner.VIEW_VERIFY = not mode.endswith("/gather")
             trace = Trace(e)
             prof = cProfile.Profile() if mode == args.profile and rep == args.repeats - 1 else None
             if prof:

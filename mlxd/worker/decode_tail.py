@@ -116,10 +116,25 @@ class DecodeTail:
         self.restart()
 
     def append_slots(self, slots: mx.array) -> None:
-        """Record where this step's new tokens (one per row, ``(B, 1)``) go in the pool."""
+        """Record where this step's new tokens (``(B, t)``, t per row) go in the pool."""
         self.slots = slots if self.slots is None else mx.concatenate([self.slots, slots], axis=1)
-        self.length += 1
-        self.cols += 1
+        self.length += slots.shape[1]
+        self.cols += slots.shape[1]
+
+    def room(self, pool: KVPool, columns: int) -> bool:
+        """Whether the view may take ``columns`` more decoded columns (a verification over it,
+        ``ViewVerifyCache``), growing by ``VIEW_STEP`` if it must and may. Without a view: no."""
+        if not self.view:
+            return False
+        end, capacity = self.base + self.cols + columns, _columns(self.keys[0])
+        if end <= capacity:
+            return True
+        if end > capacity + VIEW_STEP or not self._can_grow():
+            return False
+        rows = _rows(self.keys[0])
+        self.keys = [concat(k, _zeros(pool, 0, rows, VIEW_STEP), axis=2) for k in self.keys]
+        self.values = [concat(v, _zeros(pool, 1, rows, VIEW_STEP), axis=2) for v in self.values]
+        return True
 
     def keep(self, rows: list[int], num_rows: int) -> None:
         """Only ``rows`` (indices into the current ``num_rows``) stay; the others' unflushed
@@ -281,6 +296,67 @@ class TailKVCache:
         if window_size and max(self.keys.positions) >= window_size:
             return self.keys.window_mask(window_size, self.mask)
         return self.mask
+
+
+class ViewVerifyCache:
+    """One layer's cache for a verification of the view's one row: its ``n`` inputs (the next
+    token and its drafts) run as ``n`` rows of one query each, input ``j`` at position
+    ``offset[j]``. Their K/V go into the view at columns ``column .. column + n`` and input ``j``
+    reads the view up to its own column, so nothing is flushed, gathered or rebuilt: the view
+    stays as decode left it, and the next plain step reads it as before.
+
+    One query per row because attention with several builds a cuDNN plan on CUDA for every
+    key length (about 40 ms each on an H100, against 0.2 ms for single-query rows with a mask:
+    ``scripts/probe_verify_attention.py``); the rows read one broadcast view, not copies.
+    """
+
+    def __init__(self, pool: KVPool, tail: DecodeTail, layer: int, offset: mx.array,
+                 mask: mx.array, keys: mx.array) -> None:  # fmt: skip
+        self.pool = pool
+        self.tail = tail
+        self.layer = layer
+        self.column = tail.base + tail.cols
+        self.offset = offset
+        self.mask = mask
+        self.key_positions = keys  # each view column's token position, for a window's mask
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        c, n, fmt = self.column, keys.shape[0], self.pool.fmt
+        out = []
+        for buffers, new in ((self.tail.keys, keys), (self.tail.values, values)):
+            buf = buffers[self.layer]
+            # (n, heads, 1, dim): the inputs as rows -> (1, heads, n, dim), the view's columns
+            assign(buf, (slice(None), slice(None), slice(c, c + n)),
+                   fmt.pack(new.transpose(2, 1, 0, 3)))  # fmt: skip
+            buffers[self.layer] = buf
+            seen = fmt.unpack(each(buf, lambda p: p[:, :, : c + n]))
+            out.append(mx.broadcast_to(seen, (n, *seen.shape[1:])))
+        return out[0], out[1]
+
+    def make_mask(
+        self, N: int, return_array: bool = False, window_size: int | None = None
+    ) -> mx.array:
+        if not window_size:
+            return self.mask
+        near = self.key_positions[None] > self.offset[:, None] - window_size
+        return self.mask & near[:, None, None, :]
+
+
+def verify_caches(pool: KVPool, tail: DecodeTail, block_table: list[int], position: int,
+                  count: int) -> list[ViewVerifyCache]:  # fmt: skip
+    """The caches of a verification of the view's one row (``ViewVerifyCache``): ``count``
+    inputs from ``position``. The caller made room (``DecodeTail.room``) and records where the
+    kept ones go (``append_slots``)."""
+    bs = pool.block_size
+    pool.ensure(block_table[(position + count - 1) // bs])
+    # The view's front holds the row's pool tokens, then padding if it was a longer row's
+    # batch; after it, input j reads the decoded columns and the inputs up to its own.
+    front = mx.broadcast_to(mx.arange(tail.base)[None] < tail.in_pool[0], (count, tail.base))
+    own = mx.arange(tail.cols + count)[None] <= tail.cols + mx.arange(count)[:, None]
+    mask = mx.concatenate([front, own], axis=1)[:, None, None, :]
+    offset = mx.arange(position, position + count)
+    keys = mx.concatenate([mx.arange(tail.base), tail.in_pool[0] + mx.arange(tail.cols + count)])
+    return [ViewVerifyCache(pool, tail, i, offset, mask, keys) for i in range(len(pool.keys))]
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 import mlx.core as mx
 
 from mlxd.worker import attention_shapes, grammar, logprobs, verification
-from mlxd.worker.decode_tail import DecodeTail, decode_caches
+from mlxd.worker.decode_tail import DecodeTail, decode_caches, verify_caches
 from mlxd.worker.kv_format import parts
 from mlxd.worker.model_runner import ModelRunner, TokenEvent
 from mlxd.worker.output_head import all_positions
@@ -30,6 +30,9 @@ _MAX_PAD_RATIO = 2
 # attention builds a plan per shape (CUDA: ``attention_shapes``), else one left-padded window per
 # row, the path measured on the CPU (docs/PERFORMANCE.md). Both run in the tests.
 VIRTUAL_ROWS = attention_shapes.PLANNED
+# A lone row decoding through a read view verifies on it (``_forward_on_view``); off only to
+# measure the other paths (``scripts/spec_trace.py --no-view``).
+VIEW_VERIFY = True
 
 
 class PagedModelRunner(ModelRunner):
@@ -48,6 +51,7 @@ class PagedModelRunner(ModelRunner):
             max_view_tokens)  # fmt: skip
         self.tail = DecodeTail(len(pool.keys), self.max_view_tokens)
         self.gathered_steps = 0
+        self.view_verifications = 0  # verifications of one row over decode's view
 
     # Public API
 
@@ -137,19 +141,24 @@ class PagedModelRunner(ModelRunner):
         its own samples agree with and the sample after them (``verification``). Returns
         those tokens, in order; the last of each row is its next input.
 
-        Every token must have been read (``sync``): drafts follow from it. The forward writes
-        the pool through the block tables, as a prefill does, so the decode tail is flushed
-        first and the next plain step gathers its view again. Rejected drafts' K/V stay in
-        slots past ``num_computed``, which nothing reads and the next tokens overwrite.
+        Every token must have been read (``sync``): drafts follow from it. A lone row decoding
+        through a view verifies on it (``_forward_on_view``). Otherwise the forward writes the
+        pool through the block tables, as a prefill does, so the decode tail is flushed first
+        and the next plain step gathers its view again. Rejected drafts' K/V stay in slots (or
+        view columns) past ``num_computed``, which nothing reads and the next tokens overwrite.
         """
         assert self._pending is not None and all(self._emitted), "sync before verifying"
         rows = list(self.rows)
-        self.tail.flush(self.pool)
-        self.tail.restart()
         pending: list[int] = self._pending.tolist()  # type: ignore[assignment]
         inputs = [[p, *d] for p, d in zip(pending, drafts, strict=True)]
-        forward = self._forward_as_rows if VIRTUAL_ROWS else self._forward_as_windows
-        flat = forward(rows, inputs)
+        on_view = VIEW_VERIFY and len(rows) == 1 and self._view_room(rows[0], len(inputs[0]))
+        if on_view:
+            flat = self._forward_on_view(rows[0], inputs[0])
+        else:
+            self.tail.flush(self.pool)
+            self.tail.restart()
+            forward = self._forward_as_rows if VIRTUAL_ROWS else self._forward_as_windows
+            flat = forward(rows, inputs)
         seqs = [s for s, x in zip(rows, inputs, strict=True) for _ in x]
         sample_rows = [self._sample_row(s, emitted=True, ahead=j)
                        for s, x in zip(rows, inputs, strict=True)
@@ -158,9 +167,33 @@ class PagedModelRunner(ModelRunner):
         targets = sample(constrained, sample_rows)
         lp = logprobs.compute(flat, targets, seqs)
         kept = verification.accept(inputs, targets.tolist())  # type: ignore[arg-type]
+        if on_view:
+            self._record_on_view(rows[0], len(kept[0]))
         return self._keep(rows, inputs, kept, seqs, lp)
 
     # Internal helpers
+
+    def _view_room(self, seq: Sequence, columns: int) -> bool:
+        """Whether decode's view (started for ``seq`` if no step has yet) takes ``columns``."""
+        if not self.tail.started:
+            self.tail.start(self.pool, [seq.block_ids], [seq.num_computed])
+        return self.tail.room(self.pool, columns)
+
+    def _forward_on_view(self, seq: Sequence, inputs: list[int]) -> mx.array:
+        """One row's logits after each of its inputs, read from and written into decode's view
+        (``ViewVerifyCache``): what a verification at one stream costs beyond a decode step is
+        its few extra positions, not a flush, a gather of its blocks and a view built again."""
+        caches = verify_caches(self.pool, self.tail, seq.block_ids, seq.num_computed, len(inputs))
+        self.view_verifications += 1
+        logits = self.model(mx.array(inputs)[:, None], cache=caches)
+        return logits.reshape(-1, logits.shape[-1])
+
+    def _record_on_view(self, seq: Sequence, kept: int) -> None:
+        """The view's columns of the first ``kept`` inputs (the ones before each kept token)
+        are decoded tokens now; the pool slots they belong in, for the next flush."""
+        bs, n, table = self.pool.block_size, seq.num_computed, seq.block_ids
+        slots = [table[p // bs] * bs + p % bs for p in range(n, n + kept)]
+        self.tail.append_slots(mx.array([slots]))
 
     def _forward_as_windows(self, rows: list[Sequence], inputs: list[list[int]]) -> mx.array:
         """The target's logits after each input, ``(sum of inputs, vocab)``, row by row: each

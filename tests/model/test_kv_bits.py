@@ -114,13 +114,13 @@ def test_models_on_their_own_caches_warn_and_keep_float_kv(
     assert pool is None and "--kv-bits applies to the paged KV pool only" in caplog.text
 
 
-def _alone(harness: Any, bits: int | None) -> list[list[int]]:
-    """Each prompt in a fresh engine: no prefix hit, no batch."""
+def _alone(harness: Any, bits: int | None) -> list[Any]:
+    """Each prompt in a fresh engine: no prefix hit, no batch. Results with their logprobs."""
     out = []
     for p in PROMPTS:
         h = harness(block_size=16, kv_format=fmt(bits))
-        h.generate("a", p, max_tokens=MAX_TOKENS, ignore_eos=True)
-        out.append(h.run()["a"].token_ids)
+        h.generate("a", p, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=True, top_logprobs=2)
+        out.append(h.run()["a"])
     return out
 
 
@@ -139,12 +139,34 @@ def _together(h: Harness, staggered: bool = False) -> list[list[int]]:
     return [res[str(i)].token_ids for i in range(len(PROMPTS))]
 
 
+# Two tokens this close in log probability are a tie the arithmetic decides: a batched matmul
+# (OpenBLAS picks kernels by shape and CPU) rounds differently from a lone one, and at 4 bits a
+# rounding can move a value across a quantization step.
+TIE = 0.05
+
+
+def _same_up_to_a_tie(outputs: list[list[int]], alone: list[Any]) -> bool:
+    """Each output is the lone one's, or parts from it only where the lone one's two most
+    likely tokens were a tie (``TIE``)."""
+    for got, ref in zip(outputs, alone, strict=True):
+        assert len(got) == len(ref.token_ids)
+        at = next((i for i, (a, b) in enumerate(zip(got, ref.token_ids, strict=True)) if a != b),
+                  None)  # fmt: skip
+        if at is None:
+            continue
+        top = ref.logprobs[at].top_logprobs
+        if top[0].logprob - top[1].logprob >= TIE:
+            return False
+    return True
+
+
 @pytest.mark.parametrize("bits", [8, 4])
 def test_prefix_hits_preemption_and_speculation_are_exact_within_the_mode(
     harness: Any, bits: int
 ) -> None:
     cold = _alone(harness, bits)
-    assert cold != _alone(harness, None) or bits == 8  # 4 bits change this model's output
+    float_kv = [r.token_ids for r in _alone(harness, None)]
+    assert [r.token_ids for r in cold] != float_kv or bits == 8  # 4 bits change this output
     cases: dict[str, dict[str, Any]] = {
         "view": {},
         "gathered": {"max_view_tokens": 0},
@@ -155,7 +177,7 @@ def test_prefix_hits_preemption_and_speculation_are_exact_within_the_mode(
     for name, kw in cases.items():
         kw = {"block_size": 16, "max_num_seqs": 6, **kw}
         h = harness(kv_format=fmt(bits), **kw)
-        assert _together(h, staggered=True) == cold, name
+        assert _same_up_to_a_tie(_together(h, staggered=True), cold), name
         if name == "preempting":
             assert h.engine.scheduler.kv_report().preemptions > 0
 

@@ -76,6 +76,30 @@ def test_greedy_output_is_the_same_alone(harness_factory: Any) -> None:
     assert counters.accepted > 0 and counters.drafted > counters.accepted  # both paths ran
 
 
+def test_a_lone_row_verifies_on_decode_s_view(harness_factory: Any) -> None:
+    """One row verifies over decode's view (``ViewVerifyCache``): the same tokens as without
+    speculation over a long answer (the view grows past its first ``VIEW_STEP`` columns, in a
+    verification or a plain step, and is flushed into the pool while it runs), and the blocks
+    that flush left in the prefix cache hold the accepted tokens' K/V: the next turn's output
+    over them is a fresh worker's."""
+    outputs, runs = {}, {}
+    for mode in ("off", "ngram"):
+        h = _harness(harness_factory, mode, num_blocks=64, block_size=4)
+        h.generate("a", PROMPTS[0], max_tokens=150, ignore_eos=True)
+        while h.engine.scheduler.has_work():
+            h.step()
+            _check_blocks(h)
+        outputs[mode], runs[mode] = h.results["a"].token_ids, h
+    assert outputs["ngram"] == outputs["off"]
+    h = runs["ngram"]
+    c = h.engine.speculator.counters
+    assert h.engine.runner.view_verifications == c.verify_steps > 10
+    assert c.drafted > c.accepted > 0
+    follow = _follow_up(h, outputs["ngram"])
+    assert follow[1] > 0
+    assert _follow_up(runs["off"], outputs["off"])[0] == follow[0]
+
+
 def test_busy_mixed_batch_is_the_same_and_seeded_sampling_too(harness_factory: Any) -> None:
     off = _busy_batch(_harness(harness_factory, "off"))
     h = _harness(harness_factory, "ngram")

@@ -47,13 +47,16 @@ def test_draft_length_follows_acceptance() -> None:
     seq = _seq([1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2])
     assert len(spec.propose([seq])[0]) == FIRST_DRAFT == 4
     spec.on_verified([seq], [[3, 1, 2, 3]], [5])  # all accepted: longer
+    longer = len(spec.propose([seq])[0])
+    assert FIRST_DRAFT < longer < MAX_DRAFT
+    spec.on_verified([seq], [[3] * longer], [longer + 1])  # again: as long as a draft may be
     assert len(spec.propose([seq])[0]) == MAX_DRAFT
     spec.on_verified([seq], [[3] * 8], [3])  # two of eight: shorter, not back to nothing
     assert 2 < len(spec.propose([seq])[0]) < MAX_DRAFT
     for _ in range(6):
         spec.on_verified([seq], [[3] * 4], [1])  # the first draft keeps failing
     assert len(spec.propose([seq])[0]) == 1
-    assert spec.counters.drafted == 36 and spec.counters.accepted == 6
+    assert spec.counters.drafted == 36 + longer and spec.counters.accepted == 6 + longer
 
 
 def test_tokens_per_forward_counts_every_decode_row() -> None:
