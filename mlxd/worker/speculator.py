@@ -6,10 +6,10 @@ all this step. Pure Python, no MLX; the runner's ``verify_step`` does the comput
   its recent acceptance: from the row's decayed counts of accepted and rejected drafts comes
   ``a``, the chance that a draft is kept given the one before it was, and a draft of ``i``
   tokens keeps its last with chance ``a**i``; the row drafts while that is at least ``WORTH``
-  (4 tokens before anything is known, 1 to ``MAX_DRAFT``). Rows whose sampling needs their
-  exact history (penalties), requests that opt out (``speculate: false``) and rows with no
-  earlier occurrence of their last tokens draft nothing and take one position in the forward,
-  as in a plain step.
+  (4 tokens before anything is known, 1 to ``MAX_DRAFT`` alone, ``BATCH_DRAFT`` in a batch).
+  Rows whose sampling needs their exact history (penalties), requests that opt out
+  (``speculate: false``) and rows with no earlier occurrence of their last tokens draft
+  nothing and take one position in the forward, as in a plain step.
 - **Per batch**, a verification step cannot pipeline (drafts follow from the token just read)
   and costs more than a plain one, so it pays only when it yields enough extra tokens. The
   controller measures each kind's step time per batch-size class (powers of two), over phases
@@ -44,7 +44,9 @@ from mlxd.worker.sampling import needs_history
 from mlxd.worker.sequence import Sequence
 
 MODES = ("ngram", "draft", "off")
-MAX_DRAFT = 16  # draft tokens per row and step, at most (on an H100, 16 over 8: stop 35)
+MAX_DRAFT = 16  # draft tokens per step of a lone row, at most: it verifies on decode's view,
+# where a position costs little (stop 35, H100: edit 4.3 tokens a verification against 3.8)
+BATCH_DRAFT = 8  # ... of a row in a batch, where every draft token gathers its row's blocks
 WORTH = 0.15  # a draft position is verified while the chance its token is kept is at least this
 _DECAY = 0.7  # weight of a row's earlier drafts (verified or shadowed) in its acceptance counts
 _PRIOR = (1.5, 0.5)  # (accepted, rejected) before any verification: a first draft of 4
@@ -108,12 +110,14 @@ def resolve(mode: str) -> str:
     return "off" if attention_shapes.PLANNED else "ngram"
 
 
-def draft_length(accepted: float, rejected: float) -> int:
-    """How many tokens a row with these (decayed) counts drafts (see the module doc)."""
+def draft_length(accepted: float, rejected: float, most: int | None = None) -> int:
+    """How many tokens a row with these (decayed) counts drafts, at most ``most`` (default
+    ``MAX_DRAFT``; see the module doc)."""
+    most = MAX_DRAFT if most is None else most
     a = (accepted + 1.0) / (accepted + rejected + 2.0)
     if a >= 1.0:
-        return MAX_DRAFT
-    return max(1, min(MAX_DRAFT, int(math.log(WORTH) / math.log(a))))
+        return most
+    return max(1, min(most, int(math.log(WORTH) / math.log(a))))
 
 
 FIRST_DRAFT = draft_length(*_PRIOR)
@@ -163,6 +167,7 @@ class Speculator:
         self._phase_counted = 0  # steps counted (the switch's first is not)
         self._phase_seconds = 0.0
         self._last_step: float | None = None
+        self._rows = 1  # rows of the step being decided (a lone row drafts up to MAX_DRAFT)
 
     # Per row
 
@@ -172,6 +177,7 @@ class Speculator:
 
     def propose(self, rows: list[Sequence]) -> list[list[int]]:
         """Each row's drafts (``[]``: none), at most what its ``max_tokens`` leaves."""
+        self._rows = len(rows)
         lengths = [self._length(seq) for seq in rows]
         if self.drafter is not None:
             drafts = self.drafter.propose(rows, lengths)
@@ -197,7 +203,8 @@ class Speculator:
         if not self.eligible(seq):
             return 0
         room = seq.max_tokens - seq.num_output_tokens - 1
-        return min(draft_length(*self._counts.get(seq, _PRIOR)), room)
+        most = MAX_DRAFT if self._rows <= 1 else BATCH_DRAFT
+        return min(draft_length(*self._counts.get(seq, _PRIOR), most), room)
 
     def expected(self, seq: Sequence) -> float:
         """Tokens ``seq`` is expected to make in a verification step (1 in a plain one)."""
@@ -259,6 +266,7 @@ class Speculator:
 
     def wants(self, rows: list[Sequence]) -> bool:
         """Whether this step should verify drafts (it then reads every row's token first)."""
+        self._rows = len(rows)
         if self.mode == "off" or not any(self.eligible(s) for s in rows):
             self._end_phase()
             return False
