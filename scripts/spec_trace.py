@@ -20,15 +20,20 @@ import argparse
 import collections
 import cProfile
 import io
+import os
 import pstats
 import time
 from typing import Any
 
-from mlxd.bench import tasks
-from mlxd.bench.engine import engine_level, load_served, new_engine
-from mlxd.config import SchedulerConfig
-from mlxd.worker import paged_runner
-from mlxd.worker import speculator as spec_mod
+from mlxd.worker import blas
+
+blas.preload(os.environ)  # as a worker does, before MLX loads (the CPU's optimized BLAS)
+
+from mlxd.bench import tasks  # noqa: E402
+from mlxd.bench.engine import engine_level, load_served, new_engine  # noqa: E402
+from mlxd.config import SchedulerConfig  # noqa: E402
+from mlxd.worker import paged_runner  # noqa: E402
+from mlxd.worker import speculator as spec_mod  # noqa: E402
 
 _TASKS = {"edit": tasks.edit_prompt, "json": tasks.json_prompt, "chat": tasks.chat_prompt}
 
