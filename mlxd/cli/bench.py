@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -339,6 +340,11 @@ def engine_command(
     """The same workload in-process on the engine (no HTTP, no ZMQ). Without --kv-cache-gb
     the pool holds every row's context and decode's view may use all of it; with it, both
     are sized as a served worker's."""
+    from mlxd.worker import blas
+
+    # Before MLX loads, as a worker does: without it the CPU's products ran on MLX's reference
+    # BLAS (stop 35: a verification 2.5x a plain step instead of 1.0-1.4x).
+    blas.preload(os.environ)
     import mlx_lm
 
     from mlxd.bench.engine import engine_level, mlx_lm_batch_level, mlx_lm_single, new_engine
@@ -356,7 +362,7 @@ def engine_command(
                           prompt_tokens=prompt_tokens, max_tokens=max_tokens, complete=False,
                           prefill_chunk=prefill_chunk, paged_kv=paged_kv,
                           kv_block_size=kv_block_size, kv_cache_gb=kv_cache_gb,
-                          speculate=speculate, rows=rows,
+                          speculate=speculate, blas=blas.loaded(), rows=rows,
                           mlx_lm=yard)  # fmt: skip
     write_partial = _partial_writer(payload, json_path)
     for level in _ints(concurrency, "--concurrency"):

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,3 +57,36 @@ def test_bench_engine_sizes_the_view_as_a_worker_under_kv_cache_gb(
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     assert [(r["ok"], r["gathered_steps"] > 0) for r in data["rows"]] == [(1, False), (3, True)]
+
+
+def test_bench_engine_loads_the_optimized_blas_a_worker_loads(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """Run as a command (MLX not loaded yet), it loads the BLAS a worker loads and says so in
+    its JSON: without it the CPU's products run on MLX's reference BLAS."""
+    from mlxd.worker import blas
+
+    if blas.find(os.environ) is None:
+        pytest.skip("no optimized BLAS on this machine")
+    out = tmp_path / "engine.json"
+    args = [
+        "bench",
+        "engine",
+        "--model",
+        str(tiny_model),
+        "--concurrency",
+        "1",
+        "--prompt-tokens",
+        "8",
+        "--max-tokens",
+        "2",
+        "--no-compare-mlx-lm",
+        "--json",
+        str(out),
+    ]
+    done = subprocess.run([sys.executable, "-m", "mlxd", *args], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    loaded = json.loads(out.read_text())["blas"]
+    assert loaded is not None and Path(loaded).name.startswith(("libopenblas", "libblis", "libmkl",
+                                                                "libblas"))  # fmt: skip
