@@ -161,14 +161,21 @@ def test_preempted_requests_resume_to_the_same_text(zoo: Zoo, client: Any, arch:
                                                                     PREEMPT_TOKENS)  # fmt: skip
     prompts = [prompt(zoo, arch, 8 + i, size) for i in range(4)]
     alone = [text(client, arch, p, tokens) for p in prompts]
-    before = admin(zoo, arch, "stats").get("preemptions", 0)
-    with ThreadPoolExecutor(len(prompts)) as pool:
-        together = list(pool.map(lambda p: text(client, arch, p, tokens), prompts))
-    preempted = admin(zoo, arch, "stats").get("preemptions", 0) - before
-    zoo.record_fact(arch, "preemptions", preempted)
-    assert together == alone
     # A model on its own caches admits a row only with room for it, so whether these four
     # meet in one batch (and preempt) depends on when they arrive: its preemption is tested
     # in tests/model/test_prefix_snapshots.py; here, that the text is the same either way.
-    if not admin(zoo, arch, "status").get("kv_cache", "").startswith("contiguous"):
+    # On the pool they preempt when they meet; they may not (a CI run of a window model's
+    # four arrived apart, stop 35), so up to three tries, the same text every time.
+    paged = not admin(zoo, arch, "status").get("kv_cache", "").startswith("contiguous")
+    preempted = 0
+    for _ in range(3 if paged else 1):
+        before = admin(zoo, arch, "stats").get("preemptions", 0)
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            together = list(pool.map(lambda p: text(client, arch, p, tokens), prompts))
+        preempted += admin(zoo, arch, "stats").get("preemptions", 0) - before
+        assert together == alone
+        if preempted:
+            break
+    zoo.record_fact(arch, "preemptions", preempted)
+    if paged:
         assert preempted > 0
