@@ -121,20 +121,14 @@ class DecodeTail:
         self.length += slots.shape[1]
         self.cols += slots.shape[1]
 
-    def room(self, pool: KVPool, columns: int) -> bool:
+    def room(self, columns: int) -> bool:
         """Whether the view may take ``columns`` more decoded columns (a verification over it,
-        ``ViewVerifyCache``), growing by ``VIEW_STEP`` if it must and may. Without a view: no."""
+        ``ViewVerifyCache``, which grows it by ``VIEW_STEP`` as a decode step does). Without a
+        view: no."""
         if not self.view:
             return False
         end, capacity = self.base + self.cols + columns, _columns(self.keys[0])
-        if end <= capacity:
-            return True
-        if end > capacity + VIEW_STEP or not self._can_grow():
-            return False
-        rows = _rows(self.keys[0])
-        self.keys = [concat(k, _zeros(pool, 0, rows, VIEW_STEP), axis=2) for k in self.keys]
-        self.values = [concat(v, _zeros(pool, 1, rows, VIEW_STEP), axis=2) for v in self.values]
-        return True
+        return end <= capacity or (end <= capacity + VIEW_STEP and self._can_grow())
 
     def keep(self, rows: list[int], num_rows: int) -> None:
         """Only ``rows`` (indices into the current ``num_rows``) stay; the others' unflushed
@@ -244,6 +238,14 @@ def _view(pool: KVPool, kind: int, pool_layer: KV, table: mx.array, base: int) -
     return concat(cached, _zeros(pool, kind, table.shape[0], VIEW_STEP), axis=2)
 
 
+def _with_columns(pool: KVPool, kind: int, buf: KV, columns: int) -> KV:
+    """``buf`` (K: ``kind`` 0, V: 1), grown by ``VIEW_STEP`` columns if it has fewer than
+    ``columns`` (the flush before decided it may grow: ``DecodeTail.due``, ``room``)."""
+    if columns <= _columns(buf):
+        return buf
+    return concat(buf, _zeros(pool, kind, _rows(buf), VIEW_STEP), axis=2)
+
+
 def _token_major(x: mx.array) -> mx.array:
     """(B, heads, T, dim) -> (B * T, heads, dim), the pool's slot layout."""
     b, h, t, d = x.shape
@@ -274,9 +276,7 @@ class TailKVCache:
         sides = ((0, self.tail.keys, self.pool.keys, keys),
                  (1, self.tail.values, self.pool.values, values))  # fmt: skip
         for kind, buffers, pool, new in sides:
-            buf = buffers[self.layer]
-            if c >= _columns(buf):
-                buf = concat(buf, _zeros(self.pool, kind, _rows(buf), VIEW_STEP), axis=2)
+            buf = _with_columns(self.pool, kind, buffers[self.layer], c + 1)
             assign(buf, (slice(None), slice(None), slice(c, c + 1)), fmt.pack(new))
             buffers[self.layer] = buf
             decoded = fmt.unpack(each(buf, lambda p: p[:, :, : c + 1]))
@@ -323,8 +323,8 @@ class ViewVerifyCache:
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         c, n, fmt = self.column, keys.shape[0], self.pool.fmt
         out = []
-        for buffers, new in ((self.tail.keys, keys), (self.tail.values, values)):
-            buf = buffers[self.layer]
+        for kind, buffers, new in ((0, self.tail.keys, keys), (1, self.tail.values, values)):
+            buf = _with_columns(self.pool, kind, buffers[self.layer], c + n)
             # (n, heads, 1, dim): the inputs as rows -> (1, heads, n, dim), the view's columns
             assign(buf, (slice(None), slice(None), slice(c, c + n)),
                    fmt.pack(new.transpose(2, 1, 0, 3)))  # fmt: skip

@@ -31,7 +31,7 @@ _MAX_PAD_RATIO = 2
 # row, the path measured on the CPU (docs/PERFORMANCE.md). Both run in the tests.
 VIRTUAL_ROWS = attention_shapes.PLANNED
 # A lone row decoding through a read view verifies on it (``_forward_on_view``); off only to
-# measure the other paths (``scripts/spec_trace.py --no-view``).
+# measure the other paths (``scripts/spec_trace.py``'s ``/gather`` modes).
 VIEW_VERIFY = True
 
 
@@ -177,7 +177,7 @@ class PagedModelRunner(ModelRunner):
         """Whether decode's view (started for ``seq`` if no step has yet) takes ``columns``."""
         if not self.tail.started:
             self.tail.start(self.pool, [seq.block_ids], [seq.num_computed])
-        return self.tail.room(self.pool, columns)
+        return self.tail.room(columns)
 
     def _forward_on_view(self, seq: Sequence, inputs: list[int]) -> mx.array:
         """One row's logits after each of its inputs, read from and written into decode's view

@@ -69,21 +69,9 @@ def test_bench_engine_loads_the_optimized_blas_a_worker_loads(
     if blas.find(os.environ) is None:
         pytest.skip("no optimized BLAS on this machine")
     out = tmp_path / "engine.json"
-    args = [
-        "bench",
-        "engine",
-        "--model",
-        str(tiny_model),
-        "--concurrency",
-        "1",
-        "--prompt-tokens",
-        "8",
-        "--max-tokens",
-        "2",
-        "--no-compare-mlx-lm",
-        "--json",
-        str(out),
-    ]
+    args = ["bench", "engine", "--model", str(tiny_model), "--concurrency", "1",
+            "--prompt-tokens", "8", "--max-tokens", "2", "--no-compare-mlx-lm",
+            "--json", str(out)]  # fmt: skip
     done = subprocess.run([sys.executable, "-m", "mlxd", *args], capture_output=True, text=True,
                           timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
