@@ -23,7 +23,13 @@ all this step. Pure Python, no MLX; the runner's ``verify_step`` does the comput
   The mode not chosen is tried again after ``FIRST_BACKOFF``, then twice as many ... up to
   ``MAX_BACKOFF`` phases (after a try that changes the choice, after 1), which refreshes its
   step time and the rows' acceptance; each try also pays two switches (the plain step after a
-  verification gathers decode's view again). A verification phase's step where no row had a
+  verification gathers decode's view again). Phases are counted in the cost of the mode
+  tried: one whose step costs ``r`` times the chosen one's is tried ``r`` times less often
+  (up to ``MAX_DEARER``), and a verification phase whose first ``EARLY`` timed steps lose by
+  far (the tokens expected pay for less than ``LOSING`` of their cost) ends there. So a mode
+  that costs much more, a draft model whose drafts are rejected, costs a few percent at most
+  (run D2 on an H100, where a draft model's step cost about 8x a plain one and its tries ran
+  at the pace of cheap ones: 0.40-0.76x). A size class measures plain steps first. A verification phase's step where no row had a
   draft runs plain and is not timed; after one, the phase's steps stay pipelined until an
   unverified draft shows up. A size class not measured yet is judged by the nearest measured
   one's step times.
@@ -56,6 +62,9 @@ PHASE = 8  # steps one mode runs before the controller decides again
 SHADOW_ROWS = 8  # rows whose unverified drafts a plain step scores (``_shadow``)
 FIRST_BACKOFF = 8  # phases of the better mode before the worse one's first try
 MAX_BACKOFF = 32  # phases of the better mode between two tries of the worse one
+MAX_DEARER = 8  # the most a mode's step cost stretches the wait before it is tried again
+EARLY = 2  # timed steps after which a verification phase that loses by far ends
+LOSING = 0.5  # ... by far: the tokens the rows are expected to make pay for less than this
 _EMA = 0.5  # weight of a phase's figure in its estimate
 
 
@@ -166,6 +175,7 @@ class Speculator:
         self._phase_steps = 0
         self._phase_counted = 0  # steps counted (the switch's first is not)
         self._phase_seconds = 0.0
+        self._phase_expect = 1.0  # tokens a row of the phase is expected to make, verifying
         self._last_step: float | None = None
         self._rows = 1  # rows of the step being decided (a lone row drafts up to MAX_DRAFT)
 
@@ -275,7 +285,8 @@ class Speculator:
         size = len(rows).bit_length()
         if self._phase_mode is None or size != self._phase_class or self._phase_steps >= PHASE:
             self._end_phase()
-            self._phase_mode, self._phase_class = self._choose(size, rows), size
+            self._phase_expect = sum(map(self.expected, rows)) / len(rows)
+            self._phase_mode, self._phase_class = self._choose(size), size
         if not self._phase_mode:
             self._shadow(rows)
             return False
@@ -308,26 +319,31 @@ class Speculator:
             return  # a switch's first step pays for the other mode's end
         self._phase_counted += 1
         self._phase_seconds += now - last
+        if self._phase_mode and self._losing():
+            self._phase_steps = PHASE  # the next ``wants`` ends the phase
 
-    def _choose(self, size: int, rows: list[Sequence]) -> bool:
+    def _losing(self) -> bool:
+        """Whether the verification phase running loses by far already (module doc)."""
+        est = self._estimates.get(self._phase_class)
+        if self._phase_counted < EARLY or est is None or False not in est.step_s:
+            return False
+        verify_s = self._phase_seconds / self._phase_counted
+        return self._phase_expect * est.step_s[False] < LOSING * verify_s
+
+    def _choose(self, size: int) -> bool:
         est = self._estimates.get(size) or self._new_estimate(size)
         if len(est.step_s) < 2 and est.near is None:
-            return True not in est.step_s  # measure verification first, then plain steps
+            return False in est.step_s  # measure plain steps first, then verification
         # Until both are measured here, the nearest measured class's step times judge.
         times = est if len(est.step_s) == 2 else self._estimates[est.near]  # type: ignore[index]
-        better = self._pays(times, rows)
+        better = self._phase_expect * times.step_s[False] >= times.step_s[True]
         if est.tried is not None:  # a try that changes the choice: try the other again soon
             est.backoff = 1 if est.tried == better else min(MAX_BACKOFF, 2 * est.backoff)
             est.tried = None
-        est.trying = est.since_try >= est.backoff
+        dearer = min(MAX_DEARER, max(1.0, times.step_s[not better] / times.step_s[better]))
+        est.trying = est.since_try >= est.backoff * dearer
         est.since_try = 0 if est.trying else est.since_try + 1
         return better != est.trying
-
-    def _pays(self, est: _Estimate, rows: list[Sequence]) -> bool:
-        """Whether verifying ``rows`` makes more tokens per second than plain steps, by the
-        class's step times and what the rows are expected to make (see the module doc)."""
-        expected = sum(map(self.expected, rows)) / len(rows)
-        return expected * est.step_s[False] >= est.step_s[True]
 
     def _new_estimate(self, size: int) -> _Estimate:
         """A size class's first estimate: the nearest measured class's step times judge until

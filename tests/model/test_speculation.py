@@ -225,9 +225,13 @@ def _drafting(factory: Any, draft: Path, **kw: Any) -> Any:
     return _harness(factory, "draft", draft_model=str(draft), **kw)
 
 
+@pytest.mark.parametrize("one_query", [False, True], ids=["batched", "one-query"])
 def test_the_target_as_its_own_draft_is_accepted_and_changes_nothing(
-    harness_factory: Any, tiny_model: Path
+    harness_factory: Any, tiny_model: Path, one_query: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """``one_query``: the draft catches up one query per forward, as where attention builds a
+    plan per shape (CUDA)."""
+    monkeypatch.setattr(attention_shapes, "PLANNED", one_query)
     outputs = {}
     for mode in ("off", "draft"):
         h = _drafting(harness_factory, tiny_model) if mode == "draft" else _harness(
