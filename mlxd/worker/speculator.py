@@ -29,10 +29,10 @@ all this step. Pure Python, no MLX; the runner's ``verify_step`` does the comput
   far (the tokens expected pay for less than ``LOSING`` of their cost) ends there. So a mode
   that costs much more, a draft model whose drafts are rejected, costs a few percent at most
   (run D2 on an H100, where a draft model's step cost about 8x a plain one and its tries ran
-  at the pace of cheap ones: 0.40-0.76x). A size class measures plain steps first. A verification phase's step where no row had a
-  draft runs plain and is not timed; after one, the phase's steps stay pipelined until an
-  unverified draft shows up. A size class not measured yet is judged by the nearest measured
-  one's step times.
+  at the pace of cheap ones: 0.40-0.76x). A size class measures plain steps first.
+  A verification phase's step where no row had a draft runs plain and is not timed; after
+  one, the phase's steps stay pipelined until an unverified draft shows up. A size class not
+  measured yet is judged by the nearest measured one's step times.
 """
 
 from __future__ import annotations
