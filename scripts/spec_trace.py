@@ -8,7 +8,9 @@ kind with their mean wall time and tokens, and the controller's phase estimates.
         [--stagger] [--modes off,ngram,forced] [--profile MODE] [--windows]
 
 A mode ending in ``/gather`` runs with ``paged_runner.VIEW_VERIFY`` off: a lone row verifies
-over its gathered blocks instead of decode's view (``forced,forced/gather`` compares the two).
+over its gathered blocks instead of decode's view (``forced,forced/gather`` compares the two);
+one ending in ``/serial`` with ``paged_runner.VERIFY_AHEAD`` off: a lone row's verifications
+do not pipeline (each is read before the next is built).
 ``--stagger``: request ``i`` of ``n`` asks for ``max_tokens * (0.5 + i / n)`` tokens, so rows
 leave the batch one by one, as in served traffic, not all at the last step. ``--profile MODE``:
 that mode's last run under cProfile (top functions by own time).
@@ -95,6 +97,27 @@ class Trace:
             )
 
 
+def _same(outputs: dict[str, dict[str, list[int]]], mode: str) -> str:
+    """How many of ``mode``'s outputs are the first mode's, token for token (greedy: all, up to
+    near-ties that a wider forward's arithmetic decides otherwise), and where the others part."""
+    first, mine = next(iter(outputs.values())), outputs[mode]
+    parts = [_part(v, mine.get(k, [])) for k, v in first.items() if mine.get(k) != v]
+    same = len(first) - len(parts)
+    return f"same {same}/{len(first)}" + (f" (part at {parts})" if parts else "")
+
+
+def _part(a: list[int], b: list[int]) -> int:
+    """The first index where ``a`` and ``b`` differ (or the shorter one's length)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                min(len(a), len(b)))  # fmt: skip
+
+
+def _paths(mode: str) -> None:
+    """The verification paths a mode names (``/gather``, ``/serial``: the module doc)."""
+    paged_runner.VIEW_VERIFY = not mode.endswith("/gather")
+    paged_runner.VERIFY_AHEAD = not mode.endswith(("/gather", "/serial"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -124,16 +147,17 @@ def main() -> None:
     ps = prompts(tokenizer, args.scenario, args.streams)
     engines = {}
     for mode in args.modes.split(","):
-        paged_runner.VIEW_VERIFY = not mode.endswith("/gather")
+        _paths(mode)
         sched = SchedulerConfig(max_num_seqs=max(args.streams, 1),
                                 speculate="off" if mode == "off" else "ngram")  # fmt: skip
         e = new_engine(model, tokenizer, sched, 4096, kv_cache_gb=args.kv_cache_gb)
         e.speculator.adaptive = not mode.startswith("forced")
         engine_level(e, ps[:2], 16)  # warm-up
         engines[mode] = e
+    outputs: dict[str, dict[str, list[int]]] = {}
     for rep in range(args.repeats):
         for mode, e in engines.items():
-            paged_runner.VIEW_VERIFY = not mode.endswith("/gather")
+            _paths(mode)
             trace = Trace(e)
             prof = cProfile.Profile() if mode == args.profile and rep == args.repeats - 1 else None
             if prof:
@@ -141,10 +165,12 @@ def main() -> None:
             r = engine_level(e, ps, budget)
             if prof:
                 prof.disable()
+            outputs[mode] = e.channel.tokens
             print(
                 f"rep {rep} {mode:7s} {r['output_tok_s']:8.0f} tok/s  step p50 "
                 f"{r['step_p50_ms']} ms  accept {r['spec_acceptance']}  tok/fwd "
-                f"{r['tokens_per_forward']}  ttft p50 {r['ttft_p50_ms']:.0f} ms"
+                f"{r['tokens_per_forward']}  ttft p50 {r['ttft_p50_ms']:.0f} ms  "
+                f"{_same(outputs, mode)}"
             )
             trace.report(mode)
             if prof:

@@ -24,6 +24,7 @@ class _Recorder:
 
     def __init__(self, t0: float, timings: dict[str, RequestTiming]) -> None:
         self.t0, self.timings = t0, timings
+        self.tokens: dict[str, list[int]] = {}  # each request's output (to compare paths)
 
     def send(self, client: bytes, msg: Message) -> None:
         events = msg.events if isinstance(msg, Events) else [msg]
@@ -34,6 +35,7 @@ class _Recorder:
                 t.first_token = t.first_token if t.first_token is not None else now
                 t.token_times.append(now)
                 t.output_tokens += len(e.token_ids)
+                self.tokens.setdefault(e.request_id, []).extend(e.token_ids)
             else:
                 t.end = now
 
