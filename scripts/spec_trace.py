@@ -8,9 +8,8 @@ kind with their mean wall time and tokens, and the controller's phase estimates.
         [--stagger] [--modes off,ngram,forced] [--profile MODE] [--windows]
 
 A mode ending in ``/gather`` runs with ``paged_runner.VIEW_VERIFY`` off: a lone row verifies
-over its gathered blocks instead of decode's view (``forced,forced/gather`` compares the two);
-one ending in ``/serial`` with ``paged_runner.VERIFY_AHEAD`` off: a lone row's verifications
-do not pipeline (each is read before the next is built).
+over its gathered blocks instead of decode's view (``forced,forced/gather`` compares the two).
+Each mode's outputs are compared with the first mode's (``same n/N``).
 ``--stagger``: request ``i`` of ``n`` asks for ``max_tokens * (0.5 + i / n)`` tokens, so rows
 leave the batch one by one, as in served traffic, not all at the last step. ``--profile MODE``:
 that mode's last run under cProfile (top functions by own time).
@@ -113,9 +112,8 @@ def _part(a: list[int], b: list[int]) -> int:
 
 
 def _paths(mode: str) -> None:
-    """The verification paths a mode names (``/gather``, ``/serial``: the module doc)."""
+    """The verification path a mode names (``/gather``: the module doc)."""
     paged_runner.VIEW_VERIFY = not mode.endswith("/gather")
-    paged_runner.VERIFY_AHEAD = not mode.endswith(("/gather", "/serial"))
 
 
 def main() -> None:

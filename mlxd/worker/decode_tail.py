@@ -40,7 +40,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from mlxd.worker.kv_format import KV, assign, concat, each, each2, parts
+from mlxd.worker.kv_format import KV, assign, concat, each, parts
 from mlxd.worker.paged_cache import KVPool
 
 FLUSH_EVERY = 16  # steps, without a view: the buffer then costs B * 16 tokens of K/V at most
@@ -301,13 +301,9 @@ class TailKVCache:
 class ViewVerifyCache:
     """One layer's cache for a verification of the view's one row: its ``n`` inputs (the next
     token and its drafts) run as ``n`` rows of one query each, input ``j`` at position
-    ``offset[j]``. Their K/V go into the view at columns ``column + shift .. + n`` and input
-    ``j`` reads the view up to its own column, so nothing is flushed, gathered or rebuilt: the
-    view stays as decode left it, and the next plain step reads it as before.
-
-    ``shift`` (a device scalar) is how many tokens the verification before this one keeps
-    when that one is still running (``paged_runner``: a lone row's verifications pipeline):
-    up to ``spare``, so the reads reach ``spare`` columns further, masked.
+    ``offset[j]``. Their K/V go into the view at columns ``column .. column + n`` and input ``j``
+    reads the view up to its own column, so nothing is flushed, gathered or rebuilt: the view
+    stays as decode left it, and the next plain step reads it as before.
 
     One query per row because attention with several builds a cuDNN plan on CUDA for every
     key length (about 40 ms each on an H100, against 0.2 ms for single-query rows with a mask:
@@ -315,7 +311,7 @@ class ViewVerifyCache:
     """
 
     def __init__(self, pool: KVPool, tail: DecodeTail, layer: int, offset: mx.array,
-                 mask: mx.array, keys: mx.array, shift: mx.array, spare: int) -> None:  # fmt: skip
+                 mask: mx.array, keys: mx.array) -> None:  # fmt: skip
         self.pool = pool
         self.tail = tail
         self.layer = layer
@@ -323,20 +319,17 @@ class ViewVerifyCache:
         self.offset = offset
         self.mask = mask
         self.key_positions = keys  # each view column's token position, for a window's mask
-        self.shift = shift
-        self.spare = spare
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         c, n, fmt = self.column, keys.shape[0], self.pool.fmt
-        start = (self.shift + c).reshape(1)
         out = []
         for kind, buffers, new in ((0, self.tail.keys, keys), (1, self.tail.values, values)):
-            buf = _with_columns(self.pool, kind, buffers[self.layer], c + self.spare + n)
+            buf = _with_columns(self.pool, kind, buffers[self.layer], c + n)
             # (n, heads, 1, dim): the inputs as rows -> (1, heads, n, dim), the view's columns
-            buf = each2(buf, fmt.pack(new.transpose(2, 1, 0, 3)),
-                        lambda b, u: mx.slice_update(b, u, start, axes=(2,)))  # fmt: skip
+            assign(buf, (slice(None), slice(None), slice(c, c + n)),
+                   fmt.pack(new.transpose(2, 1, 0, 3)))  # fmt: skip
             buffers[self.layer] = buf
-            seen = fmt.unpack(each(buf, lambda p: p[:, :, : c + self.spare + n]))
+            seen = fmt.unpack(each(buf, lambda p: p[:, :, : c + n]))
             out.append(mx.broadcast_to(seen, (n, *seen.shape[1:])))
         return out[0], out[1]
 
@@ -350,26 +343,20 @@ class ViewVerifyCache:
 
 
 def verify_caches(pool: KVPool, tail: DecodeTail, block_table: list[int], position: int,
-                  count: int, shift: mx.array | None = None,
-                  spare: int = 0) -> list[ViewVerifyCache]:  # fmt: skip
+                  count: int) -> list[ViewVerifyCache]:  # fmt: skip
     """The caches of a verification of the view's one row (``ViewVerifyCache``): ``count``
-    inputs from ``position`` (plus ``shift``, at most ``spare``, when the verification before
-    is still running). The caller made room (``DecodeTail.room``) and records where the kept
-    ones go (``append_slots``)."""
+    inputs from ``position``. The caller made room (``DecodeTail.room``) and records where the
+    kept ones go (``append_slots``)."""
     bs = pool.block_size
-    pool.ensure(block_table[(position + spare + count - 1) // bs])
-    shift = mx.array(0, dtype=mx.int32) if shift is None else shift
+    pool.ensure(block_table[(position + count - 1) // bs])
     # The view's front holds the row's pool tokens, then padding if it was a longer row's
     # batch; after it, input j reads the decoded columns and the inputs up to its own.
     front = mx.broadcast_to(mx.arange(tail.base)[None] < tail.in_pool[0], (count, tail.base))
-    ends = tail.cols + shift + mx.arange(count)[:, None]
-    own = mx.arange(tail.cols + spare + count)[None] <= ends
+    own = mx.arange(tail.cols + count)[None] <= tail.cols + mx.arange(count)[:, None]
     mask = mx.concatenate([front, own], axis=1)[:, None, None, :]
-    offset = position + shift + mx.arange(count)
-    keys = mx.concatenate([mx.arange(tail.base),
-                           tail.in_pool[0] + mx.arange(tail.cols + spare + count)])  # fmt: skip
-    return [ViewVerifyCache(pool, tail, i, offset, mask, keys, shift, spare)
-            for i in range(len(pool.keys))]  # fmt: skip
+    offset = mx.arange(position, position + count)
+    keys = mx.concatenate([mx.arange(tail.base), tail.in_pool[0] + mx.arange(tail.cols + count)])
+    return [ViewVerifyCache(pool, tail, i, offset, mask, keys) for i in range(len(pool.keys))]
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -168,15 +169,13 @@ class Engine:
         speculate = False
         if self.runner.rows:
             speculate = self.speculator.wants(self.runner.rows)  # drafts follow the last token
-            # ... or a lone row's verification in flight, assumed to keep its drafts
-            ahead = self._verifying_ahead() if speculate else None
-            if ahead is None and (speculate or self.runner.needs_sync()):
+            if speculate or self.runner.needs_sync():
                 self._accept(self.runner.sync())
                 self._retire()
             self._reserve()
             if self.runner.rows:
                 decoded = len(self.runner.rows)
-                self._decode(speculate, ahead)
+                self._decode(speculate)
         self._retire()  # free what finished now, not one step later
         self._flush()
         self.stats.on_step(decoded)
@@ -298,20 +297,21 @@ class Engine:
             log.info("preempted %s (KV pool full)", [s.request_id for s in preempted])
             self.runner.remove(set(preempted))
 
-    def _decode(self, speculate: bool, ahead: list[int] | None) -> None:
-        """One decode step, verifying drafts when ``speculate`` and some row has any (or
-        the lone row's verification in flight has ``ahead``: the next one follows it)."""
+    def _decode(self, speculate: bool) -> None:
+        """One decode step, verifying drafts when ``speculate`` and some row has any."""
         rows = list(self.runner.rows)
         try:
-            drafts = self._drafts(rows, ahead) if speculate else []
-            if any(drafts) or ahead is not None:
-                events = self.runner.verify_step(drafts)
-            else:
-                events = self.runner.decode_step()
+            drafts = self._drafts(rows) if speculate else []
+            events = self.runner.verify_step(drafts) if any(drafts) else self.runner.decode_step()
         except (RuntimeError, ValueError, TypeError) as exc:
             log.exception("decode step failed")
             self._recover(self.runner.reset(), exc, "decode")
             return
+        if any(drafts):
+            for seq in rows:
+                self.scheduler.trim(seq)  # rejected drafts' blocks
+            kept = Counter(seq for seq, _ in events)
+            self.speculator.on_verified(rows, drafts, [kept[s] for s in rows])
         self._step_succeeded()
         if (raised := self.oom_backoff.on_step(self.scheduler.config.max_num_seqs)) is not None:
             self.scheduler.update_config(max_num_seqs=raised)
@@ -319,31 +319,12 @@ class Engine:
                      self.oom_backoff.wait)  # fmt: skip
         self._accept(events)
 
-    def _drafts(self, rows: list[Sequence], ahead: list[int] | None = None) -> list[list[int]]:
-        """Each row's drafts, cut to what its grammar accepts and the KV room free blocks give
-        (after the ``ahead`` drafts in flight, and the token after them)."""
-        proposed = [valid_drafts(s, d) for s, d in zip(rows, self.speculator.propose(rows, ahead),
+    def _drafts(self, rows: list[Sequence]) -> list[list[int]]:
+        """Each row's drafts, cut to what its grammar accepts and the KV room free blocks give."""
+        proposed = [valid_drafts(s, d) for s, d in zip(rows, self.speculator.propose(rows),
                                                         strict=True)]  # fmt: skip
-        before = 0 if ahead is None else len(ahead) + 1
-        return [d[: max(0, self.scheduler.reserve_drafts(s, before + len(d)) - before)] if d else []
+        return [d[: self.scheduler.reserve_drafts(s, len(d))] if d else []
                 for s, d in zip(rows, proposed, strict=True)]  # fmt: skip
-
-    def _verifying_ahead(self) -> list[int] | None:
-        """The drafts of the lone row's verification in flight when the next one may follow
-        it without reading it (prompt lookup; room in the pool for its next input); else None."""
-        ahead = self.runner.verifying_ahead() if self.speculator.drafter is None else None
-        if ahead is None:
-            return None
-        seq, before = self.runner.rows[0], len(ahead) + 1
-        return ahead if self.scheduler.reserve_drafts(seq, before) >= before else None
-
-    def _verified(self) -> None:
-        """Verifications the runner read: rejected drafts' blocks go back (but those of a
-        verification still in flight), and the speculator learns from them."""
-        for rows, drafts, kept in self.runner.take_verified():
-            for seq in rows:
-                self.scheduler.trim(seq, self.runner.ahead_of(seq))
-            self.speculator.on_verified(rows, drafts, kept)
 
     def _recover(self, seqs: list[Sequence], exc: Exception, what: str) -> None:
         """After a failed step: its sequences fail, unless the device ran out of memory. Then
@@ -382,7 +363,6 @@ class Engine:
         self.num_failed_steps, self.failing = 0, ""
 
     def _accept(self, events: list[TokenEvent]) -> None:
-        self._verified()
         self.stats.on_tokens(events)
         now = self.clock()
         for seq, token in events:

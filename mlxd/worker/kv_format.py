@@ -88,13 +88,6 @@ def each(kv: KV, f: Callable[[mx.array], mx.array]) -> KV:
     return tuple(f(p) for p in kv) if isinstance(kv, tuple) else f(kv)
 
 
-def each2(a: KV, b: KV, f: Callable[[mx.array, mx.array], mx.array]) -> KV:
-    """``f`` applied to every pair of parts of ``a`` and ``b`` (stored alike)."""
-    if not isinstance(a, tuple):
-        return f(a, b)  # type: ignore[arg-type]
-    return tuple(f(x, y) for x, y in zip(a, b, strict=True))  # type: ignore[arg-type]
-
-
 def concat(a: KV, b: KV, axis: int) -> KV:
     """``a`` then ``b`` along a leading ``axis``."""
     if not isinstance(a, tuple):

@@ -142,19 +142,6 @@ class ModelRunner:
             events = self._collect(prev, rows, emitted, prev_lp)
         return events + self._read_entered(rows)
 
-    def verifying_ahead(self) -> list[int] | None:
-        """The drafts of a verification in flight that the next may follow (the paged runner:
-        a lone row's verifications pipeline); None: none."""
-        return None
-
-    def take_verified(self) -> list[tuple[list[Sequence], list[list[int]], list[int]]]:
-        """Verifications read since the last call: rows, their drafts, tokens each kept."""
-        return []
-
-    def ahead_of(self, seq: Sequence) -> int:
-        """Positions after ``seq``'s computed ones that a verification in flight writes."""
-        return 0
-
     def needs_room(self) -> bool:
         """Whether the batch's KV is over the runner's own budget, so a row must leave (a
         runner on the paged pool has none: the scheduler accounts for its blocks)."""

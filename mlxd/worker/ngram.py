@@ -34,24 +34,20 @@ class NgramIndex:
         for token in output[len(self.tokens) - len(prompt) :]:
             self._append(token)
 
-    def propose(self, k: int, after: Seq[int] = ()) -> list[int]:
+    def propose(self, k: int) -> list[int]:
         """``k`` tokens that followed the last earlier occurrence of the longest trailing
         n-gram that occurred before (none: ``[]``). When that occurrence is less than ``k``
-        tokens back, the tokens since repeat with that period (a loop, a repeated line).
-        ``after``: tokens assumed to follow the indexed ones (a verification in flight), not
-        indexed: the draft continues them."""
-        t, ahead = self.tokens, list(after)
-        length, last = len(t) + len(ahead), (t[-MAX_N:] + ahead)[-MAX_N:]
+        tokens back, the tokens since repeat with that period (a loop, a repeated line)."""
+        t, length = self.tokens, len(self.tokens)
         if k <= 0:
             return []
         for n in range(MAX_N, MIN_N - 1, -1):
             if length < n:
                 continue
-            end = self._ends[n].get(tuple(last[len(last) - n :]))
+            end = self._ends[n].get(tuple(t[length - n :]))
             if end is not None:
                 period = length - end
-                picks = (end + i % period for i in range(k))
-                return [t[j] if j < len(t) else ahead[j - len(t)] for j in picks]
+                return [t[end + i % period] for i in range(k)]
         return []
 
     def _append(self, token: int) -> None:

@@ -10,7 +10,6 @@ those.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -34,22 +33,6 @@ VIRTUAL_ROWS = attention_shapes.PLANNED
 # A lone row decoding through a read view verifies on it (``_forward_on_view``); off only to
 # measure the other paths (``scripts/spec_trace.py``'s ``/gather`` modes).
 VIEW_VERIFY = True
-# ... and its verifications pipeline (``_launch``): off only to measure (``/serial`` modes).
-VERIFY_AHEAD = True
-# Verifications launched, landed: (rows, each row's drafts, tokens each kept).
-Verified = tuple[list[Sequence], list[list[int]], list[int]]
-
-
-@dataclass(slots=True)
-class _InFlight:
-    """A lone row's verification launched and not read yet: its drafts, its samples, and
-    (lazy) how many tokens it keeps and the last of them, which the next one is built on."""
-
-    seq: Sequence
-    drafts: list[int]
-    targets: mx.array
-    count: mx.array
-    last: mx.array
 
 
 class PagedModelRunner(ModelRunner):
@@ -69,10 +52,6 @@ class PagedModelRunner(ModelRunner):
         self.tail = DecodeTail(len(pool.keys), self.max_view_tokens)
         self.gathered_steps = 0
         self.view_verifications = 0  # verifications of one row over decode's view
-        self.verifications_ahead = 0  # ... of them launched on one not read yet (``_launch``)
-        self._ahead: _InFlight | None = None  # a lone row's verification not read yet
-        self._landed: list[TokenEvent] = []  # tokens of one read outside a step, not handed out
-        self._verified: list[Verified] = []  # verifications read since ``take_verified``
 
     # Public API
 
@@ -87,7 +66,6 @@ class PagedModelRunner(ModelRunner):
         no forward of its own: the token rides in the decode step the batch runs anyway.
         Returns no tokens: the first ones come from that step.
         """
-        self._land_ahead()  # its tokens go into the view before the flush below
         if self._pending is not None:
             mx.eval(self._pending)  # a decode step in flight holds the pool: writes would copy it
         # Prefill reads the pool (prefix hits) and must see it all; the flush also completes
@@ -104,7 +82,7 @@ class PagedModelRunner(ModelRunner):
             for _, tail in self._kv():  # new rows' tokens are in the pool only: the next step
                 tail.restart()  # starts there
             self._enter(joined)
-        return self._take_landed()
+        return []
 
     @property
     def kv_bytes(self) -> int:
@@ -138,7 +116,6 @@ class PagedModelRunner(ModelRunner):
     def settle(self) -> None:
         """The step in flight done and decode's unflushed tokens in the pool: before the pool
         is read or written between steps (the disk tier, an idle release)."""
-        self._land_ahead()
         if self._pending is not None:
             mx.eval(self._pending)
         self._flush()
@@ -170,16 +147,11 @@ class PagedModelRunner(ModelRunner):
         and the next plain step gathers its view again. Rejected drafts' K/V stay in slots (or
         view columns) past ``num_computed``, which nothing reads and the next tokens overwrite.
         """
-        if self._ahead is not None:
-            return self._verify_ahead(drafts[0])
         assert self._pending is not None and all(self._emitted), "sync before verifying"
         rows = list(self.rows)
         pending: list[int] = self._pending.tolist()  # type: ignore[assignment]
         inputs = [[p, *d] for p, d in zip(pending, drafts, strict=True)]
         on_view = VIEW_VERIFY and len(rows) == 1 and self._view_room(rows[0], len(inputs[0]))
-        if on_view and self._pipelines(rows[0]):
-            self._ahead = self._launch(rows[0], mx.array(pending, dtype=mx.uint32), drafts[0])
-            return self._take_landed()
         if on_view:
             flat = self._forward_on_view(rows[0], inputs[0])
         else:
@@ -197,43 +169,7 @@ class PagedModelRunner(ModelRunner):
         kept = verification.accept(inputs, targets.tolist())  # type: ignore[arg-type]
         if on_view:
             self._record_on_view(rows[0], len(kept[0]))
-        self._verified.append((rows, drafts, [len(k) for k in kept]))
-        return self._take_landed() + self._keep(rows, inputs, kept, seqs, lp)
-
-    def verifying_ahead(self) -> list[int] | None:
-        """The drafts of the lone row's verification in flight, when the next one may be
-        built on it (its tokens unread: ``_launch``); else None (the engine reads it first)."""
-        ahead = self._ahead
-        if ahead is None or self._landed or len(self.rows) != 1 or self.rows[0] is not ahead.seq:
-            return None
-        return ahead.drafts if self._pipelines(ahead.seq) else None
-
-    def take_verified(self) -> list[Verified]:
-        """The verifications read since the last call (each row's drafts and kept count)."""
-        out, self._verified = self._verified, []
-        return out
-
-    def ahead_of(self, seq: Sequence) -> int:
-        """Positions after ``seq``'s computed ones that its verification in flight writes."""
-        ahead = self._ahead
-        return len(ahead.drafts) + 1 if ahead is not None and ahead.seq is seq else 0
-
-    def needs_sync(self) -> bool:
-        return self._ahead is not None or bool(self._landed) or super().needs_sync()
-
-    def sync(self) -> list[TokenEvent]:
-        self._land_ahead()
-        return self._take_landed() + super().sync()
-
-    def decode_step(self) -> list[TokenEvent]:
-        self._land_ahead()  # the engine syncs first; a plain step needs the row's last token
-        landed = self._take_landed()
-        return landed + super().decode_step()
-
-    def remove(self, seqs: set[Sequence]) -> None:
-        if self._ahead is not None and self._ahead.seq in seqs:
-            self._ahead = None  # its row is done (or preempted: computed again from its tokens)
-        super().remove(seqs)
+        return self._keep(rows, inputs, kept, seqs, lp)
 
     # Internal helpers
 
@@ -251,73 +187,6 @@ class PagedModelRunner(ModelRunner):
         self.view_verifications += 1
         logits = self.model(mx.array(inputs)[:, None], cache=caches)
         return logits.reshape(-1, logits.shape[-1])
-
-    def _pipelines(self, seq: Sequence) -> bool:
-        """Whether ``seq``'s verifications may pipeline: alone on decode's view, greedy, no
-        grammar or logprobs (whose host work needs the tokens before), ``min_tokens`` past."""
-        p = seq.sampling
-        return (VERIFY_AHEAD and VIEW_VERIFY and self.tail.view and seq.grammar is None
-                and not p.logprobs and p.temperature == 0.0
-                and seq.num_output_tokens >= p.min_tokens)  # fmt: skip
-
-    def _launch(self, seq: Sequence, first: mx.array, drafts: list[int],
-                before: _InFlight | None = None) -> _InFlight:  # fmt: skip
-        """Start a verification of ``seq``'s next input ``first`` (``(1,)``, maybe lazy) and
-        ``drafts`` on decode's view, without reading it: its samples, and how many tokens it
-        keeps, stay on the device until ``_land``. ``before``: the verification still running
-        whose kept tokens ``first`` follows (its count places this one's inputs).
-
-        Why: a verification's host work (about 3 ms of graph building on an H100 for SmolLM2,
-        against 4 ms for a whole plain step) cannot overlap its own device work, since its
-        drafts follow from the tokens it reads. Built on the one before (assuming its drafts
-        are kept: the engine drafts after them), it overlaps that one's device work as a plain
-        step does; when the one before keeps fewer, this one's input is still the right token
-        at the right position (both on the device), and only its drafts, made for another
-        context, are likely wrong."""
-        n = 1 + len(drafts)
-        shift, spare = (None, 0) if before is None else (before.count, len(before.drafts) + 1)
-        caches = verify_caches(self.pool, self.tail, seq.block_ids, seq.num_computed, n, shift,
-                               spare)  # fmt: skip
-        tokens = mx.concatenate([first.astype(mx.uint32), mx.array(drafts, dtype=mx.uint32)])
-        logits = self.model(tokens[:, None], cache=caches)
-        flat = logits.reshape(-1, logits.shape[-1])
-        targets = sample(flat, [self._sample_row(seq, emitted=True, ahead=j) for j in range(n)])
-        count, last = verification.kept_on_device(targets, drafts)
-        mx.async_eval(targets, count, last)
-        self.view_verifications += 1
-        self.verifications_ahead += before is not None
-        return _InFlight(seq, drafts, targets, count, last.reshape(1))
-
-    def _verify_ahead(self, drafts: list[int]) -> list[TokenEvent]:
-        """Launch the lone row's next verification on the one in flight, then read that one.
-        Without room in the view for both, read it first and verify as before."""
-        before = self._ahead
-        assert before is not None
-        spare = len(before.drafts) + 1
-        if not self.tail.room(spare + 1 + len(drafts)):
-            events = self._land(before)
-            return events + self.verify_step([drafts])
-        self._ahead = self._launch(before.seq, before.last, drafts, before)
-        return self._take_landed() + self._land(before)
-
-    def _land(self, ahead: _InFlight) -> list[TokenEvent]:
-        """Read a launched verification (``_launch``): its kept tokens become the row's."""
-        if self._ahead is ahead:
-            self._ahead = None
-        seq, inputs = ahead.seq, [[-1, *ahead.drafts]]  # its first input was read before
-        kept = verification.accept(inputs, ahead.targets.tolist())  # type: ignore[arg-type]
-        self._record_on_view(seq, len(kept[0]))
-        self._verified.append(([seq], [ahead.drafts], [len(kept[0])]))
-        return self._keep([seq], inputs, kept, [seq] * len(inputs[0]), None)
-
-    def _land_ahead(self) -> None:
-        """Read the verification in flight, if any; its tokens wait in ``_landed``."""
-        if self._ahead is not None:
-            self._landed += self._land(self._ahead)
-
-    def _take_landed(self) -> list[TokenEvent]:
-        out, self._landed = self._landed, []
-        return out
 
     def _record_on_view(self, seq: Sequence, kept: int) -> None:
         """The view's columns of the first ``kept`` inputs (the ones before each kept token)
@@ -410,7 +279,6 @@ class PagedModelRunner(ModelRunner):
             tail.flush(pool)
 
     def reset(self) -> list[Sequence]:
-        self._ahead, self._landed = None, []
         for _, tail in self._kv():
             tail.drop_batch()
         return super().reset()

@@ -248,13 +248,12 @@ class Scheduler:
             seq.block_ids += self.pool.allocate(got) if got else []
         return min(num_drafts, len(seq.block_ids) * bs - seq.num_computed - 1)
 
-    def trim(self, seq: Sequence, ahead: int = 0) -> None:
-        """Free ``seq``'s blocks past its computed tokens (those of rejected drafts) and the
-        ``ahead`` positions after them (a verification still running). They never held an
-        accepted token, so the prefix cache never indexed them."""
+    def trim(self, seq: Sequence) -> None:
+        """Free ``seq``'s blocks past its computed tokens (those of rejected drafts). They
+        never held an accepted token, so the prefix cache never indexed them."""
         if self.pool is None:
             return
-        keep = max(1, -(-(seq.num_computed + ahead) // self.pool.block_size))
+        keep = max(1, -(-seq.num_computed // self.pool.block_size))
         if len(seq.block_ids) > keep:
             self.pool.release(seq.block_ids[keep:])
             del seq.block_ids[keep:]

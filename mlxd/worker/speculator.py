@@ -10,10 +10,8 @@ all this step. Pure Python, no MLX; the runner's ``verify_step`` does the comput
   Rows whose sampling needs their exact history (penalties), requests that opt out
   (``speculate: false``) and rows with no earlier occurrence of their last tokens draft
   nothing and take one position in the forward, as in a plain step.
-- **Per batch**, a verification step cannot pipeline (drafts follow from the token just read;
-  a lone row's can, on the one before, assuming its drafts are kept: ``propose``'s ``ahead``,
-  ``paged_runner._launch``) and costs more than a plain one, so it pays only when it yields
-  enough extra tokens. The
+- **Per batch**, a verification step cannot pipeline (drafts follow from the token just read)
+  and costs more than a plain one, so it pays only when it yields enough extra tokens. The
   controller measures each kind's step time per batch-size class (powers of two), over phases
   of ``PHASE`` steps whose first step (the switch) is not counted, and verifies while the
   tokens the rows made from their recent drafts (per row, a decayed mean over verified drafts
@@ -187,16 +185,14 @@ class Speculator:
         p = seq.sampling
         return self.mode != "off" and p.speculate and not needs_history(p)
 
-    def propose(self, rows: list[Sequence], ahead: list[int] | None = None) -> list[list[int]]:
-        """Each row's drafts (``[]``: none), at most what its ``max_tokens`` leaves.
-        ``ahead``: a lone row's drafts still being verified (prompt lookup only): the new
-        drafts assume they are kept, and follow the token after them (``_lookup``)."""
+    def propose(self, rows: list[Sequence]) -> list[list[int]]:
+        """Each row's drafts (``[]``: none), at most what its ``max_tokens`` leaves."""
         self._rows = len(rows)
-        lengths = [self._length(seq, ahead) for seq in rows]
+        lengths = [self._length(seq) for seq in rows]
         if self.drafter is not None:
             drafts = self.drafter.propose(rows, lengths)
         else:
-            drafts = [self._lookup(seq, k, ahead) for seq, k in zip(rows, lengths, strict=True)]
+            drafts = [self._lookup(seq, k) for seq, k in zip(rows, lengths, strict=True)]
         self._dry = not any(drafts)
         if self._dry:  # nothing to verify: the step is plain, and each row made 1 token
             for seq, k in zip(rows, lengths, strict=True):
@@ -204,27 +200,19 @@ class Speculator:
                     self._learn(seq, [], 1)
         return drafts
 
-    def _lookup(self, seq: Sequence, k: int, ahead: list[int] | None = None) -> list[int]:
-        """Prompt lookup's draft of up to ``k`` tokens after ``seq``'s tokens, or, with
-        ``ahead`` (drafts being verified), after the tokens that verification is expected to
-        keep: lookup's own continuation as far as it agrees with ``ahead``, and the one after
-        (its guess of the token that verification samples)."""
+    def _lookup(self, seq: Sequence, k: int) -> list[int]:
+        """Prompt lookup's draft of up to ``k`` tokens after ``seq``'s tokens."""
         if k <= 0:
             return []
         index = self._index.setdefault(seq, NgramIndex())
         index.sync(seq.prompt_ids, seq.output_ids)
-        if ahead is None:
-            return index.propose(k)
-        guess = index.propose(len(ahead) + 1)
-        same = _common(ahead, guess)
-        kept = guess[: same + 1]
-        return index.propose(k, after=kept) if len(kept) == same + 1 else []
+        return index.propose(k)
 
-    def _length(self, seq: Sequence, ahead: list[int] | None = None) -> int:
+    def _length(self, seq: Sequence) -> int:
         """How many tokens ``seq`` drafts now (0: none)."""
         if not self.eligible(seq):
             return 0
-        room = seq.max_tokens - seq.num_output_tokens - 1 - (0 if ahead is None else len(ahead) + 1)
+        room = seq.max_tokens - seq.num_output_tokens - 1
         most = MAX_DRAFT if self._rows <= 1 else BATCH_DRAFT
         return min(draft_length(*self._counts.get(seq, _PRIOR), most), room)
 
@@ -388,12 +376,6 @@ def _kept(draft: list[int], made: list[int]) -> int | None:
         if j == len(draft) or token != draft[j]:
             return j + 1
     return None
-
-
-def _common(a: list[int], b: list[int]) -> int:
-    """The length of ``a`` and ``b``'s common prefix."""
-    n = min(len(a), len(b))
-    return next((i for i in range(n) if a[i] != b[i]), n)
 
 
 def _ema(old: float | None, new: float) -> float:

@@ -52,13 +52,3 @@ def accept(inputs: list[list[int]], targets: list[int]) -> list[list[int]]:
         out.append(kept)
         start += len(x)
     return out
-
-
-def kept_on_device(targets: mx.array, drafts: list[int]) -> tuple[mx.array, mx.array]:
-    """``accept`` for one row, on the device: how many tokens it keeps and the last of them,
-    both lazy, so that the row's next verification is built on them before they are read."""
-    if not drafts:
-        return mx.array(1, dtype=mx.int32), targets[0]
-    agree = (targets[:-1] == mx.array(drafts, dtype=targets.dtype)).astype(mx.int32)
-    count = 1 + mx.cumprod(agree).sum()
-    return count, mx.take(targets, count - 1)

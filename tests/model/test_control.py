@@ -267,9 +267,16 @@ def test_pings_are_answered_while_the_engine_thread_is_blocked(
         assert admin.sock.poll(5000)
         ack = codec.decode(admin.sock.recv_multipart())
         assert isinstance(ack, Ack) and ack.request_id == "z", ack
-        admin.sock.send_multipart(codec.encode(Ping(request_id="q")))  # idle again: not busy
-        assert admin.sock.poll(2000)
-        pong = codec.decode(admin.sock.recv_multipart())
-        assert isinstance(pong, Pong) and pong.busy_s < 0.5, pong
+        # Idle again: not busy. The ack leaves before the engine thread ends that iteration,
+        # so a ping right after it may still see it (a CI run under load did: busy_s 2.001).
+        for _ in range(20):
+            admin.sock.send_multipart(codec.encode(Ping(request_id="q")))
+            assert admin.sock.poll(2000)
+            pong = codec.decode(admin.sock.recv_multipart())
+            assert isinstance(pong, Pong), pong
+            if pong.busy_s < 0.5:
+                break
+            time.sleep(0.1)
+        assert pong.busy_s < 0.5, pong
     finally:
         admin.close()

@@ -35,22 +35,6 @@ def test_ngram_proposes_what_followed_the_last_occurrence() -> None:
     assert loop.propose(5) == [3, 1, 2, 3, 1]  # "1 2" three tokens back: period 3
 
 
-def test_drafts_after_a_verification_in_flight() -> None:
-    """A lone row's next verification is built before the one in flight is read: its drafts
-    assume that one keeps its drafts, and continue after lookup's guess of the token it samples
-    (``after``: assumed tokens, not indexed)."""
-    index = NgramIndex()
-    index.sync([1, 2, 3, 4, 5, 6, 7, 1, 2], [])
-    assert index.propose(3, after=[3, 4]) == [5, 6, 7]  # "3 4" continues the copy
-    assert index.propose(4, after=[9, 9]) == []  # nothing ends in "9 9" or "9"
-    spec = Speculator("ngram")
-    seq = _seq([1, 2, 3, 4, 5, 6, 7, 8, 1, 2])
-    # In flight: drafts 3 4 (lookup agrees), whose next token lookup guesses 5.
-    assert spec.propose([seq], ahead=[3, 4]) == [[6, 7, 8, 1]]
-    # Drafts in flight that lookup disagrees with at 4: it guesses 3 is kept, then 4.
-    assert spec.propose([seq], ahead=[3, 9]) == [[5, 6, 7, 8]]
-
-
 def test_the_longest_ngram_decides() -> None:
     index = NgramIndex()
     # "3" alone last occurred before 9; "2 3" last occurred before 4.
