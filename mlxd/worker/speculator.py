@@ -24,8 +24,9 @@ all this step. Pure Python, no MLX; the runner's ``verify_step`` does the comput
   ``MAX_BACKOFF`` phases (after a try that changes the choice, after 1), which refreshes its
   step time and the rows' acceptance; each try also pays two switches (the plain step after a
   verification gathers decode's view again). Phases are counted in the cost of the mode
-  tried: one whose step costs ``r`` times the chosen one's is tried ``r`` times less often
-  (up to ``MAX_DEARER``), and a verification phase whose first ``EARLY`` timed steps lose by
+  tried: a try that costs ``r`` times a phase of the chosen mode (its first step included,
+  where a draft model catches up with new rows) comes ``r`` times less often (up to
+  ``MAX_DEARER``), and a verification phase whose first ``EARLY`` timed steps lose by
   far (the tokens expected pay for less than ``LOSING`` of their cost) ends there. So a mode
   that costs much more, a draft model whose drafts are rejected, costs a few percent at most
   (run D2 on an H100, where a draft model's step cost about 8x a plain one and its tries ran
@@ -62,7 +63,7 @@ PHASE = 8  # steps one mode runs before the controller decides again
 SHADOW_ROWS = 8  # rows whose unverified drafts a plain step scores (``_shadow``)
 FIRST_BACKOFF = 8  # phases of the better mode before the worse one's first try
 MAX_BACKOFF = 32  # phases of the better mode between two tries of the worse one
-MAX_DEARER = 8  # the most a mode's step cost stretches the wait before it is tried again
+MAX_DEARER = 64  # the most a try's cost stretches the wait before the next one
 EARLY = 2  # timed steps after which a verification phase that loses by far ends
 LOSING = 0.5  # ... by far: the tokens the rows are expected to make pay for less than this
 _EMA = 0.5  # weight of a phase's figure in its estimate
@@ -138,6 +139,7 @@ EXPECTED = 1.0 + sum(((_PRIOR[0] + 1) / (sum(_PRIOR) + 2)) ** i for i in range(1
 @dataclass(slots=True)
 class _Estimate:
     step_s: dict[bool, float] = field(default_factory=dict)  # mode (verify?) -> s per step
+    switch_s: dict[bool, float] = field(default_factory=dict)  # ... its phases' first step
     backoff: int = FIRST_BACKOFF  # phases of the chosen mode before the other is tried again
     since_try: int = 0  # phases of the chosen mode since
     trying: bool = False  # the phase running is a try of the mode not chosen
@@ -175,6 +177,7 @@ class Speculator:
         self._phase_steps = 0
         self._phase_counted = 0  # steps counted (the switch's first is not)
         self._phase_seconds = 0.0
+        self._phase_switch: float | None = None  # the phase's first step, in seconds
         self._phase_expect = 1.0  # tokens a row of the phase is expected to make, verifying
         self._last_step: float | None = None
         self._rows = 1  # rows of the step being decided (a lone row drafts up to MAX_DRAFT)
@@ -315,6 +318,8 @@ class Speculator:
         if self._phase_mode is None or speculated != self._phase_mode:
             return
         self._phase_steps += 1
+        if self._phase_steps == 1 and last is not None:
+            self._phase_switch = now - last  # what a try pays to begin (module doc)
         if self._phase_steps == 1 or not clean or last is None:
             return  # a switch's first step pays for the other mode's end
         self._phase_counted += 1
@@ -340,8 +345,7 @@ class Speculator:
         if est.tried is not None:  # a try that changes the choice: try the other again soon
             est.backoff = 1 if est.tried == better else min(MAX_BACKOFF, 2 * est.backoff)
             est.tried = None
-        dearer = min(MAX_DEARER, max(1.0, times.step_s[not better] / times.step_s[better]))
-        est.trying = est.since_try >= est.backoff * dearer
+        est.trying = est.since_try >= est.backoff * _dearer(times, better)
         est.since_try = 0 if est.trying else est.since_try + 1
         return better != est.trying
 
@@ -363,9 +367,11 @@ class Speculator:
         if mode is not None and n > 0:
             est = self._estimates.setdefault(self._phase_class, _Estimate())
             est.step_s[mode] = _ema(est.step_s.get(mode), self._phase_seconds / n)
+            if self._phase_switch is not None:
+                est.switch_s[mode] = _ema(est.switch_s.get(mode), self._phase_switch)
             if est.trying:
                 est.tried, est.trying = mode, False
-        self._phase_mode = None
+        self._phase_mode, self._phase_switch = None, None
         self._phase_steps, self._phase_counted, self._phase_seconds = 0, 0, 0.0
 
 
@@ -376,6 +382,15 @@ def _kept(draft: list[int], made: list[int]) -> int | None:
         if j == len(draft) or token != draft[j]:
             return j + 1
     return None
+
+
+def _dearer(est: _Estimate, better: bool) -> float:
+    """How many times a phase of the better mode a try of the other costs, its first step
+    included (a draft model's first verification after plain steps feeds it every new row's
+    prompt: run D3, 64 streams of json at 0.32x while tries ran at a plain phase's pace)."""
+    worse = not better
+    try_s = est.switch_s.get(worse, est.step_s[worse]) + (PHASE - 1) * est.step_s[worse]
+    return min(MAX_DEARER, max(1.0, try_s / (PHASE * est.step_s[better])))
 
 
 def _ema(old: float | None, new: float) -> float:
