@@ -9,7 +9,9 @@ kind with their mean wall time and tokens, and the controller's phase estimates.
 
 A mode ending in ``/gather`` runs with ``paged_runner.VIEW_VERIFY`` off: a lone row verifies
 over its gathered blocks instead of decode's view (``forced,forced/gather`` compares the two).
-Each mode's outputs are compared with the first mode's (``same n/N``).
+Each mode's outputs are compared with the first mode's (``same n/N``); ``--margins`` also asks
+for every token's top-2 log probabilities and prints the first mode's margin where an output
+parts (a near-tie's is small).
 ``--stagger``: request ``i`` of ``n`` asks for ``max_tokens * (0.5 + i / n)`` tokens, so rows
 leave the batch one by one, as in served traffic, not all at the last step. ``--profile MODE``:
 that mode's last run under cProfile (top functions by own time).
@@ -96,13 +98,17 @@ class Trace:
             )
 
 
-def _same(outputs: dict[str, dict[str, list[int]]], mode: str) -> str:
+def _same(outputs: dict[str, dict[str, list[int]]], mode: str,
+          margins: dict[str, list[float]]) -> str:  # fmt: skip
     """How many of ``mode``'s outputs are the first mode's, token for token (greedy: all, up to
-    near-ties that a wider forward's arithmetic decides otherwise), and where the others part."""
+    near-ties that a wider forward's arithmetic decides otherwise), and where the others part;
+    with ``--margins``, the first mode's top-2 log-probability margin there (a near-tie: small)."""
     first, mine = next(iter(outputs.values())), outputs[mode]
-    parts = [_part(v, mine.get(k, [])) for k, v in first.items() if mine.get(k) != v]
-    same = len(first) - len(parts)
-    return f"same {same}/{len(first)}" + (f" (part at {parts})" if parts else "")
+    parted = [(k, _part(v, mine.get(k, []))) for k, v in first.items() if mine.get(k) != v]
+    where = [f"{i} ({margins[k][i]:.4f})" if i < len(margins.get(k, [])) else str(i)
+             for k, i in parted]  # fmt: skip
+    same = len(first) - len(parted)
+    return f"same {same}/{len(first)}" + (f" (part at {', '.join(where)})" if parted else "")
 
 
 def _part(a: list[int], b: list[int]) -> int:
@@ -129,6 +135,9 @@ def main() -> None:
     ap.add_argument("--profile", default="")
     ap.add_argument("--max-draft", type=int, default=spec_mod.MAX_DRAFT)
     ap.add_argument("--worth", type=float, default=spec_mod.WORTH)
+    ap.add_argument("--margins", action="store_true",
+                    help="ask for top-2 log probabilities: where outputs part, print the first "
+                    "mode's margin there (slower steps: not for timing)")  # fmt: skip
     ap.add_argument(
         "--windows",
         action="store_true",
@@ -153,6 +162,7 @@ def main() -> None:
         engine_level(e, ps[:2], 16)  # warm-up
         engines[mode] = e
     outputs: dict[str, dict[str, list[int]]] = {}
+    margins: dict[str, list[float]] = {}  # the first mode's, per request and token
     for rep in range(args.repeats):
         for mode, e in engines.items():
             _paths(mode)
@@ -160,15 +170,17 @@ def main() -> None:
             prof = cProfile.Profile() if mode == args.profile and rep == args.repeats - 1 else None
             if prof:
                 prof.enable()
-            r = engine_level(e, ps, budget)
+            r = engine_level(e, ps, budget, margins=args.margins)
             if prof:
                 prof.disable()
             outputs[mode] = e.channel.tokens
+            if mode == next(iter(engines)):
+                margins = e.channel.margins
             print(
                 f"rep {rep} {mode:7s} {r['output_tok_s']:8.0f} tok/s  step p50 "
                 f"{r['step_p50_ms']} ms  accept {r['spec_acceptance']}  tok/fwd "
                 f"{r['tokens_per_forward']}  ttft p50 {r['ttft_p50_ms']:.0f} ms  "
-                f"{_same(outputs, mode)}"
+                f"{_same(outputs, mode, margins)}"
             )
             trace.report(mode)
             if prof:

@@ -15,6 +15,7 @@ from mlxd.protocol.messages import (
     Message,
     SamplingParams,
     TokenDelta,
+    TokenLogprob,
     TokenPrompt,
 )
 
@@ -25,6 +26,8 @@ class _Recorder:
     def __init__(self, t0: float, timings: dict[str, RequestTiming]) -> None:
         self.t0, self.timings = t0, timings
         self.tokens: dict[str, list[int]] = {}  # each request's output (to compare paths)
+        # ... and, when asked for, each token's top-2 log-probability margin (a near-tie's size)
+        self.margins: dict[str, list[float]] = {}
 
     def send(self, client: bytes, msg: Message) -> None:
         events = msg.events if isinstance(msg, Events) else [msg]
@@ -36,11 +39,19 @@ class _Recorder:
                 t.token_times.append(now)
                 t.output_tokens += len(e.token_ids)
                 self.tokens.setdefault(e.request_id, []).extend(e.token_ids)
+                margins = [_margin(x) for x in e.logprobs or []]
+                self.margins.setdefault(e.request_id, []).extend(margins)
             else:
                 t.end = now
 
     def recv_ready(self, timeout_ms: int) -> list[Any]:
         return []
+
+
+def _margin(entry: TokenLogprob) -> float:
+    """How far the most likely token's log probability is above the runner-up's."""
+    top = sorted((t.logprob for t in entry.top_logprobs), reverse=True)
+    return top[0] - top[1] if len(top) > 1 else float("inf")
 
 
 def load_served(path: str) -> tuple[Any, Any]:
@@ -127,11 +138,12 @@ def new_engine(
                   max_context=max_context)  # fmt: skip
 
 
-def engine_level(engine: Any, prompts: list[list[int]],
-                 max_tokens: int | list[int]) -> dict[str, float | int]:  # fmt: skip
+def engine_level(engine: Any, prompts: list[list[int]], max_tokens: int | list[int],
+                 margins: bool = False) -> dict[str, float | int]:  # fmt: skip
     """All ``prompts`` submitted at once to ``engine``; returns the summary, with the engine's
     own decode step time (as a served worker reports it in ``mlxd worker stats``).
-    ``max_tokens``: every request's, or each one's (requests that end apart)."""
+    ``max_tokens``: every request's, or each one's (requests that end apart). ``margins``: ask
+    for the top 2 log probabilities of every token (the channel keeps their margins)."""
     from mlxd.worker.stats import Stats
 
     timings: dict[str, RequestTiming] = {}
@@ -143,7 +155,8 @@ def engine_level(engine: Any, prompts: list[list[int]],
     budgets = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
     for i, (p, n) in enumerate(zip(prompts, budgets, strict=True)):
         timings[str(i)] = RequestTiming(start=time.perf_counter() - t0)
-        sampling = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+        sampling = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True,
+                                  logprobs=margins, top_logprobs=2 if margins else 0)  # fmt: skip
         engine.dispatch(b"b", Generate(request_id=str(i), prompt=TokenPrompt(token_ids=p),
                                        sampling=sampling))  # fmt: skip
     while engine.scheduler.has_work():
