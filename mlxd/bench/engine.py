@@ -39,8 +39,9 @@ class _Recorder:
                 t.token_times.append(now)
                 t.output_tokens += len(e.token_ids)
                 self.tokens.setdefault(e.request_id, []).extend(e.token_ids)
-                margins = [_margin(x) for x in e.logprobs or []]
-                self.margins.setdefault(e.request_id, []).extend(margins)
+                if e.logprobs:  # asked for (``engine_level``'s ``margins``)
+                    margins = self.margins.setdefault(e.request_id, [])
+                    margins.extend(_margin(x) for x in e.logprobs)
             else:
                 t.end = now
 

@@ -120,14 +120,9 @@ class DraftModel:
         """``k`` greedy tokens per row, in one batch over the rows' merged caches; each row's
         caches then hold its tokens and the first ``k - 1`` drafts."""
         rows = [self._rows[seq] for seq in seqs]
-        batch = (
-            rows[0].caches
-            if len(rows) == 1
-            else [
-                BatchKVCache.merge([row.caches[i] for row in rows])
-                for i in range(len(rows[0].caches))
-            ]
-        )
+        merged = len(rows) > 1  # a lone row drafts on its own caches
+        batch = [BatchKVCache.merge([row.caches[i] for row in rows])
+                 for i in range(len(rows[0].caches))] if merged else rows[0].caches  # fmt: skip
         inputs = mx.array([_tokens(seq, _length(seq) - width) for seq in seqs])
         if attention_shapes.PLANNED:  # one query at a time: no attention plan per key length
             for j in range(width - 1):
@@ -142,7 +137,7 @@ class DraftModel:
         mx.eval(drafts, [c.state for c in batch])
         values: list[list[int]] = drafts.tolist()  # type: ignore[assignment]
         for b, (seq, row) in enumerate(zip(seqs, rows, strict=True)):
-            if len(rows) > 1:
+            if merged:
                 row.caches = [c.extract(b) for c in batch]
             row.tokens += _tokens(seq, len(row.tokens)) + values[b][:-1]
         return values
