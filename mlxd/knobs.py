@@ -2,7 +2,7 @@
 
 The config values check themselves against this table (config.py), the options of `mlxd start`
 and `mlxd worker serve` are built from it (cli/knob_options.py), and `mlxd worker set` takes
-its live ones (gateway/admin.py, worker/control.py). So a knob cannot drift between them:
+its live ones (gateway/ops/admin.py, worker/control.py). So a knob cannot drift between them:
 before, ``max_num_seqs`` was listed by hand in six places (issue #25 point 5).
 """
 

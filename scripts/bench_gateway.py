@@ -168,7 +168,7 @@ def serve_gateway(endpoint: str, port: int, cpu: Any) -> None:
 
     from mlxd.config import ModelSpec, ServeConfig
     from mlxd.gateway.app import build_app
-    from mlxd.gateway.local.pool import StaticPool
+    from mlxd.gateway.backends.local.pool import StaticPool
 
     def answer() -> None:
         with contextlib.suppress(EOFError):  # the bench ended

@@ -1,6 +1,6 @@
 """`mlxd logs`: the daemon's request log, filtered, as a table or exported as JSON lines or CSV.
 
-It reads the rotating file the daemon writes (``gateway/request_log.py``), so it works whether
+It reads the rotating file the daemon writes (``gateway/http/request_log.py``), so it works whether
 or not the daemon still runs. Filters combine (all must match).
 """
 
@@ -18,7 +18,7 @@ import click
 
 from mlxd.config import data_dir, parse_duration
 from mlxd.errors import ConfigError
-from mlxd.gateway.request_log import FILE_NAME, RequestLogFile
+from mlxd.gateway.http.request_log import FILE_NAME, RequestLogFile
 
 COLUMNS = ("time", "request_id", "method", "endpoint", "status", "model", "key", "stream",
            "prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason", "ttft_ms",

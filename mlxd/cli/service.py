@@ -67,7 +67,7 @@ def status_command(url: str | None, admin_key: str | None, as_json: bool) -> Non
     out = {"running": True, "url": url, "pid": body["pid"], "version": body["version"],
            "uptime_s": body["uptime_s"], "detached": record is not None,
            "log_file": None if record is None else record.log_file,
-           "memory": body.get("memory"), "models": body["models"],
+           "memory": body.get("memory"), "models": body["models"], "health": body.get("health"),
            "login_service": login}  # fmt: skip
     print_json(out) if as_json else _show_status(out)
 
@@ -195,6 +195,8 @@ def _show_status(s: dict[str, Any]) -> None:
     if s["log_file"]:
         click.echo(f"log: {s['log_file']}")
     click.echo(_login_line(s["login_service"]))
+    if s["health"]:
+        click.echo(_health_line(s["health"]))
     memory = s["memory"] or {}
     reserved = format_bytes(memory.get("reserved_bytes") or 0)
     budget = memory.get("max_memory_bytes")
@@ -217,6 +219,15 @@ def _show_status(s: dict[str, Any]) -> None:
         if m["state"] == "failed":
             click.echo(f"{m['name']} failed: {m['last_error']} (`mlxd load {m['name']}` tries "
                        "again)")  # fmt: skip
+
+
+def _health_line(health: dict[str, Any]) -> str:
+    """Liveness (``/health``) and which models or backends are not ready (``/health/ready``)."""
+    ready = [m["model"] for m in health["models"] if m["ready"]]
+    ready += [b["backend"] for b in health["backends"] if b["ready"]]
+    failed = [f.get("model") or f.get("backend") for f in health["failed"]]
+    line = f"health: {health['status']} (ready: {', '.join(ready) or 'none'}"
+    return line + (f"; not ready: {', '.join(failed)})" if failed else ")")
 
 
 def _login_service() -> dict[str, Any]:

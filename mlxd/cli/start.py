@@ -26,7 +26,7 @@ from mlxd.daemon.daemon_files import DaemonFiles, busy_message
 from mlxd.daemon.detach import detach
 from mlxd.daemon.server import check_port_free
 from mlxd.errors import ConfigError, MlxdError
-from mlxd.gateway.request_log import FILE_NAME
+from mlxd.gateway.http.request_log import FILE_NAME
 from mlxd.protocol import curve
 
 

@@ -7,6 +7,7 @@ pidfile itself. Meanwhile the parent passes the new log lines on as progress and
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -53,17 +54,25 @@ def detach(files: DaemonFiles, url: str, args: list[str], progress: Callable[[st
 
 
 def _healthy(url: str, progress: Callable[[str], None]) -> bool:
-    """The daemon answers: ok, or degraded (a model failed; it says which, and the daemon runs)."""
+    """The daemon answers: ok, degraded (200: a model failed, it says which) or down (503: every
+    model failed); either way the daemon runs and says why."""
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:  # noqa: S310 - ours
-            return bool(resp.status == 200)
+            body = resp.read()
+            ok = resp.status == 200
     except urllib.error.HTTPError as exc:
         if exc.code != 503:
             return False
-        progress(f"degraded: {exc.read().decode(errors='replace')}")
-        return True
+        body, ok = exc.read(), True
     except (urllib.error.URLError, OSError):
         return False
+    try:
+        report = json.loads(body)
+    except ValueError:
+        return ok
+    if isinstance(report, dict) and report.get("status") in ("degraded", "down"):
+        progress(f"{report['status']}: {json.dumps(report.get('failed'))}")
+    return ok
 
 
 def _pass_new_lines(files: DaemonFiles, offset: int, progress: Callable[[str], None]) -> int:

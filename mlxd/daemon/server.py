@@ -31,9 +31,9 @@ def serve(config: ServeConfig, log_level: str, progress: Callable[[str], None]) 
 
     from mlxd.daemon.admin_socket import AdminSocket
     from mlxd.daemon.supervisor import Supervisor
-    from mlxd.gateway.admin import AdminSocketApp
+    from mlxd.gateway.ops.admin import AdminSocketApp
     from mlxd.gateway.app import build_app
-    from mlxd.gateway.request_log import RequestLogFile
+    from mlxd.gateway.http.request_log import RequestLogFile
 
     _warn_without_keys(config)
     if config.request_log is not None:

@@ -56,10 +56,10 @@ from mlxd.errors import (
     ModelNotFound,
     WorkerUnavailable,
 )
-from mlxd.gateway.local.control import ControlClient, ReplicaInfo, WorkerInfo
-from mlxd.gateway.local.pool import ModelClient
-from mlxd.gateway.local.replicas import Replica, ReplicaSet
-from mlxd.gateway.local.workers import WorkerClient
+from mlxd.gateway.backends.local.control import ControlClient, ReplicaInfo, WorkerInfo
+from mlxd.gateway.backends.local.pool import ModelClient
+from mlxd.gateway.backends.local.replicas import Replica, ReplicaSet
+from mlxd.gateway.backends.local.workers import WorkerClient
 from mlxd.protocol.channel import control_endpoint
 from mlxd.protocol.messages import Shutdown
 

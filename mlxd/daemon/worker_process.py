@@ -19,8 +19,8 @@ from pathlib import Path
 from mlxd.config import ModelSpec
 from mlxd.daemon.footprint import Footprint
 from mlxd.errors import WorkerUnavailable
-from mlxd.gateway.local.control import ControlClient, WorkerInfo
-from mlxd.gateway.local.workers import WorkerClient
+from mlxd.gateway.backends.local.control import ControlClient, WorkerInfo
+from mlxd.gateway.backends.local.workers import WorkerClient
 
 log = logging.getLogger("mlxd.supervisor")
 

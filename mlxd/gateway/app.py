@@ -21,22 +21,22 @@ from starlette.routing import Route
 
 from mlxd.config import ServeConfig
 from mlxd.errors import InternalError, MlxdError, Overloaded
-from mlxd.gateway import api_schema
-from mlxd.gateway.accesslog import REQUEST_ID_HEADER, AccessLog, RequestRecord
-from mlxd.gateway.admin import admin_routes
-from mlxd.gateway.anthropic.endpoints import AnthropicEndpoints
-from mlxd.gateway.auth import ApiKeyAuth
-from mlxd.gateway.backends.dispatch import Dispatcher
-from mlxd.gateway.health import Health
-from mlxd.gateway.local.pool import WorkerPool
-from mlxd.gateway.local.worker_metrics import WorkerMetrics
-from mlxd.gateway.metrics import Metrics
-from mlxd.gateway.openai.embeddings import EmbeddingsEndpoint
-from mlxd.gateway.openai.endpoints import OpenAIEndpoints
-from mlxd.gateway.overview import Overview
-from mlxd.gateway.ratelimit import RateLimiter
-from mlxd.gateway.recent import RecentRequests
-from mlxd.gateway.status_page import status_page_routes
+from mlxd.gateway.backends.local.backend import LocalBackend, LocalLimits
+from mlxd.gateway.backends.local.pool import WorkerPool
+from mlxd.gateway.backends.local.worker_metrics import WorkerMetrics
+from mlxd.gateway.backends.remote.remotes import Remotes
+from mlxd.gateway.http.accesslog import REQUEST_ID_HEADER, AccessLog, RequestRecord
+from mlxd.gateway.http.auth import ApiKeyAuth
+from mlxd.gateway.http.ratelimit import RateLimiter
+from mlxd.gateway.ops import openapi
+from mlxd.gateway.ops.admin import admin_routes
+from mlxd.gateway.ops.health import Health
+from mlxd.gateway.ops.metrics import Metrics
+from mlxd.gateway.ops.overview import Overview
+from mlxd.gateway.ops.recent import RecentRequests
+from mlxd.gateway.ops.status_page import status_page_routes
+from mlxd.gateway.pipeline import Pipeline, RequestLimits
+from mlxd.gateway.routing.router import Router
 
 log = logging.getLogger(__name__)
 
@@ -60,27 +60,33 @@ def build_app(
     metrics = Metrics(pool) if metrics is None else metrics
     workers = WorkerMetrics(pool)  # queue depth, running sequences, KV blocks, prefix cache
     metrics.add_source(workers.collect)
-    api = OpenAIEndpoints(config, pool, metrics)
-    anthropic = AnthropicEndpoints(api)
-    embeddings = EmbeddingsEndpoint(config, pool)
     environ = os.environ if environ is None else environ
-    routed = Dispatcher(config, api, anthropic, embeddings, metrics, environ)
+    limits = LocalLimits(config.chat_timeout_s, config.embeddings_timeout_s, config.log_prompts)
+    remotes = Remotes(config.backends, metrics, environ)
+    api = Pipeline(
+        RequestLimits.of(config), Router(config), LocalBackend(pool, metrics, limits), remotes,
+        metrics,
+    )
     recent = RecentRequests()  # the status page's last requests (no prompts)
-    overview = Overview(pool, workers, recent, config.api_keys, config.admin_key,
-                        list(routed.backends.values()))  # fmt: skip
+    backends = list(remotes.backends.values())
+    remote_models = {n: r.backend for r in config.remote_models for n in (r.name, *r.aliases)}
+    health = Health(pool, backends, remote_models)
+    keys, admin = config.api_keys, config.admin_key
+    overview = Overview(pool, workers, recent, keys, admin, backends, health)
     routes = [
         *status_page_routes(),
         Route("/admin/overview", overview.endpoint, methods=["GET"]),
-        Route("/health", Health(pool, overview.backends).endpoint, methods=["GET"]),
-        Route("/openapi.json", api_schema.endpoint(pool), methods=["GET"]),
+        Route("/health", health.live, methods=["GET"]),
+        Route("/health/ready", health.ready, methods=["GET"]),
+        Route("/openapi.json", openapi.endpoint(pool), methods=["GET"]),
         Route("/metrics", metrics.endpoint, methods=["GET"]),
-        Route("/v1/models", routed.list_models, methods=["GET"]),
-        Route("/v1/models/{model:path}", routed.retrieve_model, methods=["GET"]),
-        Route("/v1/chat/completions", routed.chat_completions, methods=["POST"]),
-        Route("/v1/completions", routed.completions, methods=["POST"]),
-        Route("/v1/messages", routed.messages, methods=["POST"]),
-        Route("/v1/messages/count_tokens", anthropic.count_tokens, methods=["POST"]),
-        Route("/v1/embeddings", routed.embeddings, methods=["POST"]),
+        Route("/v1/models", api.list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", api.retrieve_model, methods=["GET"]),
+        Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
+        Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/v1/messages", api.messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", api.count_tokens, methods=["POST"]),
+        Route("/v1/embeddings", api.embeddings, methods=["POST"]),
         *admin_routes(pool, config.admin_key),
     ]
 
@@ -93,7 +99,7 @@ def build_app(
         finally:
             await workers.stop()
             await pool.stop()
-            await routed.close()
+            await api.close()
 
     admin_key = getattr(config, "admin_key", None)  # ServeConfig grows it with the admin API
     middleware = [  # outermost first: every response, even a 401, gets a record and a request id

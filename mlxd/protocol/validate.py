@@ -33,7 +33,7 @@ class Bounds(NamedTuple):
         return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
 
 
-# One range per float parameter: the gateway parses with these (gateway/openai/schemas.py), the
+# One range per float parameter: the gateway parses with these (gateway/surfaces/openai/schemas.py), the
 # worker checks them again, so both give the same rule (OpenAI's where it has one).
 SAMPLING_BOUNDS = {
     "temperature": Bounds(0.0, 2.0),

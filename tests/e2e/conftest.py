@@ -121,14 +121,17 @@ def start_daemon(
     name: str = "tiny",
     env: dict[str, str] | None = None,
     stderr: Any = None,
+    wait: bool = True,
 ) -> Daemon:
+    """``mlxd start`` with ``model_path`` as ``name``; returned once healthy unless not ``wait``."""
     port = free_port()
     cmd = [sys.executable, "-m", "mlxd", "start", "--model", f"{name}={model_path}",
            "--port", str(port), "--log-level", "warning", *extra]  # fmt: skip
     proc = subprocess.Popen(
         cmd, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, stderr=stderr
     )
-    return wait_healthy(Daemon(proc, f"http://127.0.0.1:{port}", name, model_path, env))
+    daemon = Daemon(proc, f"http://127.0.0.1:{port}", name, model_path, env)
+    return wait_healthy(daemon) if wait else daemon
 
 
 def wait_healthy(daemon: Daemon, timeout: float = 120) -> Daemon:

@@ -1,6 +1,8 @@
 """No false health: a model that keeps crashing, refuses to load or fails every step is marked
-failed with its reason; ``/health`` says degraded (503), ``/v1/models`` and `mlxd ps` show it, and
-its requests get a 503 naming the reason at once; `mlxd load` tries it again.
+failed with its reason; ``/health`` says degraded (200: the daemon still serves its other
+models), that model's ``/health/ready`` answers 503, ``/v1/models`` and `mlxd ps` show it, and its
+requests get a 503 naming the reason at once; `mlxd load` tries it again. A daemon whose every
+model failed is down: ``/health`` answers 503.
 
 One daemon serves four models built from the tiny one: ``ok`` (never broken), ``crashy``
 (crashed on demand, ``--max-crashes 2``), ``failing`` (every forward raises, a test fault) and
@@ -16,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -116,9 +118,15 @@ def ps(d: Daemon) -> dict[str, str]:
 def assert_reported_failed(d: Daemon, name: str, reason: str) -> None:
     """``/health``, ``/v1/models``, `mlxd ps` and both APIs' requests all say ``name`` failed."""
     health = httpx.get(f"{d.base_url}/health", timeout=10)
-    assert health.status_code == 503 and health.json()["status"] == "degraded", health.text
+    assert health.status_code == 200 and health.json()["status"] == "degraded", health.text
     failed = {f["model"]: f["reason"] for f in health.json()["failed"]}
     assert reason in failed[name] and "ok" not in failed, failed
+    ready = httpx.get(f"{d.base_url}/health/ready", params={"model": name}, timeout=10)
+    assert ready.status_code == 503 and reason in ready.json()["reason"], ready.text
+    assert ready.json()["ready"] is False and ready.json()["state"] == "failed", ready.text
+    ok = httpx.get(f"{d.base_url}/health/ready", params={"model": "ok"}, timeout=10)
+    assert ok.status_code == 200 and ok.json()["ready"] is True, ok.text
+    assert httpx.get(f"{d.base_url}/health/ready", timeout=10).status_code == 503
     models = {m["id"]: m for m in httpx.get(f"{d.base_url}/v1/models", timeout=10).json()["data"]}
     assert models[name]["state"] == "failed" and reason in models[name]["reason"], models[name]
     assert models["ok"]["state"] == "ready" and models["ok"]["reason"] is None
@@ -126,6 +134,7 @@ def assert_reported_failed(d: Daemon, name: str, reason: str) -> None:
     assert line.split()[1] == "failed" and reason in line, line
     status = mlxd(d, "status").stdout
     assert f"{name} failed: " in status and reason in status, status
+    assert "health: degraded" in status and f"not ready: {name}" in status, status
     started = time.monotonic()
     openai, anthropic = complete(d, name), complete(d, name, "/v1/messages")
     assert time.monotonic() - started < 2 * AT_ONCE_S
@@ -150,7 +159,9 @@ def test_a_crash_looping_model_is_failed_until_mlxd_load(daemon: Daemon) -> None
     load = mlxd(daemon, "load", "crashy")  # the operator tries it again
     assert load.returncode == 0 and load.stdout.startswith("crashy: ready"), load.stderr
     assert complete(daemon, "crashy").status_code == 200
-    assert "crashy" not in httpx.get(f"{daemon.base_url}/health").text
+    assert "crashy" not in str(httpx.get(f"{daemon.base_url}/health").json()["failed"])
+    ready = httpx.get(f"{daemon.base_url}/health/ready", params={"model": "crashy"})
+    assert ready.status_code == 200, ready.text
 
 
 def test_a_model_refused_at_load_is_failed_with_its_reason(daemon: Daemon) -> None:
@@ -197,3 +208,33 @@ def test_detach_returns_for_a_daemon_whose_preloaded_model_failed(
         if stop.returncode != 0 and (tmp_path / "mlxd.pid").exists():  # leave no daemon behind
             os.kill(int((tmp_path / "mlxd.pid").read_text().split()[0]), signal.SIGTERM)
     assert stop.returncode == 0, stop.stderr
+
+
+def test_a_daemon_whose_every_model_failed_is_down(broken_model: Path) -> None:
+    d = start_daemon(broken_model, "--max-context", "512", name="broken", wait=False)
+    try:
+        health = _health_once(d, lambda r: r.json()["status"] != "ok")
+        assert health.status_code == 503 and health.json()["status"] == "down", health.text
+        (failed,) = health.json()["failed"]
+        assert failed["model"] == "broken" and "no_such_arch" in failed["reason"], failed
+        ready = httpx.get(f"{d.base_url}/health/ready", params={"model": "broken"}, timeout=10)
+        assert ready.status_code == 503, ready.text
+        unknown = httpx.get(f"{d.base_url}/health/ready", params={"model": "nope"}, timeout=10)
+        assert unknown.status_code == 404 and unknown.json()["error"]["code"], unknown.text
+    finally:
+        stop_daemon(d)
+
+
+def _health_once(d: Daemon, done: Callable[[httpx.Response], bool]) -> httpx.Response:
+    """``/health`` once ``done`` holds for it (the daemon may still be starting)."""
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        assert d.proc.poll() is None, "the daemon exited"
+        try:
+            r = httpx.get(f"{d.base_url}/health", timeout=2)
+            if done(r):
+                return r
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("/health never answered as expected")

@@ -20,8 +20,8 @@ import pytest
 import zmq
 
 from mlxd.errors import ConfigError, WorkerUnavailable
-from mlxd.gateway.local.control import ControlClient
-from mlxd.gateway.local.workers import WorkerClient
+from mlxd.gateway.backends.local.control import ControlClient
+from mlxd.gateway.backends.local.workers import WorkerClient
 from mlxd.protocol import codec, curve
 from mlxd.protocol.messages import Finished, Generate, GetStatus, Ping, SamplingParams, TextPrompt
 from tests.e2e.conftest import Daemon, free_port

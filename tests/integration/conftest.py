@@ -19,7 +19,7 @@ from scripted_worker import MODEL, ScriptedWorker
 
 from mlxd.config import ModelSpec, ServeConfig
 from mlxd.gateway.app import build_app
-from mlxd.gateway.local.pool import StaticPool
+from mlxd.gateway.backends.local.pool import StaticPool
 
 MAX_BODY_BYTES = 64 * 1024
 

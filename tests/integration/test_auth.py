@@ -92,7 +92,8 @@ def test_every_v1_path_needs_a_key(http: httpx.Client, path: str) -> None:
 
 
 def test_health_and_metrics_stay_open(http: httpx.Client) -> None:
-    assert http.get("/health").json() == {"status": "ok"}
+    assert http.get("/health").json()["status"] == "ok"
+    assert http.get("/health/ready", params={"model": MODEL}).status_code == 200
     assert http.get("/metrics").status_code == 200
 
 

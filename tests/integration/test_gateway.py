@@ -92,7 +92,16 @@ def test_models_list_and_retrieve(client: openai.OpenAI) -> None:
 def test_health(http: httpx.Client) -> None:
     response = http.get("/health")
     assert response.status_code == 200
-    assert response.json() == {"status": "ok"}
+    model = {"model": MODEL, "ready": True, "state": "ready", "reason": None}
+    assert response.json() == {"status": "ok", "models": [model], "backends": [], "failed": []}
+
+
+def test_readiness_of_one_model(http: httpx.Client) -> None:
+    ready = http.get("/health/ready", params={"model": MODEL})
+    assert ready.status_code == 200 and ready.json()["ready"] is True, ready.text
+    assert http.get("/health/ready").status_code == 200
+    unknown = http.get("/health/ready", params={"model": "nope"})
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
 
 
 def test_request_id_round_trips(http: httpx.Client, worker: ScriptedWorker) -> None:

@@ -14,10 +14,10 @@ from starlette.testclient import TestClient
 
 from mlxd.config import ModelSpec, ServeConfig
 from mlxd.errors import InvalidRequest, WorkerUnavailable
-from mlxd.gateway.admin import AdminSocketApp
+from mlxd.gateway.ops.admin import AdminSocketApp
 from mlxd.gateway.app import build_app
-from mlxd.gateway.local.control import ControlClient
-from mlxd.gateway.local.pool import StaticPool
+from mlxd.gateway.backends.local.control import ControlClient
+from mlxd.gateway.backends.local.pool import StaticPool
 from mlxd.protocol import codec
 from mlxd.protocol.messages import Ack, Error, Pause, SetConfig
 

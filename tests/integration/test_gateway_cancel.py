@@ -58,7 +58,7 @@ GARBAGE = [
 def test_garbage_from_worker_is_dropped(
     client: openai.OpenAI, worker: ScriptedWorker, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="mlxd.gateway.local.workers")
+    caplog.set_level(logging.WARNING, logger="mlxd.gateway.backends.local.workers")
     messages = [{"role": "user", "content": "hi"}]
     client.chat.completions.create(model=MODEL, messages=messages)  # type: ignore[arg-type]
     for frames in GARBAGE:  # the worker now knows our DEALER's identity

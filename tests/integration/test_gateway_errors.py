@@ -8,7 +8,7 @@ import httpx
 import pytest
 from scripted_worker import MODEL
 
-from mlxd.gateway.openai import schemas
+from mlxd.gateway.surfaces.openai import schemas
 
 if TYPE_CHECKING:
     from conftest import Gateway

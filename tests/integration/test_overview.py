@@ -13,7 +13,7 @@ from starlette.testclient import TestClient
 
 from mlxd.config import ApiKey, ModelSpec, ServeConfig
 from mlxd.gateway.app import build_app
-from mlxd.gateway.local.pool import StaticPool
+from mlxd.gateway.backends.local.pool import StaticPool
 
 if TYPE_CHECKING:
     from conftest import Gateway

@@ -12,11 +12,11 @@ import pytest
 from scripted_worker import DEFAULT_REPLY, MODEL, ScriptedWorker
 
 from mlxd.errors import ModelNotFound, Overloaded, WorkerUnavailable
-from mlxd.gateway.local.pool import StaticPool
-from mlxd.gateway.local.workers import RequestStream, WorkerClient
-from mlxd.gateway.openai.choices import Choices
-from mlxd.gateway.openai.chunks import ChatChunks
-from mlxd.gateway.openai.streaming import DONE, KEEPALIVE, sse_events
+from mlxd.gateway.backends.local.pool import StaticPool
+from mlxd.gateway.backends.local.workers import RequestStream, WorkerClient
+from mlxd.gateway.backends.local.choices import Choices
+from mlxd.gateway.surfaces.openai.chunks import ChatChunks
+from mlxd.gateway.surfaces.sse import DONE, KEEPALIVE, chunk_frames
 from mlxd.protocol.messages import ChatPrompt, Generate, SamplingParams, TokenDelta
 
 
@@ -121,7 +121,7 @@ def test_sse_keepalive_then_timeout(worker: ScriptedWorker) -> None:
         first = TokenDelta(request_id="keepalive", text="x", token_ids=[1])
         fmt = ChatChunks("chatcmpl-1", MODEL, 0)
         deadline = time.monotonic() + 0.25
-        frames = [f async for f in sse_events(stream, first, fmt, deadline, keepalive_s=0.05)]
+        frames = [f async for f in chunk_frames(stream, first, fmt, deadline, keepalive_s=0.05)]
         assert frames.count(KEEPALIVE) >= 3
         assert b'"code":"timeout"' in frames[-2]
         assert frames[-1] == DONE
@@ -136,7 +136,7 @@ def test_sse_sends_the_events_already_waiting_in_one_write(worker: ScriptedWorke
         first = await anext(stream)
         await asyncio.sleep(0.3)  # the rest of the reply (and Finished) arrives meanwhile
         fmt = ChatChunks("chatcmpl-1", MODEL, 0)
-        frames = [f async for f in sse_events(stream, first, fmt, time.monotonic() + 10)]
+        frames = [f async for f in chunk_frames(stream, first, fmt, time.monotonic() + 10)]
         role, burst, done = frames  # the role chunk, everything else at once, [DONE]
         assert b'"role":"assistant"' in role and done == DONE
         words = DEFAULT_REPLY.split()

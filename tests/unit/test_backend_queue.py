@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from mlxd.gateway.backends.breaker import CLOSED, HALF_OPEN, OPEN, Breaker
-from mlxd.gateway.backends.slots import PrioritySlots
+from mlxd.gateway.backends.remote.breaker import CLOSED, HALF_OPEN, OPEN, Breaker
+from mlxd.gateway.backends.remote.slots import PrioritySlots
 
 
 class Clock:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mlxd.config import BackendSpec, ModelSpec, RemoteModelSpec, ServeConfig
-from mlxd.gateway.backends.router import Router, Target
+from mlxd.gateway.routing.router import Router, Target
 
 UP = BackendSpec(name="up", kind="openai", base_url="http://h:1/v1")
 

@@ -6,7 +6,7 @@ import pytest
 from starlette.datastructures import Headers
 
 from mlxd.config import ApiKey
-from mlxd.gateway.auth import KeyRing, is_loopback, presented_key
+from mlxd.gateway.http.auth import KeyRing, is_loopback, presented_key
 
 ALICE = ApiKey(name="alice", key="sk-alice", tier="high")
 BOB = ApiKey(name="bob", key="sk-bob")

@@ -16,7 +16,7 @@ from mlxd.config import CacheConfig, ModelSpec, SchedulerConfig, ServeConfig, Wo
 from mlxd.daemon.supervisor import Supervisor
 from mlxd.daemon.worker_command import worker_command
 from mlxd.errors import ConfigError
-from mlxd.gateway import admin
+from mlxd.gateway.ops import admin
 from mlxd.knobs import KNOBS, LIVE_KNOBS, Knob
 from mlxd.protocol.messages import SetConfig
 
@@ -118,8 +118,8 @@ def test_priority_names_are_defined_once() -> None:
     """The wire, the API schema, API key tiers, the worker's queue levels and the gateway's
     validation all use ``knobs.PRIORITIES``, in its order (highest first)."""
     from mlxd.config import API_KEY_TIERS
-    from mlxd.gateway.api_schema import document
-    from mlxd.gateway.openai.schemas import priority_of
+    from mlxd.gateway.ops.openapi import document
+    from mlxd.gateway.surfaces.openai.schemas import priority_of
     from mlxd.knobs import PRIORITIES
     from mlxd.worker.sequence import PRIORITY_LEVELS
 

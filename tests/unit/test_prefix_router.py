@@ -1,8 +1,8 @@
-"""The replica routing policy (gateway/local/prefix_router.py) on plain values."""
+"""The replica routing policy (gateway/backends/local/prefix_router.py) on plain values."""
 
 from __future__ import annotations
 
-from mlxd.gateway.local.prefix_router import (
+from mlxd.gateway.backends.local.prefix_router import (
     CHUNK_CHARS,
     CHUNK_TOKENS,
     Balance,

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mlxd.gateway.ratelimit import RateLimiter, TokenBucket, retry_after
+from mlxd.gateway.http.ratelimit import RateLimiter, TokenBucket, retry_after
 
 
 class Clock:

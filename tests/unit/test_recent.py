@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 from mlxd.config import ApiKey
-from mlxd.gateway.accesslog import RequestRecord
-from mlxd.gateway.recent import RecentRequests
+from mlxd.gateway.http.accesslog import RequestRecord
+from mlxd.gateway.ops.recent import RecentRequests
 
 
 def _record(request_id: str, method: str = "POST", path: str = "/v1/completions") -> RequestRecord:

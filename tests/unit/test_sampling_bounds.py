@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from mlxd.errors import InvalidRequest
-from mlxd.gateway.openai import schemas
+from mlxd.gateway.surfaces.openai import schemas
 from mlxd.protocol.messages import SamplingParams
 from mlxd.protocol.validate import SAMPLING_BOUNDS, check_sampling
 

@@ -1,4 +1,4 @@
-"""The input boundary (gateway/openai/schemas.py) on its own: every parameter's type and range,
+"""The input boundary (gateway/surfaces/openai/schemas.py) on its own: every parameter's type and range,
 unknown and unsupported fields, and what a valid body becomes. Each bad value is a 400 naming its
 field."""
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from mlxd.errors import InvalidRequest
-from mlxd.gateway.openai import schemas
+from mlxd.gateway.surfaces.openai import schemas
 from mlxd.protocol.messages import ChatPrompt, JsonFormat, TextPrompt, TokenPrompt
 
 HELLO = [{"role": "user", "content": "hi"}]

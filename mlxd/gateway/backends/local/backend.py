@@ -1,0 +1,138 @@
+"""The local backend: serves an ``ApiRequest`` on this daemon's workers.
+
+It takes the request's parsed form (``ApiRequest.parsed``), starts its choices on the model's
+worker and hands back an ``Opened`` answer: the worker's event stream (``Choices``) that the
+request's surface renders. Embeddings and token counts are one round trip each.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from mlxd.gateway.backends.local.choices import Choices, generates
+from mlxd.gateway.backends.local.pool import WorkerPool
+from mlxd.gateway.backends.local.workers import StreamObserver
+from mlxd.gateway.http.accesslog import RequestRecord, loggable_prompt
+from mlxd.gateway.ops.metrics import Metrics
+from mlxd.gateway.request import ApiRequest
+from mlxd.gateway.surfaces.openai.embeddings import EmbedRequest
+from mlxd.gateway.surfaces.openai.schemas import ParsedRequest
+from mlxd.protocol.messages import CountTokens, Embed, Embeddings
+
+MAX_REQUEST_ID_CHARS = 128
+
+
+@dataclass(frozen=True, slots=True)
+class LocalLimits:
+    """What the local backend needs of the daemon's settings.
+
+    Attributes:
+        describe_timeout_s: how long a worker may take to say its tool format.
+        embeddings_timeout_s: how long an embeddings request may take.
+        log_prompts: whether prompts go to the access log.
+    """
+
+    describe_timeout_s: float
+    embeddings_timeout_s: float
+    log_prompts: bool = False
+
+
+@dataclass(slots=True)
+class Opened:
+    """A parsed request whose choices are running on a worker."""
+
+    parsed: ParsedRequest
+    stream: Choices
+    deadline: float  # time.monotonic() by which the request must finish
+
+
+class LocalBackend:
+    """Requests for models of the worker pool.
+
+    Args:
+        pool: model name -> worker client.
+        metrics: where requests are counted and timed.
+        limits: timeouts and logging.
+    """
+
+    def __init__(self, pool: WorkerPool, metrics: Metrics, limits: LocalLimits) -> None:
+        self.pool = pool
+        self.metrics = metrics
+        self.limits = limits
+        self._id_prefix = secrets.token_hex(3)
+        self._id_counter = itertools.count()
+
+    async def open(self, request: ApiRequest) -> Opened:
+        """Start ``request``'s choices on its model's worker.
+
+        Raises:
+            MlxdError: the body is invalid, the model unknown or its worker unavailable.
+        """
+        parsed: ParsedRequest = request.parsed()
+        worker = await self.pool.client(parsed.model)
+        if parsed.parse_tools and not parsed.forced_tool_call:
+            described = await worker.describe(self.limits.describe_timeout_s)
+            parsed = replace(parsed, tool_format=described.tool_parser)
+        deadline = time.monotonic() + request.timeout_s
+        observer = self._track(request.record, parsed)
+        base = parsed.to_generate(self._wire_id(request.record), request.timeout_s)
+        stream = await Choices.open(worker, generates(base, parsed.n), observer)
+        return Opened(parsed, stream, deadline)
+
+    async def embed(self, request: ApiRequest) -> tuple[EmbedRequest, Embeddings]:
+        """Embed ``request``'s inputs: the parsed request and the worker's reply."""
+        parsed: EmbedRequest = request.parsed()
+        worker = await self.pool.client(parsed.model)
+        request.record.model = parsed.model
+        # Unique on the wire even when a client reuses its X-Request-Id.
+        request_id = f"{request.record.request_id[:MAX_REQUEST_ID_CHARS]}.emb{secrets.token_hex(6)}"
+        msg = Embed(request_id=request_id, inputs=parsed.inputs)
+        reply = await worker.embed(msg, self.limits.embeddings_timeout_s)
+        request.record.usage = reply.usage
+        return parsed, reply
+
+    async def count_tokens(self, request: ApiRequest) -> int:
+        """The number of tokens of ``request``'s prompt, without running the model."""
+        parsed: Any = request.parsed()
+        worker = await self.pool.client(parsed.model)
+        request.record.model = parsed.model
+        request_id = f"{request.record.request_id[:64]}.count.{time.monotonic_ns():x}"
+        msg = CountTokens(request_id=request_id, prompt=parsed.prompt)
+        reply = await worker.count_tokens(msg, self.limits.describe_timeout_s)
+        return reply.num_tokens
+
+    def model_row(self, name: str, created: int) -> dict[str, Any]:
+        """``name``'s ``/v1/models`` entry."""
+        # Beyond OpenAI's fields: whether the model is loaded (a request loads it if not), and
+        # why it failed (a failed model answers 503 until `mlxd load` tries it again).
+        info = self.pool.info(name)
+        reason = info.last_error if info.state == "failed" else None
+        return {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "mlxd",
+            "state": info.state,
+            "loaded": info.state == "ready",
+            "reason": reason,
+            "aliases": info.aliases,
+            "replicas": len(info.replica_rows) or 1,
+        }
+
+    # Internal helpers
+
+    def _wire_id(self, record: RequestRecord) -> str:
+        """The unique id on the wire: the client's ``X-Request-Id`` (or the one made for it)
+        and a counter, since clients may reuse theirs."""
+        unique = f"{self._id_prefix}{next(self._id_counter):x}"
+        return f"{record.request_id[:MAX_REQUEST_ID_CHARS]}.{unique}"
+
+    def _track(self, record: RequestRecord, parsed: ParsedRequest) -> StreamObserver:
+        record.model, record.stream = parsed.model, parsed.stream
+        if self.limits.log_prompts:
+            record.prompt = loggable_prompt(parsed.prompt)
+        return self.metrics.track(record)

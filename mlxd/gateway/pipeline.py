@@ -1,0 +1,217 @@
+"""The gateway's one request path: read the body once, route, serve, render.
+
+Every API endpoint comes here. Its surface's body is read and decoded once into an
+``ApiRequest``; the router (``routing.router``) turns its model into a chain of targets (itself,
+then its fallbacks); each target is served by the local backend (the worker pool, answered in
+the surface's shape by ``surfaces.base.answer``) or by a remote one (relayed in the client's
+API), until one answers.
+
+A target fails over to the next when it is unavailable before anything reached the client: a
+local worker that is down or failed (``WorkerUnavailable``), a backend that refused the
+connection, answered 5xx, broke or stayed silent past its timeout (``UpstreamError``,
+``UpstreamTimeout``); and, for a model with ``fallback_on_busy``, a 429 (``Overloaded``: its
+local queue is full, or its upstream is busy). Any other error (a bad request, a 429 without
+that flag) is the client's answer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from mlxd.config import ServeConfig
+from mlxd.errors import MlxdError, Overloaded, UpstreamError, UpstreamTimeout, WorkerUnavailable
+from mlxd.gateway.backends.local.backend import LocalBackend
+from mlxd.gateway.backends.remote.relay import BACKEND_HEADER
+from mlxd.gateway.backends.remote.remotes import Remotes
+from mlxd.gateway.http.accesslog import REQUEST_ID_HEADER, record_of
+from mlxd.gateway.http.body import read_body
+from mlxd.gateway.ops.metrics import Metrics
+from mlxd.gateway.request import ApiRequest, Parser
+from mlxd.gateway.routing.router import LOCAL, Router, Target
+from mlxd.gateway.surfaces.anthropic import surface as anthropic
+from mlxd.gateway.surfaces.anthropic.schemas import parse_count_tokens
+from mlxd.gateway.surfaces.base import Surface, answer
+from mlxd.gateway.surfaces.openai import surface as openai
+from mlxd.gateway.surfaces.openai.embeddings import embeddings_body, parse_embeddings
+from mlxd.gateway.surfaces.openai.schemas import parse_json
+
+log = logging.getLogger(__name__)
+
+FAILOVER_ERRORS = (WorkerUnavailable, UpstreamError, UpstreamTimeout)
+_Local = Callable[[ApiRequest], Awaitable[Response]]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """What the pipeline needs of the daemon's settings: the body limit and the timeouts."""
+
+    max_body_bytes: int
+    chat_timeout_s: float
+    completion_timeout_s: float
+    embeddings_timeout_s: float
+    stream_stall_timeout_s: float
+
+    @classmethod
+    def of(cls, config: ServeConfig) -> RequestLimits:
+        """The limits of ``config``."""
+        return cls(
+            config.max_body_bytes,
+            config.chat_timeout_s,
+            config.completion_timeout_s,
+            config.embeddings_timeout_s,
+            config.stream_stall_timeout_s,
+        )
+
+
+class Pipeline:
+    """The API endpoints, each a surface over the one request path.
+
+    Args:
+        limits: the body limit and the timeouts.
+        router: model name -> chain of targets.
+        local: the worker pool's backend.
+        remotes: the remote backends.
+        metrics: the gateway's metrics (a failed-over attempt is untracked).
+    """
+
+    def __init__(
+        self,
+        limits: RequestLimits,
+        router: Router,
+        local: LocalBackend,
+        remotes: Remotes,
+        metrics: Metrics,
+    ) -> None:
+        self.limits = limits
+        self.router = router
+        self.local = local
+        self.remotes = remotes
+        self.metrics = metrics
+
+    async def chat_completions(self, http: Request) -> Response:
+        """``POST /v1/chat/completions``."""
+        return await self._generate(http, openai.CHAT, self.limits.chat_timeout_s)
+
+    async def completions(self, http: Request) -> Response:
+        """``POST /v1/completions``."""
+        return await self._generate(http, openai.COMPLETIONS, self.limits.completion_timeout_s)
+
+    async def messages(self, http: Request) -> Response:
+        """``POST /v1/messages``."""
+        return await self._generate(http, anthropic.MESSAGES, self.limits.chat_timeout_s)
+
+    async def embeddings(self, http: Request) -> Response:
+        """``POST /v1/embeddings``: local models, or remote ones on ``openai`` backends."""
+        timeout_s = self.limits.embeddings_timeout_s
+        request = await self._read(http, "openai", "embeddings", parse_embeddings, timeout_s)
+        return await self._route(request, self._embed_locally)
+
+    async def count_tokens(self, http: Request) -> Response:
+        """``POST /v1/messages/count_tokens``: the prompt's tokens, without running the model."""
+        try:
+            request = await self._read(
+                http, "anthropic", "messages/count_tokens", _count_parser, 0.0
+            )
+            count = await self.local.count_tokens(request)
+        except (MlxdError, HTTPException) as exc:
+            return anthropic.render_error(http, exc)
+        headers = {REQUEST_ID_HEADER: request.record.request_id}
+        return JSONResponse({"input_tokens": count}, 200, headers)
+
+    async def list_models(self, http: Request) -> Response:
+        """``GET /v1/models``: the local models, then the remote ones."""
+        created = self.remotes.created
+        data = [self.local.model_row(name, created) for name in self.local.pool.names()]
+        data += [self.remotes.model_row(t) for t in self.router.remote]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def retrieve_model(self, http: Request) -> Response:
+        """``GET /v1/models/{model}``."""
+        name = http.path_params["model"]
+        target = self.router.target(name)
+        if target is not None and not target.is_local:
+            return JSONResponse(self.remotes.model_row(target))
+        if name not in self.local.pool.names():
+            self.local.pool.info(name)  # an alias is fine; an unknown name raises ModelNotFound
+        return JSONResponse(self.local.model_row(name, self.remotes.created))
+
+    async def close(self) -> None:
+        """Close the remote backends' connections."""
+        await self.remotes.close()
+
+    # Internal helpers
+
+    async def _generate(self, http: Request, surface: Surface, timeout_s: float) -> Response:
+        try:
+            parse = surface.parse
+            request = await self._read(http, surface.api, surface.endpoint, parse, timeout_s)
+            return await self._route(request, lambda r: self._generate_locally(r, surface))
+        except (MlxdError, HTTPException) as exc:
+            if surface.render_error is None:
+                raise
+            return surface.render_error(http, exc)
+
+    async def _read(
+        self, http: Request, api: str, endpoint: str, parse: Parser, timeout_s: float
+    ) -> ApiRequest:
+        doc = parse_json(await read_body(http, self.limits.max_body_bytes))
+        return ApiRequest(http, record_of(http), api, endpoint, doc, timeout_s, parse)
+
+    async def _route(self, request: ApiRequest, local: _Local) -> Response:
+        name = request.model
+        chain = self.router.chain(name) if self.router.is_active and name is not None else []
+        if not chain:  # not ours to route: the local backend answers (and explains)
+            return await local(request)
+        for target, fallback in zip(chain, [*chain[1:], None], strict=True):
+            try:
+                return await self._serve(request, target, local)
+            except (*FAILOVER_ERRORS, Overloaded) as exc:
+                busy = isinstance(exc, Overloaded)
+                if fallback is None or (busy and not self.router.fails_over_when_busy(target)):
+                    raise
+                self._fail_over(request, target, fallback, exc.message)
+        raise AssertionError("a chain is never empty")
+
+    async def _serve(self, request: ApiRequest, target: Target, local: _Local) -> Response:
+        if not target.is_local:
+            return await self.remotes.serve(request, target)
+        request.record.backend = LOCAL
+        response = await local(request.for_model(target.name))
+        response.headers[BACKEND_HEADER] = LOCAL
+        return response
+
+    async def _generate_locally(self, request: ApiRequest, surface: Surface) -> Response:
+        opened = await self.local.open(request)
+        headers = {REQUEST_ID_HEADER: request.record.request_id}
+        renderer = surface.renderer(opened.parsed)
+        return await answer(
+            request.http, opened, renderer, headers, self.limits.stream_stall_timeout_s
+        )
+
+    async def _embed_locally(self, request: ApiRequest) -> Response:
+        parsed, reply = await self.local.embed(request)
+        headers = {REQUEST_ID_HEADER: request.record.request_id}
+        return JSONResponse(embeddings_body(parsed.model, reply, parsed.encoding), 200, headers)
+
+    def _fail_over(self, request: ApiRequest, failed: Target, fallback: Target, why: str) -> None:
+        record = request.record
+        log.warning(
+            "request %s: model %r failed before its answer started (%s); trying %r",
+            record.request_id,
+            failed.name,
+            why,
+            fallback.name,
+        )
+        self.metrics.untrack(record)
+        self.remotes.metrics.failover(failed.name, fallback.name)
+
+
+def _count_parser(body: Any, *_: str | None) -> Any:
+    return parse_count_tokens(body)

@@ -1,0 +1,236 @@
+"""Anthropic Messages JSON -> the OpenAI-shaped chat request the rest of the gateway serves.
+
+Anthropic's own fields are checked here, with Anthropic's names in errors (``system``,
+``messages[1].content[0].tool_use_id``, ``stop_sequences``...); the translated body then goes
+through ``schemas.parse_chat``, whose checks of the shared fields (``model``, ``temperature``,
+``top_p``, ``top_k``, ``stream``) keep the same names. Fields we do not serve are a 400.
+``cache_control`` (top level or on blocks) is accepted: the worker's prefix cache reuses
+prompt prefixes on its own, so the hint needs no action.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlxd.errors import InvalidRequest
+from mlxd.gateway.surfaces.openai.schemas import MAX_STOP, ParsedRequest, parse_chat
+
+_FIELDS = frozenset(
+    {"model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature",
+     "top_p", "top_k", "metadata", "tools", "tool_choice", "cache_control"}
+)  # fmt: skip
+# Anthropic fields we do not serve: accepted only when absent or null ("disabled" for thinking).
+_UNSUPPORTED = frozenset(
+    {"thinking", "service_tier", "container", "mcp_servers", "context_management", "output_format",
+     "output_config", "inference_geo", "diagnostics", "speed", "user_profile_id", "workspace_id"}
+)  # fmt: skip
+_COUNT_FIELDS = frozenset({"model", "messages", "system", "tools", "tool_choice", "cache_control"})
+
+
+def parse_messages(
+    body: Any, header_priority: str | None = None, tier: str | None = None
+) -> ParsedRequest:
+    """Validate a Messages body; ``header_priority`` and ``tier`` as for ``parse_chat``."""
+    return parse_chat(to_openai_chat(body), header_priority, tier)
+
+
+def to_openai_chat(body: Any) -> dict[str, Any]:
+    """A Messages body, its Anthropic fields checked, as an OpenAI chat request body (absent
+    fields as ``None``; tool-call ``arguments`` as objects). The local path and the
+    ``openai``-backend translation both start here."""
+    body = _check_fields(body, _FIELDS)
+    max_tokens = body.get("max_tokens")
+    if type(max_tokens) is not int or max_tokens < 1:
+        raise InvalidRequest("'max_tokens' is required: an integer >= 1", param="max_tokens")
+    temperature = body.get("temperature")
+    if isinstance(temperature, int | float) and not 0 <= temperature <= 1:
+        raise InvalidRequest("'temperature' must be in [0, 1]", param="temperature")
+    stops = _stop_sequences(body.get("stop_sequences"))
+    _metadata(body.get("metadata"))
+    chat = {
+        "model": body.get("model"), "messages": to_openai_messages(body), "max_tokens": max_tokens,
+        "stream": body.get("stream"), "temperature": temperature, "top_p": body.get("top_p"),
+        "top_k": body.get("top_k"), "stop": stops or None, **_tool_fields(body),
+    }  # fmt: skip
+    return chat
+
+
+def parse_count_tokens(body: Any) -> ParsedRequest:
+    """Validate a ``/v1/messages/count_tokens`` body (no sampling fields)."""
+    body = _check_fields(body, _COUNT_FIELDS)
+    chat = {"model": body.get("model"), "messages": to_openai_messages(body), **_tool_fields(body)}
+    return parse_chat(chat)
+
+
+def to_openai_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """``system`` and ``messages`` as OpenAI-shaped messages for the chat template: tool_use
+    blocks become ``tool_calls``, tool_result blocks become ``tool`` messages."""
+    out = []
+    system = body.get("system")
+    if system is not None:
+        out.append({"role": "system", "content": _text(system, "system")})
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("'messages' must be a non-empty list", param="messages")
+    for i, msg in enumerate(messages):
+        out += _message(msg, f"messages[{i}]")
+    return out
+
+
+# Internal helpers
+
+
+def _check_fields(body: Any, allowed: frozenset[str]) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object")
+    for key, value in body.items():
+        if key in _UNSUPPORTED:
+            disabled = isinstance(value, dict) and value.get("type") == "disabled"
+            if value is not None and not disabled:
+                raise InvalidRequest(f"'{key}' is not supported by this server", param=key)
+        elif key not in allowed:
+            raise InvalidRequest(f"{key}: Extra inputs are not permitted", param=key)
+    return body
+
+
+def _message(msg: Any, path: str) -> list[dict[str, Any]]:
+    if not isinstance(msg, dict) or msg.get("role") not in ("user", "assistant"):
+        raise InvalidRequest(f"'{path}.role' must be 'user' or 'assistant'", param=f"{path}.role")
+    for key in msg:
+        if key not in ("role", "content"):
+            raise InvalidRequest(f"{path}.{key}: Extra inputs are not permitted",
+                                 param=f"{path}.{key}")  # fmt: skip
+    role, content = msg["role"], msg.get("content")
+    if isinstance(content, str):
+        return [{"role": role, "content": content}]
+    if not isinstance(content, list):
+        raise InvalidRequest(f"'{path}.content' must be a string or a list of blocks",
+                             param=f"{path}.content")  # fmt: skip
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
+    for j, block in enumerate(content):
+        where = f"{path}.content[{j}]"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text":
+            texts.append(_str(block, "text", where))
+        elif kind == "tool_use" and role == "assistant":
+            calls.append(_tool_use(block, where))
+        elif kind == "tool_result" and role == "user":
+            results.append(_tool_result(block, where))
+        else:
+            raise InvalidRequest(f"'{where}.type' {kind!r} is not supported in a {role} message",
+                                 param=f"{where}.type")  # fmt: skip
+    return _blocks_to_messages(role, "".join(texts), calls, results)
+
+
+def _blocks_to_messages(
+    role: str, text: str, calls: list[dict[str, Any]], results: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = list(results)  # tool results answer the previous turn: first
+    if calls:
+        out.append({"role": "assistant", "content": text or None, "tool_calls": calls})
+    elif text or not results:
+        out.append({"role": role, "content": text})
+    return out
+
+
+def _tool_use(block: dict[str, Any], where: str) -> dict[str, Any]:
+    args = block.get("input", {})
+    if not isinstance(args, dict):
+        raise InvalidRequest(f"'{where}.input' must be an object", param=f"{where}.input")
+    function = {"name": _str(block, "name", where), "arguments": args}
+    return {"id": _str(block, "id", where), "type": "function", "function": function}
+
+
+def _tool_result(block: dict[str, Any], where: str) -> dict[str, Any]:
+    content = block.get("content", "")
+    text = _text(content, f"{where}.content") if content else ""
+    if block.get("is_error"):
+        text = f"Error: {text}"
+    return {"role": "tool", "tool_call_id": _str(block, "tool_use_id", where), "content": text}
+
+
+def _text(value: Any, path: str) -> str:
+    """A string, or a list of text blocks joined."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise InvalidRequest(f"'{path}' must be a string or a list of text blocks", param=path)
+    texts = []
+    for j, block in enumerate(value):
+        if not isinstance(block, dict) or block.get("type") != "text":
+            raise InvalidRequest(f"'{path}[{j}]': only text blocks are supported",
+                                 param=f"{path}[{j}].type")  # fmt: skip
+        texts.append(_str(block, "text", f"{path}[{j}]"))
+    return "".join(texts)
+
+
+def _str(obj: dict[str, Any], key: str, where: str) -> str:
+    value = obj.get(key)
+    if not isinstance(value, str):
+        raise InvalidRequest(f"'{where}.{key}' must be a string", param=f"{where}.{key}")
+    return value
+
+
+def _stop_sequences(value: Any) -> list[str]:
+    if value is None:
+        return []
+    ok = isinstance(value, list) and all(isinstance(s, str) and s for s in value)
+    if not ok or len(value) > MAX_STOP:
+        raise InvalidRequest(f"'stop_sequences' must be a list of at most {MAX_STOP} non-empty "
+                             "strings", param="stop_sequences")  # fmt: skip
+    return list(value)
+
+
+def _metadata(value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, dict) or set(value) - {"user_id"}:
+        raise InvalidRequest("'metadata' may only hold 'user_id'", param="metadata")
+    if not isinstance(value.get("user_id"), str | None):
+        raise InvalidRequest("'metadata.user_id' must be a string", param="metadata.user_id")
+
+
+def _tool_fields(body: dict[str, Any]) -> dict[str, Any]:
+    tools = body.get("tools")
+    if tools is None:
+        if body.get("tool_choice") is not None:
+            raise InvalidRequest("'tool_choice' needs 'tools'", param="tool_choice")
+        return {}
+    if not isinstance(tools, list):
+        raise InvalidRequest("'tools' must be a list", param="tools")
+    fields: dict[str, Any] = {"tools": [_tool(t, f"tools[{i}]") for i, t in enumerate(tools)]}
+    fields.update(_tool_choice(body.get("tool_choice")))
+    return fields
+
+
+def _tool(tool: Any, where: str) -> dict[str, Any]:
+    if not isinstance(tool, dict) or tool.get("type", "custom") != "custom":
+        raise InvalidRequest(f"'{where}': only custom tools (name, input_schema) are supported",
+                             param=where)  # fmt: skip
+    schema = tool.get("input_schema")
+    if not isinstance(schema, dict):
+        raise InvalidRequest(f"'{where}.input_schema' must be an object",
+                             param=f"{where}.input_schema")  # fmt: skip
+    function = {"name": _str(tool, "name", where), "parameters": schema}
+    if tool.get("description") is not None:
+        function["description"] = _str(tool, "description", where)
+    return {"type": "function", "function": function}
+
+
+def _tool_choice(choice: Any) -> dict[str, Any]:
+    if choice is None:
+        return {}
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind not in ("auto", "any", "tool", "none"):
+        raise InvalidRequest("'tool_choice.type' must be 'auto', 'any', 'tool' or 'none'",
+                             param="tool_choice.type")  # fmt: skip
+    fields: dict[str, Any] = {"tool_choice": {"auto": "auto", "any": "required", "none": "none"}
+                              .get(kind)}  # fmt: skip
+    if kind == "tool":
+        name = _str(choice, "name", "tool_choice")
+        fields["tool_choice"] = {"type": "function", "function": {"name": name}}
+    if choice.get("disable_parallel_tool_use") and kind != "none":
+        fields["parallel_tool_calls"] = False
+    return fields

@@ -1,0 +1,98 @@
+"""What an API surface is to the pipeline: a ``Surface`` for each generation endpoint (how its
+body is validated, how a local answer is written, how an error looks), and ``answer``, which
+streams or collects a local answer through a surface's ``Renderer``.
+
+A new API is one surface package: a parser into ``ParsedRequest``, a ``Renderer`` of the
+worker's events, an error shape, and routes in ``app.py`` that hand them to the ``Pipeline``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import anyio
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from mlxd.errors import MlxdError
+from mlxd.gateway.backends.local.backend import Opened
+from mlxd.gateway.http.body import CLIENT_CLOSED_REQUEST
+from mlxd.gateway.request import Parser
+from mlxd.gateway.surfaces.collect import (
+    ChoiceResult,
+    collect_while_connected,
+    first_while_connected,
+)
+from mlxd.gateway.surfaces.openai.tools.calls import split_tool_calls
+from mlxd.gateway.surfaces.sse import EventStreamResponse
+from mlxd.protocol.messages import Finished, TokenDelta
+
+
+class Renderer(Protocol):
+    """How one response of a surface is written from the worker's events."""
+
+    def frames(self, opened: Opened, first: TokenDelta | Finished) -> AsyncGenerator[bytes, None]:
+        """The streamed answer, from its already received ``first`` event on."""
+        ...
+
+    def body(self, opened: Opened, results: list[ChoiceResult]) -> dict[str, Any]:
+        """The whole answer, from its collected choices (tool calls split out)."""
+        ...
+
+
+ErrorRenderer = Callable[[Request, MlxdError | HTTPException], Response]
+
+
+@dataclass(frozen=True, slots=True)
+class Surface:
+    """One generation endpoint of an API.
+
+    Attributes:
+        api: the wire family, ``"openai"`` or ``"anthropic"`` (a remote backend of another
+            kind translates).
+        endpoint: the API path under ``/v1/``.
+        parse: body, ``X-Priority`` and the key's tier -> ``ParsedRequest``.
+        renderer: a new response's ``Renderer`` for a parsed request.
+        render_error: the API's error shape; ``None`` for the app's (OpenAI's) handler.
+    """
+
+    api: str
+    endpoint: str
+    parse: Parser
+    renderer: Callable[[Any], Renderer]
+    render_error: ErrorRenderer | None = None
+
+
+async def answer(
+    http: Request,
+    opened: Opened,
+    renderer: Renderer,
+    headers: dict[str, str],
+    stall_timeout_s: float,
+) -> Response:
+    """Stream an opened request's answer or collect it. A client gone before the answer, or
+    any error, cancels the request on the worker."""
+    stream = opened.stream
+    try:
+        if opened.parsed.stream:
+            first = await first_while_connected(http, stream, opened.deadline)
+            if first is None:  # gone during prefill
+                await stream.cancel()
+                return Response(status_code=CLIENT_CLOSED_REQUEST, headers=headers)
+            frames = renderer.frames(opened, first)
+            return EventStreamResponse(stream, frames, headers, stall_timeout_s=stall_timeout_s)
+        results = await collect_while_connected(http, stream, opened.deadline)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await stream.cancel()
+        raise
+    if results is None:
+        await stream.cancel()
+        return Response(status_code=CLIENT_CLOSED_REQUEST, headers=headers)
+    for result in results:
+        if (parser := opened.parsed.new_tool_parser()) is not None:
+            result.text, result.tool_calls = split_tool_calls(result.text, parser)
+    return JSONResponse(renderer.body(opened, results), 200, headers)
