@@ -3,7 +3,8 @@ reuses its attention plans.
 
 On CUDA, MLX runs attention with more than one query through cuDNN, which builds a plan for
 every new (batch, query length, key length): on an H100 a new shape cost 66-80 ms against
-0.1-0.2 ms for one already built (`scripts/probe_attention_shapes.py`, docs/PERFORMANCE.md).
+0.1-0.2 ms for one already built (`scripts/probe_attention_shapes.py` (removed; at commit
+6e4ae59), docs/PERFORMANCE.md).
 A prefill chunk after a prefix hit, and a verification window (a few queries per row over a
 context that grows every step), would each pay a build; on CUDA verification runs as one
 single-query row per input instead (``paged_runner.VIRTUAL_ROWS``), which builds none. Without

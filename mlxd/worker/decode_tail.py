@@ -307,7 +307,8 @@ class ViewVerifyCache:
 
     One query per row because attention with several builds a cuDNN plan on CUDA for every
     key length (about 40 ms each on an H100, against 0.2 ms for single-query rows with a mask:
-    ``scripts/probe_verify_attention.py``); the rows read one broadcast view, not copies.
+    ``scripts/probe_verify_attention.py`` (removed; at commit 6e4ae59)); the rows read one
+    broadcast view, not copies.
     """
 
     def __init__(self, pool: KVPool, tail: DecodeTail, layer: int, offset: mx.array,

@@ -154,7 +154,8 @@ def gather_blocks(buf: mx.array, block_size: int, table: mx.array) -> mx.array:
     """Whole blocks of one layer's pool, ``(B, W * block_size, heads, dim)`` for a ``(B, W)``
     block table: one index per block, each block moved as 8-byte words. Element-wise indexing
     of the ``(blocks, block_size, heads, dim)`` view cost 3x as much on an H100 (28 layers of
-    K and V, 128 rows of 384 tokens: 17.2 ms against 5.5; scripts/profile_paged_ops.py)."""
+    K and V, 128 rows of 384 tokens: 17.2 ms against 5.5; scripts/profile_paged_ops.py (removed;
+    at commit 6e4ae59))."""
     slots, heads, dim = buf.shape
     nbytes = block_size * heads * dim * buf.dtype.size
     word = next(w for w in (mx.uint64, mx.uint32, mx.uint16, mx.uint8) if nbytes % w.size == 0)

@@ -31,7 +31,7 @@ _MAX_PAD_RATIO = 2
 # row, the path measured on the CPU (docs/PERFORMANCE.md). Both run in the tests.
 VIRTUAL_ROWS = attention_shapes.PLANNED
 # A lone row decoding through a read view verifies on it (``_forward_on_view``); off only to
-# measure the other paths (``scripts/spec_trace.py``'s ``/gather`` modes).
+# measure the other paths (``bench/spec_trace.py``'s ``/gather`` modes).
 VIEW_VERIFY = True
 
 

@@ -4,7 +4,8 @@ mlx.nn's ``QuantizedLinear`` passes its input as it comes, ``(B, L, K)``, so a d
 rows is B separate ``(1, K)`` products against the same weight. MLX's CUDA backend runs that as
 B matrix-vector kernels: on an H100 (MLX 0.32.4, 4-bit, K=3072, N=8192), 1.47 ms at B=128
 against 0.12 ms for the same rows as one ``(128, K)`` matrix, 0.83 against 0.13 ms at 64
-(``scripts/profile_qmm_batch.py``); a 4-bit Llama-3.2-3B decoded 64 streams at 106 ms per step
+(``scripts/profile_qmm_batch.py`` (removed; at commit 6e4ae59)); a 4-bit Llama-3.2-3B decoded
+64 streams at 106 ms per step
 against 28 ms in bf16. Flattening the leading dimensions is the same arithmetic on every backend.
 """
 

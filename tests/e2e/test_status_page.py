@@ -34,7 +34,7 @@ WAIT_MS = 30_000
 
 if not CHROMIUM.exists():
     pytest.skip(
-        "Chromium is not installed: scripts/install installs Debian's chromium package (as root)",
+        "Chromium is not installed: scripts/test installs Debian's chromium package (as root)",
         allow_module_level=True,
     )
 

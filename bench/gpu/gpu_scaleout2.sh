@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Scale-out on TWO GPUs of one host (issue #23; nvidia-h100-x2 / nvidia-h200-x2). For each model
+# shape (random weights, made here): one worker on one GPU vs 2 replicas (one per GPU, placed by
+# mlxd.gpus) at 64 and 128 streams, and a 2-rank tensor-parallel group over NCCL (one rank per
+# GPU) at 1 and 64 streams, all through HTTP with `mlxd bench run`; greedy outputs of the group
+# compared with one GPU's; then the multi-turn prefix hit rate of 1 vs 2 replicas (cache-aware,
+# round robin; bench/bench_replicas.sh). Prints a summary; JSON under $OUT.
+# Run after `bash .gpuB/install.sh b`. Usage:
+#   [MULTI_TURN=1] [LEGS="one two tp"; "greedy": only the greedy comparison] [SIZES="qwen3-0.6b llama-3.2-3b"] [DTYPE=bfloat16] bash bench/gpu/gpu_scaleout2.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+source /root/mlx-env.sh
+export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHON=python3
+export OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off (the device notes)
+DTYPE="${DTYPE:-bfloat16}"
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+ls /proc/driver/nvidia/gpus | tee -a "$OUT/gpu.txt"
+PORT=8126
+# 40 GB: decode's read view (a fifth) then grows to 128 rows x 520 columns of a 112 KiB-a-token
+# shape; at 16 GB it held 170 columns and 128 streams ran on the slower gathered path (run Z).
+COMMON="--kv-cache-gb ${KV_GB:-40} --max-num-seqs 128 --max-queued 1024 --log-level warning"
+up() {  # NAME MODEL, then `mlxd start` options; leaves $daemon running
+  local name="$1" model="$2"; shift 2
+  # shellcheck disable=SC2086  # COMMON is a list of options
+  MLXD_HOME="/root/home-$name" python3 -m mlxd start --model "bench=$model" --port "$PORT" \
+    $COMMON "$@" > "$OUT/daemon-$name.log" 2>&1 &
+  daemon=$!
+  for _ in $(seq 600); do  # until healthy, or the daemon says its worker failed
+    curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break
+    grep -q " failed: " "$OUT/daemon-$name.log" && { echo "$name failed to start" | tee -a "$OUT/failures.txt"; break; }
+    sleep 0.5
+  done
+  nvidia-smi --query-gpu=index,memory.used --format=csv,noheader | tr '\n' ' ' \
+    | sed "s/^/$name GPU memory: /" | tee -a "$OUT/placement.txt"; echo | tee -a "$OUT/placement.txt"
+}
+down() { kill -TERM "$daemon"; wait "$daemon" || true; }
+bench() {  # NAME LEVELS
+  python3 -m mlxd bench run --url "http://127.0.0.1:$PORT" --model bench --concurrency "$2" \
+    --prompt-tokens 128 --max-tokens 256 --label "$1" --json "$OUT/tp-$1.json" > "$OUT/tp-$1.txt" 2>&1 \
+    || echo "$1 failed" | tee -a "$OUT/failures.txt"
+}
+greedy() {  # NAME: 8 greedy completions, one at a time, to $OUT/greedy-NAME.json
+  python3 - "$PORT" "$OUT/greedy-$1.json" <<'PY'
+import json, sys, httpx
+port, out = sys.argv[1], sys.argv[2]
+texts = []
+for i in range(8):
+    body = {"model": "bench", "prompt": f"Request {i}: " + "tell me about the sea " * (i + 2),
+            "max_tokens": 48, "temperature": 0, "ignore_eos": True}
+    r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=300)
+    texts.append(r.json()["choices"][0]["text"] if r.status_code == 200 else f"HTTP {r.status_code}")
+json.dump(texts, open(out, "w"))
+PY
+}
+for SIZE in ${SIZES:-qwen3-0.6b llama-3.2-3b}; do
+  MODEL="/root/models/$SIZE-$DTYPE"
+  [ -d "$MODEL" ] || python3 -m mlxd make-model --arch "${SIZE%%-*}" --size "$SIZE" --dtype "$DTYPE" \
+    --out "$MODEL" > /dev/null
+  for leg in ${LEGS:-one two tp}; do
+    case $leg in
+      one) up "$SIZE-one" "$MODEL"; greedy "$SIZE-one"; bench "$SIZE-one" 1,64,128; down ;;
+      two) up "$SIZE-two" "$MODEL" --replicas 2; bench "$SIZE-two" 64,128; down ;;
+      tp) up "$SIZE-tp" "$MODEL" --group-size 2 --distributed nccl; greedy "$SIZE-tp"
+          bench "$SIZE-tp" 1,64; down ;;
+      greedy) up "$SIZE-one" "$MODEL"; greedy "$SIZE-one"; down
+          up "$SIZE-tp" "$MODEL" --group-size 2 --distributed nccl; greedy "$SIZE-tp"; down ;;
+    esac
+  done
+done
+MODEL="/root/models/qwen3-0.6b-$DTYPE"
+if [ "${MULTI_TURN:-1}" = 1 ]; then
+  START_ARGS="--kv-cache-gb 16 --max-num-seqs 64" timeout -k 5 300 bash bench/bench_replicas.sh \
+    "$MODEL" 8 --turns 4 --prompt-tokens 512 --max-tokens 64 > "$OUT/replicas.txt" 2>&1 \
+    || echo "replicas multi-turn failed" | tee -a "$OUT/failures.txt"
+fi
+python3 - "$OUT" <<'PY'
+import glob, json, os, sys
+out = sys.argv[1]
+for path in sorted(glob.glob(f"{out}/tp-*.txt")):
+    print("==", os.path.basename(path)); print(open(path).read()[-1500:])
+for size in os.environ.get("SIZES", "qwen3-0.6b llama-3.2-3b").split():
+    try:
+        one = json.load(open(f"{out}/greedy-{size}-one.json"))
+        tp = json.load(open(f"{out}/greedy-{size}-tp.json"))
+    except OSError:
+        continue
+    same = sum(a == b for a, b in zip(one, tp))
+    print(f"greedy {size}: group == one GPU in {same}/{len(one)}")
+    for a, b in zip(one, tp):
+        if a != b:
+            print("  one:", repr(a[:80]), "\n  tp: ", repr(b[:80]))
+PY
+tail -n 12 "$OUT"/replicas-*.txt 2>/dev/null || true
+cat "$OUT/placement.txt" "$OUT/failures.txt" 2>/dev/null || true
