@@ -124,8 +124,7 @@ def kv_bytes_per_token(
     in the compute dtype (the file's grown by ``growth``), quantized to ``bits`` if given."""
     text = model_config.get("text_config") or model_config
     file_bytes = _DTYPE_BYTES.get(str(text.get("torch_dtype") or "float16"), 2)
-    layout = kv_layout.from_config(model_config, dtype_bytes=int(file_bytes * growth))
-    return layout.token_bytes(bits, group_size)
+    return kv_layout.config_token_bytes(model_config, int(file_bytes * growth), bits, group_size)
 
 
 def dtype_growth(model_config: dict[str, Any], dtype: str) -> float:

@@ -7,18 +7,19 @@ import pytest
 
 pytestmark = pytest.mark.model
 
-# plain, hybrid (conv, gated-delta, Mamba), MLA and sliding-window layouts, from the zoo
-ARCHS = ["qwen3", "lfm2", "qwen3_next", "nemotron_h", "jamba", "deepseek_v3", "gemma3_text"]
-ARCHS += ["gpt_oss", "olmo3"]
+# plain, hybrid (conv, gated-delta, Mamba, KDA), MLA, sliding-window and looped layouts
+ARCHS = ["qwen3", "lfm2", "qwen3_next", "nemotron_h", "jamba", "kimi_linear", "plamo2"]
+ARCHS += ["bailing_moe_linear", "deepseek_v3", "deepseek_v2", "gemma3_text", "gpt_oss"]
+ARCHS += ["gemma4_text", "iquestloopcoder"]
 # The zoo's shared base carries MLA's fields for every arch (each ModelArgs keeps its own); a
 # real config.json has them only where the model is MLA.
 _MLA_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
-_MLA_ARCHS = ("deepseek_v3",)
+_MLA_ARCHS = ("deepseek_v3", "deepseek_v2", "kimi_linear")
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_the_config_rule_counts_what_the_pool_holds(arch: str) -> None:
-    from mlxd.models.kv_layout import from_config
+    from mlxd.models.kv_layout import config_token_bytes
     from mlxd.models.maker import _build_model
     from mlxd.models.zoo import zoo_config
     from mlxd.worker.layer_caches import model_caches, window_entries
@@ -32,4 +33,4 @@ def test_the_config_rule_counts_what_the_pool_holds(arch: str) -> None:
     held = KVPool.bytes_per_token(model)
     if any(window_entries(model_caches(model))):  # the window layers' slabs (window_runner)
         held += KVPool.bytes_per_token(model, windows=True)
-    assert from_config(config, dtype_bytes=4).token_bytes() == held
+    assert config_token_bytes(config, dtype_bytes=4) == held
