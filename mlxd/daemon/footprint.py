@@ -4,9 +4,11 @@ tell its backend, for a half-precision model under ``--dtype auto``).
 Weights: the sizes of the model's ``*.safetensors`` files (what MLX maps into memory), doubled
 for a half-precision model the worker computes in float32 (``dtype_growth``). KV: the
 model's own ``kv_cache_gb`` or the daemon's (``--kv-cache-gb``), else what ``max_num_seqs`` full
-contexts need, at most ``DEFAULT_KV_BYTES``, its bytes per token from ``config.json``; under
-``--max-memory`` the worker's KV pool is then given exactly that size. Headroom: activations,
-the MLX buffer cache, Python and the tokenizer, measured as a fixed runtime cost plus a share.
+contexts need, at most ``DEFAULT_KV_BYTES``, its bytes per token from ``config.json`` by the
+worker pool's own rule (``models/kv_layout.py``: the layers that keep K/V, in the compute dtype,
+packed to ``--kv-bits`` with their scales and biases in a paged pool); under ``--max-memory``
+the worker's KV pool is then given exactly that size. Headroom: activations, the MLX buffer
+cache, Python and the tokenizer, measured as a fixed runtime cost plus a share.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxd.config import ModelSpec, ServeConfig, kv_bytes_wanted
-from mlxd.models import sources
+from mlxd.models import kv_layout, sources
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +28,7 @@ DEFAULT_KV_BYTES = 2 * 2**30
 DEFAULT_CONTEXT = 4096
 RUNTIME_BYTES = 256 * 2**20  # a tiny model's worker idles at ~130 MB RSS (Python, MLX, tokenizer)
 HEADROOM_SHARE = 0.10  # of weights + KV: activations and the MLX buffer cache
-_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+_DTYPE_BYTES = kv_layout.DTYPE_BYTES
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ def footprint(spec: ModelSpec, config: ServeConfig) -> Footprint:
     if (draft := config.scheduler.draft_model) is not None:
         draft_weights, draft_config, draft_growth = _weights(draft, dtype)
         weights += draft_weights
-        per_token = int(kv_bytes_per_token(draft_config) * draft_growth)
+        per_token = kv_bytes_per_token(draft_config, draft_growth)  # its own float caches
         kv += min(per_token * config.scheduler.max_num_seqs * _context(config, model_config),
                   DEFAULT_KV_BYTES)  # fmt: skip
     headroom = RUNTIME_BYTES + int(HEADROOM_SHARE * (weights + kv))
@@ -86,7 +88,9 @@ def _kv(spec: ModelSpec, config: ServeConfig, model_config: dict[str, Any], grow
     kv_gb = kv_cache_gb(spec, config)
     if kv_gb is not None:
         return int(kv_gb * 2**30)
-    per_token = int(kv_bytes_per_token(model_config) * growth)  # K/V take the compute dtype
+    cache = config.cache
+    bits = cache.kv_bits if cache.paged else None  # only the paged pool quantizes
+    per_token = kv_bytes_per_token(model_config, growth, bits, cache.kv_group_size)
     wanted = kv_bytes_wanted(per_token, config.scheduler.max_num_seqs,
                              _context(config, model_config), config.cache.paged)  # fmt: skip
     return min(wanted, DEFAULT_KV_BYTES)
@@ -113,16 +117,14 @@ def model_dir(path: str) -> Path | None:
         return None
 
 
-def kv_bytes_per_token(model_config: dict[str, Any]) -> int:
-    """Keys and values of one token over every layer, from a ``config.json``."""
+def kv_bytes_per_token(
+    model_config: dict[str, Any], growth: float = 1.0, bits: int | None = None, group_size: int = 64
+) -> int:
+    """Keys and values of one token over every layer that keeps them, from a ``config.json``:
+    in the compute dtype (the file's grown by ``growth``), quantized to ``bits`` if given."""
     text = model_config.get("text_config") or model_config
-    layers = int(text.get("num_hidden_layers") or 0)
-    heads = int(text.get("num_key_value_heads") or text.get("num_attention_heads") or 0)
-    hidden = int(text.get("hidden_size") or 0)
-    head_dim = int(text.get("head_dim") or (hidden // max(1, int(text.get("num_attention_heads")
-                                                                  or 1))))  # fmt: skip
-    dtype = _DTYPE_BYTES.get(str(text.get("torch_dtype") or "float16"), 2)
-    return 2 * layers * heads * head_dim * dtype
+    file_bytes = _DTYPE_BYTES.get(str(text.get("torch_dtype") or "float16"), 2)
+    return kv_layout.config_token_bytes(model_config, int(file_bytes * growth), bits, group_size)
 
 
 def dtype_growth(model_config: dict[str, Any], dtype: str) -> float:

@@ -22,6 +22,7 @@ from typing import Any
 import mlx.core as mx
 
 from mlxd.errors import ConfigError
+from mlxd.models import kv_layout
 
 KV = Any  # mx.array, or tuple[mx.array, mx.array, mx.array] when quantized
 
@@ -72,10 +73,8 @@ class KVFormat:
         return (words, mx.zeros(groups, dtype), mx.zeros(groups, dtype))
 
     def row_bytes(self, dim: int, dtype: mx.Dtype) -> int:
-        """Bytes one head's ``dim`` values take as stored."""
-        if self.bits is None:
-            return dim * dtype.size
-        return dim * self.bits // 8 + 2 * (dim // self.group_size) * dtype.size
+        """Bytes one head's ``dim`` values take as stored (the rule the daemon sizes by)."""
+        return kv_layout.row_bytes(dim, dtype.size, self.bits, self.group_size)
 
 
 def parts(kv: KV) -> list[mx.array]:

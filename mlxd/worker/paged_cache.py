@@ -16,6 +16,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from mlxd.models.kv_layout import KVLayout
 from mlxd.worker import attention_shapes
 from mlxd.worker.kv_format import KV, KVFormat, assign, concat, each, parts
 
@@ -124,7 +125,8 @@ class KVPool:
         sliding-window layer) as ``fmt`` stores them."""
         layers, heads, kd, vd, dtype = kv_shape(model, windows)
         fmt = fmt or KVFormat()
-        return layers * heads * (fmt.row_bytes(kd, dtype) + fmt.row_bytes(vd, dtype))
+        # the daemon's footprint sizes by this same rule, from config.json
+        return KVLayout(layers, heads, kd, vd, dtype.size).token_bytes(fmt.bits, fmt.group_size)
 
     @property
     def nbytes(self) -> int:

@@ -200,3 +200,21 @@ def test_the_disk_tier_round_trips_quantized_blocks(harness: Any, tmp_path: Path
     for a in pool.arrays:
         assert mx.array_equal(a[0:16], a[80:96]).item()
     assert any(a[0:16].abs().sum().item() > 0 for a in pool.arrays)
+
+
+def test_the_pools_blocks_take_what_the_daemons_footprint_counts(small_model: Path) -> None:
+    """One KV sizing rule (models/kv_layout.py): a block of the worker's pool (its arrays as
+    allocated: packed words, scales and biases) takes what the daemon's footprint counts from
+    config.json, float and quantized."""
+    import json
+
+    import mlx_lm
+
+    from mlxd.daemon.footprint import kv_bytes_per_token
+    from mlxd.worker.paged_cache import KVPool
+
+    model = mlx_lm.load(str(small_model))[0]  # in the file's dtype: the footprint's growth is 1
+    config = json.loads((small_model / "config.json").read_text())
+    for bits in (None, 8, 4):
+        pool = KVPool.for_model(model, num_blocks=4, block_size=16, fmt=fmt(bits))
+        assert pool.bytes_per_block == 16 * kv_bytes_per_token(config, bits=bits), bits

@@ -141,3 +141,55 @@ def test_footprint_counts_the_draft_models_weights_and_caches(tmp_path: Path) ->
     assert drafted.weights_bytes == plain.weights_bytes + 200
     # the draft's own caches: 1 layer's K and V per token, every row a full context
     assert drafted.kv_bytes == plain.kv_bytes + 2 * 2 * 16 * 4 * 64 * 100
+
+
+QWEN3_06B_ATTENTION = {
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "hidden_size": 1024,
+    "torch_dtype": "bfloat16",
+}
+
+
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[ServeConfig]:
+    """Configs that `mlxd start` would serve; ``_serve`` (uvicorn + workers) is the edge."""
+    from mlxd.cli import start
+
+    seen: list[ServeConfig] = []
+    monkeypatch.setattr(start, "_serve", lambda config, log_level: seen.append(config) or 0)
+    monkeypatch.setenv("MLXD_HOME", str(tmp_path / "home"))
+    return seen
+
+
+def test_max_memory_with_kv_bits_4_reserves_about_a_quarter_of_the_float_kv(
+    tmp_path: Path, started: list[ServeConfig]
+) -> None:
+    """`mlxd start --max-memory ... --kv-bits 4`: the KV the daemon reserves, and hands the
+    worker as its pool's budget, is what the quantized pool takes (packed words, a scale and a
+    bias per 64 values), not the float figure."""
+    from click.testing import CliRunner
+
+    from mlxd.cli.main import main
+    from mlxd.daemon.supervisor import Supervisor
+    from mlxd.daemon.worker_command import worker_config
+
+    model = tmp_path / "qwen3-0.6b"  # its config.json alone: 28 layers, 8 KV heads of 128
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(QWEN3_06B_ATTENTION))
+    args = ["start", "--port", "0", "--model", f"m={model}", "--max-memory", "64GiB"]
+    args += ["--max-num-seqs", "2", "--max-context", "4096", "--dtype", "bfloat16"]
+    for extra in ([], ["--kv-bits", "4"]):
+        result = CliRunner().invoke(main, [*args, *extra], env={"MLXD_API_KEY": None})
+        assert result.exit_code == 0, result.output
+    reserved, handed = [], []
+    for config in started:
+        worker = Supervisor(config, tmp_path / "run").workers["m"]
+        reserved.append(worker.size.kv_bytes)
+        handed.append(worker_config(worker, config).cache.kv_cache_gb * 2**30)
+    assert handed == pytest.approx(reserved)
+    # per token and layer: 8 heads x (K + V) x (64 bytes of 4-bit words + 2 x 2 bytes of scale
+    # and bias per 64 values) against 8 x 2 x 256 bytes in bfloat16
+    assert reserved[1] / reserved[0] == pytest.approx(72 / 256, rel=1e-6)
