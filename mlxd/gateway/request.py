@@ -11,11 +11,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.requests import Request
 
 from mlxd.gateway.http.accesslog import RequestRecord
+from mlxd.gateway.tools.calls import ToolCallParser
+from mlxd.gateway.tools.formats import tool_format
+from mlxd.protocol.messages import (
+    ChatPrompt,
+    Finished,
+    Generate,
+    Prompt,
+    SamplingParams,
+    TextPrompt,
+    TokenDelta,
+    TokenPrompt,
+    Usage,
+)
 
 # body, X-Priority, the key's tier -> the surface's validated request (``ParsedRequest`` or an
 # embeddings request).
@@ -75,3 +88,95 @@ class ApiRequest:
         doc = {**self.doc, "model": name}
         parsed = None if self._parsed is None else replace(self._parsed, model=name)
         return replace(self, doc=doc, _parsed=parsed)
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    """A validated ``/v1/chat/completions`` or ``/v1/completions`` body."""
+
+    model: str
+    prompt: Prompt
+    sampling: SamplingParams
+    stream: bool = False
+    include_usage: bool = False
+    priority: str = "normal"
+    n: int = 1
+    parse_tools: bool = False  # split tool calls out of the output
+    max_tool_calls: int | None = None  # 1 when parallel_tool_calls is false
+    forced_tool_call: bool = False  # the output is one call's JSON body (tool_choice)
+    tool_format: str | None = None  # the worker's tool parser (mlx-lm's name); None: JSON
+
+    def new_tool_parser(self) -> ToolCallParser | None:
+        """A parser for one choice's tool calls; ``None`` when calls are not parsed."""
+        if not self.parse_tools:
+            return None
+        tools = self.prompt.tools if isinstance(self.prompt, ChatPrompt) else None
+        fmt = tool_format(self.tool_format)
+        return ToolCallParser(self.max_tool_calls, self.forced_tool_call, fmt, tools)
+
+    def to_generate(self, request_id: str, timeout_s: float | None) -> Generate:
+        """The ``Generate`` message that starts this request on a worker."""
+        return Generate(
+            request_id=request_id,
+            prompt=self.prompt,
+            sampling=self.sampling,
+            priority=self.priority,
+            timeout_s=timeout_s,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedRequest:
+    """A validated ``/v1/embeddings`` body."""
+
+    model: str
+    inputs: list[TextPrompt | TokenPrompt]
+    encoding: str  # "float" or "base64"
+
+
+class EventStream(Protocol):
+    """The internal event stream a backend answers with and a surface renders: the events of a
+    request's ``n`` choices (``TokenDelta`` then ``Finished`` for each), in arrival order. The
+    local backend's is ``Choices``."""
+
+    request_id: str
+
+    def __aiter__(self) -> EventStream: ...
+
+    async def __anext__(self) -> TokenDelta | Finished: ...
+
+    def next_ready(self) -> TokenDelta | Finished | None:
+        """The next event if one is already waiting, else ``None`` (never waits)."""
+        ...
+
+    @property
+    def num_choices(self) -> int:
+        """How many choices the request has (``n``)."""
+        ...
+
+    @property
+    def is_done(self) -> bool:
+        """True once every choice has finished."""
+        ...
+
+    def index(self, event: TokenDelta | Finished) -> int:
+        """The choice an event belongs to."""
+        ...
+
+    @property
+    def usage(self) -> Usage:
+        """The usage of the choices finished so far, counted as one request."""
+        ...
+
+    async def cancel(self) -> None:
+        """Stop every choice still running. Idempotent."""
+        ...
+
+
+@dataclass(slots=True)
+class Opened:
+    """A parsed request whose answer has started: what its surface renders."""
+
+    parsed: ParsedRequest
+    stream: EventStream
+    deadline: float  # time.monotonic() by which the request must finish

@@ -7,7 +7,7 @@ import pytest
 
 from mlxd.gateway.surfaces.openai.chunks import _MARK, ChatChunks, TextChunks
 from mlxd.gateway.surfaces.sse import sse
-from mlxd.gateway.surfaces.openai.tools.calls import ToolCallParser
+from mlxd.gateway.tools.calls import ToolCallParser
 
 TEXTS = ["hello", " world", 'say "hi"\\n', "tab\there\nnewline", "é ü 中文 🙂", "\x00\x1f", "</s>"]
 

@@ -5,9 +5,9 @@ from typing import Any
 
 import pytest
 
-from mlxd.gateway.surfaces.openai.tools.calls import ToolCallParser
-from mlxd.gateway.surfaces.openai.tools.calls import split_tool_calls as _split
-from mlxd.gateway.surfaces.openai.tools.formats import tool_format
+from mlxd.gateway.tools.calls import ToolCallParser
+from mlxd.gateway.tools.calls import split_tool_calls as _split
+from mlxd.gateway.tools.formats import tool_format
 
 
 def split_tool_calls(text: str) -> tuple[str, list[Any]]:
@@ -128,7 +128,7 @@ def test_loading_mlx_lm_formats_does_not_import_mlx() -> None:
     import subprocess
     import sys
 
-    code = ("import sys; from mlxd.gateway.surfaces.openai.tools.formats import tool_format; "
+    code = ("import sys; from mlxd.gateway.tools.formats import tool_format; "
             "tool_format('qwen3_coder'); tool_format('mistral'); "
             "sys.exit('mlx' in sys.modules or 'mlx_lm' in sys.modules)")  # fmt: skip
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -18,15 +18,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from mlxd.errors import MlxdError
-from mlxd.gateway.backends.local.backend import Opened
 from mlxd.gateway.http.body import CLIENT_CLOSED_REQUEST
-from mlxd.gateway.request import Parser
+from mlxd.gateway.request import Opened, Parser
 from mlxd.gateway.surfaces.collect import (
     ChoiceResult,
     collect_while_connected,
     first_while_connected,
 )
-from mlxd.gateway.surfaces.openai.tools.calls import split_tool_calls
+from mlxd.gateway.tools.calls import split_tool_calls
 from mlxd.gateway.surfaces.sse import EventStreamResponse
 from mlxd.protocol.messages import Finished, TokenDelta
 

@@ -10,8 +10,8 @@ from typing import TypeVar
 
 from starlette.requests import Request
 
-from mlxd.gateway.backends.local.choices import Choices
-from mlxd.gateway.surfaces.openai.tools.calls import ToolCall
+from mlxd.gateway.request import EventStream
+from mlxd.gateway.tools.calls import ToolCall
 from mlxd.gateway.surfaces.sse import next_event
 from mlxd.protocol.messages import Finished, TokenDelta, TokenLogprob
 
@@ -30,24 +30,24 @@ class ChoiceResult:
 
 
 async def collect_while_connected(
-    request: Request, stream: Choices, deadline: float
+    request: Request, stream: EventStream, deadline: float
 ) -> list[ChoiceResult] | None:
     """Collect every choice of ``stream``; ``None`` if the client disconnected first."""
     return await _unless_disconnected(request, collect(stream, deadline))
 
 
 async def first_while_connected(
-    request: Request, stream: Choices, deadline: float
+    request: Request, stream: EventStream, deadline: float
 ) -> TokenDelta | Finished | None:
     """The first event of ``stream`` (the end of prefill); ``None`` if the client left first,
     so a client gone during a long prefill frees its sequence at once."""
     return await _unless_disconnected(request, next_event(stream, deadline))
 
 
-async def collect(stream: Choices, deadline: float) -> list[ChoiceResult]:
+async def collect(stream: EventStream, deadline: float) -> list[ChoiceResult]:
     """Every choice of ``stream``, in choice order, once all have finished."""
-    results = [ChoiceResult() for _ in stream.streams]
-    parts: list[list[str]] = [[] for _ in stream.streams]
+    results = [ChoiceResult() for _ in range(stream.num_choices)]
+    parts: list[list[str]] = [[] for _ in range(stream.num_choices)]
     while True:
         event = await next_event(stream, deadline)
         assert event is not None  # no keepalive was asked for

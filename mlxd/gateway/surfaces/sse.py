@@ -1,4 +1,4 @@
-"""Server-sent events: ``data: {json}\\n\\n`` frames from a request's ``Choices``, then ``[DONE]``.
+"""Server-sent events: ``data: {json}\\n\\n`` frames from a request's event stream, then ``[DONE]``.
 
 The endpoint waits for the first event before it builds an ``EventStreamResponse``, so errors
 that come early (prompt too long, queue full) still get a real HTTP status. Whatever ends the
@@ -20,7 +20,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from mlxd.errors import MlxdError, RequestTimeout
-from mlxd.gateway.backends.local.choices import Choices
+from mlxd.gateway.request import EventStream
 from mlxd.protocol.messages import Finished, TokenDelta, TokenLogprob, Usage
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ def sse(data: Mapping[str, Any]) -> bytes:
 
 
 async def next_event(
-    stream: Choices, deadline: float, keepalive_s: float = float("inf")
+    stream: EventStream, deadline: float, keepalive_s: float = float("inf")
 ) -> TokenDelta | Finished | None:
     """The stream's next event, or ``None`` after ``keepalive_s`` of silence.
 
@@ -92,7 +92,7 @@ async def next_event(
 
 
 async def chunk_frames(
-    stream: Choices,
+    stream: EventStream,
     first: TokenDelta | Finished,
     fmt: ChunkFormat,
     deadline: float,
@@ -142,11 +142,11 @@ async def chunk_frames(
     yield DONE
 
 
-def _ends(stream: Choices, event: TokenDelta | Finished | None) -> bool:
+def _ends(stream: EventStream, event: TokenDelta | Finished | None) -> bool:
     return isinstance(event, Finished) and stream.is_done
 
 
-def _frames(stream: Choices, fmt: ChunkFormat, event: TokenDelta | Finished | None) -> list[bytes]:
+def _frames(stream: EventStream, fmt: ChunkFormat, event: TokenDelta | Finished | None) -> list[bytes]:
     if event is None:
         return [KEEPALIVE]
     if isinstance(event, Finished):
@@ -174,7 +174,7 @@ class EventStreamResponse(StreamingResponse):
 
     def __init__(
         self,
-        stream: Choices,
+        stream: EventStream,
         events: AsyncGenerator[bytes, None],
         headers: Mapping[str, str] | None = None,
         stall_timeout_s: float = STALL_TIMEOUT_S,

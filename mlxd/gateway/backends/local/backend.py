@@ -18,9 +18,7 @@ from mlxd.gateway.backends.local.pool import WorkerPool
 from mlxd.gateway.backends.local.workers import StreamObserver
 from mlxd.gateway.http.accesslog import RequestRecord, loggable_prompt
 from mlxd.gateway.ops.metrics import Metrics
-from mlxd.gateway.request import ApiRequest
-from mlxd.gateway.surfaces.openai.embeddings import EmbedRequest
-from mlxd.gateway.surfaces.openai.schemas import ParsedRequest
+from mlxd.gateway.request import ApiRequest, EmbedRequest, Opened, ParsedRequest
 from mlxd.protocol.messages import CountTokens, Embed, Embeddings
 
 MAX_REQUEST_ID_CHARS = 128
@@ -39,15 +37,6 @@ class LocalLimits:
     describe_timeout_s: float
     embeddings_timeout_s: float
     log_prompts: bool = False
-
-
-@dataclass(slots=True)
-class Opened:
-    """A parsed request whose choices are running on a worker."""
-
-    parsed: ParsedRequest
-    stream: Choices
-    deadline: float  # time.monotonic() by which the request must finish
 
 
 class LocalBackend:

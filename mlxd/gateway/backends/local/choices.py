@@ -80,6 +80,11 @@ class Choices:
         return self._take(self._queue.get_nowait())
 
     @property
+    def num_choices(self) -> int:
+        """How many choices the request has (``n``)."""
+        return len(self.streams)
+
+    @property
     def is_done(self) -> bool:
         """True once every choice has finished."""
         return len(self._finished) == len(self.streams)

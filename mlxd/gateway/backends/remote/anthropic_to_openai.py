@@ -18,7 +18,7 @@ from mlxd.errors import InvalidRequest
 from mlxd.gateway.surfaces.anthropic.events import message_body, stop_reason, usage_body
 from mlxd.gateway.surfaces.anthropic.schemas import to_openai_chat
 from mlxd.gateway.surfaces.collect import ChoiceResult
-from mlxd.gateway.surfaces.openai.tools.calls import ToolCall
+from mlxd.gateway.tools.calls import ToolCall
 from mlxd.protocol.messages import Usage
 
 _DONE = "[DONE]"

@@ -16,11 +16,11 @@ from typing import Any
 import anyio
 
 from mlxd.errors import MlxdError
-from mlxd.gateway.backends.local.choices import Choices
+from mlxd.gateway.request import EventStream
 from mlxd.gateway.surfaces.collect import ChoiceResult
-from mlxd.gateway.surfaces.openai.schemas import ParsedRequest
+from mlxd.gateway.request import ParsedRequest
 from mlxd.gateway.surfaces.sse import KEEPALIVE_S, next_event
-from mlxd.gateway.surfaces.openai.tools.calls import ToolCall, ToolCallParser
+from mlxd.gateway.tools.calls import ToolCall, ToolCallParser
 from mlxd.protocol.messages import Finished, TokenDelta, Usage
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ def message_body(message_id: str, model: str, result: ChoiceResult, usage: Usage
 
 
 async def message_events(
-    stream: Choices,
+    stream: EventStream,
     first: TokenDelta | Finished,
     parsed: ParsedRequest,
     message_id: str,

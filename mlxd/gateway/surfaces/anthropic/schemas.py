@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from mlxd.errors import InvalidRequest
-from mlxd.gateway.surfaces.openai.schemas import MAX_STOP, ParsedRequest, parse_chat
+from mlxd.gateway.request import ParsedRequest
+from mlxd.gateway.surfaces.openai.schemas import MAX_STOP, parse_chat
 
 _FIELDS = frozenset(
     {"model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature",

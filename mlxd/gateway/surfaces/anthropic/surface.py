@@ -16,13 +16,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from mlxd.errors import InvalidRequest, MlxdError, Overloaded
-from mlxd.gateway.backends.local.backend import Opened
 from mlxd.gateway.http.accesslog import REQUEST_ID_HEADER, record_of
+from mlxd.gateway.request import Opened, ParsedRequest
 from mlxd.gateway.surfaces.anthropic.events import error_type, message_body, message_events
 from mlxd.gateway.surfaces.anthropic.schemas import parse_messages
 from mlxd.gateway.surfaces.base import Surface
 from mlxd.gateway.surfaces.collect import ChoiceResult
-from mlxd.gateway.surfaces.openai.schemas import ParsedRequest
 from mlxd.protocol.messages import Finished, TokenDelta
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from mlxd.gateway.surfaces.openai.logprobs import chat_logprobs, completion_logprobs
 from mlxd.gateway.surfaces.openai.bodies import finish_reason, usage_dict
 from mlxd.gateway.surfaces.sse import sse
-from mlxd.gateway.surfaces.openai.tools.calls import ToolCall, ToolCallParser
+from mlxd.gateway.tools.calls import ToolCall, ToolCallParser
 from mlxd.protocol.messages import Finished, TokenLogprob, Usage
 
 _MARK = "mlxd-text-mark-5f0c"  # where a chunk's text goes in a frame template

@@ -9,24 +9,15 @@ from __future__ import annotations
 
 import base64
 import struct
-from dataclasses import dataclass
 from typing import Any
 
 from mlxd.errors import InvalidRequest
+from mlxd.gateway.request import EmbedRequest
 from mlxd.protocol.messages import Embeddings, TextPrompt, TokenPrompt
 
 MAX_INPUTS = 2048  # OpenAI's limit per request
 _FIELDS = frozenset({"model", "input", "encoding_format", "dimensions", "user"})
 _MAX_TOKEN_ID = 2**31 - 1
-
-
-@dataclass(frozen=True, slots=True)
-class EmbedRequest:
-    """A validated ``/v1/embeddings`` body."""
-
-    model: str
-    inputs: list[TextPrompt | TokenPrompt]
-    encoding: str  # "float" or "base64"
 
 
 def parse_embeddings(body: Any, *_: str | None) -> EmbedRequest:

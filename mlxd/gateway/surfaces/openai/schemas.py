@@ -12,9 +12,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from mlxd.errors import InvalidRequest
-from mlxd.gateway.surfaces.openai.tools.calls import ToolCallParser
-from mlxd.gateway.surfaces.openai.tools.definitions import ToolUse, message_tool_calls, parse_tool_use
-from mlxd.gateway.surfaces.openai.tools.formats import tool_format
+from mlxd.gateway.request import ParsedRequest
+from mlxd.gateway.tools.definitions import ToolUse, message_tool_calls, parse_tool_use
 from mlxd.knobs import PRIORITIES
 from mlxd.protocol.messages import (
     ChatPrompt,
@@ -54,41 +53,6 @@ _ROLES = ("system", "developer", "user", "assistant", "tool")
 _MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id"})
 # Keys of OpenAI's response message that clients echo back in the history: null only.
 _NULL_MESSAGE_KEYS = frozenset({"refusal", "annotations", "audio", "function_call"})
-
-
-@dataclass(frozen=True, slots=True)
-class ParsedRequest:
-    """A validated ``/v1/chat/completions`` or ``/v1/completions`` body."""
-
-    model: str
-    prompt: Prompt
-    sampling: SamplingParams
-    stream: bool = False
-    include_usage: bool = False
-    priority: str = "normal"
-    n: int = 1
-    parse_tools: bool = False  # split tool calls out of the output
-    max_tool_calls: int | None = None  # 1 when parallel_tool_calls is false
-    forced_tool_call: bool = False  # the output is one call's JSON body (tool_choice)
-    tool_format: str | None = None  # the worker's tool parser (mlx-lm's name); None: JSON
-
-    def new_tool_parser(self) -> ToolCallParser | None:
-        """A parser for one choice's tool calls; ``None`` when calls are not parsed."""
-        if not self.parse_tools:
-            return None
-        tools = self.prompt.tools if isinstance(self.prompt, ChatPrompt) else None
-        fmt = tool_format(self.tool_format)
-        return ToolCallParser(self.max_tool_calls, self.forced_tool_call, fmt, tools)
-
-    def to_generate(self, request_id: str, timeout_s: float | None) -> Generate:
-        """The ``Generate`` message that starts this request on a worker."""
-        return Generate(
-            request_id=request_id,
-            prompt=self.prompt,
-            sampling=self.sampling,
-            priority=self.priority,
-            timeout_s=timeout_s,
-        )
 
 
 # Public API: requests

@@ -8,12 +8,11 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
-from mlxd.gateway.backends.local.backend import Opened
+from mlxd.gateway.request import Opened, ParsedRequest
 from mlxd.gateway.surfaces.base import Surface
 from mlxd.gateway.surfaces.collect import ChoiceResult
 from mlxd.gateway.surfaces.openai import bodies, schemas
 from mlxd.gateway.surfaces.openai.chunks import ChatChunks, TextChunks
-from mlxd.gateway.surfaces.openai.schemas import ParsedRequest
 from mlxd.gateway.surfaces.sse import ChunkFormat, chunk_frames
 from mlxd.protocol.messages import Finished, TokenDelta, Usage
 

@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from mlxd.gateway.surfaces.openai.tools.formats import JSON_TOOLS, ToolFormat
+from mlxd.gateway.tools.formats import JSON_TOOLS, ToolFormat
 
 TOOL_CALL_START = JSON_TOOLS.start
 TOOL_CALL_END = JSON_TOOLS.end
