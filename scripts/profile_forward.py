@@ -28,7 +28,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxd.bench.engine import load_served
-from mlxd.worker.paged_cache import KVPool, PagedKVCache, PagedStep
+from mlxd.worker.kv.paged_cache import KVPool, PagedKVCache, PagedStep
 
 BLOCK = 32
 

@@ -26,9 +26,9 @@ from mlxd.bench.engine import _Recorder, engine_level
 from mlxd.config import CacheConfig, SchedulerConfig, WorkerConfig
 from mlxd.worker import main as worker
 from mlxd.worker.engine import Engine
-from mlxd.worker.model_runner import check_model_supported
-from mlxd.worker.scheduler import Scheduler
-from mlxd.worker.tokenizer import PromptEncoder
+from mlxd.worker.runners.base import check_model_supported
+from mlxd.worker.sampling.tokenizer import PromptEncoder
+from mlxd.worker.sched.scheduler import Scheduler
 
 
 class _Counting:

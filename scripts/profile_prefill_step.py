@@ -23,17 +23,17 @@ from typing import Any
 
 from mlxd.bench.engine import engine_level, load_served, new_engine
 from mlxd.config import SchedulerConfig
-from mlxd.worker.paged_cache import KVPool
+from mlxd.worker.kv.paged_cache import KVPool
 
 # (module, class, method): the steps of a prefill, outermost first
 TIMED = [
     ("mlxd.worker.engine", "Engine", "_on_generate"),
     ("mlxd.worker.engine", "Engine", "_prefill"),
-    ("mlxd.worker.scheduler", "Scheduler", "schedule_prefill"),
-    ("mlxd.worker.paged_runner", "PagedModelRunner", "_forward"),
-    ("mlxd.worker.paged_cache", "PagedStep", "build"),
-    ("mlxd.worker.model_runner", "ModelRunner", "_sample"),
-    ("mlxd.worker.model_runner", "ModelRunner", "_join"),
+    ("mlxd.worker.sched.scheduler", "Scheduler", "schedule_prefill"),
+    ("mlxd.worker.runners.paged", "PagedModelRunner", "_forward"),
+    ("mlxd.worker.kv.paged_cache", "PagedStep", "build"),
+    ("mlxd.worker.runners.base", "ModelRunner", "_sample"),
+    ("mlxd.worker.runners.base", "ModelRunner", "_join"),
     ("mlxd.worker.engine", "Engine", "_decode"),
     ("mlxd.worker.engine", "Engine", "_flush"),
 ]

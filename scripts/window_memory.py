@@ -1,5 +1,5 @@
 """KV memory one live sequence of a sliding-window model holds, in-process: the paged runner
-(full layers' blocks and the window layers' slabs it still holds: ``window_runner``) against
+(full layers' blocks and the window layers' slabs it still holds: ``runners.window``) against
 the model's own caches (``native``: ``RotatingKVCache`` for the window layers), and what every
 layer's blocks would take.
 
@@ -19,7 +19,7 @@ from profile_hybrid import build  # this directory: the engine as the worker bui
 
 from mlxd.bench.engine import engine_level
 from mlxd.worker.engine import Engine
-from mlxd.worker.paged_cache import KVPool
+from mlxd.worker.kv.paged_cache import KVPool
 
 
 def live_bytes(engine: Engine) -> int:

@@ -60,8 +60,8 @@ def load_served(path: str) -> tuple[Any, Any]:
     rows of one matrix, and only each row's last position is projected to the vocabulary."""
     import mlx_lm
 
-    from mlxd.worker.output_head import last_position_only
-    from mlxd.worker.quantized import batch_as_rows
+    from mlxd.worker.runners.output_head import last_position_only
+    from mlxd.worker.runners.quantized import batch_as_rows
 
     model, tokenizer = mlx_lm.load(path)[:2]
     batch_as_rows(model)
@@ -86,21 +86,21 @@ def new_engine(
     gathers the pool's blocks every step). ``kv_bits``: the pool quantized (``--kv-bits``).
     ``kv_cache_gb``: pool and view sized from that budget as a served worker sizes them
     (``config.split_kv_budget``), so a batch that outgrows the daemon's view does here too.
-    A hybrid and a sliding-window model are paged as the worker pages them (``hybrid_runner``,
-    ``window_runner``); other layouts the pool cannot hold run on the contiguous cache."""
+    A hybrid and a sliding-window model are paged as the worker pages them (``runners.hybrid``,
+    ``runners.window``); other layouts the pool cannot hold run on the contiguous cache."""
     from mlxd.knobs import KV_CHUNK_MB
-    from mlxd.worker import layer_caches
-    from mlxd.worker.block_pool import BlockPool
     from mlxd.worker.engine import Engine
-    from mlxd.worker.hybrid_runner import HybridModelRunner, reserved_bytes
-    from mlxd.worker.kv_format import KVFormat
-    from mlxd.worker.model_runner import ModelRunner, check_model_supported
-    from mlxd.worker.paged_cache import KVPool
-    from mlxd.worker.paged_runner import PagedModelRunner
-    from mlxd.worker.prefill_cost import PrefillCost
-    from mlxd.worker.scheduler import Scheduler
-    from mlxd.worker.tokenizer import PromptEncoder
-    from mlxd.worker.window_runner import WindowModelRunner
+    from mlxd.worker.kv import layer_caches
+    from mlxd.worker.kv.block_pool import BlockPool
+    from mlxd.worker.kv.formats import KVFormat
+    from mlxd.worker.kv.paged_cache import KVPool
+    from mlxd.worker.runners.base import ModelRunner, check_model_supported
+    from mlxd.worker.runners.hybrid import HybridModelRunner, reserved_bytes
+    from mlxd.worker.runners.paged import PagedModelRunner
+    from mlxd.worker.runners.window import WindowModelRunner
+    from mlxd.worker.sampling.tokenizer import PromptEncoder
+    from mlxd.worker.sched.prefill_cost import PrefillCost
+    from mlxd.worker.sched.scheduler import Scheduler
 
     encoder = PromptEncoder(tokenizer, vocab_size=model.args.vocab_size)
     eos = encoder.eos_token_ids

@@ -22,23 +22,25 @@ from mlxd.errors import ConfigError
 from mlxd.protocol import curve
 from mlxd.protocol.channel import WorkerChannel, control_endpoint
 from mlxd.protocol.messages import Message, Ping
-from mlxd.worker import cpu_backend, disk_tier, layer_caches
+from mlxd.worker import cpu_backend
 from mlxd.worker import group as worker_group
-from mlxd.worker.block_pool import BlockPool
 from mlxd.worker.control import Control
 from mlxd.worker.embedder import Embedder
 from mlxd.worker.engine import Engine
 from mlxd.worker.idle_release import IdleRelease
-from mlxd.worker.model_runner import ModelRunner, check_model_supported
-from mlxd.worker.output_head import last_position_only
-from mlxd.worker.prefill_cost import PrefillCost
-from mlxd.worker.quantized import batch_as_rows
-from mlxd.worker.scheduler import Scheduler
-from mlxd.worker.tokenizer import PromptEncoder
+from mlxd.worker.kv import layer_caches
+from mlxd.worker.kv.block_pool import BlockPool
+from mlxd.worker.prefix import disk_tier
+from mlxd.worker.runners.base import ModelRunner, check_model_supported
+from mlxd.worker.runners.output_head import last_position_only
+from mlxd.worker.runners.quantized import batch_as_rows
+from mlxd.worker.sampling.tokenizer import PromptEncoder
+from mlxd.worker.sched.prefill_cost import PrefillCost
+from mlxd.worker.sched.scheduler import Scheduler
 
 if TYPE_CHECKING:
-    from mlxd.worker.kv_format import KVFormat
-    from mlxd.worker.speculator import Drafter
+    from mlxd.worker.kv.formats import KVFormat
+    from mlxd.worker.spec.speculator import Drafter
 
 log = logging.getLogger("mlxd.worker")
 
@@ -198,7 +200,7 @@ def _draft_model(config: WorkerConfig, runner: ModelRunner, vocab_size: int) -> 
         log.warning("%s decodes one token per step (%s): --draft-model not loaded", config.name,
                     runner.kv_description)  # fmt: skip
         return None
-    from mlxd.worker.draft_model import DraftModel
+    from mlxd.worker.spec.draft_model import DraftModel
 
     model, tokenizer = _load_model(path, config.dtype)
     cpu_backend.cast(model, config.dtype)
@@ -210,7 +212,7 @@ def _runner(
 ) -> tuple[ModelRunner, BlockPool | None, int]:
     """The paged runner with its block pool, the contiguous one (``--no-paged-kv``), or the one
     on the model's own caches for a model the pool cannot hold (sliding-window, recurrent or
-    cache-less layers: ``native_runner``). The context is capped to what the pool holds, so
+    cache-less layers: ``runners.native``). The context is capped to what the pool holds, so
     any one request fits alone."""
     why = check_model_supported(model)  # raises for models the engine cannot serve
     hybrid = bool(why) and config.cache.paged and layer_caches.is_hybrid(model)
@@ -224,8 +226,8 @@ def _runner(
         if why:
             return _native_runner(model, eos_token_ids, config, why), None, max_context
         return ModelRunner(model, eos_token_ids), None, max_context
-    from mlxd.worker.paged_cache import KVPool
-    from mlxd.worker.paged_runner import PagedModelRunner
+    from mlxd.worker.kv.paged_cache import KVPool
+    from mlxd.worker.runners.paged import PagedModelRunner
 
     bs = config.cache.block_size
     fmt = _kv_format(model, config)
@@ -235,7 +237,7 @@ def _runner(
     budget = _kv_budget(model, config, wanted)
     state_budget, rows = 0, 0
     if hybrid:
-        from mlxd.worker.hybrid_runner import reserved_bytes
+        from mlxd.worker.runners.hybrid import reserved_bytes
 
         state_budget, rows = reserved_bytes(model, budget, config.scheduler.max_num_seqs)
     num_blocks, view_tokens = split_kv_budget(budget - state_budget - rows, per_token, bs)
@@ -252,7 +254,7 @@ def _runner(
     pool = KVPool.for_model(model, num_blocks=num_blocks, block_size=bs, chunk_blocks=chunk,
                             fmt=fmt)  # fmt: skip
     if hybrid:
-        from mlxd.worker.hybrid_runner import HybridModelRunner
+        from mlxd.worker.runners.hybrid import HybridModelRunner
 
         runner: ModelRunner = HybridModelRunner(model, eos_token_ids, pool, state_budget,
                                                 max_view_tokens=view_tokens)  # fmt: skip
@@ -267,8 +269,8 @@ def _window_runner(
     """The paged runner of a sliding-window model: full layers' blocks and window layers'
     slabs from one budget (``window_slabs``). The context is capped to what the budget holds
     with one window's slabs beside it."""
-    from mlxd.worker.paged_cache import KVPool
-    from mlxd.worker.window_runner import WindowModelRunner, margin
+    from mlxd.worker.kv.paged_cache import KVPool
+    from mlxd.worker.runners.window import WindowModelRunner, margin
 
     bs, fmt = config.cache.block_size, _kv_format(model, config)
     full, windowed = (KVPool.bytes_per_token(model, fmt, windows=w) * bs for w in (False, True))
@@ -293,8 +295,8 @@ def _window_runner(
 
 def _kv_format(model: Any, config: WorkerConfig) -> KVFormat:
     """How the pool stores K/V: quantized with ``--kv-bits`` when the head dimension allows."""
-    from mlxd.worker.kv_format import KVFormat
-    from mlxd.worker.paged_cache import kv_shape
+    from mlxd.worker.kv.formats import KVFormat
+    from mlxd.worker.kv.paged_cache import kv_shape
 
     fmt = KVFormat(config.cache.kv_bits, config.cache.kv_group_size)
     if not fmt.quantized:
@@ -312,8 +314,8 @@ def _native_runner(
     """The runner on ``model``'s own caches. With the prefix cache (off with
     ``--no-paged-kv``) the KV budget is split between the batch's caches (rows beyond it are
     preempted and resume from their snapshots) and the snapshots."""
-    from mlxd.worker.native_runner import NativeModelRunner
-    from mlxd.worker.snapshot_cache import SnapshotCache
+    from mlxd.worker.prefix.snapshot_cache import SnapshotCache
+    from mlxd.worker.runners.native import NativeModelRunner
 
     snapshots, budget = None, None
     if config.cache.paged:

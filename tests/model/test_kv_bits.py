@@ -41,7 +41,7 @@ def harness(small_model: Path) -> Any:
 
 
 def fmt(bits: int | None) -> Any:
-    from mlxd.worker.kv_format import KVFormat
+    from mlxd.worker.kv.formats import KVFormat
 
     return KVFormat(bits)
 
@@ -52,7 +52,7 @@ def fmt(bits: int | None) -> Any:
 def test_blocks_shrink_with_the_bits(dtype: str, dim: int, low8: float, low4: float) -> None:
     import mlx.core as mx
 
-    from mlxd.worker.paged_cache import KVPool
+    from mlxd.worker.kv.paged_cache import KVPool
 
     def per_block(bits: int | None) -> int:
         pool = KVPool(2, 8, 16, 4, dim, dim, getattr(mx, dtype), fmt=fmt(bits))
@@ -185,8 +185,8 @@ def test_prefix_hits_preemption_and_speculation_are_exact_within_the_mode(
 def test_the_disk_tier_round_trips_quantized_blocks(harness: Any, tmp_path: Path) -> None:
     import mlx.core as mx
 
-    from mlxd.worker.disk_cache import DiskKVCache
-    from mlxd.worker.disk_tier import DiskTier
+    from mlxd.worker.prefix.disk_cache import DiskKVCache
+    from mlxd.worker.prefix.disk_tier import DiskTier
 
     h = harness(block_size=16, kv_format=fmt(4))
     h.generate("a", PROMPTS[0], max_tokens=4, ignore_eos=True)

@@ -20,14 +20,14 @@ import numpy as np
 
 from mlxd.config import WorkerConfig, data_dir
 from mlxd.worker import cpu_backend
-from mlxd.worker.disk_cache import DiskKVCache, model_identity
-from mlxd.worker.kv_format import parts
-from mlxd.worker.radix_cache import TierBlock
+from mlxd.worker.kv.formats import parts
+from mlxd.worker.prefix.disk_cache import DiskKVCache, model_identity
+from mlxd.worker.prefix.radix_cache import TierBlock
 
 if TYPE_CHECKING:
-    from mlxd.worker.model_runner import ModelRunner
-    from mlxd.worker.paged_runner import PagedModelRunner
-    from mlxd.worker.scheduler import Scheduler
+    from mlxd.worker.runners.base import ModelRunner
+    from mlxd.worker.runners.paged import PagedModelRunner
+    from mlxd.worker.sched.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class DiskTier:
 def attach(config: WorkerConfig, scheduler: Scheduler, runner: ModelRunner) -> DiskTier | None:
     """The disk tier under ``$MLXD_HOME/kv-cache/<model identity>`` when ``--kv-disk-gb`` asks
     for one and the runner is paged; set as the prefix cache's tier."""
-    from mlxd.worker.paged_runner import PagedModelRunner
+    from mlxd.worker.runners.paged import PagedModelRunner
 
     gb = config.cache.kv_disk_gb
     if gb and _attach_snapshots(config, runner, int(gb * 2**30)):
@@ -131,7 +131,7 @@ def _attach_snapshots(config: WorkerConfig, runner: ModelRunner, cap_bytes: int)
     directory scheme (``snapshot_disk``). False for any other runner."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    from mlxd.worker.snapshot_disk import DiskSnapshots
+    from mlxd.worker.prefix.snapshot_disk import DiskSnapshots
 
     snapshots = getattr(runner, "snapshots", None)
     if snapshots is None:
