@@ -96,7 +96,7 @@ class Engine:
         self.clock = clock or scheduler.clock
         self.should_exit = False
         self.stats = Stats(self.clock)
-        self.idle_release = IdleRelease(0)  # main.py sets --kv-idle-s (0 here: never)
+        self.idle_release = IdleRelease(0)  # build.py sets --kv-idle-s (0 here: never)
         mode = resolve(scheduler.config.speculate) if runner.speculates else "off"
         # Drafts and whether the batch verifies them.
         self.speculator = Speculator(mode, drafter=drafter if mode == "draft" else None)

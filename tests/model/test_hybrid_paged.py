@@ -255,7 +255,7 @@ def test_the_kv_budget_holds_every_rows_state_and_the_snapshots(model_path: Path
     from mlxd.config import STATE_SHARE, CacheConfig, SchedulerConfig, WorkerConfig, split_kv_budget
     from mlxd.worker.kv import layer_caches
     from mlxd.worker.kv.paged_cache import KVPool
-    from mlxd.worker.main import _runner
+    from mlxd.worker.build import build_runner
     from tests.model.conftest import load_model
 
     model, _ = load_model(model_path)
@@ -265,7 +265,7 @@ def test_the_kv_budget_holds_every_rows_state_and_the_snapshots(model_path: Path
         config = WorkerConfig(model=str(model_path), name="h", endpoint="ipc:///tmp/h",
                               cache=CacheConfig(kv_cache_gb=budget / 2**30, block_size=BLOCK),
                               scheduler=SchedulerConfig(max_num_seqs=rows))  # fmt: skip
-        runner, pool, _ = _runner(model, {0}, config, 1 << 16)
+        runner, pool, _ = build_runner(model, {0}, config, 1 << 16)
         assert pool is not None
         return pool.num_blocks, runner.state_budget  # type: ignore[attr-defined]
 
