@@ -24,7 +24,7 @@ from mlx_lm.utils import load
 
 from mlxd.bench.engine import _Recorder, engine_level
 from mlxd.config import CacheConfig, SchedulerConfig, WorkerConfig
-from mlxd.worker import build
+from mlxd.worker import build as worker_build
 from mlxd.worker import main as worker
 from mlxd.worker.engine import Engine
 from mlxd.worker.runners.base import check_model_supported
@@ -54,10 +54,11 @@ def build(path: str, runner_kind: str, kv_gb: float) -> tuple[Engine, _Counting]
                           scheduler=SchedulerConfig(max_num_seqs=64))  # fmt: skip
     eos = set(tokenizer.eos_token_ids)
     if runner_kind == "native":
-        runner, pool = build._native_runner(model, eos, config, check_model_supported(model)), None
+        why = check_model_supported(model)
+        runner, pool = worker_build._native_runner(model, eos, config, why), None
     else:
-        runner, pool, _ = build.build_runner(model, eos, config, 65536)
-    scheduler = Scheduler(build.scheduler_config(config, runner), pool=pool)
+        runner, pool, _ = worker_build.build_runner(model, eos, config, 65536)
+    scheduler = Scheduler(worker_build.scheduler_config(config, runner), pool=pool)
     runner.fit_scheduler(scheduler)
     encoder = PromptEncoder(tokenizer, vocab_size=worker._vocab_size(model, tokenizer))
     engine = Engine(

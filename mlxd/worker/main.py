@@ -83,6 +83,7 @@ def serve(config: WorkerConfig) -> int:
         model=model,
         encoder=encoder,
         channel=channel,
+        max_context=max_context,
         clock=getattr(channel, "clock", time.monotonic),
         embedder=Embedder(model),
         drafter=drafter,

@@ -253,9 +253,9 @@ def test_the_kv_budget_holds_every_rows_state_and_the_snapshots(model_path: Path
     """A worker's KV budget for a hybrid: a quarter for the prefix cache's snapshots, each
     possible row's live state and latest snapshot, then the pool and decode's view."""
     from mlxd.config import STATE_SHARE, CacheConfig, SchedulerConfig, WorkerConfig, split_kv_budget
+    from mlxd.worker.build import build_runner
     from mlxd.worker.kv import layer_caches
     from mlxd.worker.kv.paged_cache import KVPool
-    from mlxd.worker.build import build_runner
     from tests.model.conftest import load_model
 
     model, _ = load_model(model_path)

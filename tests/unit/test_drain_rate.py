@@ -1,4 +1,5 @@
-"""The 429's Retry-After from the waiting queue's measured drain rate (worker/sched/drain_rate.py)."""
+"""The 429's Retry-After from the waiting queue's measured drain rate
+(worker/sched/drain_rate.py)."""
 
 from __future__ import annotations
 

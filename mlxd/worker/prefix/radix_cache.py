@@ -6,9 +6,9 @@ its K/V. The tree holds one pool reference per indexed block. A running sequence
 node it matched (and so its path to the root); only unlocked leaves whose block nobody else
 references are evicted, least recently used first, and only when the pool needs room.
 
-With a ``tier`` (the disk cache, ``worker/prefix/disk_tier.py``), evicted blocks are saved there first,
-keyed by their chained digest, and a match that runs out of cached blocks goes on with the
-blocks the tier holds, loaded into free blocks of the pool.
+With a ``tier`` (the disk cache, ``worker/prefix/disk_tier.py``), evicted blocks are saved
+there first, keyed by their chained digest, and a match that runs out of cached blocks goes on
+with the blocks the tier holds, loaded into free blocks of the pool.
 
 A hybrid model's recurrent layers have no blocks: their state after a node's tokens is stored
 on the node (``keep_states``), a few nodes per sequence (``runners.hybrid`` says which), within a
