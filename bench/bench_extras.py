@@ -17,11 +17,11 @@ from dataclasses import replace
 
 from mlxd.bench.engine import load_served
 from mlxd.protocol.messages import JsonFormat, SamplingParams
-from mlxd.worker.grammar import Grammar
-from mlxd.worker.model_runner import ModelRunner
-from mlxd.worker.scheduler import PrefillChunk
-from mlxd.worker.sequence import Sequence
-from mlxd.worker.tokenizer import PromptEncoder
+from mlxd.worker.runners.base import ModelRunner
+from mlxd.worker.sampling.grammar import Grammar
+from mlxd.worker.sampling.tokenizer import PromptEncoder
+from mlxd.worker.sched.scheduler import PrefillChunk
+from mlxd.worker.sched.sequence import Sequence
 
 ROUNDS = 3
 LONG_STRING = JsonFormat(schema='{"type":"object","properties":{"s":{"type":"string"}}}')

@@ -24,9 +24,9 @@ import mlx_lm  # noqa: E402
 from mlxd.models import sources  # noqa: E402
 from mlxd.protocol.messages import SamplingParams  # noqa: E402
 from mlxd.worker import cpu_backend  # noqa: E402
-from mlxd.worker.draft_model import DraftModel  # noqa: E402
-from mlxd.worker.output_head import last_position_only  # noqa: E402
-from mlxd.worker.sequence import Sequence  # noqa: E402
+from mlxd.worker.runners.output_head import last_position_only  # noqa: E402
+from mlxd.worker.sched.sequence import Sequence  # noqa: E402
+from mlxd.worker.spec.draft_model import DraftModel  # noqa: E402
 
 
 def main() -> None:

@@ -31,8 +31,8 @@ def perplexity(model: Any, tokens: list[int], bits: int | None) -> float:
     """exp(mean NLL) of ``tokens[1:]``, prefilled chunk by chunk through a pool in ``bits``."""
     import mlx.core as mx
 
-    from mlxd.worker.kv_format import KVFormat
-    from mlxd.worker.paged_cache import KVPool, PagedKVCache, PagedStep
+    from mlxd.worker.kv.formats import KVFormat
+    from mlxd.worker.kv.paged_cache import KVPool, PagedKVCache, PagedStep
 
     bs = 32
     blocks = -(-len(tokens) // bs)
@@ -85,8 +85,8 @@ def main() -> None:
     import mlx_lm
 
     from mlxd.worker import cpu_backend
-    from mlxd.worker.kv_format import KVFormat
-    from mlxd.worker.paged_cache import KVPool
+    from mlxd.worker.kv.formats import KVFormat
+    from mlxd.worker.kv.paged_cache import KVPool
 
     model, tok = mlx_lm.load(args.model)[:2]
     cpu_backend.prepare(model, "auto")

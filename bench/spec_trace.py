@@ -7,7 +7,7 @@ kind with their mean wall time and tokens, and the controller's phase estimates.
     python bench/spec_trace.py --model DIR [--scenario edit] [--streams 64] [--repeats 2] \
         [--stagger] [--modes off,ngram,forced] [--profile MODE] [--windows]
 
-A mode ending in ``/gather`` runs with ``paged_runner.VIEW_VERIFY`` off: a lone row verifies
+A mode ending in ``/gather`` runs with ``runners.paged.VIEW_VERIFY`` off: a lone row verifies
 over its gathered blocks instead of decode's view (``forced,forced/gather`` compares the two).
 Each mode's outputs are compared with the first mode's (``same n/N``); ``--margins`` also asks
 for every token's top-2 log probabilities and prints the first mode's margin where an output
@@ -35,8 +35,8 @@ blas.preload(os.environ)  # as a worker does, before MLX loads (the CPU's optimi
 from mlxd.bench import tasks  # noqa: E402
 from mlxd.bench.engine import engine_level, load_served, new_engine  # noqa: E402
 from mlxd.config import SchedulerConfig  # noqa: E402
-from mlxd.worker import paged_runner  # noqa: E402
-from mlxd.worker import speculator as spec_mod  # noqa: E402
+from mlxd.worker.runners import paged as paged_runner  # noqa: E402
+from mlxd.worker.spec import speculator as spec_mod  # noqa: E402
 
 _TASKS = {"edit": tasks.edit_prompt, "json": tasks.json_prompt, "chat": tasks.chat_prompt}
 

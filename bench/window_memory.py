@@ -1,5 +1,5 @@
 """KV memory one live sequence of a sliding-window model holds, in-process: the paged runner
-(full layers' blocks and the window layers' slabs it still holds: ``window_runner``) against
+(full layers' blocks and the window layers' slabs it still holds: ``runners.window``) against
 the model's own caches (``native``: ``RotatingKVCache`` for the window layers), and what every
 layer's blocks would take.
 
@@ -21,10 +21,10 @@ from mlxd.bench.engine import _Recorder, engine_level
 from mlxd.config import CacheConfig, SchedulerConfig, WorkerConfig
 from mlxd.worker import main as worker
 from mlxd.worker.engine import Engine
-from mlxd.worker.model_runner import check_model_supported
-from mlxd.worker.paged_cache import KVPool
-from mlxd.worker.scheduler import Scheduler
-from mlxd.worker.tokenizer import PromptEncoder
+from mlxd.worker import build as worker_build
+from mlxd.worker.kv.paged_cache import KVPool
+from mlxd.worker.runners.base import check_model_supported
+from mlxd.worker.sampling.tokenizer import PromptEncoder
 
 
 def build(path: str, runner_kind: str, kv_gb: float) -> Engine:
@@ -40,20 +40,15 @@ def build(path: str, runner_kind: str, kv_gb: float) -> Engine:
     )
     eos = set(tokenizer.eos_token_ids)
     if runner_kind == "native":
-        runner, pool = worker._native_runner(model, eos, config, check_model_supported(model)), None
+        why = check_model_supported(model)
+        runner, pool = worker_build._native_runner(model, eos, config, why), None
     else:
-        runner, pool, _ = worker._runner(model, eos, config, 65536)
-    scheduler = Scheduler(worker._scheduler_config(config, runner), pool=pool)
-    runner.fit_scheduler(scheduler)
+        runner, pool, _ = worker_build.build_runner(model, eos, config, 65536)
     encoder = PromptEncoder(tokenizer, vocab_size=worker._vocab_size(model, tokenizer))
-    return Engine(
-        name="p",
-        runner=runner,
-        scheduler=scheduler,
-        encoder=encoder,
-        channel=_Recorder(0.0, {}),
-        max_context=65536,
-    )  # type: ignore[arg-type]
+    channel = _Recorder(0.0, {})
+    return worker_build.build_engine(
+        config, runner, pool, model=model, encoder=encoder, channel=channel, max_context=65536
+    )
 
 
 def live_bytes(engine: Engine) -> int:

@@ -43,11 +43,11 @@ if TYPE_CHECKING:
 DEFAULT_MODEL = "mlxd-default"
 API_KEY_TIERS = PRIORITIES  # a key's tier is the highest priority its requests get
 # Of a paged worker's KV budget, the share decode's read view may hold (a copy of the batch's
-# K/V that makes each step read one contiguous array; see worker/decode_tail.py); the pool
+# K/V that makes each step read one contiguous array; see worker/kv/decode_tail.py); the pool
 # gets the rest, so the budget caps both.
 VIEW_SHARE = 0.2
 # Of a hybrid model's KV budget, the share its prefix cache's recurrent-state snapshots may hold
-# (worker/hybrid_runner.py); the pool and the view split the rest.
+# (worker/runners/hybrid.py); the pool and the view split the rest.
 STATE_SHARE = 0.25
 
 

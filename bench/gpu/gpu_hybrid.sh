@@ -2,7 +2,7 @@
 # Hybrids and sliding windows on the GPU machine (issue #18): a Qwen3.5-0.8B-shaped model
 # (SHAPE=qwen3_5-0.8b) or a Gemma-3-1B-shaped one (SHAPE=gemma3-1b), random weights, bf16
 # (bench/make_shaped.py), served by this mlxd (attention in the block pool: recurrent state by
-# row, worker/hybrid_runner.py; window layers in slabs, worker/window_runner.py), by an earlier
+# row, worker/runners/hybrid.py; window layers in slabs, worker/runners/window.py), by an earlier
 # mlxd checkout in $BEFORE (the model's own caches and whole-cache snapshots) and by
 # mlx_lm.server, one after the other on one machine. Per server: TTFT of a shared
 # $PREFIX-token system prompt cold vs hit at 1 and 8 streams (`mlxd bench run --scenario

@@ -3,7 +3,7 @@
 # section: one worker served Llama-3.2-3B at 3,317 tok/s at both 64 and 128 streams, ITL 16 ->
 # 35 ms, where weights and KV reads bound a step near 2-5 ms). In-process engine, speculation
 # off, so HTTP and the gateway are out of it; then a long prompt beside streams on a real shape
-# (worker/prefill_cost.py). Prints tables; JSON under $OUT.
+# (worker/sched/prefill_cost.py). Prints tables; JSON under $OUT.
 # Run after `bash .gpuB/install.sh b`. Usage:
 #   [SIZES="qwen3-0.6b llama-3.2-3b"] [LEVELS=1,32,64,128] [LONG=1] [KV_GB=16] bash bench/gpu/gpu_rows.sh
 # KV_GB sizes pool and view as a daemon with --kv-cache-gb (16: run Z's; the 128 rows then

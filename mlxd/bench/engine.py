@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from mlxd.bench.stats import RequestTiming, summarize
-from mlxd.config import SchedulerConfig, split_kv_budget
+from mlxd.config import SchedulerConfig
 from mlxd.protocol.messages import (
     Events,
     Generate,
@@ -60,8 +60,8 @@ def load_served(path: str) -> tuple[Any, Any]:
     rows of one matrix, and only each row's last position is projected to the vocabulary."""
     import mlx_lm
 
-    from mlxd.worker.output_head import last_position_only
-    from mlxd.worker.quantized import batch_as_rows
+    from mlxd.worker.runners.output_head import last_position_only
+    from mlxd.worker.runners.quantized import batch_as_rows
 
     model, tokenizer = mlx_lm.load(path)[:2]
     batch_as_rows(model)
@@ -80,63 +80,39 @@ def new_engine(
     kv_bits: int | None = None,
     kv_cache_gb: float | None = None,
 ) -> Any:
-    """An engine whose channel records token timings (see ``engine_level``): on the paged KV
-    cache (the daemon's default; a pool for ``max_num_seqs`` full contexts) or the contiguous
-    one. ``max_view_tokens`` bounds decode's read view (default: the pool's tokens; 0: decode
-    gathers the pool's blocks every step). ``kv_bits``: the pool quantized (``--kv-bits``).
-    ``kv_cache_gb``: pool and view sized from that budget as a served worker sizes them
-    (``config.split_kv_budget``), so a batch that outgrows the daemon's view does here too.
-    A hybrid and a sliding-window model are paged as the worker pages them (``hybrid_runner``,
-    ``window_runner``); other layouts the pool cannot hold run on the contiguous cache."""
-    from mlxd.knobs import KV_CHUNK_MB
-    from mlxd.worker import layer_caches
-    from mlxd.worker.block_pool import BlockPool
-    from mlxd.worker.engine import Engine
-    from mlxd.worker.hybrid_runner import HybridModelRunner, reserved_bytes
-    from mlxd.worker.kv_format import KVFormat
-    from mlxd.worker.model_runner import ModelRunner, check_model_supported
-    from mlxd.worker.paged_cache import KVPool
-    from mlxd.worker.paged_runner import PagedModelRunner
-    from mlxd.worker.prefill_cost import PrefillCost
-    from mlxd.worker.scheduler import Scheduler
-    from mlxd.worker.tokenizer import PromptEncoder
-    from mlxd.worker.window_runner import WindowModelRunner
+    """An engine whose channel records token timings (see ``engine_level``), built as a worker
+    builds its own (``worker/build.py``): on the paged KV cache (the daemon's default; a pool
+    for ``max_num_seqs`` full contexts) or the contiguous one. ``max_view_tokens`` bounds
+    decode's read view (default: the pool's tokens; 0: decode gathers the pool's blocks every
+    step). ``kv_bits``: the pool quantized (``--kv-bits``). ``kv_cache_gb``: pool and view sized
+    from that budget as a served worker sizes them (``config.split_kv_budget``), so a batch that
+    outgrows the daemon's view does here too. Hybrids, sliding-window models and layouts the
+    pool cannot hold get the runner a worker gives them (``build.build_runner``)."""
+    from mlxd.config import CacheConfig, WorkerConfig
+    from mlxd.worker.build import PoolSize, build_engine, build_runner
+    from mlxd.worker.sampling.tokenizer import PromptEncoder
 
+    cache = CacheConfig(
+        kv_cache_gb=kv_cache_gb, block_size=block_size, paged=paged, kv_bits=kv_bits
+    )
+    config = WorkerConfig(
+        model="bench", name="bench", endpoint="inproc://bench", scheduler=sched, cache=cache
+    )
+    size = None  # with kv_cache_gb: sized from that budget, as a served worker is
+    if kv_cache_gb is None:  # a pool for max_num_seqs full contexts, and some to spare
+        size = PoolSize(sched.max_num_seqs * -(-max_context // block_size) + 64, max_view_tokens)
     encoder = PromptEncoder(tokenizer, vocab_size=model.args.vocab_size)
     eos = encoder.eos_token_ids
-    hybrid = paged and layer_caches.is_hybrid(model)
-    window = layer_caches.window_size(model) if paged and not hybrid else 0
-    if not paged or (check_model_supported(model) and not hybrid and not window):
-        runner, pool = ModelRunner(model, eos), None
-    else:
-        num_blocks = sched.max_num_seqs * -(-max_context // block_size) + 64
-        state_budget = 1 << 30
-        if kv_cache_gb is not None:
-            budget = int(kv_cache_gb * 2**30)
-            state_budget, rows = 0, 0
-            if hybrid:  # as the worker reserves it
-                state_budget, rows = reserved_bytes(model, budget, sched.max_num_seqs)
-            per_token = sum(KVPool.bytes_per_token(model, KVFormat(kv_bits), windows=w)
-                            for w in ((False, True) if window else (False,)))  # fmt: skip
-            num_blocks, max_view_tokens = split_kv_budget(budget - state_budget - rows,
-                                                          per_token, block_size)  # fmt: skip
-        if window:  # both pools grow as a worker's do, a chunk at a time
-            runner, pool = WindowModelRunner.for_model(
-                model, eos, num_blocks, block_size, window, int(KV_CHUNK_MB.default * 2**20),
-                KVFormat(kv_bits), max_view_tokens)  # fmt: skip
-        else:
-            pool_kv = KVPool.for_model(model, num_blocks, block_size, fmt=KVFormat(kv_bits))
-            runner = (
-                HybridModelRunner(model, eos, pool_kv, state_budget, max_view_tokens)
-                if hybrid
-                else PagedModelRunner(model, eos, pool_kv, max_view_tokens)
-            )
-            pool = BlockPool(num_blocks, block_size)
-    scheduler = Scheduler(sched, pool=pool, cost=PrefillCost.for_model(model))
-    runner.fit_scheduler(scheduler)
-    return Engine(name="bench", runner=runner, scheduler=scheduler,
-                  encoder=encoder, channel=_Recorder(0.0, {}),  # type: ignore[arg-type]
-                  max_context=max_context)  # fmt: skip
+    runner, pool, max_context = build_runner(model, eos, config, max_context, size)
+    return build_engine(
+        config,
+        runner,
+        pool,
+        model=model,
+        encoder=encoder,
+        channel=_Recorder(0.0, {}),  # type: ignore[arg-type]
+        max_context=max_context,
+    )
 
 
 def engine_level(engine: Any, prompts: list[list[int]], max_tokens: int | list[int],

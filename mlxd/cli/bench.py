@@ -351,8 +351,8 @@ def engine_command(
     from mlxd.bench.progress import Progress
     from mlxd.bench.stats import add_speedup
     from mlxd.bench.workload import make_prompts
-    from mlxd.worker.output_head import last_position_only
-    from mlxd.worker.quantized import batch_as_rows, restore
+    from mlxd.worker.runners.output_head import last_position_only
+    from mlxd.worker.runners.quantized import batch_as_rows, restore
 
     model, tokenizer = mlx_lm.load(model_path)[:2]
     quantized, whole_head = batch_as_rows(model), last_position_only(model)  # as the worker does

@@ -11,9 +11,9 @@ Recurrent and linear-attention layers of a hybrid (Qwen3-Next, LFM2, Nemotron-H,
 Linear) keep a fixed state and no per-token K/V, and layers that reuse another's K/V
 (``num_kv_shared_layers``) none: neither counts. Sliding-window layers count per token like
 full ones: the worker pays their slabs from the same budget, one beside each block, and the
-prefix cache keeps the slabs that fell behind (``worker/window_slabs.py``).
+prefix cache keeps the slabs that fell behind (``worker/kv/window_slabs.py``).
 
-With ``--kv-bits`` a row is stored as ``mx.quantize`` lays it out (``worker/kv_format.py``):
+With ``--kv-bits`` a row is stored as ``mx.quantize`` lays it out (``worker/kv/formats.py``):
 ``dim * bits / 32`` packed ``uint32`` words, and a scale and a bias in the compute dtype per
 ``group_size`` values.
 """

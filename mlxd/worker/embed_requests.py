@@ -9,10 +9,10 @@ from collections.abc import Callable
 from mlxd.errors import InternalError, InvalidRequest, MlxdError, WorkerUnavailable
 from mlxd.protocol.channel import WorkerChannel
 from mlxd.protocol.messages import Embed, TextPrompt, TokenPrompt
-from mlxd.worker.embed_job import EmbedJob
 from mlxd.worker.embedder import Embedder
-from mlxd.worker.scheduler import EmbedChunk, Scheduler
-from mlxd.worker.tokenizer import PromptEncoder
+from mlxd.worker.sampling.tokenizer import PromptEncoder
+from mlxd.worker.sched.embed_job import EmbedJob
+from mlxd.worker.sched.scheduler import EmbedChunk, Scheduler
 
 log = logging.getLogger(__name__)
 

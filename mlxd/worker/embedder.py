@@ -13,7 +13,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlxd.errors import InvalidRequest
-from mlxd.worker.scheduler import EmbedChunk
+from mlxd.worker.sched.scheduler import EmbedChunk
 
 # Largest padded batch (rows x longest input) per forward pass: bounds the activation memory.
 MAX_BATCH_TOKENS = 8192

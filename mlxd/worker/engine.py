@@ -39,18 +39,18 @@ from mlxd.protocol.messages import (
     Usage,
 )
 from mlxd.protocol.validate import check_priority, check_sampling
-from mlxd.worker.detokenizer import OutputText
 from mlxd.worker.embed_requests import EmbedRequests
 from mlxd.worker.embedder import Embedder
-from mlxd.worker.grammar import Grammar, valid_drafts
 from mlxd.worker.idle_release import IdleRelease
-from mlxd.worker.model_runner import ModelRunner, TokenEvent
-from mlxd.worker.oom_backoff import OomBackoff
-from mlxd.worker.scheduler import EmbedChunk, PrefillChunk, Scheduler
-from mlxd.worker.sequence import PRIORITY_LEVELS, Sequence
-from mlxd.worker.speculator import Drafter, Speculator, resolve
+from mlxd.worker.runners.base import ModelRunner, TokenEvent
+from mlxd.worker.sampling.detokenizer import OutputText
+from mlxd.worker.sampling.grammar import Grammar, valid_drafts
+from mlxd.worker.sampling.tokenizer import PromptEncoder
+from mlxd.worker.sched.oom_backoff import OomBackoff
+from mlxd.worker.sched.scheduler import EmbedChunk, PrefillChunk, Scheduler
+from mlxd.worker.sched.sequence import PRIORITY_LEVELS, Sequence
+from mlxd.worker.spec.speculator import Drafter, Speculator, resolve
 from mlxd.worker.stats import Stats
-from mlxd.worker.tokenizer import PromptEncoder
 
 if TYPE_CHECKING:
     from mlxd.worker.control import Control
@@ -96,7 +96,7 @@ class Engine:
         self.clock = clock or scheduler.clock
         self.should_exit = False
         self.stats = Stats(self.clock)
-        self.idle_release = IdleRelease(0)  # main.py sets --kv-idle-s (0 here: never)
+        self.idle_release = IdleRelease(0)  # build.py sets --kv-idle-s (0 here: never)
         mode = resolve(scheduler.config.speculate) if runner.speculates else "off"
         # Drafts and whether the batch verifies them.
         self.speculator = Speculator(mode, drafter=drafter if mode == "draft" else None)
@@ -289,7 +289,7 @@ class Engine:
         if not preempted and self.runner.needs_room():
             # A runner with no pool keeps the batch's KV under its budget: unread tokens are
             # read first, so the victim's caches hold exactly its tokens but the last, and it
-            # resumes from a snapshot of them (native_runner) rather than from scratch.
+            # resumes from a snapshot of them (runners.native) rather than from scratch.
             self._accept(self.runner.sync())
             victim = self.scheduler.preempt_one()
             preempted = [victim] if victim is not None else []

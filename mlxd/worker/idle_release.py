@@ -19,8 +19,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from mlxd.worker.model_runner import ModelRunner
-    from mlxd.worker.scheduler import Scheduler
+    from mlxd.worker.runners.base import ModelRunner
+    from mlxd.worker.sched.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 

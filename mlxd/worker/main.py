@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import logging
 import os
@@ -15,30 +14,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import zmq
-from mlx.utils import tree_flatten
 
-from mlxd.config import SchedulerConfig, WorkerConfig, kv_bytes_wanted, split_kv_budget
+from mlxd.config import WorkerConfig
 from mlxd.errors import ConfigError
 from mlxd.protocol import curve
 from mlxd.protocol.channel import WorkerChannel, control_endpoint
 from mlxd.protocol.messages import Message, Ping
-from mlxd.worker import cpu_backend, disk_tier, layer_caches
+from mlxd.worker import cpu_backend
 from mlxd.worker import group as worker_group
-from mlxd.worker.block_pool import BlockPool
+from mlxd.worker.build import build_engine, build_runner, save_snapshots
 from mlxd.worker.control import Control
 from mlxd.worker.embedder import Embedder
 from mlxd.worker.engine import Engine
-from mlxd.worker.idle_release import IdleRelease
-from mlxd.worker.model_runner import ModelRunner, check_model_supported
-from mlxd.worker.output_head import last_position_only
-from mlxd.worker.prefill_cost import PrefillCost
-from mlxd.worker.quantized import batch_as_rows
-from mlxd.worker.scheduler import Scheduler
-from mlxd.worker.tokenizer import PromptEncoder
+from mlxd.worker.runners.base import ModelRunner
+from mlxd.worker.runners.output_head import last_position_only
+from mlxd.worker.runners.quantized import batch_as_rows
+from mlxd.worker.sampling.tokenizer import PromptEncoder
 
 if TYPE_CHECKING:
-    from mlxd.worker.kv_format import KVFormat
-    from mlxd.worker.speculator import Drafter
+    from mlxd.worker.spec.speculator import Drafter
 
 log = logging.getLogger("mlxd.worker")
 
@@ -47,8 +41,6 @@ STARTUP_FAILURE = 3
 MAX_REASON_CHARS = 300
 
 DEFAULT_CONTEXT = 4096
-DEFAULT_KV_FRACTION = 0.5  # of the memory the weights leave, when --kv-cache-gb is not given
-SNAPSHOT_BYTES = 8 * 2**30  # most KV budget of a model on its own caches (rows + snapshots)
 
 
 def serve(config: WorkerConfig) -> int:
@@ -65,7 +57,7 @@ def serve(config: WorkerConfig) -> int:
         model, tokenizer, max_context = _load(config, group)
         compute = cpu_backend.prepare(model, config.dtype)  # float32 on the CPU; GEMM probe
         channel = _channel(config, group)
-        runner, pool, max_context = _runner(
+        runner, pool, max_context = build_runner(
             model, set(tokenizer.eos_token_ids), config, max_context
         )
         if group is not None:
@@ -84,24 +76,18 @@ def serve(config: WorkerConfig) -> int:
         "prompts over %s characters are refused untokenized",
         None if encoder.max_token_chars is None else encoder.max_token_chars * max_context,
     )
-    engine = Engine(
-        name=config.name,
-        runner=runner,
-        scheduler=Scheduler(
-            _scheduler_config(config, runner),
-            pool=pool,
-            clock=getattr(channel, "clock", time.monotonic),
-            cost=PrefillCost.for_model(model),
-        ),
+    engine = build_engine(
+        config,
+        runner,
+        pool,
+        model=model,
         encoder=encoder,
         channel=channel,
         max_context=max_context,
+        clock=getattr(channel, "clock", time.monotonic),
         embedder=Embedder(model),
         drafter=drafter,
     )
-    engine.idle_release = IdleRelease(config.cache.kv_idle_s)
-    runner.fit_scheduler(engine.scheduler)
-    tier = disk_tier.attach(config, engine.scheduler, runner)
     engine.control = Control(
         engine,
         model_path=config.model,
@@ -132,9 +118,10 @@ def serve(config: WorkerConfig) -> int:
              config.endpoint, max_context)  # fmt: skip
     try:
         engine.run()
-        if tier is not None and engine.scheduler.radix is not None:  # a restart finds them
-            log.info("KV disk cache: saving %d cached blocks", engine.scheduler.radix.spill())
-        disk_tier.save_snapshots(runner)
+        radix = engine.scheduler.radix
+        if radix is not None and radix.tier is not None:  # a restart finds them
+            log.info("KV disk cache: saving %d cached blocks", radix.spill())
+        save_snapshots(runner)
     finally:
         channel.close()
         if auth is not None:
@@ -198,159 +185,11 @@ def _draft_model(config: WorkerConfig, runner: ModelRunner, vocab_size: int) -> 
         log.warning("%s decodes one token per step (%s): --draft-model not loaded", config.name,
                     runner.kv_description)  # fmt: skip
         return None
-    from mlxd.worker.draft_model import DraftModel
+    from mlxd.worker.spec.draft_model import DraftModel
 
     model, tokenizer = _load_model(path, config.dtype)
     cpu_backend.cast(model, config.dtype)
     return DraftModel(model, _vocab_size(model, tokenizer), vocab_size, path)
-
-
-def _runner(
-    model: Any, eos_token_ids: set[int], config: WorkerConfig, max_context: int
-) -> tuple[ModelRunner, BlockPool | None, int]:
-    """The paged runner with its block pool, the contiguous one (``--no-paged-kv``), or the one
-    on the model's own caches for a model the pool cannot hold (sliding-window, recurrent or
-    cache-less layers: ``native_runner``). The context is capped to what the pool holds, so
-    any one request fits alone."""
-    why = check_model_supported(model)  # raises for models the engine cannot serve
-    hybrid = bool(why) and config.cache.paged and layer_caches.is_hybrid(model)
-    window = layer_caches.window_size(model) if why and config.cache.paged and not hybrid else 0
-    if window:
-        return _window_runner(model, eos_token_ids, config, max_context, window)
-    if (why and not hybrid) or not config.cache.paged:
-        if config.cache.kv_bits is not None:
-            log.warning("--kv-bits applies to the paged KV pool only; %s keeps float KV",
-                        config.name)  # fmt: skip
-        if why:
-            return _native_runner(model, eos_token_ids, config, why), None, max_context
-        return ModelRunner(model, eos_token_ids), None, max_context
-    from mlxd.worker.paged_cache import KVPool
-    from mlxd.worker.paged_runner import PagedModelRunner
-
-    bs = config.cache.block_size
-    fmt = _kv_format(model, config)
-    per_token = KVPool.bytes_per_token(model, fmt)
-    per_block = per_token * bs
-    wanted = kv_bytes_wanted(per_token, config.scheduler.max_num_seqs, max_context, paged=True)
-    budget = _kv_budget(model, config, wanted)
-    state_budget, rows = 0, 0
-    if hybrid:
-        from mlxd.worker.hybrid_runner import reserved_bytes
-
-        state_budget, rows = reserved_bytes(model, budget, config.scheduler.max_num_seqs)
-    num_blocks, view_tokens = split_kv_budget(budget - state_budget - rows, per_token, bs)
-    if num_blocks < 2:
-        held = f" after {rows} bytes of rows' recurrent state" if rows else ""
-        raise ConfigError(f"--kv-cache-gb {config.cache.kv_cache_gb} holds no KV blocks{held}; "
-                          f"one block of {bs} tokens takes {per_block} bytes")  # fmt: skip
-    if num_blocks * bs < max_context:
-        log.warning("the KV pool holds %d tokens: context capped from %d", num_blocks * bs,
-                    max_context)  # fmt: skip
-        max_context = num_blocks * bs
-    # An idle worker holds about one chunk of KV, not its whole budget (worker/idle_release.py).
-    chunk = max(1, int(config.cache.kv_chunk_mb * 2**20) // per_block)
-    pool = KVPool.for_model(model, num_blocks=num_blocks, block_size=bs, chunk_blocks=chunk,
-                            fmt=fmt)  # fmt: skip
-    if hybrid:
-        from mlxd.worker.hybrid_runner import HybridModelRunner
-
-        runner: ModelRunner = HybridModelRunner(model, eos_token_ids, pool, state_budget,
-                                                max_view_tokens=view_tokens)  # fmt: skip
-    else:
-        runner = PagedModelRunner(model, eos_token_ids, pool, max_view_tokens=view_tokens)
-    return runner, BlockPool(num_blocks, bs), max_context
-
-
-def _window_runner(
-    model: Any, eos_token_ids: set[int], config: WorkerConfig, max_context: int, window: int
-) -> tuple[ModelRunner, BlockPool, int]:
-    """The paged runner of a sliding-window model: full layers' blocks and window layers'
-    slabs from one budget (``window_slabs``). The context is capped to what the budget holds
-    with one window's slabs beside it."""
-    from mlxd.worker.paged_cache import KVPool
-    from mlxd.worker.window_runner import WindowModelRunner, margin
-
-    bs, fmt = config.cache.block_size, _kv_format(model, config)
-    full, windowed = (KVPool.bytes_per_token(model, fmt, windows=w) * bs for w in (False, True))
-    wanted = kv_bytes_wanted(full // bs + windowed // bs, config.scheduler.max_num_seqs,
-                             max_context, paged=True)  # fmt: skip
-    num_blocks, view_tokens = split_kv_budget(_kv_budget(model, config, wanted),
-                                              (full + windowed) // bs, bs)  # fmt: skip
-    runner, pool = WindowModelRunner.for_model(
-        model, eos_token_ids, num_blocks, bs, window, int(config.cache.kv_chunk_mb * 2**20),
-        fmt, view_tokens)  # fmt: skip
-    # one sequence holds at most a window, decode's margin and a prefill chunk of slabs
-    in_window = -(-(window + margin(bs) + config.scheduler.prefill_chunk) // bs) + 2
-    context = runner.context_blocks(in_window) * bs
-    if context < bs:
-        raise ConfigError(f"--kv-cache-gb {config.cache.kv_cache_gb} holds no KV blocks; one "
-                          f"block of {bs} tokens takes {full + windowed} bytes")  # fmt: skip
-    if context < max_context:
-        log.warning("the KV pool holds %d tokens: context capped from %d", context, max_context)
-        max_context = context
-    return runner, pool, max_context
-
-
-def _kv_format(model: Any, config: WorkerConfig) -> KVFormat:
-    """How the pool stores K/V: quantized with ``--kv-bits`` when the head dimension allows."""
-    from mlxd.worker.kv_format import KVFormat
-    from mlxd.worker.paged_cache import kv_shape
-
-    fmt = KVFormat(config.cache.kv_bits, config.cache.kv_group_size)
-    if not fmt.quantized:
-        return fmt
-    _, _, kd, vd, _ = kv_shape(model)
-    if not (fmt.fits(kd) and fmt.fits(vd)):
-        raise ConfigError(f"--kv-group-size {fmt.group_size} does not divide {config.name}'s "
-                          f"head dimension ({kd}, {vd})")  # fmt: skip
-    return fmt
-
-
-def _native_runner(
-    model: Any, eos_token_ids: set[int], config: WorkerConfig, why: str
-) -> ModelRunner:
-    """The runner on ``model``'s own caches. With the prefix cache (off with
-    ``--no-paged-kv``) the KV budget is split between the batch's caches (rows beyond it are
-    preempted and resume from their snapshots) and the snapshots."""
-    from mlxd.worker.native_runner import NativeModelRunner
-    from mlxd.worker.snapshot_cache import SnapshotCache
-
-    snapshots, budget = None, None
-    if config.cache.paged:
-        budget = _kv_budget(model, config, SNAPSHOT_BYTES) // 2  # half rows, half snapshots
-        snapshots = SnapshotCache(budget)
-        log.info("%s has %s: served on its own caches, %.2f GiB for the batch's and as much "
-                 "for prefix snapshots", config.name, why, budget / 2**30)  # fmt: skip
-    runner = NativeModelRunner(model, eos_token_ids, snapshots, config.cache.block_size, why,
-                               kv_budget=budget)  # fmt: skip
-    if not runner.batchable:
-        log.warning("%s: a layer cache cannot join a batch (%s): one sequence at a time",
-                    config.name, why)  # fmt: skip
-    return runner
-
-
-def _scheduler_config(config: WorkerConfig, runner: ModelRunner) -> SchedulerConfig:
-    """The scheduler's limits; one row when the runner cannot batch."""
-    if getattr(runner, "batchable", True):
-        return config.scheduler
-    return dataclasses.replace(config.scheduler, max_num_seqs=1)
-
-
-def _kv_budget(model: Any, config: WorkerConfig, most_useful: int) -> int:
-    """Bytes for the KV pool: ``--kv-cache-gb``, or a share of the device memory the weights
-    leave, at most what ``max_num_seqs`` full contexts take."""
-    if config.cache.kv_cache_gb is not None:
-        return int(config.cache.kv_cache_gb * 2**30)
-    import mlx.core as mx
-
-    info = mx.device_info()
-    # Metal: the recommended working set; CUDA: the device's memory; CPU: none (physical RAM)
-    total = (info.get("max_recommended_working_set_size") or info.get("memory_size")
-             or info.get("total_memory"))  # fmt: skip
-    if not isinstance(total, int):
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    weights = sum(int(v.nbytes) for _, v in tree_flatten(model.parameters()))
-    return min(int(DEFAULT_KV_FRACTION * max(total - weights, 0)), most_useful)
 
 
 def _model_context(model: Any) -> int:

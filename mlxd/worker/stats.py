@@ -18,8 +18,8 @@ from mlxd.errors import MlxdError, Overloaded, WorkerUnavailable
 from mlxd.protocol.messages import LatencySummary, StatsReply
 
 if TYPE_CHECKING:
-    from mlxd.worker.sequence import Sequence
-    from mlxd.worker.speculator import Speculator
+    from mlxd.worker.sched.sequence import Sequence
+    from mlxd.worker.spec.speculator import Speculator
 
 WINDOW_S = 10
 MAX_SAMPLES = 2048

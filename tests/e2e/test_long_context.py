@@ -81,8 +81,8 @@ def test_a_32k_prompt_prefills_beside_a_running_stream_and_is_cached(long_daemon
     during = [t for t in times if t0 <= t <= t1]
     gaps = [b - a for a, b in zip([t0, *during], [*during, t1], strict=True)]
     # The stream kept decoding, a token per prefill chunk, and the chunks shrank as the prompt
-    # went on (worker/prefill_cost.py: 128 tokens deep in it, not 512): over 150 of them, where
-    # chunks of 512 are 62.
+    # went on (worker/sched/prefill_cost.py: 128 tokens deep in it, not 512): over 150 of them,
+    # where chunks of 512 are 62.
     assert len(during) >= 150 and max(gaps) < (t1 - t0) / 10, (len(during), max(gaps), t1 - t0)
     m = long_daemon.admin_get(f"/admin/models/{long_daemon.model}/status").json()["memory"]
     assert LONG * 512 <= m["kv_reserved_bytes"] <= m["kv_budget_bytes"]

@@ -146,7 +146,7 @@ def test_disconnect_frees_the_streams_blocks(small_pool: Daemon) -> None:
 def test_models_beyond_plain_attention_say_how_they_are_served(
     tmp_path: Path, arch: str, extra: dict[str, Any], served: str
 ) -> None:
-    """A sliding-window model is paged with its window layers in slabs (window_runner); a
+    """A sliding-window model is paged with its window layers in slabs (runners.window); a
     recurrent one is served on its own mlx-lm caches with the snapshot prefix cache; the
     worker's status says which."""
     from mlxd.models.maker import make_model

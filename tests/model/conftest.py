@@ -64,21 +64,21 @@ class Harness:
         chunk_blocks: int | None = None, kv_format: Any = None, state_budget: int = 1 << 30,
         **sched: Any,
     ) -> None:  # fmt: skip
-        from mlxd.worker import layer_caches
-        from mlxd.worker.block_pool import BlockPool
         from mlxd.worker.embedder import Embedder
         from mlxd.worker.engine import Engine
-        from mlxd.worker.hybrid_runner import HybridModelRunner
+        from mlxd.worker.kv import layer_caches
+        from mlxd.worker.kv.block_pool import BlockPool
+        from mlxd.worker.kv.paged_cache import KVPool
         from mlxd.worker.main import _vocab_size
-        from mlxd.worker.model_runner import ModelRunner, check_model_supported
-        from mlxd.worker.native_runner import NativeModelRunner
-        from mlxd.worker.output_head import last_position_only
-        from mlxd.worker.paged_cache import KVPool
-        from mlxd.worker.paged_runner import PagedModelRunner
-        from mlxd.worker.scheduler import Scheduler
-        from mlxd.worker.snapshot_cache import SnapshotCache
-        from mlxd.worker.tokenizer import PromptEncoder
-        from mlxd.worker.window_runner import WindowModelRunner
+        from mlxd.worker.prefix.snapshot_cache import SnapshotCache
+        from mlxd.worker.runners.base import ModelRunner, check_model_supported
+        from mlxd.worker.runners.hybrid import HybridModelRunner
+        from mlxd.worker.runners.native import NativeModelRunner
+        from mlxd.worker.runners.output_head import last_position_only
+        from mlxd.worker.runners.paged import PagedModelRunner
+        from mlxd.worker.runners.window import WindowModelRunner
+        from mlxd.worker.sampling.tokenizer import PromptEncoder
+        from mlxd.worker.sched.scheduler import Scheduler
 
         model, tokenizer = load_model(model_path)
         last_position_only(model)  # as the worker serves it (mlx-lm reads the last one too)
@@ -112,7 +112,7 @@ class Harness:
         sched.setdefault("speculate", "off")
         drafter = None
         if sched.get("draft_model"):  # loaded as the worker loads it (worker/main.py)
-            from mlxd.worker.draft_model import DraftModel
+            from mlxd.worker.spec.draft_model import DraftModel
 
             draft, _ = load_model(Path(sched["draft_model"]))
             last_position_only(draft)

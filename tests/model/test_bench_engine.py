@@ -45,7 +45,7 @@ def test_bench_engine_sizes_the_view_as_a_worker_under_kv_cache_gb(
 ) -> None:
     """A budget whose fifth holds one row's view (8-token prompts: 32 + 64 columns) but not
     three: the 3-stream level decodes from the pool's blocks, as a served worker would."""
-    from mlxd.worker.paged_cache import KVPool
+    from mlxd.worker.kv.paged_cache import KVPool
     from tests.model.conftest import load_model
 
     per_token = KVPool.bytes_per_token(load_model(tiny_model)[0])

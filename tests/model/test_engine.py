@@ -211,8 +211,8 @@ def test_rows_leaving_one_by_one_hold_no_copies_of_the_view(harness_factory: Any
     decode view they were cut from (each such view is all the batch's K/V)."""
     import mlx.core as mx
 
-    from mlxd.worker.decode_tail import VIEW_STEP
-    from mlxd.worker.paged_cache import KVPool
+    from mlxd.worker.kv.decode_tail import VIEW_STEP
+    from mlxd.worker.kv.paged_cache import KVPool
 
     h = harness_factory(num_blocks=512, max_num_seqs=24, max_queued=24)
     n = 24
@@ -237,8 +237,8 @@ def test_a_long_decode_holds_one_view_not_one_per_flush(harness_factory: Any) ->
     done then, and do not keep each flush's view alive until the batch changes."""
     import mlx.core as mx
 
-    from mlxd.worker.decode_tail import VIEW_STEP
-    from mlxd.worker.paged_cache import KVPool
+    from mlxd.worker.kv.decode_tail import VIEW_STEP
+    from mlxd.worker.kv.paged_cache import KVPool
 
     h = harness_factory(num_blocks=512, max_num_seqs=8, max_queued=8)
     n, out = 8, 6 * VIEW_STEP
@@ -269,7 +269,7 @@ def test_prompts_that_end_at_their_first_token_leave_no_pending_pool_writes(
     import mlx.core as mx
 
     from mlxd.protocol.messages import Generate, SamplingParams, TokenPrompt
-    from mlxd.worker.paged_cache import KVPool
+    from mlxd.worker.kv.paged_cache import KVPool
     from tests.model.conftest import Result
 
     h = harness_factory(num_blocks=512, max_num_seqs=4, max_queued=64)

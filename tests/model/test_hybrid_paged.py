@@ -1,4 +1,4 @@
-"""Hybrids on the block pool (``hybrid_runner``): attention layers paged, recurrent state by row,
+"""Hybrids on the block pool (``runners.hybrid``): attention layers paged, recurrent state by row,
 snapshots of it on the prefix cache's nodes at block boundaries. Every output is checked
 against mlx-lm's own greedy tokens for the same prompt."""
 
@@ -36,7 +36,7 @@ def model_path(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 
 
 def test_a_hybrid_is_served_on_the_pool(model_path: Path) -> None:
-    from mlxd.worker.hybrid_runner import HybridModelRunner
+    from mlxd.worker.runners.hybrid import HybridModelRunner
 
     h = Harness(model_path, block_size=BLOCK)
     try:
@@ -152,7 +152,7 @@ def test_a_prompt_parting_from_an_earlier_one_hits_a_periodic_snapshot(
 ) -> None:
     """Prefill snapshots every STATE_EVERY tokens: a later prompt that shares more than that
     with an earlier one, and parts from it where nothing was asked for, still hits."""
-    from mlxd.worker import radix_cache
+    from mlxd.worker.prefix import radix_cache
 
     monkeypatch.setattr(radix_cache, "STATE_EVERY", 2 * BLOCK)
     h = Harness(model_path, block_size=BLOCK)
@@ -226,7 +226,7 @@ def test_a_long_prefill_hands_its_snapshots_to_the_cache_as_it_goes(
 ) -> None:
     """Snapshots every STATE_EVERY tokens go to the prefix cache with each chunk (within its
     budget), not kept on the sequence until its prompt is done."""
-    from mlxd.worker import radix_cache
+    from mlxd.worker.prefix import radix_cache
     from tests.model.conftest import Result
 
     monkeypatch.setattr(radix_cache, "STATE_EVERY", BLOCK)
@@ -253,9 +253,9 @@ def test_the_kv_budget_holds_every_rows_state_and_the_snapshots(model_path: Path
     """A worker's KV budget for a hybrid: a quarter for the prefix cache's snapshots, each
     possible row's live state and latest snapshot, then the pool and decode's view."""
     from mlxd.config import STATE_SHARE, CacheConfig, SchedulerConfig, WorkerConfig, split_kv_budget
-    from mlxd.worker import layer_caches
-    from mlxd.worker.main import _runner
-    from mlxd.worker.paged_cache import KVPool
+    from mlxd.worker.build import build_runner
+    from mlxd.worker.kv import layer_caches
+    from mlxd.worker.kv.paged_cache import KVPool
     from tests.model.conftest import load_model
 
     model, _ = load_model(model_path)
@@ -265,7 +265,7 @@ def test_the_kv_budget_holds_every_rows_state_and_the_snapshots(model_path: Path
         config = WorkerConfig(model=str(model_path), name="h", endpoint="ipc:///tmp/h",
                               cache=CacheConfig(kv_cache_gb=budget / 2**30, block_size=BLOCK),
                               scheduler=SchedulerConfig(max_num_seqs=rows))  # fmt: skip
-        runner, pool, _ = _runner(model, {0}, config, 1 << 16)
+        runner, pool, _ = build_runner(model, {0}, config, 1 << 16)
         assert pool is not None
         return pool.num_blocks, runner.state_budget  # type: ignore[attr-defined]
 

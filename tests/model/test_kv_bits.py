@@ -41,7 +41,7 @@ def harness(small_model: Path) -> Any:
 
 
 def fmt(bits: int | None) -> Any:
-    from mlxd.worker.kv_format import KVFormat
+    from mlxd.worker.kv.formats import KVFormat
 
     return KVFormat(bits)
 
@@ -52,7 +52,7 @@ def fmt(bits: int | None) -> Any:
 def test_blocks_shrink_with_the_bits(dtype: str, dim: int, low8: float, low4: float) -> None:
     import mlx.core as mx
 
-    from mlxd.worker.paged_cache import KVPool
+    from mlxd.worker.kv.paged_cache import KVPool
 
     def per_block(bits: int | None) -> int:
         pool = KVPool(2, 8, 16, 4, dim, dim, getattr(mx, dtype), fmt=fmt(bits))
@@ -63,11 +63,11 @@ def test_blocks_shrink_with_the_bits(dtype: str, dim: int, low8: float, low4: fl
 
 
 def test_a_fixed_budget_holds_as_many_more_contexts(small_model: Path) -> None:
-    """The worker's own sizing (``main._runner``) from one ``--kv-cache-gb``."""
+    """The worker's own sizing (``build.build_runner``) from one ``--kv-cache-gb``."""
     import mlx_lm
 
     from mlxd.config import CacheConfig, WorkerConfig
-    from mlxd.worker.main import _runner
+    from mlxd.worker.build import build_runner
 
     model = mlx_lm.load(str(small_model))[0]
 
@@ -75,7 +75,7 @@ def test_a_fixed_budget_holds_as_many_more_contexts(small_model: Path) -> None:
         cache = CacheConfig(kv_cache_gb=0.01, kv_bits=bits)
         config = WorkerConfig(model=str(small_model), name="small", endpoint="ipc:///x",
                               cache=cache)  # fmt: skip
-        runner, pool, _ = _runner(model, {2}, config, 4096)
+        runner, pool, _ = build_runner(model, {2}, config, 4096)
         assert pool is not None and runner.pool.fmt.bits == bits  # type: ignore[attr-defined]
         return pool.num_blocks
 
@@ -89,13 +89,13 @@ def test_a_group_that_does_not_divide_head_dim_is_refused(small_model: Path) -> 
 
     from mlxd.config import CacheConfig, WorkerConfig
     from mlxd.errors import ConfigError
-    from mlxd.worker.main import _runner
+    from mlxd.worker.build import build_runner
 
     model = mlx_lm.load(str(small_model))[0]
     config = WorkerConfig(model="m", name="small", endpoint="ipc:///x",
                           cache=CacheConfig(kv_bits=8, kv_group_size=128))  # fmt: skip
     with pytest.raises(ConfigError, match="kv-group-size 128 does not divide"):
-        _runner(model, {2}, config, 4096)
+        build_runner(model, {2}, config, 4096)
 
 
 def test_models_on_their_own_caches_warn_and_keep_float_kv(
@@ -104,13 +104,13 @@ def test_models_on_their_own_caches_warn_and_keep_float_kv(
     import mlx_lm
 
     from mlxd.config import CacheConfig, WorkerConfig
-    from mlxd.worker.main import _runner
+    from mlxd.worker.build import build_runner
 
     model = mlx_lm.load(str(small_model))[0]
     config = WorkerConfig(model="m", name="small", endpoint="ipc:///x",
                           cache=CacheConfig(kv_bits=8, paged=False))  # fmt: skip
     with caplog.at_level(logging.WARNING):
-        _, pool, _ = _runner(model, {2}, config, 4096)
+        _, pool, _ = build_runner(model, {2}, config, 4096)
     assert pool is None and "--kv-bits applies to the paged KV pool only" in caplog.text
 
 
@@ -185,8 +185,8 @@ def test_prefix_hits_preemption_and_speculation_are_exact_within_the_mode(
 def test_the_disk_tier_round_trips_quantized_blocks(harness: Any, tmp_path: Path) -> None:
     import mlx.core as mx
 
-    from mlxd.worker.disk_cache import DiskKVCache
-    from mlxd.worker.disk_tier import DiskTier
+    from mlxd.worker.prefix.disk_cache import DiskKVCache
+    from mlxd.worker.prefix.disk_tier import DiskTier
 
     h = harness(block_size=16, kv_format=fmt(4))
     h.generate("a", PROMPTS[0], max_tokens=4, ignore_eos=True)
@@ -211,7 +211,7 @@ def test_the_pools_blocks_take_what_the_daemons_footprint_counts(small_model: Pa
     import mlx_lm
 
     from mlxd.daemon.footprint import kv_bytes_per_token
-    from mlxd.worker.paged_cache import KVPool
+    from mlxd.worker.kv.paged_cache import KVPool
 
     model = mlx_lm.load(str(small_model))[0]  # in the file's dtype: the footprint's growth is 1
     config = json.loads((small_model / "config.json").read_text())

@@ -22,8 +22,8 @@ def test_the_config_rule_counts_what_the_pool_holds(arch: str) -> None:
     from mlxd.models.kv_layout import config_token_bytes
     from mlxd.models.maker import _build_model
     from mlxd.models.zoo import zoo_config
-    from mlxd.worker.layer_caches import model_caches, window_entries
-    from mlxd.worker.paged_cache import KVPool
+    from mlxd.worker.kv.layer_caches import model_caches, window_entries
+    from mlxd.worker.kv.paged_cache import KVPool
 
     config = zoo_config(arch)
     if arch not in _MLA_ARCHS:

@@ -10,8 +10,8 @@ import mlx_lm
 import pytest
 
 from mlxd.models.zoo import make_zoo_model
-from mlxd.worker import layer_caches
-from mlxd.worker.model_runner import check_model_supported
+from mlxd.worker.kv import layer_caches
+from mlxd.worker.runners.base import check_model_supported
 
 pytestmark = [pytest.mark.model, pytest.mark.filterwarnings("ignore::FutureWarning")]
 

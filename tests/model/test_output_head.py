@@ -9,7 +9,7 @@ import mlx_lm
 import pytest
 
 from mlxd.models.maker import make_model
-from mlxd.worker.output_head import LastPosition, last_position_only
+from mlxd.worker.runners.output_head import LastPosition, last_position_only
 
 pytestmark = pytest.mark.model
 

@@ -38,7 +38,7 @@ def reference_logits(model: Any, prompt: list[int], steps: list[int]) -> list[An
 def test_paged_prefill_and_decode_match_kv_cache(arch_model: Any) -> None:
     import mlx.core as mx
 
-    from mlxd.worker.paged_cache import KVPool, PagedKVCache, PagedStep
+    from mlxd.worker.kv.paged_cache import KVPool, PagedKVCache, PagedStep
 
     pool = KVPool.for_model(arch_model, num_blocks=32, block_size=4)
     # deliberately scattered, non-contiguous blocks
@@ -66,7 +66,7 @@ def test_paged_prefill_and_decode_match_kv_cache(arch_model: Any) -> None:
 def test_copy_block_duplicates_every_layer(arch_model: Any) -> None:
     import mlx.core as mx
 
-    from mlxd.worker.paged_cache import KVPool, PagedKVCache, PagedStep
+    from mlxd.worker.kv.paged_cache import KVPool, PagedKVCache, PagedStep
 
     pool = KVPool.for_model(arch_model, num_blocks=8, block_size=4)
     step = PagedStep.build([[3, 4]], [0], [6], pool)
@@ -79,7 +79,7 @@ def test_copy_block_duplicates_every_layer(arch_model: Any) -> None:
 def test_copy_block_updates_the_pool_in_place() -> None:
     import mlx.core as mx
 
-    from mlxd.worker.paged_cache import KVPool
+    from mlxd.worker.kv.paged_cache import KVPool
 
     pool = KVPool(4, 512, 32, 4, 64, 64, mx.float16)  # 64 MiB
     mx.eval(pool.keys, pool.values)
@@ -101,7 +101,7 @@ def test_gather_blocks_equals_indexing_element_wise(
     values as indexing the (blocks, block, heads, dim) view."""
     import mlx.core as mx
 
-    from mlxd.worker.paged_cache import gather_blocks
+    from mlxd.worker.kv.paged_cache import gather_blocks
 
     num_blocks = 7
     buf = mx.random.normal((num_blocks * block, heads, dim)).astype(getattr(mx, dtype))
@@ -117,8 +117,8 @@ def test_new_prompts_attend_to_their_own_keys_and_a_hit_reads_the_pool(
     not); one that continues cached tokens gathers them."""
     import mlx.core as mx
 
-    from mlxd.worker import paged_cache
-    from mlxd.worker.paged_cache import KVPool, PagedKVCache, PagedStep
+    from mlxd.worker.kv import paged_cache
+    from mlxd.worker.kv.paged_cache import KVPool, PagedKVCache, PagedStep
 
     reads: list[int] = []
     gather = paged_cache.gather_blocks
@@ -148,7 +148,7 @@ def test_padding_keys_are_zeroed_so_no_real_row_reads_a_non_finite_one(context: 
     reads it, and the scratch block padding writes to, into NaN."""
     import mlx.core as mx
 
-    from mlxd.worker.paged_cache import KVPool, PagedKVCache, PagedStep
+    from mlxd.worker.kv.paged_cache import KVPool, PagedKVCache, PagedStep
 
     pool = KVPool(1, num_blocks=8, block_size=16, n_kv_heads=1, k_head_dim=4, v_head_dim=4,
                   dtype=mx.float32)  # fmt: skip

@@ -241,8 +241,8 @@ def test_decode_reads_a_view_only_within_its_budget_and_padding(
 ) -> None:
     import mlx.core as mx
 
-    from mlxd.worker.decode_tail import VIEW_STEP, DecodeTail
-    from mlxd.worker.paged_cache import KVPool
+    from mlxd.worker.kv.decode_tail import VIEW_STEP, DecodeTail
+    from mlxd.worker.kv.paged_cache import KVPool
 
     pool = KVPool(2, 16, 8, 2, 4, 4, mx.float32)  # 2 layers, 16 blocks of 8 tokens
 

@@ -10,7 +10,7 @@ import mlx_lm
 import pytest
 
 from mlxd.models.maker import make_model
-from mlxd.worker.quantized import (
+from mlxd.worker.runners.quantized import (
     RowsQuantizedEmbedding,
     RowsQuantizedLinear,
     batch_as_rows,

@@ -14,13 +14,13 @@ pytestmark = pytest.mark.model
 def draw(logits: list[list[float]], rows: list[Any]) -> list[int]:
     import mlx.core as mx
 
-    from mlxd.worker.sampling import sample
+    from mlxd.worker.sampling.sampling import sample
 
     return sample(mx.array(logits), rows).tolist()  # type: ignore[no-any-return]
 
 
 def row(seed: int = 0, index: int = 0, **params: Any) -> Any:
-    from mlxd.worker.sampling import SampleRow
+    from mlxd.worker.sampling.sampling import SampleRow
 
     extra = {k: params.pop(k) for k in ("history", "output", "block_ids") if k in params}
     return SampleRow(params=SamplingParams(**params), seed=seed, index=index, **extra)

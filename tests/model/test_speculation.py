@@ -15,8 +15,10 @@ import mlx.core as mx
 import pytest
 
 from mlxd.protocol.messages import JsonFormat, SamplingParams, TextPrompt
-from mlxd.worker import attention_shapes, paged_runner, verification
-from mlxd.worker.sampling import SampleRow, sample
+from mlxd.worker.kv import attention_shapes
+from mlxd.worker.runners import paged as paged_runner
+from mlxd.worker.sampling.sampling import SampleRow, sample
+from mlxd.worker.spec import verification
 
 pytestmark = pytest.mark.model
 
@@ -26,7 +28,7 @@ PROMPTS = ["a b c d e f a b c d e f a b c", "hello world hello world hello",
 
 @pytest.fixture(autouse=True, params=[False, True], ids=["window", "rows"])
 def verify_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Both verification forwards (``paged_runner.VIRTUAL_ROWS``): every test runs each."""
+    """Both verification forwards (``runners.paged.VIRTUAL_ROWS``): every test runs each."""
     monkeypatch.setattr(paged_runner, "VIRTUAL_ROWS", request.param)
 
 

@@ -64,7 +64,7 @@ def test_out_of_memory_in_decode_shrinks_the_batch_and_every_stream_completes(
 def test_the_batch_grows_back_after_an_out_of_memory_error_that_passed(
     harness_factory: Any, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mlxd.worker import oom_backoff
+    from mlxd.worker.sched import oom_backoff
 
     monkeypatch.setattr(oom_backoff, "RECOVER_STEPS", 3)
     h = harness_factory(max_num_seqs=4)

@@ -1,5 +1,5 @@
 """Sliding-window models on the block pool with their window layers' K/V in slabs that go back
-behind the window (``window_slabs``, ``window_runner``; docs/decisions/0003). A Gemma-3-shaped
+behind the window (``window_slabs``, ``runners.window``; docs/decisions/0003). A Gemma-3-shaped
 zoo model (an 8-token window on every layer but the last) against mlx-lm's greedy output, with
 sequences long enough that slabs go back during prefill and decode (a slab is kept ``margin``
 tokens past the window: decode's unflushed tokens may still be written into it)."""
@@ -203,7 +203,7 @@ def test_both_pools_arrays_stay_within_the_budget_as_the_mix_changes(
 def test_blocks_larger_than_decode_s_unflushed_tokens(
     windowed: Path, harness: Callable[..., Harness]
 ) -> None:
-    """A slab is kept at least a block past the window (``window_runner.margin``), so a
+    """A slab is kept at least a block past the window (``runners.window.margin``), so a
     finished sequence leaves its last boundary's window: with 128-token blocks too."""
     h = harness(block_size=128, num_blocks=16)
     ids = words(windowed, 200)

@@ -20,7 +20,7 @@ MAX_TOKENS = 32
 
 
 def _greedy(directory: Path, bits: int | None) -> list[list[int]]:
-    from mlxd.worker.kv_format import KVFormat
+    from mlxd.worker.kv.formats import KVFormat
 
     h = Harness(directory, block_size=16, kv_format=KVFormat(bits))
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mlxd.worker import attention_shapes
+from mlxd.worker.kv import attention_shapes
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mlxd.worker.block_pool import BlockPool
+from mlxd.worker.kv.block_pool import BlockPool
 
 
 def test_allocate_retain_release() -> None:

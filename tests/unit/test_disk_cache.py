@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlxd.worker.block_pool import BlockPool
-from mlxd.worker.disk_cache import DiskKVCache, block_digest
-from mlxd.worker.radix_cache import RadixCache, TierBlock
+from mlxd.worker.kv.block_pool import BlockPool
+from mlxd.worker.prefix.disk_cache import DiskKVCache, block_digest
+from mlxd.worker.prefix.radix_cache import RadixCache, TierBlock
 
 TOKENS = (1, 2, 3, 4)
 

@@ -1,10 +1,11 @@
-"""The 429's Retry-After from the waiting queue's measured drain rate (worker/drain_rate.py)."""
+"""The 429's Retry-After from the waiting queue's measured drain rate
+(worker/sched/drain_rate.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from mlxd.worker.drain_rate import MAX_S, MIN_S, WINDOW_S, DrainRate
+from mlxd.worker.sched.drain_rate import MAX_S, MIN_S, WINDOW_S, DrainRate
 
 
 def test_retry_after_is_the_queue_ahead_over_the_measured_rate() -> None:

@@ -121,7 +121,7 @@ def test_priority_names_are_defined_once() -> None:
     from mlxd.gateway.ops.openapi import document
     from mlxd.gateway.surfaces.openai.schemas import priority_of
     from mlxd.knobs import PRIORITIES
-    from mlxd.worker.sequence import PRIORITY_LEVELS
+    from mlxd.worker.sched.sequence import PRIORITY_LEVELS
 
     assert API_KEY_TIERS == PRIORITIES
     assert sorted(PRIORITY_LEVELS, key=PRIORITY_LEVELS.__getitem__) == list(PRIORITIES)

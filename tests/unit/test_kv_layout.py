@@ -72,7 +72,7 @@ def test_a_hybrids_recurrent_layers_keep_no_per_token_kv(hybrid: dict[str, Any])
 
 
 def test_sliding_window_layers_count_as_the_pool_pays_their_slabs() -> None:
-    """Their slabs come from the same budget, one beside each block (worker/window_slabs.py)."""
+    """Their slabs come from the same budget, one beside each block (worker/kv/window_slabs.py)."""
     layer_types = ["sliding_attention", "full_attention"] * 14
     windowed = {**QWEN3_06B, "sliding_window": 512, "layer_types": layer_types}
     assert config_token_bytes(windowed) == FLOAT

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from mlxd.worker import oom_backoff
-from mlxd.worker.oom_backoff import OomBackoff
+from mlxd.worker.sched import oom_backoff
+from mlxd.worker.sched.oom_backoff import OomBackoff
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from mlxd.worker.detokenizer import OutputText
+from mlxd.worker.sampling.detokenizer import OutputText
 
 
 class CharDetokenizer:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from mlxd.worker.prefill_cost import PrefillCost
+from mlxd.worker.sched.prefill_cost import PrefillCost
 
 
 @pytest.mark.parametrize("start", [0, 100, 3000, 30000])

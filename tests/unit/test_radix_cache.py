@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlxd.worker.block_pool import BlockPool
-from mlxd.worker.radix_cache import RadixCache
+from mlxd.worker.kv.block_pool import BlockPool
+from mlxd.worker.prefix.radix_cache import RadixCache
 
 BS = 4
 

@@ -5,10 +5,10 @@ import pytest
 from mlxd.config import SchedulerConfig
 from mlxd.errors import Overloaded
 from mlxd.protocol.messages import SamplingParams
-from mlxd.worker.embed_job import EmbedJob
-from mlxd.worker.prefill_cost import PrefillCost
-from mlxd.worker.scheduler import EmbedChunk, Scheduler
-from mlxd.worker.sequence import PRIORITY_LEVELS, Sequence, SequenceStatus
+from mlxd.worker.sched.embed_job import EmbedJob
+from mlxd.worker.sched.prefill_cost import PrefillCost
+from mlxd.worker.sched.scheduler import EmbedChunk, Scheduler
+from mlxd.worker.sched.sequence import PRIORITY_LEVELS, Sequence, SequenceStatus
 
 
 class Clock:

@@ -9,10 +9,10 @@ import pytest
 
 from mlxd.config import SchedulerConfig
 from mlxd.protocol.messages import SamplingParams
-from mlxd.worker.block_pool import BlockPool, KVBudget
-from mlxd.worker.scheduler import PrefillChunk, Scheduler
-from mlxd.worker.sequence import Sequence
-from mlxd.worker.window_slabs import WindowSlabs
+from mlxd.worker.kv.block_pool import BlockPool, KVBudget
+from mlxd.worker.kv.window_slabs import WindowSlabs
+from mlxd.worker.sched.scheduler import PrefillChunk, Scheduler
+from mlxd.worker.sched.sequence import Sequence
 
 BS, WINDOW, MARGIN = 4, 8, 4
 

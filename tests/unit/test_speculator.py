@@ -9,10 +9,10 @@ import random
 import pytest
 
 from mlxd.protocol.messages import SamplingParams
-from mlxd.worker import attention_shapes
-from mlxd.worker.ngram import NgramIndex
-from mlxd.worker.sequence import Sequence
-from mlxd.worker.speculator import FIRST_DRAFT, MAX_DRAFT, PHASE, Speculator, _kept, resolve
+from mlxd.worker.kv import attention_shapes
+from mlxd.worker.sched.sequence import Sequence
+from mlxd.worker.spec.ngram import NgramIndex
+from mlxd.worker.spec.speculator import FIRST_DRAFT, MAX_DRAFT, PHASE, Speculator, _kept, resolve
 
 
 def _seq(prompt: list[int], **sampling: object) -> Sequence:

@@ -6,7 +6,7 @@ import pytest
 
 from mlxd.errors import InvalidRequest, Overloaded, WorkerUnavailable
 from mlxd.protocol.messages import SamplingParams
-from mlxd.worker.sequence import Sequence, SequenceStatus
+from mlxd.worker.sched.sequence import Sequence, SequenceStatus
 from mlxd.worker.stats import Stats, summarize
 
 

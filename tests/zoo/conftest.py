@@ -134,8 +134,8 @@ def greedy(path: Path, prompt: list[int], num_tokens: int) -> str:
 
 
 def is_windowed(path: Path) -> bool:
-    """Whether the model's window layers go in slabs (``window_runner``)."""
-    from mlxd.worker import layer_caches
+    """Whether the model's window layers go in slabs (``runners.window``)."""
+    from mlxd.worker.kv import layer_caches
 
     model, _ = load(path)
     return bool(layer_caches.window_size(model))
@@ -144,15 +144,15 @@ def is_windowed(path: Path) -> bool:
 def pool_gb(path: Path) -> float:
     """A KV budget of POOL_BLOCKS blocks for this model (its paged pool, or snapshot cache)."""
     from mlxd.config import STATE_SHARE, VIEW_SHARE
-    from mlxd.worker import layer_caches
-    from mlxd.worker.model_runner import check_model_supported
+    from mlxd.worker.kv import layer_caches
+    from mlxd.worker.runners.base import check_model_supported
 
     model, _ = load(path)
     hybrid = layer_caches.is_hybrid(model)  # its recurrent states' share on top (2+ fit)
     window = layer_caches.window_size(model)  # blocks of every layer: slabs go back
     if not check_model_supported(model) or hybrid or window:
         from mlxd.knobs import MAX_NUM_SEQS
-        from mlxd.worker.paged_cache import KVPool
+        from mlxd.worker.kv.paged_cache import KVPool
 
         per_token = KVPool.bytes_per_token(model)
         if window:  # one long request's window slabs beside the blocks (its whole prompt)

@@ -6,7 +6,7 @@ and sends a prompt to the replica owning its longest remembered prefix, unless t
 much busier than the least loaded one (then load wins, and the prefix moves there). A prompt
 nobody has seen goes to the least loaded replica, ties in turn.
 
-**What is hashed.** The worker's prefix cache (``worker/radix_cache.py``) keys whole KV blocks
+**What is hashed.** The worker's prefix cache (``worker/prefix/radix_cache.py``) keys whole KV blocks
 of token ids. The gateway never tokenizes (it imports neither MLX nor a tokenizer), so it can
 hash token ids only for ``TokenPrompt``s; for text and chat prompts it hashes the prompt's
 characters in fixed ``CHUNK_CHARS`` chunks, each key chained on the one before (as a radix

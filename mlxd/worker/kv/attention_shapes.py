@@ -7,7 +7,7 @@ every new (batch, query length, key length): on an H100 a new shape cost 66-80 m
 6e4ae59), docs/PERFORMANCE.md).
 A prefill chunk after a prefix hit, and a verification window (a few queries per row over a
 context that grows every step), would each pay a build; on CUDA verification runs as one
-single-query row per input instead (``paged_runner.VIRTUAL_ROWS``), which builds none. Without
+single-query row per input instead (``runners.paged.VIRTUAL_ROWS``), which builds none. Without
 cuDNN (``MLX_CUDA_USE_CUDNN_SDPA=0``) no plan is built, but an 8k-token prefill then took 5x as
 long, so the lengths are rounded up instead: queries to a power of two up to 16 (short chunks,
 a verification window's 2-9 tokens) and to 4 lengths per octave above, keys to 4 block counts

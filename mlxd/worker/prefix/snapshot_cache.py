@@ -23,8 +23,8 @@ from typing import Any
 
 import mlx.core as mx
 
-from mlxd.worker import layer_caches
-from mlxd.worker.snapshot_disk import DiskSnapshots
+from mlxd.worker.kv import layer_caches
+from mlxd.worker.prefix.snapshot_disk import DiskSnapshots
 
 _MAX_SEEN_BLOCKS = 1 << 16  # prefix hashes remembered (a few MB)
 

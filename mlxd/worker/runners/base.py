@@ -11,12 +11,13 @@ from typing import Any
 
 import mlx.core as mx
 
-from mlxd.worker import grammar, layer_caches, logprobs
-from mlxd.worker.kv_cache import BatchKVCache, SequenceKVCache
-from mlxd.worker.logprobs import StepLogprobs
-from mlxd.worker.sampling import SampleRow, needs_history, sample
-from mlxd.worker.scheduler import PrefillChunk, Scheduler
-from mlxd.worker.sequence import Sequence
+from mlxd.worker.kv import layer_caches
+from mlxd.worker.kv.contiguous import BatchKVCache, SequenceKVCache
+from mlxd.worker.sampling import grammar, logprobs
+from mlxd.worker.sampling.logprobs import StepLogprobs
+from mlxd.worker.sampling.sampling import SampleRow, needs_history, sample
+from mlxd.worker.sched.scheduler import PrefillChunk, Scheduler
+from mlxd.worker.sched.sequence import Sequence
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ def check_model_supported(model: Any) -> str:
     plain cache (Mistral 3) gets its window from the pool's masks. Every other layout
     (rotating sliding-window caches, recurrent state, hybrids, shared-KV or cache-less layers,
     cache lists) is served by the contiguous runner on the model's own mlx-lm caches
-    (``native_runner``), batched by row.
+    (``runners.native``), batched by row.
     """
     if not layer_caches.is_plain(model):
         names = sorted(set(layer_caches.kinds(layer_caches.model_caches(model))))
@@ -200,7 +201,7 @@ class ModelRunner:
     def _enter(self, seqs: list[Sequence]) -> None:
         """Prefilled rows join the decode batch with their prompt's last token as their next
         input (not theirs to emit): it runs in the decode step, as mlx-lm feeds it (see
-        ``paged_runner.prefill``), and the step reads their first token back at once."""
+        ``runners.paged.prefill``), and the step reads their first token back at once."""
         self.rows += seqs
         self._emitted += [True] * len(seqs)
         self._entering.update(seqs)
@@ -265,7 +266,7 @@ class ModelRunner:
         pads = [width - s.num_prefill_tokens for s in seqs]
         tokens = mx.array([[0] * p + s.prefill_ids for s, p in zip(seqs, pads, strict=True)])
         caches = [BatchKVCache.for_prefill(pads) for _ in range(self.num_layers)]
-        if width > 1:  # the last token apart, as mlx-lm's generate feeds it (see paged_runner)
+        if width > 1:  # the last token apart, as mlx-lm's generate feeds it (see runners.paged)
             self.model(tokens[:, :-1], cache=caches)
         logits = self.model(tokens[:, -1:], cache=caches)[:, -1, :]
         first, lp = self._sample(logits, seqs, [self._sample_row(s, emitted=True) for s in seqs])

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from mlxd.worker.capped_files import CappedFiles
+from mlxd.worker.prefix.capped_files import CappedFiles
 
 log = logging.getLogger(__name__)
 

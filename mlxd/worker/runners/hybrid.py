@@ -26,12 +26,12 @@ import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache
 
 from mlxd.config import STATE_SHARE
-from mlxd.worker import layer_caches
-from mlxd.worker.paged_cache import KVPool, PagedKVCache, PagedStep
-from mlxd.worker.paged_runner import PagedModelRunner
-from mlxd.worker.radix_cache import state_cuts
-from mlxd.worker.scheduler import PrefillChunk, Scheduler
-from mlxd.worker.sequence import Sequence
+from mlxd.worker.kv import layer_caches
+from mlxd.worker.kv.paged_cache import KVPool, PagedKVCache, PagedStep
+from mlxd.worker.prefix.radix_cache import state_cuts
+from mlxd.worker.runners.paged import PagedModelRunner
+from mlxd.worker.sched.scheduler import PrefillChunk, Scheduler
+from mlxd.worker.sched.sequence import Sequence
 
 # Rows a prefill step may take a whole chunk of each while no row decodes (``Scheduler.
 # prefill_rows``; spans of one length share a forward): on an H200, eight 4,000-token prompts of

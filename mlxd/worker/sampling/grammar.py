@@ -19,7 +19,7 @@ import mlx.core as mx
 
 from mlxd.errors import InvalidRequest
 from mlxd.protocol.messages import JsonFormat
-from mlxd.worker.sequence import Sequence
+from mlxd.worker.sched.sequence import Sequence
 
 log = logging.getLogger(__name__)
 

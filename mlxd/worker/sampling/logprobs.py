@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from mlxd.worker.sequence import Sequence
+from mlxd.worker.sched.sequence import Sequence
 
 # (token id, its logprob, [(alternative id, its logprob), ...] best first), kept on the Sequence
 # until the engine sends it.

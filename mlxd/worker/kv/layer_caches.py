@@ -49,7 +49,7 @@ def is_plain(model: Any) -> bool:
 def is_hybrid(model: Any) -> bool:
     """Plain K/V caches and recurrent state (``ArraysCache``), nothing else, at least one of
     each: the pool holds the attention layers, each row's state rides beside it
-    (``hybrid_runner``). Cache-less layers are fine: the model pairs caches with its layers."""
+    (``runners.hybrid``). Cache-less layers are fine: the model pairs caches with its layers."""
     names = kinds(model_caches(model))
     return (set(names) <= {*_PLAIN, *_RECURRENT} and any(n in _PLAIN for n in names)
             and any(n in _RECURRENT for n in names))  # fmt: skip

@@ -51,7 +51,7 @@ class Sequence:
     num_resumed: int = 0
     num_preemptions: int = 0
     num_oom_retries: int = 0  # times computed again after the device ran out of memory
-    # A hybrid's recurrent state (hybrid_runner):
+    # A hybrid's recurrent state (runners.hybrid):
     # the state the prefix hit restores (None: none, prefill starts from nothing), block
     # boundaries where prefill must keep one (where the prompt stops sharing blocks with the
     # prefix cache or with a prompt waiting on it), and the states taken but not yet handed to

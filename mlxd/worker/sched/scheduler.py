@@ -21,14 +21,14 @@ from dataclasses import dataclass, replace
 
 from mlxd.config import SchedulerConfig
 from mlxd.errors import Overloaded
-from mlxd.worker.block_pool import BlockPool
-from mlxd.worker.drain_rate import DrainRate
-from mlxd.worker.embed_job import EmbedJob
-from mlxd.worker.prefill_cost import PrefillCost
-from mlxd.worker.radix_cache import RadixCache
-from mlxd.worker.sequence import Sequence, SequenceStatus
+from mlxd.worker.kv.block_pool import BlockPool
+from mlxd.worker.kv.window_slabs import WindowSlabs
+from mlxd.worker.prefix.radix_cache import RadixCache
+from mlxd.worker.sched.drain_rate import DrainRate
+from mlxd.worker.sched.embed_job import EmbedJob
+from mlxd.worker.sched.prefill_cost import PrefillCost
+from mlxd.worker.sched.sequence import Sequence, SequenceStatus
 from mlxd.worker.stats import KVReport
-from mlxd.worker.window_slabs import WindowSlabs
 
 
 @dataclass(frozen=True, slots=True)

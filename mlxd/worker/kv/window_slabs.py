@@ -27,8 +27,8 @@ at the deepest boundary whose window survived. Pure Python: no MLX.
 
 from __future__ import annotations
 
-from mlxd.worker.block_pool import BlockPool
-from mlxd.worker.sequence import Sequence
+from mlxd.worker.kv.block_pool import BlockPool
+from mlxd.worker.sched.sequence import Sequence
 
 
 class WindowSlabs:

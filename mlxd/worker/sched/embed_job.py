@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mlxd.protocol.messages import Embeddings, Usage
-from mlxd.worker.sequence import PRIORITY_LEVELS
+from mlxd.worker.sched.sequence import PRIORITY_LEVELS
 
 
 @dataclass(eq=False)

@@ -14,15 +14,17 @@ from typing import Any
 
 import mlx.core as mx
 
-from mlxd.worker import attention_shapes, grammar, logprobs, verification
-from mlxd.worker.decode_tail import DecodeTail, decode_caches, verify_caches
-from mlxd.worker.kv_format import parts
-from mlxd.worker.model_runner import ModelRunner, TokenEvent
-from mlxd.worker.output_head import all_positions
-from mlxd.worker.paged_cache import KVPool, PagedKVCache, PagedStep
-from mlxd.worker.sampling import sample
-from mlxd.worker.scheduler import PrefillChunk
-from mlxd.worker.sequence import Sequence
+from mlxd.worker.kv import attention_shapes
+from mlxd.worker.kv.decode_tail import DecodeTail, decode_caches, verify_caches
+from mlxd.worker.kv.formats import parts
+from mlxd.worker.kv.paged_cache import KVPool, PagedKVCache, PagedStep
+from mlxd.worker.runners.base import ModelRunner, TokenEvent
+from mlxd.worker.runners.output_head import all_positions
+from mlxd.worker.sampling import grammar, logprobs
+from mlxd.worker.sampling.sampling import sample
+from mlxd.worker.sched.scheduler import PrefillChunk
+from mlxd.worker.sched.sequence import Sequence
+from mlxd.worker.spec import verification
 
 # A prefill group may pad to at most this many times its real tokens (else it splits).
 _MAX_PAD_RATIO = 2
@@ -271,7 +273,7 @@ class PagedModelRunner(ModelRunner):
         return PagedKVCache.for_step(self.pool, step)  # type: ignore[return-value]
 
     def _kv(self) -> list[tuple[KVPool, DecodeTail]]:
-        """Each pool with its decode tail (a windowed model has two: ``window_runner``)."""
+        """Each pool with its decode tail (a windowed model has two: ``runners.window``)."""
         return [(self.pool, self.tail)]
 
     def _flush(self) -> None:

@@ -17,8 +17,8 @@ from typing import Any
 import mlx.core as mx
 
 from mlxd.models.kv_layout import KVLayout
-from mlxd.worker import attention_shapes
-from mlxd.worker.kv_format import KV, KVFormat, assign, concat, each, parts
+from mlxd.worker.kv import attention_shapes
+from mlxd.worker.kv.formats import KV, KVFormat, assign, concat, each, parts
 
 
 class KVPool:
@@ -32,7 +32,7 @@ class KVPool:
     it moves as the arrays change; steps read it when they are built.
 
     With a quantized ``fmt`` (``--kv-bits``) each layer's K and V is a tuple of arrays (see
-    ``kv_format``) in the same slot layout; ``arrays`` lists them all.
+    ``kv.formats``) in the same slot layout; ``arrays`` lists them all.
     """
 
     def __init__(
@@ -169,10 +169,10 @@ def gather_blocks(buf: mx.array, block_size: int, table: mx.array) -> mx.array:
 def kv_shape(model: Any, windows: bool = False) -> tuple[int, int, int, int, mx.Dtype]:
     """(layers, kv heads, key dim, value dim, dtype) of ``model``'s KV, from one token run
     through its caches: the layers are its plain K/V caches (a hybrid's recurrent layers have
-    none in the pool), or with ``windows`` its sliding-window ones (``window_runner``)."""
+    none in the pool), or with ``windows`` its sliding-window ones (``runners.window``)."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    from mlxd.worker.layer_caches import attention_entries, window_entries
+    from mlxd.worker.kv.layer_caches import attention_entries, window_entries
 
     cache = make_prompt_cache(model)
     model(mx.array([[0]]), cache=cache)

@@ -45,8 +45,8 @@ from mlx_lm.models.cache import (
 )
 
 from mlxd.errors import ConfigError
-from mlxd.worker import attention_shapes
-from mlxd.worker.sequence import Sequence
+from mlxd.worker.kv import attention_shapes
+from mlxd.worker.sched.sequence import Sequence
 
 PREFILL_CHUNK = 1024  # tokens of a row's history fed to the draft per forward
 CATCH_UP = 16  # most new tokens per row in the batched forward; a row further behind is fed alone

@@ -19,11 +19,11 @@ from typing import Any
 
 import mlx.core as mx
 
-from mlxd.worker import layer_caches
-from mlxd.worker.model_runner import ModelRunner, TokenEvent, _Group
-from mlxd.worker.scheduler import PrefillChunk
-from mlxd.worker.sequence import Sequence, SequenceStatus
-from mlxd.worker.snapshot_cache import SnapshotCache
+from mlxd.worker.kv import layer_caches
+from mlxd.worker.prefix.snapshot_cache import SnapshotCache
+from mlxd.worker.runners.base import ModelRunner, TokenEvent, _Group
+from mlxd.worker.sched.scheduler import PrefillChunk
+from mlxd.worker.sched.sequence import Sequence, SequenceStatus
 
 _SNAPSHOT_ON_FINISH = ("stop", "length")  # whole outputs; cancelled or failed ones are not
 

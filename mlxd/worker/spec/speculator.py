@@ -45,10 +45,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 from weakref import WeakKeyDictionary
 
-from mlxd.worker import attention_shapes
-from mlxd.worker.ngram import NgramIndex
-from mlxd.worker.sampling import needs_history
-from mlxd.worker.sequence import Sequence
+from mlxd.worker.kv import attention_shapes
+from mlxd.worker.sampling.sampling import needs_history
+from mlxd.worker.sched.sequence import Sequence
+from mlxd.worker.spec.ngram import NgramIndex
 
 MODES = ("ngram", "draft", "off")
 MAX_DRAFT = 16  # draft tokens per step of a lone row, at most: it verifies on decode's view,

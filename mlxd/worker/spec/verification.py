@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from mlxd.worker import attention_shapes
+from mlxd.worker.kv import attention_shapes
 
 
 def window(inputs: list[list[int]]) -> mx.array:

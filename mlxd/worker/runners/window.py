@@ -16,15 +16,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxd.worker import layer_caches
-from mlxd.worker.block_pool import BlockPool, KVBudget
-from mlxd.worker.decode_tail import VIEW_STEP, DecodeTail, decode_caches
-from mlxd.worker.kv_format import KVFormat
-from mlxd.worker.paged_cache import KVPool, PagedKVCache, PagedStep
-from mlxd.worker.paged_runner import PagedModelRunner
-from mlxd.worker.scheduler import Scheduler
-from mlxd.worker.sequence import Sequence
-from mlxd.worker.window_slabs import WindowSlabs
+from mlxd.worker.kv import layer_caches
+from mlxd.worker.kv.block_pool import BlockPool, KVBudget
+from mlxd.worker.kv.decode_tail import VIEW_STEP, DecodeTail, decode_caches
+from mlxd.worker.kv.formats import KVFormat
+from mlxd.worker.kv.paged_cache import KVPool, PagedKVCache, PagedStep
+from mlxd.worker.kv.window_slabs import WindowSlabs
+from mlxd.worker.runners.paged import PagedModelRunner
+from mlxd.worker.sched.scheduler import Scheduler
+from mlxd.worker.sched.sequence import Sequence
 
 
 def margin(block_size: int) -> int:

@@ -29,7 +29,7 @@ those before a prefill flushes.
 
 With quantized KV (``--kv-bits``) the buffers hold the same quantized parts as the pool (the
 view included, so it costs what the pool does), a step quantizes its new token once and
-dequantizes what it attends to (``kv_format``).
+dequantizes what it attends to (``kv.formats``).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from typing import Any
 
 import mlx.core as mx
 
-from mlxd.worker.kv_format import KV, assign, concat, each, parts
-from mlxd.worker.paged_cache import KVPool
+from mlxd.worker.kv.formats import KV, assign, concat, each, parts
+from mlxd.worker.kv.paged_cache import KVPool
 
 FLUSH_EVERY = 16  # steps, without a view: the buffer then costs B * 16 tokens of K/V at most
 VIEW_STEP = 64  # columns a read view grows by; with a view, the steps between flushes

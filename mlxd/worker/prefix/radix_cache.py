@@ -6,12 +6,12 @@ its K/V. The tree holds one pool reference per indexed block. A running sequence
 node it matched (and so its path to the root); only unlocked leaves whose block nobody else
 references are evicted, least recently used first, and only when the pool needs room.
 
-With a ``tier`` (the disk cache, ``worker/disk_tier.py``), evicted blocks are saved there first,
-keyed by their chained digest, and a match that runs out of cached blocks goes on with the
-blocks the tier holds, loaded into free blocks of the pool.
+With a ``tier`` (the disk cache, ``worker/prefix/disk_tier.py``), evicted blocks are saved
+there first, keyed by their chained digest, and a match that runs out of cached blocks goes on
+with the blocks the tier holds, loaded into free blocks of the pool.
 
 A hybrid model's recurrent layers have no blocks: their state after a node's tokens is stored
-on the node (``keep_states``), a few nodes per sequence (``hybrid_runner`` says which), within a
+on the node (``keep_states``), a few nodes per sequence (``runners.hybrid`` says which), within a
 byte budget, least recently used dropped first and always with their node. A match then ends
 at the deepest node holding a state: blocks past it cannot be used without one.
 
@@ -31,8 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from mlxd.worker.block_pool import BlockPool
-from mlxd.worker.disk_cache import block_digest
+from mlxd.worker.kv.block_pool import BlockPool
+from mlxd.worker.prefix.disk_cache import block_digest
 
 _clock = itertools.count()  # a logical clock: LRU order without reading time
 # Prefill keeps a state about every this many tokens (rounded to blocks): a prompt that parts

@@ -1,0 +1,1 @@
+"""The prefix cache: the radix index over the pool, whole-cache snapshots, and their disk tiers."""

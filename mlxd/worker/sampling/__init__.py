@@ -1,0 +1,1 @@
+"""Tokens in and out: tokenizing prompts, sampling, logprobs, grammars, detokenizing."""

@@ -1,0 +1,1 @@
+"""Speculative decoding: drafting policy, drafters, and verification of drafts."""
