@@ -14,12 +14,11 @@ from mlxd.config import (
     ModelSpec,
     SchedulerConfig,
     ServeConfig,
-    parse_duration,
-    parse_memory,
 )
 from mlxd.daemon.budget import Resident, evictions
 from mlxd.daemon.footprint import RUNTIME_BYTES, footprint, kv_bytes_per_token
 from mlxd.errors import ConfigError
+from mlxd.units import parse_duration, parse_memory
 
 
 @pytest.mark.parametrize(
