@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from mlxd.errors import ConfigError
 from mlxd.knobs import (
@@ -34,7 +34,31 @@ from mlxd.knobs import (
     SPECULATE,
     STREAM_INTERVAL,
     Knob,
+    given,
     section,
+)
+from mlxd.serve_knobs import (
+    ADMIN_KEY,
+    CHAT_TIMEOUT,
+    COMPLETION_TIMEOUT,
+    CRASH_WINDOW,
+    DRAIN_TIMEOUT,
+    EMBEDDINGS_TIMEOUT,
+    HEARTBEAT_TIMEOUT,
+    HOST,
+    KEEP_ALIVE,
+    LOG_PROMPTS,
+    MAX_BODY_BYTES,
+    MAX_CRASHES,
+    MAX_MEMORY,
+    PORT,
+    REQUEST_LOG,
+    REQUEST_LOG_SIZE,
+    RESTART_BACKOFF,
+    ROUTING,
+    SERVE_KNOBS,
+    STEP_TIMEOUT,
+    STREAM_STALL_TIMEOUT,
 )
 
 if TYPE_CHECKING:
@@ -75,8 +99,7 @@ def data_dir(environ: Mapping[str, str] | None = None) -> Path:
     return Path(base) / "mlxd"
 
 
-REQUEST_LOG_MAX_BYTES = 10 * 2**20  # --request-log-size: 10 MiB, so at most 40 MiB with backups
-MIN_REQUEST_LOG_BYTES = 4096
+REQUEST_LOG_MAX_BYTES: int = REQUEST_LOG_SIZE.default  # --request-log-size
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +119,13 @@ class SchedulerConfig:
         if (self.speculate == "draft") != (self.draft_model is not None):
             raise ConfigError("--speculate draft and --draft-model PATH go together")
 
+    @classmethod
+    def from_options(
+        cls, options: Mapping[str, object], file: Mapping[str, object] | None = None
+    ) -> SchedulerConfig:
+        """The scheduler knobs set in ``options`` or ``file`` (see ``knobs.given``)."""
+        return cls(**given(section("scheduler"), options, file or {}))
+
 
 @dataclass(frozen=True, slots=True)
 class CacheConfig:
@@ -113,6 +143,13 @@ class CacheConfig:
 
     def __post_init__(self) -> None:
         _check_knobs(self, section("cache"))
+
+    @classmethod
+    def from_options(
+        cls, options: Mapping[str, object], file: Mapping[str, object] | None = None
+    ) -> CacheConfig:
+        """The cache knobs set in ``options`` or ``file`` (see ``knobs.given``)."""
+        return cls(**given(section("cache"), options, file or {}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,9 +261,6 @@ class ModelSpec:
 
 
 BACKEND_KINDS = ("openai", "anthropic")
-# cache_aware: the replica that served the prompt's prefix, unless much busier (SGLang's router);
-# round_robin: in turn (the baseline the benchmark compares with).
-ROUTINGS = ("cache_aware", "round_robin")
 # mlx.distributed backends a worker group may use: ring (TCP; CPU, Macs over Thunderbolt IP),
 # nccl (CUDA GPUs). JACCL (RDMA over Thunderbolt 5) needs mlx.launch's setup: attach with --worker.
 DISTRIBUTED_BACKENDS = ("ring", "nccl")
@@ -340,85 +374,150 @@ class ApiKey:
                 raise ConfigError(f"API key {self.name!r}: {what} must be >= 1")
 
 
+# The narrow pieces of ``ServeConfig`` its parts take (STYLE 2.5), made by ``ServeConfig.piece``.
+# Their fields are named as ServeConfig's, and checked with the same knobs.
+
+
+@dataclass(frozen=True, slots=True)
+class RestartLimits:
+    """When the supervisor gives up on a crashing worker, and how long it waits before a
+    restart (daemon/restart_policy.py): --max-crashes, --crash-window, --restart-backoff."""
+
+    max_crashes: int = MAX_CRASHES.default
+    crash_window_s: float = CRASH_WINDOW.default
+    restart_backoff_s: float = RESTART_BACKOFF.default
+
+    def __post_init__(self) -> None:
+        _check_serve_knobs(self)
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatLimits:
+    """How long a worker may leave a ping unanswered, and stay in one engine step, before it is
+    taken for hung (daemon/heartbeat.py): --heartbeat-timeout, --step-timeout."""
+
+    heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT.default
+    step_timeout_s: float = STEP_TIMEOUT.default
+
+    def __post_init__(self) -> None:
+        _check_serve_knobs(self)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTimeouts:
+    """The gateway's per-request limits in seconds: a request unanswered past its endpoint's
+    gets 408; a stream whose client reads nothing for ``stream_stall_timeout_s`` is cut."""
+
+    chat_timeout_s: float = CHAT_TIMEOUT.default  # /v1/chat/completions and /v1/messages
+    completion_timeout_s: float = COMPLETION_TIMEOUT.default  # /v1/completions
+    embeddings_timeout_s: float = EMBEDDINGS_TIMEOUT.default  # /v1/embeddings
+    stream_stall_timeout_s: float = STREAM_STALL_TIMEOUT.default
+
+    def __post_init__(self) -> None:
+        _check_serve_knobs(self)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    """What the gateway accepts of a request body, and whether it logs prompts."""
+
+    max_body_bytes: int = MAX_BODY_BYTES.default  # larger bodies get 413 before they are read
+    log_prompts: bool = LOG_PROMPTS.default  # prompts go in the access log
+
+    def __post_init__(self) -> None:
+        _check_serve_knobs(self)
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayAuth:
+    """Who may call the gateway: client keys on /v1/*, the admin key on /admin/* over TCP."""
+
+    api_keys: tuple[ApiKey, ...] = ()
+    admin_key: str | None = field(default=ADMIN_KEY.default, repr=False)
+
+
+Piece = TypeVar("Piece", RestartLimits, HeartbeatLimits, RequestTimeouts, HttpLimits, GatewayAuth)
+
+
 @dataclass(frozen=True, slots=True)
 class ServeConfig:
-    """`mlxd start`: the gateway's address and the models it serves."""
+    """`mlxd start`: the gateway's address and the models it serves.
+
+    Its settings are the knobs of serve_knobs.py (and the worker's of knobs.py); their
+    defaults, ranges and error messages come from there, and ``from_options`` builds one from
+    `mlxd start`'s options and config file.
+    """
 
     models: tuple[ModelSpec, ...]
-    host: str = "127.0.0.1"
-    port: int = 8000
+    host: str = HOST.default
+    port: int = PORT.default
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     # A request still unanswered after this long gets 408 and is cancelled in its worker.
-    chat_timeout_s: float = 900.0  # /v1/chat/completions and /v1/messages
-    completion_timeout_s: float = 600.0  # /v1/completions
-    embeddings_timeout_s: float = 120.0  # /v1/embeddings
-    worker_start_timeout_s: float = 300.0
+    chat_timeout_s: float = CHAT_TIMEOUT.default  # /v1/chat/completions and /v1/messages
+    completion_timeout_s: float = COMPLETION_TIMEOUT.default  # /v1/completions
+    embeddings_timeout_s: float = EMBEDDINGS_TIMEOUT.default  # /v1/embeddings
+    worker_start_timeout_s: float = 300.0  # no option: a model's load may take this long
     max_context: int | None = MAX_CONTEXT.default
-    max_body_bytes: int = 8 * 1024 * 1024
+    max_body_bytes: int = MAX_BODY_BYTES.default
     api_keys: tuple[ApiKey, ...] = ()
-    log_prompts: bool = False
-    admin_key: str | None = field(default=None, repr=False)  # guards /admin/* (and /metrics)
-    heartbeat_timeout_s: float = 10.0  # a worker silent this long is killed and restarted
-    step_timeout_s: float = 300.0  # an engine stuck in one step this long is killed and restarted
-    drain_timeout_s: float = 10.0  # on SIGTERM, how long in-flight requests may still run
+    log_prompts: bool = LOG_PROMPTS.default
+    admin_key: str | None = field(default=ADMIN_KEY.default, repr=False)  # guards /admin/*
+    heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT.default  # a silent worker is restarted
+    step_timeout_s: float = STEP_TIMEOUT.default  # so is an engine stuck in one step this long
+    drain_timeout_s: float = DRAIN_TIMEOUT.default  # on SIGTERM, in-flight requests may run on
     # A worker that crashes this often within the window is marked failed, not restarted again;
     # restarts wait restart_backoff_s, doubling with each recent crash (at most 30 s).
-    max_crashes: int = 5
-    crash_window_s: float = 60.0
-    restart_backoff_s: float = 0.5
-    stream_stall_timeout_s: float = 30.0  # a stream whose client reads nothing this long is cut
-    max_memory_bytes: int | None = None  # every worker's weights + KV + headroom fit in this
-    keep_alive_s: float = 0.0  # idle seconds before a worker is unloaded; 0 = never
+    max_crashes: int = MAX_CRASHES.default
+    crash_window_s: float = CRASH_WINDOW.default
+    restart_backoff_s: float = RESTART_BACKOFF.default
+    stream_stall_timeout_s: float = STREAM_STALL_TIMEOUT.default  # a stalled stream is cut
+    max_memory_bytes: int | None = MAX_MEMORY.default  # every worker's weights + KV fit in it
+    keep_alive_s: float = KEEP_ALIVE.default  # idle seconds before a worker is unloaded; 0 = never
     curve_keys: CurveKeys | None = field(default=None, repr=False)  # for tcp:// attached workers
     dtype: str = DTYPE.default  # each model's compute dtype unless its spec sets one (DTYPES)
-    request_log: str | None = None  # the rotating request log file; None: not written
-    request_log_max_bytes: int = REQUEST_LOG_MAX_BYTES  # rotated past this (3 old files kept)
+    request_log: str | None = REQUEST_LOG.default  # the rotating request log; None: not written
+    request_log_max_bytes: int = REQUEST_LOG_SIZE.default  # rotated past this (3 old files kept)
     backends: tuple[BackendSpec, ...] = ()  # remote APIs (docs/BACKENDS.md)
     remote_models: tuple[RemoteModelSpec, ...] = ()  # models served by those backends
-    routing: str = "cache_aware"  # how a request picks one of a model's replicas (ROUTINGS)
+    routing: str = ROUTING.default  # how a request picks one of a model's replicas (ROUTINGS)
 
     def __post_init__(self) -> None:
         _check_knobs(self, section("worker"))
-        if self.routing not in ROUTINGS:
-            raise ConfigError(f"--routing must be one of {', '.join(ROUTINGS)}")
+        _check_knobs(self, SERVE_KNOBS)
         _check_routes(self)
-        if self.request_log_max_bytes < MIN_REQUEST_LOG_BYTES:
-            raise ConfigError(f"--request-log-size must be >= {MIN_REQUEST_LOG_BYTES} bytes")
         if len({k.name for k in self.api_keys}) != len(self.api_keys):
             raise ConfigError("API key names must be unique")
         if len({k.key for k in self.api_keys}) != len(self.api_keys):
             raise ConfigError("the same API key is configured twice")
         if not self.models and not self.remote_models:
             raise ConfigError("at least one model is needed")
-        if not 0 <= self.port <= 65535:
-            raise ConfigError("--port must be in 0..65535")
-        for name in ("chat", "completion", "embeddings"):
-            if getattr(self, f"{name}_timeout_s") <= 0:
-                raise ConfigError(f"--{name}-timeout must be > 0 seconds")
-        if self.heartbeat_timeout_s <= 0:
-            raise ConfigError("--heartbeat-timeout must be > 0 seconds")
-        if self.step_timeout_s <= 0:
-            raise ConfigError("--step-timeout must be > 0 seconds")
-        if self.stream_stall_timeout_s <= 0:
-            raise ConfigError("--stream-stall-timeout must be > 0 seconds")
-        if self.drain_timeout_s < 0:
-            raise ConfigError("--drain-timeout must be >= 0 seconds")
-        if self.max_crashes < 1:
-            raise ConfigError("--max-crashes must be >= 1")
-        if self.crash_window_s <= 0 or self.restart_backoff_s < 0:
-            raise ConfigError("--crash-window must be > 0 and --restart-backoff >= 0 seconds")
         names = [n for m in _all_models(self) for n in (m.name, *m.aliases)]
         if len(set(names)) != len(names):
             raise ConfigError("model names and aliases must be unique")
-        if self.max_memory_bytes is not None and self.max_memory_bytes <= 0:
-            raise ConfigError("--max-memory must be > 0")
-        if self.keep_alive_s < 0:
-            raise ConfigError("--keep-alive must be >= 0 seconds (0 = forever)")
+
+    @classmethod
+    def from_options(
+        cls, options: Mapping[str, object], file: Mapping[str, object] | None = None, **parts: Any
+    ) -> ServeConfig:
+        """The config `mlxd start` serves. Each setting is its option in ``options`` (by the
+        option's parameter name, as given: text for sizes and durations; None: not given),
+        else the config file's in ``file`` (by field, parsed), else the knob's default.
+        ``parts`` are the fields that are no knobs: models, backends, API keys, CURVE keys."""
+        file = file or {}
+        scheduler = SchedulerConfig.from_options(options, file)
+        cache = CacheConfig.from_options(options, file)
+        settings = given((*section("worker"), *SERVE_KNOBS), options, file)
+        return cls(scheduler=scheduler, cache=cache, **settings, **parts)
 
     def keep_alive(self, spec: ModelSpec) -> float:
         """``spec``'s idle seconds before unloading (0 = never)."""
         return self.keep_alive_s if spec.keep_alive_s is None else spec.keep_alive_s
+
+    def piece(self, cls: type[Piece]) -> Piece:
+        """The narrow piece ``cls`` of this config (``RestartLimits``, ``HeartbeatLimits``,
+        ``RequestTimeouts``, ``HttpLimits``, ``GatewayAuth``): the fields it names."""
+        return cls(**{f.name: getattr(self, f.name) for f in dataclasses.fields(cls)})
 
 
 def _all_models(config: ServeConfig) -> list[ModelSpec | RemoteModelSpec]:
@@ -450,45 +549,6 @@ def _check_knobs(config: object, knobs: tuple[Knob[object], ...]) -> None:
         knob.check(getattr(config, knob.field))
 
 
-_SIZE_UNITS = {"": 2**30, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20,
-               "mb": 2**20, "mib": 2**20, "g": 2**30, "gb": 2**30, "gib": 2**30,
-               "t": 2**40, "tb": 2**40, "tib": 2**40}  # fmt: skip
-_TIME_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600}
-
-
-def parse_memory(text: str | float, total_bytes: int | None = None) -> int:
-    """``"16GB"``, ``"512MiB"``, ``"1.5"`` (GB), ``"75%"`` (of ``total_bytes``, default the RAM)
-    -> bytes. GB and GiB both mean 2**30, as memory is counted."""
-    raw = str(text).strip().lower().replace(" ", "")
-    try:
-        if raw.endswith("%"):
-            share = float(raw[:-1])
-            if not 0 < share <= 100:
-                raise ValueError
-            return int(share / 100 * (total_bytes or physical_memory()))
-        number = raw.rstrip("kmgtib")
-        unit = _SIZE_UNITS[raw[len(number) :]]
-        value = float(number) * unit
-        if value <= 0:
-            raise ValueError
-        return int(value)
-    except (ValueError, KeyError):
-        raise ConfigError(f"bad memory size {text!r}: use e.g. 16GB, 512MB or 75%") from None
-
-
-def parse_duration(text: str | float) -> float:
-    """``"300"``, ``"30s"``, ``"5m"``, ``"1h"`` -> seconds (``0`` = forever, for keep-alive)."""
-    raw = str(text).strip().lower()
-    number = raw.rstrip("smh")
-    try:
-        seconds = float(number) * _TIME_UNITS[raw[len(number) :]]
-    except (ValueError, KeyError):
-        raise ConfigError(f"bad duration {text!r}: use e.g. 300, 30s, 5m or 1h") from None
-    if seconds < 0:
-        raise ConfigError(f"bad duration {text!r}: must be >= 0")
-    return seconds
-
-
-def physical_memory() -> int:
-    """This machine's RAM in bytes."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+def _check_serve_knobs(piece: Any) -> None:
+    names = {f.name for f in dataclasses.fields(piece)}
+    _check_knobs(piece, tuple(k for k in SERVE_KNOBS if k.field in names))

@@ -1,15 +1,21 @@
-"""Every worker knob, defined once: name, type, default, range, help, and whether it is live.
+"""Every setting, defined once: name, type, default, range, help, TOML key, env var, and
+whether it is live.
 
-The config values check themselves against this table (config.py), the options of `mlxd start`
-and `mlxd worker serve` are built from it (cli/knob_options.py), and `mlxd worker set` takes
-its live ones (gateway/ops/admin.py, worker/control.py). So a knob cannot drift between them:
-before, ``max_num_seqs`` was listed by hand in six places (issue #25 point 5).
+The config values check themselves against these tables (config.py), the options of `mlxd start`
+and `mlxd worker serve` are built from them (cli/knob_options.py), the top-level keys of
+`mlxd start --config` are read through them (cli/config_file.py), and `mlxd worker set` takes
+the live ones (gateway/ops/admin.py, worker/control.py). So a setting cannot drift between them:
+before, ``max_num_seqs`` was listed by hand in six places (issue #25 point 5) and the daemon's
+timeouts in four (issue #37 point 4). ``KNOBS`` are the worker's (``SchedulerConfig``,
+``CacheConfig``, ``WorkerConfig``); serve_knobs.py has the daemon's and the gateway's
+(``ServeConfig``), in the same shape.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from mlxd.errors import ConfigError
 
@@ -28,7 +34,13 @@ DTYPES = ("auto", "float32", "float16", "bfloat16", "file")
 class Knob(Generic[T]):
     """One knob. ``field`` names it in its config class (``section``) and in `worker set`;
     ``flag`` is its command-line option, ``dest`` that option's parameter name where it differs
-    from ``field`` (kept, as ``MLXD_*`` environment variables are named after it)."""
+    from ``field`` (kept, as ``MLXD_*`` environment variables are named after it).
+
+    ``parse`` turns a given value (the option's text, the TOML value) into the field's: sizes
+    and durations. An option with a parser takes text; its default is ``text_default`` (as
+    ``--help`` shows it) or unset. ``toml`` is its key at the top of `mlxd start --config`;
+    an option the file can set defaults to unset, so that the file's value shows through.
+    """
 
     field: str
     section: str  # "scheduler" (SchedulerConfig), "cache" (CacheConfig), "worker" (both configs)
@@ -43,6 +55,13 @@ class Knob(Generic[T]):
     choices: tuple[str, ...] = ()
     live: bool = False  # changeable on a running worker (`mlxd worker set`)
     dest: str = ""
+    toml: str = ""  # key at the top of the --config file ("": none)
+    envvar: str = ""  # environment variable read for the option ("": click's MLXD_START_*)
+    metavar: str = ""
+    parse: Callable[[Any], Any] | None = None  # given text or TOML value -> the field's value
+    text_default: str | None = None  # the option's default as written, for ``parse``
+    negatable: bool = True  # a bool option has a --no- form
+    click_range: bool = False  # click refuses an int below ``minimum`` (a usage error, exit 2)
 
     @property
     def param(self) -> str:
@@ -50,13 +69,26 @@ class Knob(Generic[T]):
         return self.dest or self.field
 
     @property
-    def rule(self) -> str:
-        """The range in words: ">= 1", "> 0 seconds", "in 1..1024", "one of a, b"."""
+    def option_default(self) -> object:
+        """The option's default: unset where the config file or a parser has the say."""
+        if self.parse is not None:
+            return self.text_default
+        return None if self.toml else self.default
+
+    @property
+    def bound(self) -> str:
+        """The range in words, without the unit: ">= 1", "in 1..1024", "one of a, b"."""
         if self.choices:
             return f"one of {', '.join(self.choices)}"
         if self.minimum is not None and self.maximum is not None:
             return f"in {self.minimum:g}..{self.maximum:g}"
-        return f"{'>' if self.above else '>='} {self.minimum:g}{self.unit}"
+        return f"{'>' if self.above else '>='} {self.minimum:g}"
+
+    @property
+    def rule(self) -> str:
+        """The range in words: ">= 1", "> 0 seconds", "in 1..1024", "one of a, b"."""
+        one_sided = not self.choices and self.maximum is None
+        return f"{self.bound}{self.unit}" if one_sided else self.bound
 
     def is_valid(self, value: object) -> bool:
         """Whether ``value`` is in range (``None``, unset, always is)."""
@@ -100,7 +132,7 @@ AGING_S: Knob[float] = Knob(
 KV_CACHE_GB: Knob[float | None] = Knob(
     "kv_cache_gb", "cache", "--kv-cache-gb", float, None,
     "KV block pool size per model (default: half the memory the weights leave, at most "
-    "max-num-seqs full contexts).", minimum=0, above=True,
+    "max-num-seqs full contexts).", minimum=0, above=True, toml="kv_cache_gb",
 )  # fmt: skip
 BLOCK_SIZE: Knob[int] = Knob(
     "block_size", "cache", "--kv-block-size", int, 32,
@@ -180,3 +212,20 @@ def section(name: str) -> tuple[Knob[object], ...]:
 def live_knob(field: str) -> Knob[object] | None:
     """The live knob named ``field``, or None (not a knob, or not settable while running)."""
     return next((k for k in LIVE_KNOBS if k.field == field), None)
+
+
+def given(
+    knobs: tuple[Knob[object], ...], options: Mapping[str, object], file: Mapping[str, object]
+) -> dict[str, Any]:
+    """The fields of ``knobs`` that were set, by field: an option given in ``options`` (by
+    parameter name, parsed), else the config file's value in ``file`` (by field, parsed when
+    read). A field set by neither is left out, so its config class's default (the knob's)
+    holds."""
+    out: dict[str, Any] = {}
+    for knob in knobs:
+        raw = options.get(knob.param)
+        if raw is not None:
+            out[knob.field] = raw if knob.parse is None else knob.parse(raw)
+        elif knob.field in file:
+            out[knob.field] = file[knob.field]
+    return out

@@ -31,8 +31,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from mlxd.config import BackendSpec, ModelSpec, RemoteModelSpec, parse_duration
+from mlxd.config import BackendSpec, ModelSpec, RemoteModelSpec
 from mlxd.errors import ConfigError
+from mlxd.units import parse_duration
 
 _Spec = TypeVar("_Spec", ModelSpec, RemoteModelSpec)
 

@@ -313,8 +313,8 @@ def _extra_body(text: str) -> tuple[tuple[str, Any], ...]:
     help="The paged KV cache (the daemon's default) or the contiguous one.",
 )
 @click.option("--kv-block-size", default=32, show_default=True)
-@knob_option(KV_CACHE_GB)  # type: ignore[arg-type]
-@knob_option(SPECULATE)  # type: ignore[arg-type]
+@knob_option(KV_CACHE_GB)
+@knob_option(SPECULATE)
 @click.option(
     "--compare-mlx-lm/--no-compare-mlx-lm",
     default=True,

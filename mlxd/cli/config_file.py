@@ -40,18 +40,14 @@ from pathlib import Path
 from typing import Any
 
 from mlxd.cli.backend_options import backend_table, fallbacks_of, remote_model_table
-from mlxd.config import BackendSpec, ModelSpec, RemoteModelSpec, parse_duration
+from mlxd.config import BackendSpec, ModelSpec, RemoteModelSpec
 from mlxd.errors import ConfigError
+from mlxd.knobs import Knob
+from mlxd.serve_knobs import TOML_KNOBS
+from mlxd.units import parse_duration
 
-TIMEOUTS = ("chat", "completion", "embeddings")  # `{name}_timeout` keys -> `{name}_timeout_s`
-TOP_KEYS = {
-    "max_memory",
-    "keep_alive",
-    "kv_cache_gb",
-    "models",
-    "backends",
-    *(f"{t}_timeout" for t in TIMEOUTS),
-}
+TOP_KEYS = {"models", "backends", *(k.toml for k in TOML_KNOBS)}
+_KINDS = {int: "a whole number", str: "a string", bool: "true or false"}  # TOML's, in words
 MODEL_KEYS = {"path", "aliases", "keep_alive", "pinned", "preload", "kv_cache_gb", "dtype",
               "fallbacks", "fallback", "fallback_on_busy", "replicas", "workers",
               "group_size", "distributed"}  # fmt: skip
@@ -59,13 +55,11 @@ MODEL_KEYS = {"path", "aliases", "keep_alive", "pinned", "preload", "kv_cache_gb
 
 @dataclass(frozen=True)
 class ConfigFile:
-    """What a config file sets; ``None``: not set (the command line or a default decides)."""
+    """What a config file sets. ``settings``: the knobs its top-level keys set (``TOML_KNOBS``),
+    by field, parsed (``{"keep_alive_s": 600.0}``); the command line wins over them."""
 
     models: tuple[ModelSpec, ...]
-    max_memory: str | None = None
-    keep_alive_s: float | None = None
-    kv_cache_gb: float | None = None
-    timeouts_s: dict[str, float] = field(default_factory=dict)  # "chat" -> seconds, if set
+    settings: dict[str, object] = field(default_factory=dict)
     backends: tuple[BackendSpec, ...] = ()
     remote_models: tuple[RemoteModelSpec, ...] = ()  # [models.NAME] tables with a backend
 
@@ -89,28 +83,29 @@ def read_config_file(path: Path) -> ConfigFile:
     backends = doc.get("backends", {})
     if not isinstance(backends, dict):
         raise ConfigError(f"{path}: backends must be tables: [backends.NAME]")
-    keep_alive = doc.get("keep_alive")
     return ConfigFile(
         models=specs,
         remote_models=remote,
         backends=tuple(backend_table(n, t, f"{path}: [backends.{n}]") for n, t in backends.items()),
-        max_memory=None if doc.get("max_memory") is None else str(doc["max_memory"]),
-        keep_alive_s=None if keep_alive is None else parse_duration(keep_alive),
-        kv_cache_gb=_number(doc.get("kv_cache_gb"), f"{path}: kv_cache_gb"),
-        timeouts_s=_timeouts(doc, str(path)),
+        settings={
+            k.field: _setting(k, doc[k.toml], f"{path}: {k.toml}")
+            for k in TOML_KNOBS
+            if doc.get(k.toml) is not None
+        },
     )
 
 
-def _timeouts(doc: dict[str, Any], where: str) -> dict[str, float]:
-    out = {}
-    for name in TIMEOUTS:
-        value = doc.get(f"{name}_timeout")
-        if value is not None:
-            seconds = parse_duration(value)
-            if seconds <= 0:
-                raise ConfigError(f"{where}: {name}_timeout must be > 0")
-            out[name] = seconds
-    return out
+def _setting(knob: Knob[object], value: Any, where: str) -> object:
+    """A top-level key's ``value`` as its knob's field takes it, checked with the knob's range."""
+    if knob.parse is not None:  # sizes and durations: text or a number
+        value = knob.parse(value)
+    elif knob.kind is float:
+        value = _number(value, where)
+    elif isinstance(value, bool) != (knob.kind is bool) or not isinstance(value, knob.kind):
+        raise ConfigError(f"{where} must be {_KINDS[knob.kind]}")
+    if not knob.is_valid(value):
+        raise ConfigError(f"{where} must be {knob.bound}")
+    return value
 
 
 def _model(name: str, table: Any, where: str) -> ModelSpec:

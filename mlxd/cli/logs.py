@@ -16,9 +16,10 @@ from typing import Any
 
 import click
 
-from mlxd.config import data_dir, parse_duration
+from mlxd.config import data_dir
 from mlxd.errors import ConfigError
 from mlxd.gateway.http.request_log import FILE_NAME, RequestLogFile
+from mlxd.units import parse_duration
 
 COLUMNS = ("time", "request_id", "method", "endpoint", "status", "model", "key", "stream",
            "prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason", "ttft_ms",

@@ -7,27 +7,43 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
 from mlxd.cli.api_keys import api_keys
 from mlxd.cli.backend_options import check_backend_keys, cli_routes
 from mlxd.cli.config_file import ConfigFile, read_config_file
-from mlxd.cli.knob_options import cache_config, scheduler_config, with_knob_options
-from mlxd.config import (
-    DEFAULT_MODEL,
-    ModelSpec,
-    ServeConfig,
-    data_dir,
-    parse_duration,
-    parse_memory,
-)
+from mlxd.cli.knob_options import knob_option, with_knob_options
+from mlxd.config import DEFAULT_MODEL, DISTRIBUTED_BACKENDS, ModelSpec, ServeConfig, data_dir
 from mlxd.daemon.daemon_files import DaemonFiles, busy_message
 from mlxd.daemon.detach import detach
 from mlxd.daemon.server import check_port_free
 from mlxd.errors import ConfigError, MlxdError
 from mlxd.gateway.http.request_log import FILE_NAME
 from mlxd.protocol import curve
+from mlxd.serve_knobs import (
+    ADMIN_KEY,
+    CHAT_TIMEOUT,
+    COMPLETION_TIMEOUT,
+    CRASH_WINDOW,
+    DRAIN_TIMEOUT,
+    EMBEDDINGS_TIMEOUT,
+    HEARTBEAT_TIMEOUT,
+    HOST,
+    KEEP_ALIVE,
+    LOG_PROMPTS,
+    MAX_BODY_BYTES,
+    MAX_CRASHES,
+    MAX_MEMORY,
+    PORT,
+    REQUEST_LOG,
+    REQUEST_LOG_SIZE,
+    RESTART_BACKOFF,
+    ROUTING,
+    STEP_TIMEOUT,
+    STREAM_STALL_TIMEOUT,
+)
 
 
 @click.command("start")
@@ -66,19 +82,12 @@ from mlxd.protocol import curve
 )
 @click.option(
     "--distributed",
-    type=click.Choice(["ring", "nccl"]),
+    type=click.Choice(DISTRIBUTED_BACKENDS),
     default=None,
     help="The group's mlx.distributed backend: ring (TCP; CPU, Macs) or nccl (CUDA). "
     "Default ring, or `distributed` in [models.NAME].",
 )
-@click.option(
-    "--routing",
-    type=click.Choice(["cache_aware", "round_robin"]),
-    default="cache_aware",
-    show_default=True,
-    help="How a request picks a model's replica: the one that served its prompt's prefix "
-    "unless much busier (cache_aware), or in turn (round_robin).",
-)
+@knob_option(ROUTING)
 @click.option(
     "--config",
     "config_file",
@@ -87,28 +96,16 @@ from mlxd.protocol import curve
     help="TOML file: [models.NAME] tables (path, aliases, keep_alive, pinned, preload, "
     "kv_cache_gb) and max_memory, keep_alive; command-line options win.",
 )
-@click.option(
-    "--max-memory",
-    default=None,
-    metavar="SIZE",
-    help="Memory budget for all workers (weights + KV + headroom), e.g. 24GB or 75% (of the "
-    "RAM); a model that does not fit unloads least recently used idle ones. On a host with "
-    "several GPUs, each GPU's budget. Default: no budget.",
-)
-@click.option(
-    "--keep-alive",
-    default=None,
-    metavar="DURATION",
-    help="Unload a model's worker after this long idle (e.g. 300, 10m; 0 = never, the default).",
-)
+@knob_option(MAX_MEMORY)
+@knob_option(KEEP_ALIVE)
 @click.option(
     "--detach",
     is_flag=True,
     help="Run in the background: pidfile and log file in the data dir; returns once healthy.",
 )
 @click.option("--claim-data-dir", is_flag=True, hidden=True)  # set by --detach for its child
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=8000, show_default=True, help="Port to listen on.")
+@knob_option(HOST)
+@knob_option(PORT)
 @click.option(
     "--log-level",
     default="info",
@@ -131,90 +128,21 @@ from mlxd.protocol import curve
     help="TOML [[keys]] tables: name, key, tier (high|normal|low), "
     "requests_per_minute, tokens_per_minute.",
 )
-@click.option(
-    "--log-prompts",
-    is_flag=True,
-    help="Put prompts in the access log (mlxd.access); off by default.",
-)
-@click.option(
-    "--request-log",
-    default=None,
-    metavar="PATH|off",
-    envvar="MLXD_REQUEST_LOG",
-    help="Rotating file of one JSON line per request, never prompts or keys, for `mlxd logs` "
-    "(env MLXD_REQUEST_LOG; default: requests.log in the data dir; off: none).",
-)
-@click.option(
-    "--request-log-size",
-    default="10MB",
-    show_default=True,
-    metavar="SIZE",
-    help="Rotate the request log past this size; 3 older files are kept.",
-)
-@click.option(
-    "--admin-key",
-    default=None,
-    metavar="KEY",
-    envvar="MLXD_ADMIN_KEY",
-    help="Let clients that send this key (Authorization: Bearer) use /admin/* over TCP; "
-    "without one, admin is only reachable through the Unix socket this host's mlxd CLI uses.",
-)
-@click.option(
-    "--heartbeat-timeout",
-    type=float,
-    default=10.0,
-    show_default=True,
-    help="Seconds a worker may leave a ping unanswered before it is killed and restarted.",
-)
-@click.option(
-    "--step-timeout",
-    type=float,
-    default=300.0,
-    show_default=True,
-    help="Seconds one engine step may run (first kernel compiles included) before the worker "
-    "is taken for hung, killed and restarted.",
-)
-@click.option(
-    "--drain-timeout",
-    type=float,
-    default=10.0,
-    show_default=True,
-    help="On SIGTERM/Ctrl-C, seconds in-flight requests may still run before they are cut.",
-)
-@click.option(
-    "--max-crashes",
-    type=int,
-    default=5,
-    show_default=True,
-    help="A worker that crashes this often within --crash-window is marked failed (not "
-    "restarted again) until `mlxd load MODEL`.",
-)
-@click.option("--crash-window", type=float, default=60.0, show_default=True,
-              help="Seconds over which --max-crashes counts a worker's crashes.")  # fmt: skip
-@click.option("--restart-backoff", type=float, default=0.5, show_default=True,
-              help="Seconds before restarting a crashed worker, doubled for each crash within "
-              "--crash-window (at most 30 s).")  # fmt: skip
-@click.option(
-    "--stream-stall-timeout",
-    type=float,
-    default=30.0,
-    show_default=True,
-    help="Seconds a streaming client may read nothing before its stream is cut and cancelled.",
-)
-@click.option("--chat-timeout", default=None, metavar="DURATION",
-              help="Longest a chat completion (or /v1/messages) may take before it is cut with "
-              "408 (e.g. 900, 15m; default 15m, or chat_timeout in --config).")  # fmt: skip
-@click.option("--completion-timeout", default=None, metavar="DURATION",
-              help="The same for /v1/completions (default 10m).")  # fmt: skip
-@click.option("--embeddings-timeout", default=None, metavar="DURATION",
-              help="The same for /v1/embeddings (default 2m).")  # fmt: skip
-@click.option(
-    "--max-body-bytes",
-    type=click.IntRange(min=1024),
-    default=8 * 1024 * 1024,
-    show_default=True,
-    help="Largest request body accepted; bigger ones get 413 before they are read.",
-)
+@knob_option(LOG_PROMPTS)
+@knob_option(REQUEST_LOG)
+@knob_option(REQUEST_LOG_SIZE)
+@knob_option(ADMIN_KEY)
+@knob_option(HEARTBEAT_TIMEOUT)
+@knob_option(STEP_TIMEOUT)
+@knob_option(DRAIN_TIMEOUT)
+@knob_option(MAX_CRASHES)
+@knob_option(CRASH_WINDOW)
+@knob_option(RESTART_BACKOFF)
+@knob_option(STREAM_STALL_TIMEOUT)
+@knob_option(CHAT_TIMEOUT)
+@knob_option(COMPLETION_TIMEOUT)
+@knob_option(EMBEDDINGS_TIMEOUT)
+@knob_option(MAX_BODY_BYTES)
 @click.option(
     "--backend",
     "backends",
@@ -229,77 +157,27 @@ from mlxd.protocol import curve
 @click.option("--fallback", "fallbacks", multiple=True, metavar="MODEL=OTHER[,OTHER]",
               help="Models tried in turn when MODEL fails before its answer starts.")  # fmt: skip
 @with_knob_options
-def start_command(models: tuple[str, ...], host: str, port: int, log_level: str,
-                  **opts: object) -> None:  # fmt: skip
+def start_command(models: tuple[str, ...], log_level: str, **opts: Any) -> None:
     """Serve the OpenAI API on HOST:PORT until Ctrl-C or SIGTERM."""
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")  # fmt: skip
+    logging.basicConfig(
+        level=log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
     try:
         files = DaemonFiles(data_dir())
         running = files.running()
         if running is not None:  # checked first: before a default model is made
             raise ConfigError(busy_message(files.directory, running))
-        path = opts["config_file"]
-        file = read_config_file(path) if isinstance(path, Path) else ConfigFile(models=())
-        max_memory = opts["max_memory"] or file.max_memory
-        keep_alive = opts["keep_alive"]
-        attached = _parse_workers(opts["workers"])  # type: ignore[arg-type]
-        routes = cli_routes(models, opts["backends"], opts["backend_keys"], opts["fallbacks"],  # type: ignore[arg-type]
-                            file.backends, file.remote_models)  # fmt: skip
-        models = routes.local_models
-        check_backend_keys(routes.backends, os.environ)
-        tcp = [e for s in (*attached, *file.models) for e in s.endpoints if e.startswith("tcp://")]
-        gateway_keys = curve.load(curve.keys_dir(data_dir()), "gateway") if tcp else None
-        keys = curve.require(tcp[0], gateway_keys) if tcp else None
-        config = ServeConfig(
-            models=routes.with_fallbacks(
-                _with_replicas(
-                    _model_specs(models, file, bool(attached) or bool(routes.remote_models)),
-                    opts["replicas"],  # type: ignore[arg-type]
-                    opts["group_size"],  # type: ignore[arg-type]
-                    opts["distributed"],  # type: ignore[arg-type]
-                )
-                + attached
-            ),
-            routing=str(opts["routing"]),
-            backends=routes.backends,
-            remote_models=routes.with_fallbacks(routes.remote_models),
-            curve_keys=keys,
-            max_memory_bytes=None if max_memory is None else parse_memory(str(max_memory)),
-            keep_alive_s=file.keep_alive_s or 0.0
-            if keep_alive is None
-            else parse_duration(str(keep_alive)),  # fmt: skip
-            host=host,
-            port=port,
-            scheduler=scheduler_config(opts),
-            cache=cache_config(
-                {**opts, "kv_cache_gb": file.kv_cache_gb} if opts["kv_cache_gb"] is None else opts
-            ),
-            max_context=opts["max_context"],  # type: ignore[arg-type]
-            dtype=str(opts["dtype"]),
-            api_keys=api_keys(opts["api_key_values"], opts["api_keys_file"]),  # type: ignore
-            log_prompts=bool(opts["log_prompts"]),
-            admin_key=opts["admin_key"],  # type: ignore[arg-type]
-            heartbeat_timeout_s=opts["heartbeat_timeout"],  # type: ignore[arg-type]
-            step_timeout_s=opts["step_timeout"],  # type: ignore[arg-type]
-            drain_timeout_s=opts["drain_timeout"],  # type: ignore[arg-type]
-            max_crashes=opts["max_crashes"],  # type: ignore[arg-type]
-            crash_window_s=opts["crash_window"],  # type: ignore[arg-type]
-            restart_backoff_s=opts["restart_backoff"],  # type: ignore[arg-type]
-            max_body_bytes=opts["max_body_bytes"],  # type: ignore[arg-type]
-            stream_stall_timeout_s=opts["stream_stall_timeout"],  # type: ignore[arg-type]
-            **_timeouts(opts, file),
-            request_log=_request_log_path(opts["request_log"]),  # type: ignore[arg-type]
-            request_log_max_bytes=parse_memory(str(opts["request_log_size"])),
-        )
-        check_port_free(host, port)
+        config = _config(models, opts)
+        check_port_free(config.host, config.port)
         from mlxd.models import sources  # GGUF files and ollama: names: converted once, here
 
         sources.prepare(config.models, config.dtype, _progress)
         if opts["detach"]:
-            sys.exit(_detach(files, _url(host, port)))
+            sys.exit(_detach(files, _url(config.host, config.port)))
         if opts["claim_data_dir"]:
-            files.claim(_url(host, port))
+            files.claim(_url(config.host, config.port))
     except MlxdError as exc:
         raise click.ClickException(exc.message) from None
     try:
@@ -309,15 +187,42 @@ def start_command(models: tuple[str, ...], host: str, port: int, log_level: str,
     sys.exit(code)
 
 
-def _timeouts(opts: dict[str, object], file: ConfigFile) -> dict[str, float]:
-    """``{name}_timeout_s`` for each timeout the command line or the config file sets (the
-    command line wins); the others keep ServeConfig's defaults."""
-    out = {f"{name}_timeout_s": seconds for name, seconds in file.timeouts_s.items()}
-    for name in ("chat", "completion", "embeddings"):
-        value = opts[f"{name}_timeout"]
-        if value is not None:
-            out[f"{name}_timeout_s"] = parse_duration(str(value))
-    return out
+def _config(models: tuple[str, ...], opts: dict[str, Any]) -> ServeConfig:
+    """The options and the --config file as one config: the settings through the knob
+    tables, the models, backends and keys parsed here."""
+    path = opts["config_file"]
+    file = read_config_file(path) if isinstance(path, Path) else ConfigFile(models=())
+    attached = _parse_workers(opts["workers"])
+    routes = cli_routes(
+        models,
+        opts["backends"],
+        opts["backend_keys"],
+        opts["fallbacks"],
+        file.backends,
+        file.remote_models,
+    )
+    check_backend_keys(routes.backends, os.environ)
+    local = _model_specs(routes.local_models, file, bool(attached) or bool(routes.remote_models))
+    local = _with_replicas(local, opts["replicas"], opts["group_size"], opts["distributed"])
+    # Without --request-log, `mlxd start` writes one in the data dir (ServeConfig's default: none).
+    request_log = opts["request_log"] or str(data_dir() / FILE_NAME)
+    return ServeConfig.from_options(
+        {**opts, "request_log": request_log},
+        file.settings,
+        models=routes.with_fallbacks(local + attached),
+        backends=routes.backends,
+        remote_models=routes.with_fallbacks(routes.remote_models),
+        curve_keys=_curve_keys((*attached, *file.models)),
+        api_keys=api_keys(opts["api_key_values"], opts["api_keys_file"]),
+    )
+
+
+def _curve_keys(specs: tuple[ModelSpec, ...]) -> curve.CurveKeys | None:
+    """The gateway's CURVE keys when any attached worker is on tcp:// (None: none is)."""
+    tcp = [e for s in specs for e in s.endpoints if e.startswith("tcp://")]
+    if not tcp:
+        return None
+    return curve.require(tcp[0], curve.load(curve.keys_dir(data_dir()), "gateway"))
 
 
 def _detach(files: DaemonFiles, url: str) -> int:
@@ -341,12 +246,6 @@ def _model_specs(models: tuple[str, ...], file: ConfigFile, attached: bool = Fal
         path = ensure_default_model(data_dir(), progress=_progress)
         return (ModelSpec(name=DEFAULT_MODEL, path=str(path)),)
     return tuple(_parse_model(m) for m in models)
-
-
-def _request_log_path(option: str | None) -> str | None:
-    if option == "off":
-        return None
-    return str(Path(option).expanduser()) if option else str(data_dir() / FILE_NAME)
 
 
 def _parse_model(text: str) -> ModelSpec:
@@ -377,9 +276,13 @@ def _with_replicas(specs: tuple[ModelSpec, ...], replicas: int | None, group_siz
                    distributed: str | None) -> tuple[ModelSpec, ...]:  # fmt: skip
     """``--replicas``, ``--group-size`` and ``--distributed`` for every local model (they win
     over the config file's keys)."""
-    given = {"replicas": replicas, "group_size": group_size, "distributed": distributed}
+    given: dict[str, Any] = {
+        "replicas": replicas,
+        "group_size": group_size,
+        "distributed": distributed,
+    }
     changes = {k: v for k, v in given.items() if v is not None}
-    return tuple(dataclasses.replace(s, **changes) for s in specs)  # type: ignore[arg-type]
+    return tuple(dataclasses.replace(s, **changes) for s in specs)
 
 
 def _progress(line: str) -> None:

@@ -12,8 +12,8 @@ from typing import Any
 import click
 
 from mlxd.cli.admin import AdminClient, format_bytes, print_json, with_admin_options
-from mlxd.cli.knob_options import cache_config, scheduler_config, with_knob_options
-from mlxd.config import WorkerConfig, data_dir
+from mlxd.cli.knob_options import with_knob_options
+from mlxd.config import CacheConfig, SchedulerConfig, WorkerConfig, data_dir
 from mlxd.errors import MlxdError
 from mlxd.knobs import LIVE_KNOBS
 from mlxd.protocol import curve
@@ -101,8 +101,8 @@ def _from_options(opts: dict[str, Any], keys_dir: Path | None) -> WorkerConfig:
         model=opts["model"],
         name=opts["name"] or opts["model"],
         endpoint=opts["endpoint"],
-        scheduler=scheduler_config(opts),
-        cache=cache_config(opts),
+        scheduler=SchedulerConfig.from_options(opts),
+        cache=CacheConfig.from_options(opts),
         max_context=opts["max_context"],
         parent_pid=opts["parent_pid"],
         reason_file=opts["reason_file"],

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 
-from mlxd.config import ServeConfig
+from mlxd.config import HeartbeatLimits
 from mlxd.daemon.heartbeat import is_due, liveness
 from mlxd.daemon.worker_process import WorkerProcess
 from mlxd.errors import WorkerUnavailable
@@ -37,7 +37,7 @@ async def attach(worker: WorkerProcess, wait_s: float) -> None:
         return
 
 
-async def check_attached(worker: WorkerProcess, config: ServeConfig) -> None:
+async def check_attached(worker: WorkerProcess, config: HeartbeatLimits) -> None:
     """One watcher pass over an attached worker: attach, heartbeat, fail or recover it."""
     if worker.state == "starting":
         await attach(worker, 0.0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 
-from mlxd.config import ServeConfig
+from mlxd.config import HeartbeatLimits
 from mlxd.daemon.worker_process import WorkerProcess
 from mlxd.errors import MlxdError, WorkerUnavailable
 from mlxd.protocol.messages import Ping, Pong
@@ -20,13 +20,13 @@ log = logging.getLogger("mlxd.supervisor")
 HEARTBEAT_S = 2.0
 
 
-def is_due(worker: WorkerProcess, config: ServeConfig) -> bool:
+def is_due(worker: WorkerProcess, config: HeartbeatLimits) -> bool:
     """Whether ``worker`` was last heard from longer than a heartbeat ago."""
     interval = min(HEARTBEAT_S, config.heartbeat_timeout_s)
     return time.monotonic() - worker.last_pong > interval
 
 
-async def liveness(worker: WorkerProcess, config: ServeConfig) -> tuple[str, str]:
+async def liveness(worker: WorkerProcess, config: HeartbeatLimits) -> tuple[str, str]:
     """Ping ``worker``'s control thread: why it is hung ("" if it is not) and why its steps
     fail (its ``Pong.failing``: "" while they work)."""
     ping = Ping(request_id=worker.heartbeat.next_id())

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from mlxd.config import ServeConfig
+from mlxd.config import RestartLimits
 from mlxd.daemon.worker_process import STARTUP_FAILURE, WorkerProcess
 
 MAX_START_FAILURES = 3
@@ -18,7 +18,7 @@ MAX_BACKOFF_S = 30.0
 
 
 def crash_reason(worker: WorkerProcess, code: int | None, was_ready: bool,
-                 config: ServeConfig) -> str:  # fmt: skip
+                 config: RestartLimits) -> str:  # fmt: skip
     """Count an exit nobody asked for: why the model is now failed, or "" to restart it."""
     if code == STARTUP_FAILURE and not was_ready:  # it cannot load: trying again won't help
         return f"refused to load: {worker.startup_reason()}"
@@ -31,7 +31,7 @@ def crash_reason(worker: WorkerProcess, code: int | None, was_ready: bool,
     return ""
 
 
-def backoff_s(worker: WorkerProcess, config: ServeConfig) -> float:
+def backoff_s(worker: WorkerProcess, config: RestartLimits) -> float:
     """The wait before the next restart: doubled for each crash within the window, capped."""
     backoff: float = config.restart_backoff_s * 2 ** (len(worker.crashes) - 1)
     return min(MAX_BACKOFF_S, backoff)

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxd import gpus
-from mlxd.config import ModelSpec, ServeConfig
+from mlxd.config import HeartbeatLimits, ModelSpec, RestartLimits, ServeConfig
 from mlxd.daemon import budget
 from mlxd.daemon.attach import ATTACH_WAIT_S, attach, check_attached
 from mlxd.daemon.footprint import Footprint, footprint
@@ -75,6 +75,8 @@ class Supervisor:
 
     def __init__(self, config: ServeConfig, runtime_dir: Path, log_level: str = "INFO") -> None:
         self.config = config
+        self.restart_limits = config.piece(RestartLimits)
+        self.heartbeat_limits = config.piece(HeartbeatLimits)
         self.runtime_dir = runtime_dir
         self.log_level = log_level
         self.groups = {spec.name: [self._make_worker(spec, i, r) for r in
@@ -360,18 +362,18 @@ class Supervisor:
 
     async def _check(self, worker: WorkerProcess) -> None:
         if worker.attached:
-            await check_attached(worker, self.config)
+            await check_attached(worker, self.heartbeat_limits)
             return
         if worker.proc is None or worker.state in ("failed", "stopped", "stopping", "unloaded"):
             return
         if worker.proc.poll() is not None:
             self._on_exit(worker)
             return
-        if worker.state == "ready" and is_due(worker, self.config):
+        if worker.state == "ready" and is_due(worker, self.heartbeat_limits):
             await self._heartbeat(worker)
 
     async def _heartbeat(self, worker: WorkerProcess) -> None:
-        why, failing = await liveness(worker, self.config)
+        why, failing = await liveness(worker, self.heartbeat_limits)
         if worker.proc is None or worker.proc.poll() is not None:
             return  # the process poll sees the exit
         if why:
@@ -400,13 +402,13 @@ class Supervisor:
             worker.state, worker.last_error = "stopped", "shut down on request"
             worker.ready.set()  # wake waiters so they fail fast
             return
-        why = crash_reason(worker, code, was_ready, self.config)
+        why = crash_reason(worker, code, was_ready, self.restart_limits)
         if why:
             worker.fail(why)
             return
         worker.restarts += 1
         worker.recovering = True
-        self._background(self._restart(worker, backoff_s(worker, self.config)))
+        self._background(self._restart(worker, backoff_s(worker, self.restart_limits)))
 
     async def _stop_failed(self, worker: WorkerProcess) -> None:
         proc = worker.proc

@@ -14,12 +14,11 @@ from mlxd.config import (
     ModelSpec,
     SchedulerConfig,
     ServeConfig,
-    parse_duration,
-    parse_memory,
 )
 from mlxd.daemon.budget import Resident, evictions
 from mlxd.daemon.footprint import RUNTIME_BYTES, footprint, kv_bytes_per_token
 from mlxd.errors import ConfigError
+from mlxd.units import parse_duration, parse_memory
 
 
 @pytest.mark.parametrize(
@@ -77,7 +76,7 @@ preload = false
 kv_cache_gb = 0.5
 """)
     file = read_config_file(path)
-    assert file.max_memory == "75%" and file.keep_alive_s == 600
+    assert file.settings == {"max_memory_bytes": parse_memory("75%"), "keep_alive_s": 600}
     qwen, other = file.models
     assert qwen == ModelSpec(name="qwen", path="org/qwen", aliases=("q",), keep_alive_s=0,
                              pinned=True)  # fmt: skip

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mlxd.config import ModelSpec, ServeConfig
+from mlxd.config import ModelSpec, RestartLimits, ServeConfig
 from mlxd.daemon.restart_policy import MAX_BACKOFF_S, backoff_s, crash_reason
 from mlxd.daemon.supervisor import Supervisor
 from mlxd.daemon.worker_process import STARTUP_FAILURE, WorkerProcess
@@ -24,13 +24,13 @@ def worker(config: ServeConfig, tmp_path: Path) -> WorkerProcess:
 
 
 def test_a_crash_below_the_limit_restarts(worker: WorkerProcess, config: ServeConfig) -> None:
-    assert crash_reason(worker, -9, True, config) == ""
+    assert crash_reason(worker, -9, True, config.piece(RestartLimits)) == ""
     assert len(worker.crashes) == 1
 
 
 def test_max_crashes_within_the_window_fail_it(worker: WorkerProcess, config: ServeConfig) -> None:
     worker.last_error = "exited with code -9"
-    reasons = [crash_reason(worker, -9, True, config) for _ in range(3)]
+    reasons = [crash_reason(worker, -9, True, config.piece(RestartLimits)) for _ in range(3)]
     assert reasons[:2] == ["", ""]
     assert reasons[2] == "crashed 3 times within 60 s (exited with code -9)"
 
@@ -40,7 +40,8 @@ def test_a_refusal_to_load_fails_it_with_its_reason(
 ) -> None:
     assert worker.reason_file is not None
     worker.reason_file.write_text("no such model\n")
-    assert crash_reason(worker, STARTUP_FAILURE, False, config) == "refused to load: no such model"
+    why = crash_reason(worker, STARTUP_FAILURE, False, config.piece(RestartLimits))
+    assert why == "refused to load: no such model"
 
 
 def test_backoff_doubles_per_crash_up_to_the_cap(
@@ -49,5 +50,5 @@ def test_backoff_doubles_per_crash_up_to_the_cap(
     delays = []
     for crashes in (1, 2, 3, 10):
         worker.crashes = [0.0] * crashes
-        delays.append(backoff_s(worker, config))
+        delays.append(backoff_s(worker, config.piece(RestartLimits)))
     assert delays == [0.5, 1.0, 2.0, MAX_BACKOFF_S]
