@@ -46,25 +46,54 @@ def main() -> int:
             results["engine"].append(_engine(model, n, max_tokens, prompt))
             line = "  ".join(f"{k} {v[-1][0]:.1f} / {v[-1][1]:.1f}" for k, v in results.items())
             print(f"round {r + 1}: {line}", flush=True)
-    summary: dict[str, Any] = {"model": model, "n": n, "rounds": rounds,
-                               "max_tokens": max_tokens, "prompt_tokens": prompt}  # fmt: skip
+    summary: dict[str, Any] = {
+        "model": model,
+        "n": n,
+        "rounds": rounds,
+        "max_tokens": max_tokens,
+        "prompt_tokens": prompt,
+    }
     print(f"\nmedians of {rounds} rounds (tok/s at 1 / at {n}, ratio; median of per-round ratios)")
     for way, pairs in results.items():
         c1, cn = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
         ratio = statistics.median(p[1] / p[0] for p in pairs)
         print(f"  {way:7} {c1:8.1f} / {cn:8.1f}  {cn / c1:.2f}x  ({ratio:.2f}x)")
-        summary[way] = {"c1": c1, f"c{n}": cn, "ratio_of_medians": cn / c1,
-                        "median_ratio": ratio, "rounds": pairs}  # fmt: skip
+        summary[way] = {
+            "c1": c1,
+            f"c{n}": cn,
+            "ratio_of_medians": cn / c1,
+            "median_ratio": ratio,
+            "rounds": pairs,
+        }
     print(json.dumps(summary))
     return 0
 
 
 def _http(url: str, n: int, max_tokens: int, prompt: int) -> tuple[float, float]:
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        subprocess.run([PY, "-m", "mlxd", "bench", "run", "--url", url, "--model", "m",
-                        "--concurrency", f"1,{n}", "--max-tokens", str(max_tokens),
-                        "--prompt-tokens", str(prompt), "--json", f.name],
-                       check=True, capture_output=True)  # fmt: skip
+        subprocess.run(
+            [
+                PY,
+                "-m",
+                "mlxd",
+                "bench",
+                "run",
+                "--url",
+                url,
+                "--model",
+                "m",
+                "--concurrency",
+                f"1,{n}",
+                "--max-tokens",
+                str(max_tokens),
+                "--prompt-tokens",
+                str(prompt),
+                "--json",
+                f.name,
+            ],
+            check=True,
+            capture_output=True,
+        )
         rows = json.load(open(f.name))["rows"]
     return rows[0]["output_tok_s"], rows[1]["output_tok_s"]
 
@@ -72,19 +101,47 @@ def _http(url: str, n: int, max_tokens: int, prompt: int) -> tuple[float, float]
 def _zmq(endpoint: str, n: int, max_tokens: int, prompt: int) -> tuple[float, float]:
     out = []
     for level in (1, n):
-        line = subprocess.run([PY, str(ROOT / "bench" / "bench_zmq.py"), endpoint, str(level),
-                               str(max_tokens), str(prompt)],
-                              check=True, capture_output=True, text=True).stdout  # fmt: skip
+        line = subprocess.run(
+            [
+                PY,
+                str(ROOT / "bench" / "bench_zmq.py"),
+                endpoint,
+                str(level),
+                str(max_tokens),
+                str(prompt),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         out.append(json.loads(line.strip().splitlines()[-1])["output_tok_s"])
     return out[0], out[1]
 
 
 def _engine(model: str, n: int, max_tokens: int, prompt: int) -> tuple[float, float]:
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        subprocess.run([PY, "-m", "mlxd", "bench", "engine", "--model", model, "--concurrency",
-                        f"1,{n}", "--max-tokens", str(max_tokens), "--prompt-tokens", str(prompt),
-                        "--no-compare-mlx-lm", "--json", f.name],
-                       check=True, capture_output=True)  # fmt: skip
+        subprocess.run(
+            [
+                PY,
+                "-m",
+                "mlxd",
+                "bench",
+                "engine",
+                "--model",
+                model,
+                "--concurrency",
+                f"1,{n}",
+                "--max-tokens",
+                str(max_tokens),
+                "--prompt-tokens",
+                str(prompt),
+                "--no-compare-mlx-lm",
+                "--json",
+                f.name,
+            ],
+            check=True,
+            capture_output=True,
+        )
         rows = json.load(open(f.name))["rows"]
     return rows[0]["output_tok_s"], rows[1]["output_tok_s"]
 
@@ -97,10 +154,22 @@ class _daemon:
 
     def __enter__(self) -> str:
         port = free_port()
-        self.proc = subprocess.Popen([PY, "-m", "mlxd", "start", "--model", f"m={self.model}",
-                                      "--port", str(port), "--log-level", "warning"],
-                                     stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [
+                PY,
+                "-m",
+                "mlxd",
+                "start",
+                "--model",
+                f"m={self.model}",
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, self.proc)
         return url
@@ -118,10 +187,23 @@ class _worker:
 
     def __enter__(self) -> str:
         endpoint = f"ipc://{tempfile.mkdtemp(prefix='mlxd-ratio-')}/w.sock"
-        self.proc = subprocess.Popen([PY, "-m", "mlxd", "worker", "serve", "--model", self.model,
-                                      "--bind", endpoint, "--log-level", "WARNING"],
-                                     stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [
+                PY,
+                "-m",
+                "mlxd",
+                "worker",
+                "serve",
+                "--model",
+                self.model,
+                "--bind",
+                endpoint,
+                "--log-level",
+                "WARNING",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 120
         path = endpoint.removeprefix("ipc://")
         while not os.path.exists(path):

@@ -30,14 +30,26 @@ def per_call_us(fn: object, repeats: int) -> float:
 def main() -> None:
     streams = int(sys.argv[1]) if len(sys.argv) > 1 else 64
     repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 2000
-    msg = Events(events=[TokenDelta(request_id=f"cmpl-{i:032x}", text=" word", token_ids=[1234])
-                         for i in range(streams)])  # fmt: skip
+    msg = Events(
+        events=[
+            TokenDelta(request_id=f"cmpl-{i:032x}", text=" word", token_ids=[1234])
+            for i in range(streams)
+        ]
+    )
     frames = codec.encode(msg)
     assert codec.decode(frames) == msg
     encode_us = per_call_us(lambda: codec.encode(msg), repeats)
     decode_us = per_call_us(lambda: codec.decode(frames), repeats)
-    print(json.dumps({"streams": streams, "bytes": sum(len(f) for f in frames),
-                      "encode_us": encode_us, "decode_us": decode_us}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "streams": streams,
+                "bytes": sum(len(f) for f in frames),
+                "encode_us": encode_us,
+                "decode_us": decode_us,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -38,8 +38,9 @@ def scenario(model, encoder, batch: int, steps: int, n_lp: int, n_json: int) -> 
         if i >= batch - n_json:
             p = replace(p, ignore_eos=False, response_format=LONG_STRING)
         ids = list(encoder.tokenizer.encode(f"request {i}: tell me about the standard library"))
-        seq = Sequence(request_id=str(i), client=b"", prompt_ids=ids, sampling=p,
-                       max_tokens=steps + 8, seed=i)  # fmt: skip
+        seq = Sequence(
+            request_id=str(i), client=b"", prompt_ids=ids, sampling=p, max_tokens=steps + 8, seed=i
+        )
         if p.response_format is not None:
             seq.grammar = Grammar.compile(p.response_format, encoder.ll_tokenizer)
         seqs.append(seq)
@@ -54,9 +55,13 @@ def scenario(model, encoder, batch: int, steps: int, n_lp: int, n_json: int) -> 
         for seq, token in runner.decode_step():
             seq.output_ids.append(token)
         times.append((time.perf_counter() - t0) * 1e3)
-    return {"batch": batch, "logprob_rows": n_lp, "json_rows": n_json,
-            "median_ms": round(statistics.median(times), 2),
-            "mean_ms": round(statistics.mean(times), 2)}  # fmt: skip
+    return {
+        "batch": batch,
+        "logprob_rows": n_lp,
+        "json_rows": n_json,
+        "median_ms": round(statistics.median(times), 2),
+        "mean_ms": round(statistics.mean(times), 2),
+    }
 
 
 def main() -> None:

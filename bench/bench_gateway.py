@@ -73,21 +73,34 @@ def main() -> int:
         "client us/tok"
     )
     for i, r in enumerate(results, 1):
-        print(f"{i:5}  {r['tok_s']:5.0f}  {r['ttft_p50_ms']:8.1f}  {r['ttft_p99_ms']:8.1f}  "
-              f"{r['itl_p50_ms']:7.1f}  {r['itl_p99_ms']:7.1f}  "
-              f"{r['gateway_us_per_token']:14.1f}  {r['gateway_cpu_share']:10.0%}  "
-              f"{r['client_us_per_token']:13.1f}")  # fmt: skip
-    print(json.dumps({"streams": streams, "tokens": tokens, "step_ms": step_ms,
-                      "endpoint": endpoint, "client_procs": procs, "worker_tok_s": sent,
-                      "rounds": results}))  # fmt: skip
+        print(
+            f"{i:5}  {r['tok_s']:5.0f}  {r['ttft_p50_ms']:8.1f}  {r['ttft_p99_ms']:8.1f}  "
+            f"{r['itl_p50_ms']:7.1f}  {r['itl_p99_ms']:7.1f}  "
+            f"{r['gateway_us_per_token']:14.1f}  {r['gateway_cpu_share']:10.0%}  "
+            f"{r['client_us_per_token']:13.1f}"
+        )
+    print(
+        json.dumps(
+            {
+                "streams": streams,
+                "tokens": tokens,
+                "step_ms": step_ms,
+                "endpoint": endpoint,
+                "client_procs": procs,
+                "worker_tok_s": sent,
+                "rounds": results,
+            }
+        )
+    )
     return 0
 
 
 def _level(
     clients: ClientPool, target: Target, streams: int, tokens: int, gateway_cpu: Any
 ) -> dict[str, float]:
-    sessions = [Session(turns=[Request(user="hi", max_tokens=tokens, model=MODEL)])
-                for _ in range(streams)]  # fmt: skip
+    sessions = [
+        Session(turns=[Request(user="hi", max_tokens=tokens, model=MODEL)]) for _ in range(streams)
+    ]
     gateway_cpu.send("cpu")
     g0, c0, t0 = gateway_cpu.recv(), _cpu(), time.perf_counter()
     timings = clients.run(target, streams, sessions)

@@ -43,9 +43,16 @@ def main() -> None:
     vocab = int(model.args.vocab_size)
     for b in map(int, args.rows.split(",")):
         drafter = DraftModel(model, vocab, vocab, args.model)
-        rows = [Sequence(request_id=str(i), client=b"", sampling=SamplingParams(),
-                         prompt_ids=[(17 * i + 31 * j) % 5000 + 100 for j in range(args.prompt)],
-                         max_tokens=10_000) for i in range(b)]  # fmt: skip
+        rows = [
+            Sequence(
+                request_id=str(i),
+                client=b"",
+                sampling=SamplingParams(),
+                prompt_ids=[(17 * i + 31 * j) % 5000 + 100 for j in range(args.prompt)],
+                max_tokens=10_000,
+            )
+            for i in range(b)
+        ]
         times = []
         for step in range(args.steps + 1):
             start = time.perf_counter()

@@ -56,8 +56,10 @@ def to_float16(src: Path, dst: Path) -> None:
             shutil.copy(f, dst / f.name)
     for f in src.glob("*.safetensors"):
         weights = mx.load(str(f))
-        cast = {k: v.astype(mx.float16) if mx.issubdtype(v.dtype, mx.floating) else v
-                for k, v in weights.items()}  # fmt: skip
+        cast = {
+            k: v.astype(mx.float16) if mx.issubdtype(v.dtype, mx.floating) else v
+            for k, v in weights.items()
+        }
         mx.save_safetensors(str(dst / f.name), cast, metadata={"format": "mlx"})
     config = json.loads((dst / "config.json").read_text())
     config["torch_dtype"] = "float16"
@@ -90,8 +92,9 @@ def reference(model_dir: Path, max_tokens: int) -> dict[str, list[str]]:
 
     result: dict[str, list[str]] = {"mlx_lm": [], "whole": [], "float32": []}
     for prompt in PROMPTS:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                            add_generation_prompt=True)  # fmt: skip
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True
+        )
         result["mlx_lm"].append(mlx_lm.generate(model, tokenizer, ids, max_tokens=max_tokens))
         result["whole"].append(greedy(ids, whole=True, fp32=False))
         result["float32"].append(greedy(ids, whole=False, fp32=True))
@@ -99,10 +102,17 @@ def reference(model_dir: Path, max_tokens: int) -> dict[str, list[str]]:
 
 
 def ask(url: str, model: str, prompt: str, max_tokens: int) -> str:
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": max_tokens, "temperature": 0.0}  # fmt: skip
-    req = urllib.request.Request(f"{url}/v1/chat/completions", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})  # fmt: skip
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+    }
+    req = urllib.request.Request(
+        f"{url}/v1/chat/completions",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=600) as resp:
         return str(json.load(resp)["choices"][0]["message"]["content"])
 
@@ -136,12 +146,15 @@ def summary(ref: dict[str, list[str]], servers: dict[str, dict[str, list[str]]])
             "lone_equal_mlx_lm": sum(a == b for a, b in zip(lone, ref["mlx_lm"], strict=True)),
             "batched_equal_lone": sum(a == b for a, b in zip(batched, lone, strict=True)),
             "batched_equal_mlx_lm": sum(
-                a == b for a, b in zip(batched, ref["mlx_lm"], strict=True)),
-            "lone_first_difference": [first_difference(a, b) for a, b in zip(lone, ref["mlx_lm"],
-                                                                              strict=True)],
-            "lone_equal_variant": {v: sum(a == b for a, b in zip(lone, ref[v], strict=True))
-                                   for v in ref},
-        }  # fmt: skip
+                a == b for a, b in zip(batched, ref["mlx_lm"], strict=True)
+            ),
+            "lone_first_difference": [
+                first_difference(a, b) for a, b in zip(lone, ref["mlx_lm"], strict=True)
+            ],
+            "lone_equal_variant": {
+                v: sum(a == b for a, b in zip(lone, ref[v], strict=True)) for v in ref
+            },
+        }
     return out
 
 

@@ -20,9 +20,13 @@ def main() -> None:
         fd, path = tempfile.mkstemp(suffix=".json")
         with os.fdopen(fd, "w") as f:
             json.dump([["127.0.0.1:18931"], ["127.0.0.1:18932"]], f)
-        procs = [subprocess.Popen([sys.executable, __file__, str(size), str(n)],
-                                  env=dict(os.environ, MLX_RANK=str(r), MLX_HOSTFILE=path))
-                 for r in range(2)]  # fmt: skip
+        procs = [
+            subprocess.Popen(
+                [sys.executable, __file__, str(size), str(n)],
+                env=dict(os.environ, MLX_RANK=str(r), MLX_HOSTFILE=path),
+            )
+            for r in range(2)
+        ]
         sys.exit(max(p.wait() for p in procs))
     import mlx.core as mx
 

@@ -43,8 +43,9 @@ def perplexity(model: Any, tokens: list[int], bits: int | None) -> float:
         step = PagedStep.build([table], [start], [len(chunk)], pool)
         logits = model(mx.array([chunk]), cache=PagedKVCache.for_step(pool, step))[0]
         targets = mx.array(tokens[start + 1 : start + 1 + len(chunk)])
-        lp = logits.astype(mx.float32) - mx.logsumexp(logits.astype(mx.float32), axis=-1,
-                                                      keepdims=True)  # fmt: skip
+        lp = logits.astype(mx.float32) - mx.logsumexp(
+            logits.astype(mx.float32), axis=-1, keepdims=True
+        )
         nll -= mx.take_along_axis(lp, targets[:, None], axis=1).sum().item()
         mx.eval(pool.keys, pool.values)
     return math.exp(nll / (len(tokens) - 1))

@@ -39,8 +39,18 @@ def main() -> None:
     ap.add_argument("start_args", nargs="*", help="more `mlxd start` options (after --)")
     args = ap.parse_args()
     port = free_port()
-    cmd = [sys.executable, "-m", "mlxd", "start", "--port", str(port), "--log-level", "warning",
-           *(["--model", args.model] if args.model else []), *args.start_args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlxd",
+        "start",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        *(["--model", args.model] if args.model else []),
+        *args.start_args,
+    ]
     daemon = subprocess.Popen(cmd)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -75,15 +85,17 @@ def wait(url: str) -> str:
 def admin(url: str) -> httpx.Client:
     """A client of the daemon's admin Unix socket, as this host's mlxd CLI reaches it."""
     uds = admin_socket.find(data_dir(), url)
-    return httpx.Client(transport=httpx.HTTPTransport(uds=str(uds)), base_url="http://mlxd",
-                        timeout=60)  # fmt: skip
+    return httpx.Client(
+        transport=httpx.HTTPTransport(uds=str(uds)), base_url="http://mlxd", timeout=60
+    )
 
 
 def _sample(url: str, name: str) -> dict[str, int]:
     with admin(url) as client:
         status = client.get(f"/admin/models/{name}/status").json()
-    rss = subprocess.run(["ps", "-o", "rss=", "-p", str(status["pid"])], capture_output=True,
-                         text=True, check=True).stdout  # fmt: skip
+    rss = subprocess.run(
+        ["ps", "-o", "rss=", "-p", str(status["pid"])], capture_output=True, text=True, check=True
+    ).stdout
     return {"rss": int(rss.strip()) * 1024, **{k: status["memory"].get(k, 0) for k in FIELDS[1:]}}
 
 
@@ -104,8 +116,13 @@ def _under_load(url: str, name: str, args: argparse.Namespace) -> dict[str, int]
 
     def stream(i: int) -> None:
         prompt = [100 + (i * 37 + 11 * j) % 5000 for j in range(args.prompt_tokens)]
-        body = {"model": name, "prompt": prompt, "max_tokens": args.max_tokens,
-                "temperature": 0, "ignore_eos": True}  # fmt: skip
+        body = {
+            "model": name,
+            "prompt": prompt,
+            "max_tokens": args.max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
         r = httpx.post(f"{url}/v1/completions", json=body, timeout=3600)
         r.raise_for_status()
 
@@ -121,8 +138,10 @@ def _under_load(url: str, name: str, args: argparse.Namespace) -> dict[str, int]
 
 
 def _print(rows: dict[str, dict[str, int]], args: argparse.Namespace) -> None:
-    print(f"model {args.model or 'built-in'}, {args.streams} streams of {args.prompt_tokens} + "
-          f"{args.max_tokens} tokens; MiB")  # fmt: skip
+    print(
+        f"model {args.model or 'built-in'}, {args.streams} streams of {args.prompt_tokens} + "
+        f"{args.max_tokens} tokens; MiB"
+    )
     print(f"{'':14}" + "".join(f"{f:>20}" for f in FIELDS))
     for label, row in rows.items():
         print(f"{label:14}" + "".join(f"{row[f] / 2**20:>20.1f}" for f in FIELDS))

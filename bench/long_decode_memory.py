@@ -21,8 +21,14 @@ from soak import free_port, wait_healthy  # bench/ is on the path of a script ru
 
 
 async def stream(client: httpx.AsyncClient, url: str, i: int, tokens: int) -> None:
-    body = {"model": "m", "prompt": [10 + i] * 16, "max_tokens": tokens, "ignore_eos": True,
-            "temperature": 0.0, "stream": True}  # fmt: skip
+    body = {
+        "model": "m",
+        "prompt": [10 + i] * 16,
+        "max_tokens": tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+    }
     async with client.stream("POST", f"{url}/v1/completions", json=body, timeout=None) as r:
         async for _ in r.aiter_lines():
             pass
@@ -36,10 +42,16 @@ async def watch(url: str, streams: int, tokens: int, every_s: float) -> None:
             await asyncio.wait([jobs], timeout=every_s)
             status = (await client.get(f"{url}/admin/models/m/status")).json()
             memory = status.get("memory", {})
-            print(json.dumps({"t_s": round(time.monotonic() - t0, 1),
-                              "active_mb": round(memory.get("active_bytes", 0) / 2**20, 1),
-                              "kv_mb": round(memory.get("kv_bytes", 0) / 2**20, 1)}),
-                  flush=True)  # fmt: skip
+            print(
+                json.dumps(
+                    {
+                        "t_s": round(time.monotonic() - t0, 1),
+                        "active_mb": round(memory.get("active_bytes", 0) / 2**20, 1),
+                        "kv_mb": round(memory.get("kv_bytes", 0) / 2**20, 1),
+                    }
+                ),
+                flush=True,
+            )
         await jobs
 
 
@@ -49,8 +61,20 @@ def main() -> None:
     every_s = float(sys.argv[4]) if len(sys.argv) > 4 else 3.0
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    daemon = subprocess.Popen([sys.executable, "-m", "mlxd", "start", "--model", f"m={model}",
-                               "--port", str(port), "--log-level", "warning"])  # fmt: skip
+    daemon = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlxd",
+            "start",
+            "--model",
+            f"m={model}",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ]
+    )
     try:
         wait_healthy(url, daemon)
         asyncio.run(watch(url, streams, tokens, every_s))

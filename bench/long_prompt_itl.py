@@ -67,8 +67,20 @@ def _model(home: Path, size: str) -> Path:
 
 def _start(home: str, model: Path, chunk: int) -> tuple[str, subprocess.Popen[bytes]]:
     port = free_port()
-    cmd = [sys.executable, "-m", "mlxd", "start", "--model", f"long={model}", "--port",
-           str(port), "--log-level", "warning", "--prefill-chunk", str(chunk)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlxd",
+        "start",
+        "--model",
+        f"long={model}",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--prefill-chunk",
+        str(chunk),
+    ]
     proc = subprocess.Popen(cmd, env={**os.environ, "MLXD_HOME": home})
     return f"http://127.0.0.1:{port}", proc
 
@@ -76,8 +88,10 @@ def _start(home: str, model: Path, chunk: int) -> tuple[str, subprocess.Popen[by
 def _measure(url: str, name: str, args: argparse.Namespace) -> dict[str, object]:
     stop = threading.Event()
     arrivals: list[list[float]] = [[] for _ in range(args.streams)]
-    threads = [threading.Thread(target=_stream, args=(url, name, arrivals[i], stop), daemon=True)
-               for i in range(args.streams)]  # fmt: skip
+    threads = [
+        threading.Thread(target=_stream, args=(url, name, arrivals[i], stop), daemon=True)
+        for i in range(args.streams)
+    ]
     for t in threads:
         t.start()
     # The streams' own prefill and first tokens: on a fresh CUDA worker, first-time kernel
@@ -101,15 +115,26 @@ def _measure(url: str, name: str, args: argparse.Namespace) -> dict[str, object]
     stop.set()
     for t in threads:
         t.join(60)
-    return {"prompt_tokens": args.prompt_tokens, "streams": args.streams, "ttft_s": ttft,
-            "prefill_chunk": args.prefill_chunk, "alone": _gaps(arrivals, b0, b1),
-            "during_prefill": _gaps(arrivals, t0, t1)}  # fmt: skip
+    return {
+        "prompt_tokens": args.prompt_tokens,
+        "streams": args.streams,
+        "ttft_s": ttft,
+        "prefill_chunk": args.prefill_chunk,
+        "alone": _gaps(arrivals, b0, b1),
+        "during_prefill": _gaps(arrivals, t0, t1),
+    }
 
 
 def _stream(url: str, name: str, times: list[float], stop: threading.Event) -> None:
     """Streams of endless output, one after another until ``stop``: each event's arrival."""
-    body = {"model": name, "prompt": [5, 6, 7, 8], "max_tokens": 20_000, "temperature": 0,
-            "ignore_eos": True, "stream": True}  # fmt: skip
+    body = {
+        "model": name,
+        "prompt": [5, 6, 7, 8],
+        "max_tokens": 20_000,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
     while not stop.is_set():
         with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=3600) as r:
             for line in r.iter_lines():
@@ -128,19 +153,26 @@ def _gaps(arrivals: list[list[float]], start: float, end: float) -> dict[str, fl
         edges = [start, *inside, end]
         gaps += [(b - a) * 1e3 for a, b in zip(edges, edges[1:], strict=False)]
     gaps.sort()
-    return {"events": len(gaps), "itl_p50_ms": statistics.median(gaps),
-            "itl_p99_ms": gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))],
-            "itl_max_ms": gaps[-1]}  # fmt: skip
+    return {
+        "events": len(gaps),
+        "itl_p50_ms": statistics.median(gaps),
+        "itl_p99_ms": gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))],
+        "itl_max_ms": gaps[-1],
+    }
 
 
 def _print(r: dict[str, object]) -> None:
-    print(f"{r['prompt_tokens']}-token prompt beside {r['streams']} streams: TTFT "
-          f"{r['ttft_s']:.1f} s (prefill chunk {r['prefill_chunk']})")  # fmt: skip
+    print(
+        f"{r['prompt_tokens']}-token prompt beside {r['streams']} streams: TTFT "
+        f"{r['ttft_s']:.1f} s (prefill chunk {r['prefill_chunk']})"
+    )
     for key in ("alone", "during_prefill"):
         g = r[key]
         assert isinstance(g, dict)
-        print(f"  streams' ITL {key:15} p50 {g['itl_p50_ms']:8.1f} ms  p99 {g['itl_p99_ms']:8.1f}"
-              f" ms  max {g['itl_max_ms']:8.1f} ms  ({g['events']} gaps)")  # fmt: skip
+        print(
+            f"  streams' ITL {key:15} p50 {g['itl_p50_ms']:8.1f} ms  p99 {g['itl_p99_ms']:8.1f}"
+            f" ms  max {g['itl_max_ms']:8.1f} ms  ({g['events']} gaps)"
+        )
 
 
 if __name__ == "__main__":

@@ -31,21 +31,24 @@ class _Sink:
 
 def main() -> None:
     path = sys.argv[1]
-    n, prefix_len, suffix_len, out = (int(x) for x in (sys.argv[2:] + ["32", "2000", "40", "64"]
-                                                          [len(sys.argv) - 2:]))  # fmt: skip
+    n, prefix_len, suffix_len, out = (
+        int(x) for x in (sys.argv[2:] + ["32", "2000", "40", "64"][len(sys.argv) - 2 :])
+    )
     model, tok = load_served(path)
     rng = random.Random(0)
     prefix = [rng.randrange(10, 1000) for _ in range(prefix_len)]
     total = prefix_len + suffix_len + out
-    eng = new_engine(model, tok, SchedulerConfig(max_num_seqs=n, max_queued=4 * n), total + 8,
-                     block_size=BLOCK)  # fmt: skip
+    eng = new_engine(
+        model, tok, SchedulerConfig(max_num_seqs=n, max_queued=4 * n), total + 8, block_size=BLOCK
+    )
     engine_level(eng, [prefix + [7]], 2)  # the system prompt, once: now in the prefix cache
     eng.channel = _Sink()
     sampling = SamplingParams(max_tokens=out, temperature=0.0, ignore_eos=True)
     for i in range(n):
         ids = prefix + [rng.randrange(10, 1000) for _ in range(suffix_len)]
-        eng.dispatch(b"b", Generate(request_id=f"r{i}", prompt=TokenPrompt(token_ids=ids),
-                                    sampling=sampling))  # fmt: skip
+        eng.dispatch(
+            b"b", Generate(request_id=f"r{i}", prompt=TokenPrompt(token_ids=ids), sampling=sampling)
+        )
     peak, peak_running = 0, 0
     while eng.scheduler.has_work():
         eng.step()
@@ -55,13 +58,23 @@ def main() -> None:
     report = eng.scheduler.kv_report()
     prefix_blocks = prefix_len // BLOCK  # full blocks are shared; the partial one is not
     own = -(-total // BLOCK) - prefix_blocks
-    print(json.dumps({
-        "requests": n, "prefix_tokens": prefix_len, "suffix_tokens": suffix_len,
-        "output_tokens": out, "block_size": BLOCK, "peak_blocks_used": peak,
-        "running_at_peak": peak_running, "bound": prefix_blocks + n * own + n,
-        "without_sharing": n * -(-total // BLOCK), "prefix_hits": report.hits,
-        "hit_tokens": report.hit_tokens,
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "requests": n,
+                "prefix_tokens": prefix_len,
+                "suffix_tokens": suffix_len,
+                "output_tokens": out,
+                "block_size": BLOCK,
+                "peak_blocks_used": peak,
+                "running_at_peak": peak_running,
+                "bound": prefix_blocks + n * own + n,
+                "without_sharing": n * -(-total // BLOCK),
+                "prefix_hits": report.hits,
+                "hit_tokens": report.hit_tokens,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

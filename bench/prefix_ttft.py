@@ -41,9 +41,20 @@ def main() -> None:
     home = tempfile.mkdtemp(prefix="mlxd-ttft-")
     os.environ["MLXD_HOME"] = home
     port = free_port()
-    cmd = [sys.executable, "-m", "mlxd", "start", "--port", str(port), "--log-level", "warning",
-           "--kv-disk-gb", "4", *(["--model", args.model] if args.model else []),
-           *args.start_args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlxd",
+        "start",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--kv-disk-gb",
+        "4",
+        *(["--model", args.model] if args.model else []),
+        *args.start_args,
+    ]
     daemon = subprocess.Popen(cmd)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -51,8 +62,10 @@ def main() -> None:
     finally:
         daemon.terminate()
         daemon.wait(120)
-    print(f"model {args.model or 'built-in'}, {args.prefix_tokens}-token prefix, median of "
-          f"{args.repeats}")  # fmt: skip
+    print(
+        f"model {args.model or 'built-in'}, {args.prefix_tokens}-token prefix, median of "
+        f"{args.repeats}"
+    )
     for label, (ttfts, cached) in results.items():
         print(f"{label:8} TTFT {statistics.median(ttfts) * 1000:9.1f} ms   cached {cached}")
     if args.json:
@@ -68,8 +81,9 @@ def _measure(url: str, name: str, args: argparse.Namespace) -> dict[str, tuple[l
     for label in ("cold", "memory", "disk"):
         ttfts, cached = [], 0
         for r in range(args.repeats):
-            prefix = [100 + (7 * j + 13 * (r + 1)) % 5000 for j in range(n)] if label == "cold" \
-                else warm  # fmt: skip
+            prefix = (
+                [100 + (7 * j + 13 * (r + 1)) % 5000 for j in range(n)] if label == "cold" else warm
+            )
             if label == "disk":
                 with admin(url) as client:  # the memory cache's blocks go to the disk tier
                     client.post(f"/admin/models/{name}/flush-cache").raise_for_status()
@@ -81,8 +95,14 @@ def _measure(url: str, name: str, args: argparse.Namespace) -> dict[str, tuple[l
 
 def _ttft(url: str, name: str, prompt: list[int]) -> tuple[float, int]:
     """Seconds to the first streamed token, and the cached tokens the usage reports."""
-    body = {"model": name, "prompt": prompt, "max_tokens": 8, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "model": name,
+        "prompt": prompt,
+        "max_tokens": 8,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     start, first, cached = time.perf_counter(), None, 0
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=600) as r:
         r.raise_for_status()

@@ -39,8 +39,9 @@ def main() -> None:
     def ids(n: int) -> list[int]:
         return [rng.randrange(10, 1000) for _ in range(n)]
 
-    engine = new_engine(model, tok, SchedulerConfig(max_num_seqs=8, max_queued=64),
-                        prefix_len + max(suffixes) + 64)  # fmt: skip
+    engine = new_engine(
+        model, tok, SchedulerConfig(max_num_seqs=8, max_queued=64), prefix_len + max(suffixes) + 64
+    )
     shared = ids(prefix_len)
     summary: dict[str, float] = {"prefix_tokens": prefix_len}
     for suffix in suffixes:

@@ -41,8 +41,20 @@ def main() -> int:
     model = args.model or _make_tiny_model()
     port = free_port()
     log = (args.out / "daemon.log").open("wb")
-    cmd = [sys.executable, "-m", "mlxd", "start", "--port", str(port), "--log-level", "warning",
-           "--max-context", "1024", "--heartbeat-timeout", "5"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlxd",
+        "start",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--max-context",
+        "1024",
+        "--heartbeat-timeout",
+        "5",
+    ]
     for name in MODELS:
         cmd += ["--model", f"{name}={model}"]
     daemon = subprocess.Popen(cmd, stderr=log)
@@ -108,8 +120,11 @@ class Soak:
     async def _one_request(self) -> str:
         rng = self.rng
         chat = rng.random() < 0.5
-        body: dict[str, Any] = {"model": rng.choice(MODELS), "max_tokens": rng.randint(1, 64),
-                                "temperature": rng.choice([0.0, 0.7, 1.0])}  # fmt: skip
+        body: dict[str, Any] = {
+            "model": rng.choice(MODELS),
+            "max_tokens": rng.randint(1, 64),
+            "temperature": rng.choice([0.0, 0.7, 1.0]),
+        }
         prompt = rng.choice(PROMPTS)
         if chat:
             body["messages"] = [{"role": "user", "content": prompt}]

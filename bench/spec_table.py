@@ -20,11 +20,15 @@ for path in glob.glob(f"{out}/spec-*-*-*.json"):
                 row.get("spec_acceptance"),
                 row.get("tokens_per_forward"),
             )
-print(f"{'scenario':8} {'conc':>4} {'off tok/s':>10} {'ngram tok/s':>12} {'ratio':>6} "
-      f"{'accept':>7} {'tok/fwd':>7}")  # fmt: skip
+print(
+    f"{'scenario':8} {'conc':>4} {'off tok/s':>10} {'ngram tok/s':>12} {'ratio':>6} "
+    f"{'accept':>7} {'tok/fwd':>7}"
+)
 for scenario, conc in sorted(extra):
     off = sum(tps[(scenario, conc, "off")]) / len(tps[(scenario, conc, "off")])
     on = sum(tps[(scenario, conc, "ngram")]) / len(tps[(scenario, conc, "ngram")])
     acc, tpf = extra[(scenario, conc)]
-    print(f"{scenario:8} {conc:>4} {off:>10.1f} {on:>12.1f} {on / off:>6.2f} {acc or 0:>7.2f} "
-          f"{tpf or 0:>7.2f}")  # fmt: skip
+    print(
+        f"{scenario:8} {conc:>4} {off:>10.1f} {on:>12.1f} {on / off:>6.2f} {acc or 0:>7.2f} "
+        f"{tpf or 0:>7.2f}"
+    )

@@ -45,8 +45,9 @@ def prompts(tokenizer: Any, scenario: str, n: int) -> list[list[int]]:
     out = []
     for i in range(n):
         text = _TASKS[scenario](i)
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                            add_generation_prompt=True)  # fmt: skip
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True
+        )
         out.append(list(ids))
     return out
 
@@ -98,23 +99,26 @@ class Trace:
             )
 
 
-def _same(outputs: dict[str, dict[str, list[int]]], mode: str,
-          margins: dict[str, list[float]]) -> str:  # fmt: skip
+def _same(
+    outputs: dict[str, dict[str, list[int]]], mode: str, margins: dict[str, list[float]]
+) -> str:
     """How many of ``mode``'s outputs are the first mode's, token for token (greedy: all, up to
     near-ties that a wider forward's arithmetic decides otherwise), and where the others part;
     with ``--margins``, the first mode's top-2 log-probability margin there (a near-tie: small)."""
     first, mine = next(iter(outputs.values())), outputs[mode]
     parted = [(k, _part(v, mine.get(k, []))) for k, v in first.items() if mine.get(k) != v]
-    where = [f"{i} ({margins[k][i]:.4f})" if i < len(margins.get(k, [])) else str(i)
-             for k, i in parted]  # fmt: skip
+    where = [
+        f"{i} ({margins[k][i]:.4f})" if i < len(margins.get(k, [])) else str(i) for k, i in parted
+    ]
     same = len(first) - len(parted)
     return f"same {same}/{len(first)}" + (f" (part at {', '.join(where)})" if parted else "")
 
 
 def _part(a: list[int], b: list[int]) -> int:
     """The first index where ``a`` and ``b`` differ (or the shorter one's length)."""
-    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
-                min(len(a), len(b)))  # fmt: skip
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
 
 
 def _paths(mode: str) -> None:
@@ -135,9 +139,12 @@ def main() -> None:
     ap.add_argument("--profile", default="")
     ap.add_argument("--max-draft", type=int, default=spec_mod.MAX_DRAFT)
     ap.add_argument("--worth", type=float, default=spec_mod.WORTH)
-    ap.add_argument("--margins", action="store_true",
-                    help="ask for top-2 log probabilities: where outputs part, print the first "
-                    "mode's margin there (slower steps: not for timing)")  # fmt: skip
+    ap.add_argument(
+        "--margins",
+        action="store_true",
+        help="ask for top-2 log probabilities: where outputs part, print the first "
+        "mode's margin there (slower steps: not for timing)",
+    )
     ap.add_argument(
         "--windows",
         action="store_true",
@@ -148,15 +155,19 @@ def main() -> None:
         paged_runner.VIRTUAL_ROWS = False
     spec_mod.MAX_DRAFT, spec_mod.WORTH = args.max_draft, args.worth
     n = args.streams
-    budget: int | list[int] = ([int(args.max_tokens * (0.5 + i / n)) for i in range(n)]
-                               if args.stagger else args.max_tokens)  # fmt: skip
+    budget: int | list[int] = (
+        [int(args.max_tokens * (0.5 + i / n)) for i in range(n)]
+        if args.stagger
+        else args.max_tokens
+    )
     model, tokenizer = load_served(args.model)
     ps = prompts(tokenizer, args.scenario, args.streams)
     engines = {}
     for mode in args.modes.split(","):
         _paths(mode)
-        sched = SchedulerConfig(max_num_seqs=max(args.streams, 1),
-                                speculate="off" if mode == "off" else "ngram")  # fmt: skip
+        sched = SchedulerConfig(
+            max_num_seqs=max(args.streams, 1), speculate="off" if mode == "off" else "ngram"
+        )
         e = new_engine(model, tokenizer, sched, 4096, kv_cache_gb=args.kv_cache_gb)
         e.speculator.adaptive = not mode.startswith("forced")
         engine_level(e, ps[:2], 16)  # warm-up

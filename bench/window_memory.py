@@ -19,9 +19,9 @@ from mlx_lm.utils import load
 
 from mlxd.bench.engine import _Recorder, engine_level
 from mlxd.config import CacheConfig, SchedulerConfig, WorkerConfig
+from mlxd.worker import build as worker_build
 from mlxd.worker import main as worker
 from mlxd.worker.engine import Engine
-from mlxd.worker import build as worker_build
 from mlxd.worker.kv.paged_cache import KVPool
 from mlxd.worker.runners.base import check_model_supported
 from mlxd.worker.sampling.tokenizer import PromptEncoder
@@ -91,8 +91,10 @@ def main() -> None:
         prompt = prompt or [rng.randrange(10, top) for _ in range(args.tokens)]
         peak, last = measure(engine, prompt, args.max_tokens)
         name = type(engine.runner).__name__
-        print(f"{name}: {args.tokens}+{args.max_tokens} tokens: peak {peak / 2**20:.1f} MiB, "
-              f"last step {last / 2**20:.1f} MiB")  # fmt: skip
+        print(
+            f"{name}: {args.tokens}+{args.max_tokens} tokens: peak {peak / 2**20:.1f} MiB, "
+            f"last step {last / 2**20:.1f} MiB"
+        )
     model = engine.runner.model
     every = sum(KVPool.bytes_per_token(model, windows=w) for w in (False, True))
     print(f"every layer's K/V: {every * (args.tokens + args.max_tokens) / 2**20:.1f} MiB")

@@ -183,8 +183,10 @@ class WorkerConfig:
             if not endpoint.startswith(("ipc://", "tcp://", "inproc://")):
                 raise ConfigError(f"bad worker endpoint {endpoint!r}")
             if endpoint.startswith("tcp://") and self.curve_keys is None:
-                raise ConfigError(f"{endpoint}: tcp:// workers need CURVE keys; make them with "
-                                  "`mlxd keys new worker`")  # fmt: skip
+                raise ConfigError(
+                    f"{endpoint}: tcp:// workers need CURVE keys; make them with "
+                    "`mlxd keys new worker`"
+                )
         if self.buffer_cache_bytes is not None and self.buffer_cache_bytes < 0:
             raise ConfigError("--buffer-cache-gb must be >= 0")
 
@@ -321,8 +323,10 @@ class BackendSpec:
             return None
         key = environ.get(self.api_key_env, "")
         if not key:
-            raise ConfigError(f"backend {self.name!r}: the environment variable "
-                              f"{self.api_key_env} (api_key_env) is not set")  # fmt: skip
+            raise ConfigError(
+                f"backend {self.name!r}: the environment variable "
+                f"{self.api_key_env} (api_key_env) is not set"
+            )
         return key
 
 
@@ -536,8 +540,9 @@ def _check_routes(config: ServeConfig) -> None:
     for model in _all_models(config):
         for fallback in model.fallbacks:
             if fallback not in models or fallback in (model.name, *model.aliases):
-                raise ConfigError(f"model {model.name!r}: fallback {fallback!r} is not another "
-                                  "model served here")  # fmt: skip
+                raise ConfigError(
+                    f"model {model.name!r}: fallback {fallback!r} is not another model served here"
+                )
 
 
 def _check_dtype(dtype: str, what: str) -> None:

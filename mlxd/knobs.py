@@ -109,97 +109,205 @@ class Knob(Generic[T]):
 
 
 MAX_NUM_SEQS: Knob[int] = Knob(
-    "max_num_seqs", "scheduler", "--max-num-seqs", int, 64,
-    "Most sequences decoded together.", minimum=1, live=True,
-)  # fmt: skip
+    "max_num_seqs",
+    "scheduler",
+    "--max-num-seqs",
+    int,
+    64,
+    "Most sequences decoded together.",
+    minimum=1,
+    live=True,
+)
 MAX_QUEUED: Knob[int] = Knob(
-    "max_queued", "scheduler", "--max-queued", int, 256,
-    "Most requests waiting; beyond it clients get 429.", minimum=0, live=True,
-)  # fmt: skip
+    "max_queued",
+    "scheduler",
+    "--max-queued",
+    int,
+    256,
+    "Most requests waiting; beyond it clients get 429.",
+    minimum=0,
+    live=True,
+)
 PREFILL_CHUNK: Knob[int] = Knob(
-    "prefill_chunk", "scheduler", "--prefill-chunk", int, 2048,
-    "Prompt tokens per step, so long prompts never stall running streams.", minimum=16, live=True,
-)  # fmt: skip
+    "prefill_chunk",
+    "scheduler",
+    "--prefill-chunk",
+    int,
+    2048,
+    "Prompt tokens per step, so long prompts never stall running streams.",
+    minimum=16,
+    live=True,
+)
 STREAM_INTERVAL: Knob[int] = Knob(
-    "stream_interval", "scheduler", "--stream-interval", int, 1,
-    "Send output every N tokens.", minimum=1, live=True,
-)  # fmt: skip
+    "stream_interval",
+    "scheduler",
+    "--stream-interval",
+    int,
+    1,
+    "Send output every N tokens.",
+    minimum=1,
+    live=True,
+)
 AGING_S: Knob[float] = Knob(
-    "aging_s", "scheduler", "--priority-aging", float, 10.0,
-    "Seconds of waiting that raise a request by one priority level.", minimum=0, above=True,
-    unit=" seconds", live=True,
-)  # fmt: skip
+    "aging_s",
+    "scheduler",
+    "--priority-aging",
+    float,
+    10.0,
+    "Seconds of waiting that raise a request by one priority level.",
+    minimum=0,
+    above=True,
+    unit=" seconds",
+    live=True,
+)
 KV_CACHE_GB: Knob[float | None] = Knob(
-    "kv_cache_gb", "cache", "--kv-cache-gb", float, None,
+    "kv_cache_gb",
+    "cache",
+    "--kv-cache-gb",
+    float,
+    None,
     "KV block pool size per model (default: half the memory the weights leave, at most "
-    "max-num-seqs full contexts).", minimum=0, above=True, toml="kv_cache_gb",
-)  # fmt: skip
+    "max-num-seqs full contexts).",
+    minimum=0,
+    above=True,
+    toml="kv_cache_gb",
+)
 BLOCK_SIZE: Knob[int] = Knob(
-    "block_size", "cache", "--kv-block-size", int, 32,
-    "Tokens per KV cache block.", minimum=1, maximum=1024, dest="kv_block_size",
-)  # fmt: skip
+    "block_size",
+    "cache",
+    "--kv-block-size",
+    int,
+    32,
+    "Tokens per KV cache block.",
+    minimum=1,
+    maximum=1024,
+    dest="kv_block_size",
+)
 KV_CHUNK_MB: Knob[float] = Knob(
-    "kv_chunk_mb", "cache", "--kv-chunk-mb", float, 64.0,
+    "kv_chunk_mb",
+    "cache",
+    "--kv-chunk-mb",
+    float,
+    64.0,
     "MiB the KV block pool starts with and grows by (or a quarter of what it holds, if more), "
-    "up to its budget.", minimum=0, above=True,
-)  # fmt: skip
+    "up to its budget.",
+    minimum=0,
+    above=True,
+)
 KV_IDLE_S: Knob[float] = Knob(
-    "kv_idle_s", "cache", "--kv-idle-s", float, 30.0,
+    "kv_idle_s",
+    "cache",
+    "--kv-idle-s",
+    float,
+    30.0,
     "Seconds without work after which a worker gives KV memory back: the pool shrinks to one "
     "chunk (keeping the prefix-cache blocks in it) and MLX's buffer cache is freed (0: never).",
-    minimum=0, unit=" seconds",
-)  # fmt: skip
+    minimum=0,
+    unit=" seconds",
+)
 KV_DISK_GB: Knob[float] = Knob(
-    "kv_disk_gb", "cache", "--kv-disk-gb", float, 0.0,
+    "kv_disk_gb",
+    "cache",
+    "--kv-disk-gb",
+    float,
+    0.0,
     "GiB of prefix-cache KV blocks kept on disk (under the data directory, by model) when "
     "evicted from memory, and read back on a later hit, also after a restart (0: none).",
     minimum=0,
-)  # fmt: skip
+)
 KV_BITS: Knob[int | None] = Knob(
-    "kv_bits", "cache", "--kv-bits", int, None,
+    "kv_bits",
+    "cache",
+    "--kv-bits",
+    int,
+    None,
     "Store the paged KV pool quantized to 8 or 4 bits (2-8 as mx.quantize takes; default: the "
     "compute dtype): about 1.9x / 3.5x the tokens in the same memory, batching and the prefix "
     "cache on. Models on their own caches (sliding windows, hybrids) ignore it.",
-    minimum=2, maximum=8,
-)  # fmt: skip
+    minimum=2,
+    maximum=8,
+)
 KV_GROUP_SIZE: Knob[int] = Knob(
-    "kv_group_size", "cache", "--kv-group-size", int, 64,
+    "kv_group_size",
+    "cache",
+    "--kv-group-size",
+    int,
+    64,
     "Values of head_dim sharing one scale and bias with --kv-bits (32, 64 or 128).",
-    minimum=32, maximum=128,
-)  # fmt: skip
+    minimum=32,
+    maximum=128,
+)
 PAGED: Knob[bool] = Knob(
-    "paged", "cache", "--paged-kv", bool, True,
+    "paged",
+    "cache",
+    "--paged-kv",
+    bool,
+    True,
     "Keep KV in the block pool (prefix cache, preemption) or contiguous per batch.",
     dest="paged_kv",
-)  # fmt: skip
+)
 MAX_CONTEXT: Knob[int | None] = Knob(
-    "max_context", "worker", "--max-context", int, None,
-    "Cap on prompt + output tokens (default: the model's).", minimum=2,
-)  # fmt: skip
+    "max_context",
+    "worker",
+    "--max-context",
+    int,
+    None,
+    "Cap on prompt + output tokens (default: the model's).",
+    minimum=2,
+)
 DTYPE: Knob[str] = Knob(
-    "dtype", "worker", "--dtype", str, "auto",
+    "dtype",
+    "worker",
+    "--dtype",
+    str,
+    "auto",
     "Float weights as computed: auto casts half precision to float32 on the CPU backend (fast "
-    "BLAS, twice the memory) and keeps them elsewhere; file keeps the file's.", choices=DTYPES,
-)  # fmt: skip
+    "BLAS, twice the memory) and keeps them elsewhere; file keeps the file's.",
+    choices=DTYPES,
+)
 
 SPECULATE: Knob[str] = Knob(
-    "speculate", "scheduler", "--speculate", str, "auto",
+    "speculate",
+    "scheduler",
+    "--speculate",
+    str,
+    "auto",
     "Speculative decoding: ngram drafts tokens from each request's own prompt and output "
     "(prompt lookup) and verifies them in the batch's forward; draft has --draft-model propose "
     "them; off decodes one token per step; auto is ngram except on CUDA, where verifying costs "
     "more than it saves (docs/SPECULATION.md). Requests opt out with speculate: false.",
     choices=("auto", "ngram", "draft", "off"),
-)  # fmt: skip
+)
 DRAFT_MODEL: Knob[str | None] = Knob(
-    "draft_model", "scheduler", "--draft-model", str, None,
+    "draft_model",
+    "scheduler",
+    "--draft-model",
+    str,
+    None,
     "With --speculate draft: a small model sharing the target's vocabulary (a directory or a "
     "repo id, as a model) that greedily proposes each row's draft tokens.",
-)  # fmt: skip
+)
 
 # In the order their options are listed in `--help`.
-_ALL = (MAX_NUM_SEQS, MAX_QUEUED, PREFILL_CHUNK, STREAM_INTERVAL, AGING_S, SPECULATE,
-        DRAFT_MODEL, KV_CACHE_GB, BLOCK_SIZE, KV_CHUNK_MB, KV_IDLE_S, KV_DISK_GB, KV_BITS,
-        KV_GROUP_SIZE, PAGED, MAX_CONTEXT, DTYPE)  # fmt: skip
+_ALL = (
+    MAX_NUM_SEQS,
+    MAX_QUEUED,
+    PREFILL_CHUNK,
+    STREAM_INTERVAL,
+    AGING_S,
+    SPECULATE,
+    DRAFT_MODEL,
+    KV_CACHE_GB,
+    BLOCK_SIZE,
+    KV_CHUNK_MB,
+    KV_IDLE_S,
+    KV_DISK_GB,
+    KV_BITS,
+    KV_GROUP_SIZE,
+    PAGED,
+    MAX_CONTEXT,
+    DTYPE,
+)
 KNOBS: tuple[Knob[object], ...] = _ALL  # type: ignore[assignment]
 LIVE_KNOBS = tuple(k for k in KNOBS if k.live)
 

@@ -115,8 +115,9 @@ def new_engine(
     )
 
 
-def engine_level(engine: Any, prompts: list[list[int]], max_tokens: int | list[int],
-                 margins: bool = False) -> dict[str, float | int]:  # fmt: skip
+def engine_level(
+    engine: Any, prompts: list[list[int]], max_tokens: int | list[int], margins: bool = False
+) -> dict[str, float | int]:
     """All ``prompts`` submitted at once to ``engine``; returns the summary, with the engine's
     own decode step time (as a served worker reports it in ``mlxd worker stats``).
     ``max_tokens``: every request's, or each one's (requests that end apart). ``margins``: ask
@@ -132,20 +133,28 @@ def engine_level(engine: Any, prompts: list[list[int]], max_tokens: int | list[i
     budgets = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
     for i, (p, n) in enumerate(zip(prompts, budgets, strict=True)):
         timings[str(i)] = RequestTiming(start=time.perf_counter() - t0)
-        sampling = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True,
-                                  logprobs=margins, top_logprobs=2 if margins else 0)  # fmt: skip
-        engine.dispatch(b"b", Generate(request_id=str(i), prompt=TokenPrompt(token_ids=p),
-                                       sampling=sampling))  # fmt: skip
+        sampling = SamplingParams(
+            max_tokens=n,
+            temperature=0.0,
+            ignore_eos=True,
+            logprobs=margins,
+            top_logprobs=2 if margins else 0,
+        )
+        engine.dispatch(
+            b"b", Generate(request_id=str(i), prompt=TokenPrompt(token_ids=p), sampling=sampling)
+        )
     while engine.scheduler.has_work():
         engine.step()
     step = engine.stats.reply("bench")
     spec = engine.speculator.counters.since(before)
-    return {**summarize(len(prompts), list(timings.values())),
-            "step_p50_ms": round(step.decode_step.p50_ms, 2),
-            "step_rows_mean": round(step.decode_rows_mean, 1),
-            "gathered_steps": engine.runner.gathered_steps - gathered,
-            "spec_acceptance": round(spec.acceptance_rate, 3),
-            "tokens_per_forward": round(spec.tokens_per_forward, 3)}  # fmt: skip
+    return {
+        **summarize(len(prompts), list(timings.values())),
+        "step_p50_ms": round(step.decode_step.p50_ms, 2),
+        "step_rows_mean": round(step.decode_rows_mean, 1),
+        "gathered_steps": engine.runner.gathered_steps - gathered,
+        "spec_acceptance": round(spec.acceptance_rate, 3),
+        "tokens_per_forward": round(spec.tokens_per_forward, 3),
+    }
 
 
 def mlx_lm_batch_level(model: Any, prompts: list[list[int]], max_tokens: int) -> dict[str, float]:
@@ -153,8 +162,9 @@ def mlx_lm_batch_level(model: Any, prompts: list[list[int]], max_tokens: int) ->
     from mlx_lm.generate import BatchGenerator
 
     n = len(prompts)
-    gen = BatchGenerator(model, stop_tokens=[], completion_batch_size=n,
-                         prefill_batch_size=min(n, 8))  # fmt: skip
+    gen = BatchGenerator(
+        model, stop_tokens=[], completion_batch_size=n, prefill_batch_size=min(n, 8)
+    )
     t0 = time.perf_counter()
     gen.insert(prompts, [max_tokens] * n)
     tokens = 0
@@ -162,8 +172,12 @@ def mlx_lm_batch_level(model: Any, prompts: list[list[int]], max_tokens: int) ->
         tokens += len(responses)
     wall = time.perf_counter() - t0
     gen.close()  # type: ignore[no-untyped-call]
-    return {"concurrency": n, "output_tokens": tokens, "wall_s": wall,
-            "output_tok_s": tokens / wall}  # fmt: skip
+    return {
+        "concurrency": n,
+        "output_tokens": tokens,
+        "wall_s": wall,
+        "output_tok_s": tokens / wall,
+    }
 
 
 def mlx_lm_single(model: Any, prompt: list[int], max_tokens: int) -> dict[str, float]:

@@ -56,16 +56,21 @@ class FailoverReport:
         served = Counter(a.model for a in self.attempts if a.outcome == "ok")
         after = [a for a in self.attempts if a.started >= self.killed_at and a.first_token]
         resumed = min((a.first_token for a in after if a.first_token), default=None)
-        fallback = min((a.first_token for a in after if a.first_token and a.model != self.primary),
-                       default=None)  # fmt: skip
+        fallback = min(
+            (a.first_token for a in after if a.first_token and a.model != self.primary),
+            default=None,
+        )
         lost = [a.error for a in self.attempts if a.outcome == "lost"]
         return {
-            "requests": len(self.attempts), "ok": outcomes["ok"], "lost": outcomes["lost"],
-            "cut": outcomes["cut"], "served_by": dict(served),
+            "requests": len(self.attempts),
+            "ok": outcomes["ok"],
+            "lost": outcomes["lost"],
+            "cut": outcomes["cut"],
+            "served_by": dict(served),
             "failover_s": None if fallback is None else round(fallback - self.killed_at, 3),
             "gap_s": None if resumed is None else round(resumed - self.killed_at, 3),
             "lost_errors": sorted(set(e for e in lost if e))[:5],
-        }  # fmt: skip
+        }
 
 
 async def run_failover(
@@ -85,8 +90,13 @@ async def run_failover(
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     start = time.perf_counter()
     report = FailoverReport(model, killed_at=start + kill_after_s)
-    body = {"model": model, "messages": [{"role": "user", "content": PROMPT}],
-            "max_tokens": max_tokens, "stream": True, "temperature": 0}  # fmt: skip
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": max_tokens,
+        "stream": True,
+        "temperature": 0,
+    }
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as client:
 
         async def loop() -> None:

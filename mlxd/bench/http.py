@@ -75,8 +75,9 @@ async def run_sessions(
     sem = asyncio.Semaphore(concurrency)
     # Streams over plain http go through the lean client (sse_client.py), the rest through httpx.
     lean = SSEPool(target.base_url) if target.stream and _is_http(target) else None
-    async with httpx.AsyncClient(timeout=target.timeout_s, limits=limits,
-                                 headers=_auth(target)) as client:  # fmt: skip
+    async with httpx.AsyncClient(
+        timeout=target.timeout_s, limits=limits, headers=_auth(target)
+    ) as client:
         t0 = time.perf_counter()
 
         async def go(session: Session) -> list[RequestTiming]:
@@ -183,8 +184,13 @@ async def _one_httpx(
 
 
 def _body(target: Target, req: Request, history: list[tuple[Prompt, str]]) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": req.model, "max_tokens": req.max_tokens, "temperature": 0.0,
-                            "ignore_eos": req.ignore_eos, "stream": target.stream}  # fmt: skip
+    body: dict[str, Any] = {
+        "model": req.model,
+        "max_tokens": req.max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": req.ignore_eos,
+        "stream": target.stream,
+    }
     body.update(target.extra_body)
     if target.stream:
         body["stream_options"] = {"include_usage": True}

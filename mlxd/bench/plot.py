@@ -80,12 +80,19 @@ def _throughput(ax: Any, curves: list[tuple[str, dict[str, Any]]]) -> None:
     for label, data in curves:
         for group, rows in _series(data["rows"]).items():
             xs, name = [r["concurrency"] for r in rows], _name(label, group)
-            ax.plot(xs, [r["output_tok_s"] for r in rows], marker="o", label=name,
-                    color=colors[name])  # fmt: skip
+            ax.plot(
+                xs, [r["output_tok_s"] for r in rows], marker="o", label=name, color=colors[name]
+            )
         if data.get("mlx_lm"):
             ys, name = data["mlx_lm"], "mlx-lm BatchGenerator"
-            ax.plot([y["concurrency"] for y in ys], [y["output_tok_s"] for y in ys],
-                    marker="s", linestyle=":", label=name, color=colors[name])  # fmt: skip
+            ax.plot(
+                [y["concurrency"] for y in ys],
+                [y["output_tok_s"] for y in ys],
+                marker="s",
+                linestyle=":",
+                label=name,
+                color=colors[name],
+            )
     _axes(ax, "output tokens/s (all requests)", log_y=False)
     ax.set_ylim(bottom=0)
 
@@ -95,10 +102,21 @@ def _latency(ax: Any, curves: list[tuple[str, dict[str, Any]]]) -> None:
     for label, data in curves:
         for group, rows in _series(data["rows"]).items():
             xs, name = [r["concurrency"] for r in rows], _name(label, group)
-            ax.plot(xs, [r.get("ttft_p50_ms") for r in rows], marker="o",
-                    color=colors[name], label=f"{name} TTFT p50")  # fmt: skip
-            ax.plot(xs, [r.get("itl_p50_ms") for r in rows], marker="x", linestyle="--",
-                    color=colors[name], label=f"{name} ITL p50")  # fmt: skip
+            ax.plot(
+                xs,
+                [r.get("ttft_p50_ms") for r in rows],
+                marker="o",
+                color=colors[name],
+                label=f"{name} TTFT p50",
+            )
+            ax.plot(
+                xs,
+                [r.get("itl_p50_ms") for r in rows],
+                marker="x",
+                linestyle="--",
+                color=colors[name],
+                label=f"{name} ITL p50",
+            )
     _axes(ax, "latency (ms)", log_y=True)
 
 

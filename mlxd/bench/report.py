@@ -42,8 +42,9 @@ def table(rows: list[dict[str, Any]]) -> str:
     cols = [c for c in _COLUMNS if c[0] not in _OPTIONAL or _shows(rows, c[0])]
     cells = [[h for _, h, _ in cols]] + [[_cell(r.get(k), f) for k, _, f in cols] for r in rows]
     widths = [max(len(line[i]) for line in cells) for i in range(len(cols))]
-    return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True))
-                     for line in cells)  # fmt: skip
+    return "\n".join(
+        "  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)) for line in cells
+    )
 
 
 def prefix_summary(rows: list[dict[str, Any]]) -> list[str]:
@@ -55,24 +56,34 @@ def prefix_summary(rows: list[dict[str, Any]]) -> list[str]:
         if r.get("group") != "hit" or c is None:
             continue
         ratio = c["ttft_p50_ms"] / r["ttft_p50_ms"] if r["ttft_p50_ms"] > 0 else math.nan
-        lines.append(f"prefix {r['prefix_tokens']} tokens at concurrency {r['concurrency']}: "
-                     f"TTFT p50 cold {c['ttft_p50_ms']:.0f} ms, hit {r['ttft_p50_ms']:.0f} ms "
-                     f"({ratio:.2f}x)")  # fmt: skip
+        lines.append(
+            f"prefix {r['prefix_tokens']} tokens at concurrency {r['concurrency']}: "
+            f"TTFT p50 cold {c['ttft_p50_ms']:.0f} ms, hit {r['ttft_p50_ms']:.0f} ms "
+            f"({ratio:.2f}x)"
+        )
     return lines
 
 
 def failures(rows: list[dict[str, Any]]) -> list[str]:
     """One line per level with failed requests: the commonest errors."""
-    return [f"concurrency {r['concurrency']}: {r['failed']} failed: "
-            + "; ".join(f"{n}x {e}" for e, n in r.get("errors", {}).items())
-            for r in rows if r.get("failed") and r.get("group", ALL) == ALL]  # fmt: skip
+    return [
+        f"concurrency {r['concurrency']}: {r['failed']} failed: "
+        + "; ".join(f"{n}x {e}" for e, n in r.get("errors", {}).items())
+        for r in rows
+        if r.get("failed") and r.get("group", ALL) == ALL
+    ]
 
 
 def meta(**fields: Any) -> dict[str, Any]:
     """Where and when: goes at the top of every JSON result."""
     when = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-    return {"date": when, "host": platform.node(), "machine": platform.machine(),
-            "python": platform.python_version(), **fields}  # fmt: skip
+    return {
+        "date": when,
+        "host": platform.node(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        **fields,
+    }
 
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:

@@ -43,10 +43,13 @@ class SSEPool:
             OSError: the connection could not be made.
         """
         body = json.dumps(payload).encode()
-        head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-                f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
-                f"Content-Length: {len(body)}\r\n"
-                + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n")  # fmt: skip
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+            f"Content-Length: {len(body)}\r\n"
+            + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+            + "\r\n"
+        )
         conn = await self._connection()
         try:
             status, raw = await conn.request(head.encode("latin-1") + body, on_data)

@@ -50,5 +50,7 @@ def speculation(before: dict[str, Any] | None, after: dict[str, Any] | None) -> 
     rows = after["decode_row_forwards"] - before["decode_row_forwards"]
     if rows <= 0:
         return {}
-    return {"spec_acceptance": accepted / drafted if drafted else 0.0,
-            "tokens_per_forward": (rows + accepted) / rows}  # fmt: skip
+    return {
+        "spec_acceptance": accepted / drafted if drafted else 0.0,
+        "tokens_per_forward": (rows + accepted) / rows,
+    }

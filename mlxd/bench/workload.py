@@ -15,11 +15,23 @@ from typing import Any
 from mlxd.bench import tasks
 from mlxd.bench.stats import ALL
 
-SCENARIOS = ("throughput", "shared-prefix", "multi-turn", "mixed", "multi-model", "priority-mix",
-             "edit", "json", "chat")  # fmt: skip
+SCENARIOS = (
+    "throughput",
+    "shared-prefix",
+    "multi-turn",
+    "mixed",
+    "multi-model",
+    "priority-mix",
+    "edit",
+    "json",
+    "chat",
+)
 # Scenarios of natural text (bench/tasks.py): each request ends where the model stops.
-_TASKS: dict[str, Callable[[int], str]] = {"edit": tasks.edit_prompt, "json": tasks.json_prompt,
-                                           "chat": tasks.chat_prompt}  # fmt: skip
+_TASKS: dict[str, Callable[[int], str]] = {
+    "edit": tasks.edit_prompt,
+    "json": tasks.json_prompt,
+    "chat": tasks.chat_prompt,
+}
 Prompt = list[int] | str
 # Common English words, about one token each in any BPE vocabulary: the fallback text for chat
 # when no tokenizer is given (lengths are then approximate).

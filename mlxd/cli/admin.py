@@ -30,12 +30,22 @@ OVERVIEW_PATH = "/admin/overview"
 TIMEOUT_S = 30.0
 
 admin_options = [
-    click.option("--url", default=DEFAULT_URL, show_default=True, envvar="MLXD_URL",
-                 help="The running daemon (env MLXD_URL)."),
-    click.option("--admin-key", default=None, metavar="KEY", envvar="MLXD_ADMIN_KEY",
-                 help="Sent as 'Authorization: Bearer KEY' (env MLXD_ADMIN_KEY)."),
+    click.option(
+        "--url",
+        default=DEFAULT_URL,
+        show_default=True,
+        envvar="MLXD_URL",
+        help="The running daemon (env MLXD_URL).",
+    ),
+    click.option(
+        "--admin-key",
+        default=None,
+        metavar="KEY",
+        envvar="MLXD_ADMIN_KEY",
+        help="Sent as 'Authorization: Bearer KEY' (env MLXD_ADMIN_KEY).",
+    ),
     click.option("--json", "as_json", is_flag=True, help="Print the raw JSON answer."),
-]  # fmt: skip
+]
 
 
 def with_admin_options(fn: _F) -> _F:
@@ -93,8 +103,9 @@ class AdminClient:
             reason = getattr(exc, "reason", exc)
             raise click.ClickException(f"cannot reach mlxd at {self.url}: {reason}") from None
 
-    def _over_socket(self, socket_path: Path, method: str, path: str, data: bytes | None,
-                     headers: dict[str, str]) -> dict[str, Any]:  # fmt: skip
+    def _over_socket(
+        self, socket_path: Path, method: str, path: str, data: bytes | None, headers: dict[str, str]
+    ) -> dict[str, Any]:
         conn = admin_socket.UnixHTTPConnection(socket_path, TIMEOUT_S)
         try:
             conn.request(method, path, body=data, headers=headers)

@@ -37,10 +37,24 @@ from mlxd.units import parse_duration
 
 _Spec = TypeVar("_Spec", ModelSpec, RemoteModelSpec)
 
-BACKEND_KEYS = {"kind", "base_url", "api_key_env", "timeout", "max_concurrency", "headers",
-                "breaker_failures", "breaker_cooldown"}  # fmt: skip
-REMOTE_MODEL_KEYS = {"backend", "upstream_model", "aliases", "fallbacks", "fallback",
-                     "fallback_on_busy"}  # fmt: skip
+BACKEND_KEYS = {
+    "kind",
+    "base_url",
+    "api_key_env",
+    "timeout",
+    "max_concurrency",
+    "headers",
+    "breaker_failures",
+    "breaker_cooldown",
+}
+REMOTE_MODEL_KEYS = {
+    "backend",
+    "upstream_model",
+    "aliases",
+    "fallbacks",
+    "fallback",
+    "fallback_on_busy",
+}
 
 
 def parse_backend_option(text: str, key_envs: dict[str, str]) -> BackendSpec:
@@ -58,8 +72,10 @@ def parse_backend_keys(options: Iterable[str]) -> dict[str, str]:
     for text in options:
         name, _, env = text.partition("=")
         if not name or not env or not env.isidentifier():
-            raise ConfigError(f"bad --backend-key {text!r}: use NAME=ENV_VAR (the variable's "
-                              "name, never the key itself)")  # fmt: skip
+            raise ConfigError(
+                f"bad --backend-key {text!r}: use NAME=ENV_VAR (the variable's "
+                "name, never the key itself)"
+            )
         out[name] = env
     return out
 
@@ -107,12 +123,17 @@ def backend_table(name: str, table: Any, where: str) -> BackendSpec:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise ConfigError(f"{where}: {key} must be an integer")
     timeout, cooldown = table.get("timeout"), table.get("breaker_cooldown")
-    return BackendSpec(name=name, kind=table["kind"], base_url=table["base_url"],
-                       api_key_env=key_env, max_concurrency=limit,
-                       timeout_s=60.0 if timeout is None else parse_duration(timeout),
-                       headers=tuple(headers.items()), breaker_failures=failures,
-                       breaker_cooldown_s=30.0 if cooldown is None else parse_duration(cooldown),
-                       )  # fmt: skip
+    return BackendSpec(
+        name=name,
+        kind=table["kind"],
+        base_url=table["base_url"],
+        api_key_env=key_env,
+        max_concurrency=limit,
+        timeout_s=60.0 if timeout is None else parse_duration(timeout),
+        headers=tuple(headers.items()),
+        breaker_failures=failures,
+        breaker_cooldown_s=30.0 if cooldown is None else parse_duration(cooldown),
+    )
 
 
 def remote_model_table(name: str, table: dict[str, Any], where: str) -> RemoteModelSpec:
@@ -124,10 +145,14 @@ def remote_model_table(name: str, table: dict[str, Any], where: str) -> RemoteMo
     on_busy = table.get("fallback_on_busy", False)
     if not isinstance(on_busy, bool):
         raise ConfigError(f"{where}: fallback_on_busy must be true or false")
-    return RemoteModelSpec(name=name, backend=backend, upstream_model=upstream,
-                           aliases=names_list(table.get("aliases", []), f"{where}: aliases"),
-                           fallbacks=fallbacks_of(table, where),
-                           fallback_on_busy=on_busy)  # fmt: skip
+    return RemoteModelSpec(
+        name=name,
+        backend=backend,
+        upstream_model=upstream,
+        aliases=names_list(table.get("aliases", []), f"{where}: aliases"),
+        fallbacks=fallbacks_of(table, where),
+        fallback_on_busy=on_busy,
+    )
 
 
 def fallbacks_of(table: dict[str, Any], where: str) -> tuple[str, ...]:
@@ -163,8 +188,9 @@ class Routes:
         for name in self.fallbacks:
             if name not in names:
                 raise ConfigError(f"--fallback {name}=...: no model named {name!r}")
-        return tuple(replace(s, fallbacks=s.fallbacks + self.fallbacks.get(s.name, ()))
-                     for s in specs)  # fmt: skip
+        return tuple(
+            replace(s, fallbacks=s.fallbacks + self.fallbacks.get(s.name, ())) for s in specs
+        )
 
 
 def cli_routes(
@@ -183,9 +209,12 @@ def cli_routes(
         if name not in names:
             raise ConfigError(f"--backend-key {name}=...: no backend named {name!r}")
     remote = [(m, parse_remote_model(m, names)) for m in models]
-    return Routes(local_models=tuple(m for m, r in remote if r is None), backends=specs,
-                  remote_models=(*file_remote, *(r for _, r in remote if r is not None)),
-                  fallbacks=parse_fallback_options(fallbacks))  # fmt: skip
+    return Routes(
+        local_models=tuple(m for m, r in remote if r is None),
+        backends=specs,
+        remote_models=(*file_remote, *(r for _, r in remote if r is not None)),
+        fallbacks=parse_fallback_options(fallbacks),
+    )
 
 
 def check_backend_keys(backends: Iterable[BackendSpec], environ: Mapping[str, str]) -> None:

@@ -49,8 +49,10 @@ def _only_model(target: Target) -> str:
         return names[0]
     if not names:
         raise click.ClickException(f"{target.base_url} serves no model")
-    raise click.ClickException(f"{target.base_url} serves {len(names)} models; pick one or more "
-                               f"with --model: {', '.join(names)}")  # fmt: skip
+    raise click.ClickException(
+        f"{target.base_url} serves {len(names)} models; pick one or more "
+        f"with --model: {', '.join(names)}"
+    )
 
 
 def _finish(payload: dict[str, Any], json_path: Path | None, plot_path: Path | None) -> None:
@@ -250,8 +252,14 @@ def run_command(**o: Any) -> None:
 
     if o["scenario"] == "multi-model" and len(o["models"]) < 2:
         raise click.BadParameter("multi-model needs two or more --model", param_hint="--model")
-    target = Target(o["url"], o["endpoint"], o["stream"], o["timeout"], o["api_key"],
-                    _extra_body(o["extra_body"]))  # fmt: skip
+    target = Target(
+        o["url"],
+        o["endpoint"],
+        o["stream"],
+        o["timeout"],
+        o["api_key"],
+        _extra_body(o["extra_body"]),
+    )
     if (reason := check_reachable(target)) is not None:
         raise click.ClickException(reason)
     o["models"] = o["models"] or (_only_model(target),)
@@ -281,13 +289,23 @@ def run_command(**o: Any) -> None:
         o["client_procs"] or auto_client_procs(),
     )
     payload = report.meta(
-        kind="http", label=o["label"], url=o["url"], models=list(o["models"]),
-        model=",".join(o["models"]), scenario=o["scenario"], endpoint=o["endpoint"],
-        stream=o["stream"], prompt_tokens=o["prompt_tokens"], max_tokens=o["max_tokens"],
+        kind="http",
+        label=o["label"],
+        url=o["url"],
+        models=list(o["models"]),
+        model=",".join(o["models"]),
+        scenario=o["scenario"],
+        endpoint=o["endpoint"],
+        stream=o["stream"],
+        prompt_tokens=o["prompt_tokens"],
+        max_tokens=o["max_tokens"],
         extra_body=dict(target.extra_body),
-        runs=o["runs"], text_prompts=to_text is not None, client_procs=plan.client_procs,
-        complete=False, rows=[],
-    )  # fmt: skip
+        runs=o["runs"],
+        text_prompts=to_text is not None,
+        client_procs=plan.client_procs,
+        complete=False,
+        rows=[],
+    )
     payload["rows"] = run_benchmark(target, plan, opts, _partial_writer(payload, o["json_path"]))
     payload["complete"] = True
     _finish(payload, o["json_path"], o["plot_path"])
@@ -358,21 +376,33 @@ def engine_command(
     quantized, whole_head = batch_as_rows(model), last_position_only(model)  # as the worker does
     rows: list[dict[str, Any]] = []
     yard: list[dict[str, Any]] = []
-    payload = report.meta(kind="engine", label=label, model=model_path,
-                          prompt_tokens=prompt_tokens, max_tokens=max_tokens, complete=False,
-                          prefill_chunk=prefill_chunk, paged_kv=paged_kv,
-                          kv_block_size=kv_block_size, kv_cache_gb=kv_cache_gb,
-                          speculate=speculate, blas=blas.loaded(), rows=rows,
-                          mlx_lm=yard)  # fmt: skip
+    payload = report.meta(
+        kind="engine",
+        label=label,
+        model=model_path,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        complete=False,
+        prefill_chunk=prefill_chunk,
+        paged_kv=paged_kv,
+        kv_block_size=kv_block_size,
+        kv_cache_gb=kv_cache_gb,
+        speculate=speculate,
+        blas=blas.loaded(),
+        rows=rows,
+        mlx_lm=yard,
+    )
     write_partial = _partial_writer(payload, json_path)
     for level in _ints(concurrency, "--concurrency"):
         bar = Progress(f"engine c={level}", 1)
         prompts = make_prompts(level, prompt_tokens, seed=level)
-        sched = SchedulerConfig(max_num_seqs=level, max_queued=level, prefill_chunk=prefill_chunk,
-                                speculate=speculate)  # fmt: skip
+        sched = SchedulerConfig(
+            max_num_seqs=level, max_queued=level, prefill_chunk=prefill_chunk, speculate=speculate
+        )
         context = prompt_tokens + max_tokens + 8
-        engine = new_engine(model, tokenizer, sched, context, paged_kv, kv_block_size,
-                            kv_cache_gb=kv_cache_gb)  # fmt: skip
+        engine = new_engine(
+            model, tokenizer, sched, context, paged_kv, kv_block_size, kv_cache_gb=kv_cache_gb
+        )
         # Each run is preceded by a short one of the same shape: kernel compilation for new
         # batch sizes happens once and is not what we measure. Other prompts: the same ones
         # would hit the prefix cache.

@@ -17,15 +17,21 @@ from mlxd.bench.failover import kill_process, run_failover, worker_pid
 F = TypeVar("F", bound=Callable[..., Any])
 
 _OPTIONS = (
-    click.option("--kill-pid", type=int,
-                 help="failover: kill this process (e.g. the upstream daemon)."),
-    click.option("--kill-worker", is_flag=True,
-                 help="failover: kill --model's local worker (pid from /admin/overview)."),
-    click.option("--kill-after", default=4.0, show_default=True,
-                 help="failover: seconds into the run."),
-    click.option("--duration", default=12.0, show_default=True,
-                 help="failover: seconds of traffic."),
-)  # fmt: skip
+    click.option(
+        "--kill-pid", type=int, help="failover: kill this process (e.g. the upstream daemon)."
+    ),
+    click.option(
+        "--kill-worker",
+        is_flag=True,
+        help="failover: kill --model's local worker (pid from /admin/overview).",
+    ),
+    click.option(
+        "--kill-after", default=4.0, show_default=True, help="failover: seconds into the run."
+    ),
+    click.option(
+        "--duration", default=12.0, show_default=True, help="failover: seconds of traffic."
+    ),
+)
 
 
 def failover_options(fn: F) -> F:
@@ -44,12 +50,25 @@ def run_failover_scenario(o: dict[str, Any], concurrency: int) -> None:
         raise click.BadParameter("failover needs one --model (the primary)", param_hint="--model")
     model, key = o["models"][0], o["api_key"] or os.environ.get("MLXD_API_KEY")
     pid = o["kill_pid"] if o["kill_pid"] is not None else worker_pid(o["url"], model, key)
-    report = asyncio.run(run_failover(
-        o["url"], model, kill_process(pid), concurrency=concurrency, duration_s=o["duration"],
-        kill_after_s=o["kill_after"], max_tokens=o["max_tokens"], api_key=key,
-        on_progress=lambda line: click.echo(line, err=True)))  # fmt: skip
-    figures = {"scenario": "failover", "model": model, "concurrency": concurrency,
-               **report.summary()}  # fmt: skip
+    report = asyncio.run(
+        run_failover(
+            o["url"],
+            model,
+            kill_process(pid),
+            concurrency=concurrency,
+            duration_s=o["duration"],
+            kill_after_s=o["kill_after"],
+            max_tokens=o["max_tokens"],
+            api_key=key,
+            on_progress=lambda line: click.echo(line, err=True),
+        )
+    )
+    figures = {
+        "scenario": "failover",
+        "model": model,
+        "concurrency": concurrency,
+        **report.summary(),
+    }
     if o["json_path"] is not None:
         o["json_path"].write_text(json.dumps(figures, indent=1) + "\n")
     for name, value in figures.items():

@@ -19,8 +19,10 @@ Messages = list[dict[str, str]]
 Send = Callable[[Messages], Iterator[str]]
 
 PROMPT, CONTINUATION, FENCE = ">>> ", "... ", '"""'
-HELP = ("Commands: /bye (or Ctrl-D) leaves, /clear forgets the conversation, /? shows this. "
-        f'Start and end a multi-line message with {FENCE}. Ctrl-C stops an answer.')  # fmt: skip
+HELP = (
+    "Commands: /bye (or Ctrl-D) leaves, /clear forgets the conversation, /? shows this. "
+    f"Start and end a multi-line message with {FENCE}. Ctrl-C stops an answer."
+)
 
 
 class ChatSession:

@@ -55,8 +55,9 @@ def _connect(url: str) -> http.client.HTTPConnection:
     return http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=CONNECT_TIMEOUT_S)
 
 
-def _post(conn: http.client.HTTPConnection, url: str, body: dict[str, Any],
-          api_key: str | None) -> http.client.HTTPResponse:  # fmt: skip
+def _post(
+    conn: http.client.HTTPConnection, url: str, body: dict[str, Any], api_key: str | None
+) -> http.client.HTTPResponse:
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"

@@ -48,9 +48,22 @@ from mlxd.units import parse_duration
 
 TOP_KEYS = {"models", "backends", *(k.toml for k in TOML_KNOBS)}
 _KINDS = {int: "a whole number", str: "a string", bool: "true or false"}  # TOML's, in words
-MODEL_KEYS = {"path", "aliases", "keep_alive", "pinned", "preload", "kv_cache_gb", "dtype",
-              "fallbacks", "fallback", "fallback_on_busy", "replicas", "workers",
-              "group_size", "distributed"}  # fmt: skip
+MODEL_KEYS = {
+    "path",
+    "aliases",
+    "keep_alive",
+    "pinned",
+    "preload",
+    "kv_cache_gb",
+    "dtype",
+    "fallbacks",
+    "fallback",
+    "fallback_on_busy",
+    "replicas",
+    "workers",
+    "group_size",
+    "distributed",
+}
 
 
 @dataclass(frozen=True)
@@ -78,8 +91,11 @@ def read_config_file(path: Path) -> ConfigFile:
         raise ConfigError(f"{path}: models must be tables: [models.NAME]")
     local = {n: t for n, t in models.items() if not (isinstance(t, dict) and "backend" in t)}
     specs = tuple(_model(name, table, f"{path}: [models.{name}]") for name, table in local.items())
-    remote = tuple(remote_model_table(n, t, f"{path}: [models.{n}]")
-                   for n, t in models.items() if n not in local)  # fmt: skip
+    remote = tuple(
+        remote_model_table(n, t, f"{path}: [models.{n}]")
+        for n, t in models.items()
+        if n not in local
+    )
     backends = doc.get("backends", {})
     if not isinstance(backends, dict):
         raise ConfigError(f"{path}: backends must be tables: [backends.NAME]")

@@ -43,8 +43,11 @@ def new_command(role: str, force: bool) -> None:
 @keys_command.command("trust")
 @click.argument("role", type=_ROLE)
 @click.argument("public_key")
-@click.option("--name", default="", help="(worker keys) the model this worker serves, when "
-              "workers have different keys.")  # fmt: skip
+@click.option(
+    "--name",
+    default="",
+    help="(worker keys) the model this worker serves, when workers have different keys.",
+)
 def trust_command(role: str, public_key: str, name: str) -> None:
     """Accept the ROLE peer that holds PUBLIC_KEY's secret."""
     path = _run(lambda: curve.trust(curve.keys_dir(data_dir()), role, public_key, name))

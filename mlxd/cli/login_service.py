@@ -46,15 +46,21 @@ class LoginService:
         env = {"MLXD_HOME": str(home), "PYTHONUNBUFFERED": "1"}
         if self.platform == "launchd":
             log = str(log_file)
-            plist = {"Label": LABEL, "ProgramArguments": argv, "EnvironmentVariables": env,
-                     "RunAtLoad": True, "KeepAlive": {"SuccessfulExit": False},
-                     "StandardOutPath": log, "StandardErrorPath": log}  # fmt: skip
+            plist = {
+                "Label": LABEL,
+                "ProgramArguments": argv,
+                "EnvironmentVariables": env,
+                "RunAtLoad": True,
+                "KeepAlive": {"SuccessfulExit": False},
+                "StandardOutPath": log,
+                "StandardErrorPath": log,
+            }
             return plistlib.dumps(plist).decode()
         return _SYSTEMD_UNIT.format(
             exec_start=" ".join(_systemd_quote(a) for a in argv),
             environment="\n".join(
                 f"Environment={_systemd_quote(f'{k}={v}')}" for k, v in env.items()
-            ),  # fmt: skip
+            ),
             log=_systemd_quote(str(log_file)),
         )
 
@@ -70,8 +76,9 @@ class LoginService:
         return [["systemctl", "--user", "disable", "--now", UNIT]]
 
 
-def login_service(platform: str | None = None, environ: Mapping[str, str] | None = None
-                  ) -> LoginService:  # fmt: skip
+def login_service(
+    platform: str | None = None, environ: Mapping[str, str] | None = None
+) -> LoginService:
     """This machine's login service (or ``platform``'s), found through ``environ``'s HOME."""
     env = os.environ if environ is None else environ
     home = Path(env.get("HOME") or Path.home())
@@ -157,8 +164,9 @@ WantedBy=default.target
 
 def _platform(platform: str | None) -> str | None:
     if platform is not None and platform not in PLATFORMS:
-        raise click.ClickException(f"--platform must be one of {', '.join(PLATFORMS)}, "
-                                   f"not {platform!r}")  # fmt: skip
+        raise click.ClickException(
+            f"--platform must be one of {', '.join(PLATFORMS)}, not {platform!r}"
+        )
     return platform
 
 
@@ -167,8 +175,9 @@ def _check_start_options(args: list[str]) -> None:
     from mlxd.cli.start import start_command
 
     if bad := [a for a in args if a in _NOT_IN_A_SERVICE]:
-        raise click.ClickException(f"{bad[0]} makes no sense here: the service manager runs "
-                                   "mlxd in the foreground")  # fmt: skip
+        raise click.ClickException(
+            f"{bad[0]} makes no sense here: the service manager runs mlxd in the foreground"
+        )
     try:
         start_command.make_context("start", list(args))
     except click.exceptions.Exit:
@@ -180,8 +189,9 @@ def _check_start_options(args: list[str]) -> None:
 def _run(commands: list[list[str]]) -> None:
     for cmd in commands:
         if shutil.which(cmd[0]) is None:
-            raise click.ClickException(f"{cmd[0]} not found: the file is written; run "
-                                       f"`{' '.join(cmd)}` where it exists")  # fmt: skip
+            raise click.ClickException(
+                f"{cmd[0]} not found: the file is written; run `{' '.join(cmd)}` where it exists"
+            )
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             reason = " ".join((done.stderr or done.stdout).split()) or f"exit {done.returncode}"

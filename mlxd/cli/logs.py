@@ -21,20 +21,46 @@ from mlxd.errors import ConfigError
 from mlxd.gateway.http.request_log import FILE_NAME, RequestLogFile
 from mlxd.units import parse_duration
 
-COLUMNS = ("time", "request_id", "method", "endpoint", "status", "model", "key", "stream",
-           "prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason", "ttft_ms",
-           "e2e_ms")  # fmt: skip
+COLUMNS = (
+    "time",
+    "request_id",
+    "method",
+    "endpoint",
+    "status",
+    "model",
+    "key",
+    "stream",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "finish_reason",
+    "ttft_ms",
+    "e2e_ms",
+)
 FORMATS = ("table", "jsonl", "csv")
-_TABLE = ("time", "status", "model", "key", "endpoint", "prompt_tokens", "completion_tokens",
-          "e2e_ms")  # fmt: skip
+_TABLE = (
+    "time",
+    "status",
+    "model",
+    "key",
+    "endpoint",
+    "prompt_tokens",
+    "completion_tokens",
+    "e2e_ms",
+)
 Line = dict[str, Any]
 
 
 @click.command("logs")
-@click.option("--file", "path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              envvar="MLXD_REQUEST_LOG",
-              help=f"The request log (env MLXD_REQUEST_LOG; default: {FILE_NAME} in the data "
-                   "dir, as `mlxd start --request-log` writes it).")  # fmt: skip
+@click.option(
+    "--file",
+    "path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    envvar="MLXD_REQUEST_LOG",
+    help=f"The request log (env MLXD_REQUEST_LOG; default: {FILE_NAME} in the data "
+    "dir, as `mlxd start --request-log` writes it).",
+)
 @click.option(
     "--since",
     default=None,
@@ -49,19 +75,36 @@ Line = dict[str, Any]
     help="Only these statuses, comma-separated: 200, 429, 4xx, 5xx.",
 )
 @click.option("--key", default=None, metavar="NAME", help="Only the requests of this API key name.")
-@click.option("--format", "fmt", default="table", show_default=True, metavar="|".join(FORMATS),
-              help="table for people; jsonl or csv to export.")  # fmt: skip
-def logs_command(path: Path | None, since: str | None, model: str | None, status: str | None,
-                 key: str | None, fmt: str) -> None:  # fmt: skip
+@click.option(
+    "--format",
+    "fmt",
+    default="table",
+    show_default=True,
+    metavar="|".join(FORMATS),
+    help="table for people; jsonl or csv to export.",
+)
+def logs_command(
+    path: Path | None,
+    since: str | None,
+    model: str | None,
+    status: str | None,
+    key: str | None,
+    fmt: str,
+) -> None:
     """Requests the daemon served: time, status, model, key name, tokens, latency."""
     if fmt not in FORMATS:
         raise click.ClickException(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
     log_file = RequestLogFile(path or data_dir() / FILE_NAME)
     if not log_file.files():
-        raise click.ClickException(f"no request log at {log_file.path} (the daemon writes it "
-                                   "unless started with --request-log off)")  # fmt: skip
-    tests = [t for t in (_since(since), _equal("model", model), _status(status),
-                         _equal("key", key)) if t is not None]  # fmt: skip
+        raise click.ClickException(
+            f"no request log at {log_file.path} (the daemon writes it "
+            "unless started with --request-log off)"
+        )
+    tests = [
+        t
+        for t in (_since(since), _equal("model", model), _status(status), _equal("key", key))
+        if t is not None
+    ]
     lines = (line for line in log_file.lines() if all(test(line) for test in tests))
     _WRITERS[fmt](lines)
 
@@ -84,8 +127,9 @@ def _parse_since(text: str) -> datetime:
     try:
         when = datetime.fromisoformat(text)
     except ValueError:
-        raise click.ClickException(f"bad --since {text!r}: use e.g. 10m, 2h or "
-                                   "2025-01-31T12:00") from None  # fmt: skip
+        raise click.ClickException(
+            f"bad --since {text!r}: use e.g. 10m, 2h or 2025-01-31T12:00"
+        ) from None
     return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
@@ -104,8 +148,9 @@ def _status(text: str | None) -> Callable[[Line], bool] | None:
     if text is None:
         return None
     codes = [c.strip().lower() for c in text.split(",") if c.strip()]
-    bad = [c for c in codes if not (len(c) == 3 and (c.isdigit() or c[1:] == "xx" and
-                                                        c[0].isdigit()))]  # fmt: skip
+    bad = [
+        c for c in codes if not (len(c) == 3 and (c.isdigit() or c[1:] == "xx" and c[0].isdigit()))
+    ]
     if bad or not codes:
         raise click.ClickException(f"bad --status {text!r}: use codes or classes like 200,4xx")
     return lambda line: any(_matches(str(line.get("status")), c) for c in codes)
@@ -121,8 +166,9 @@ def _write_jsonl(lines: Iterable[Line]) -> None:
 
 
 def _write_csv(lines: Iterable[Line]) -> None:
-    writer = csv.DictWriter(sys.stdout, fieldnames=COLUMNS, extrasaction="ignore",
-                            lineterminator="\n")  # fmt: skip
+    writer = csv.DictWriter(
+        sys.stdout, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n"
+    )
     writer.writeheader()
     for line in lines:
         writer.writerow({c: _csv_value(line.get(c)) for c in COLUMNS})

@@ -58,9 +58,17 @@ class _ConfigFailure(click.ClickException):
     "kind present; --size, --dtype, --quantize and --sliding-window are ignored.",
 )
 @click.option("--force", is_flag=True, help="Overwrite --out if it exists.")
-def make_model_command(arch: str, size: str, out_dir: Path, dtype: str, quantize_bits: str | None,
-                       sliding_window: int | None, seed: int, zoo: bool,
-                       force: bool) -> None:  # fmt: skip
+def make_model_command(
+    arch: str,
+    size: str,
+    out_dir: Path,
+    dtype: str,
+    quantize_bits: str | None,
+    sliding_window: int | None,
+    seed: int,
+    zoo: bool,
+    force: bool,
+) -> None:
     """Make a model with random weights for tests and benchmarks; no network needed."""
     if out_dir.exists() and not force:
         raise click.ClickException(f"{out_dir} already exists (use --force to overwrite)")

@@ -15,8 +15,19 @@ from mlxd.cli.admin import (
     with_admin_options,
 )
 
-COLUMNS = ("MODEL", "STATE", "PID", "GPUS", "MEMORY", "KV USED/RESERVED", "RUNNING", "WAITING",
-           "TOK/S", "RESTARTS", "REASON")  # fmt: skip
+COLUMNS = (
+    "MODEL",
+    "STATE",
+    "PID",
+    "GPUS",
+    "MEMORY",
+    "KV USED/RESERVED",
+    "RUNNING",
+    "WAITING",
+    "TOK/S",
+    "RESTARTS",
+    "REASON",
+)
 GPUS = COLUMNS.index("GPUS")  # shown only where some worker was placed on GPUs (mlxd.gpus)
 BACKEND_COLUMNS = ("BACKEND", "KIND", "URL", "STATE", "REQUESTS", "FAILED", "LAST ERROR")
 
@@ -27,8 +38,11 @@ def ps_command(url: str, admin_key: str | None, as_json: bool) -> None:
     """List the daemon's models and how their workers are doing."""
     overview = AdminClient(url, admin_key).get(f"{OVERVIEW_PATH}?fresh=1")
     rows = [_row(m) for m in overview["models"]]
-    lines = [line for m, r in zip(overview["models"], rows, strict=True)
-             for line in (r, *_replica_rows(m))]  # fmt: skip
+    lines = [
+        line
+        for m, r in zip(overview["models"], rows, strict=True)
+        for line in (r, *_replica_rows(m))
+    ]
     backends = overview.get("backends", [])
     if as_json:
         print_json({"models": rows, "backends": backends})
@@ -51,18 +65,34 @@ def _echo_table(table: list[tuple[str, ...]]) -> None:
 def _backend_cells(b: dict[str, Any]) -> tuple[str, ...]:
     """A remote backend's row: its last error only while it is failing."""
     error = b["last_error"] if b["state"] == "failing" else ""
-    return (b["name"], b["kind"], b["base_url"], b["state"], str(b["requests"]),
-            str(b["failures"]), error or "")  # fmt: skip
+    return (
+        b["name"],
+        b["kind"],
+        b["base_url"],
+        b["state"],
+        str(b["requests"]),
+        str(b["failures"]),
+        error or "",
+    )
 
 
 def _row(model: dict[str, Any]) -> dict[str, Any]:
     """The supervisor's view of ``model``, plus the worker's own numbers when it answered."""
-    row = {"name": model["name"], "state": model["state"], "pid": model["pid"],
-           "restarts": model["restarts"], "memory_bytes": None, "kv_used_bytes": None,
-           "kv_reserved_bytes": None, "num_running": None,
-           "num_waiting": None, "output_tps": None,
-           "reason": model["last_error"] if model["state"] == "failed" else None,
-           "replicas": model.get("replica_rows", []), "gpus": model.get("gpus", "")}  # fmt: skip
+    row = {
+        "name": model["name"],
+        "state": model["state"],
+        "pid": model["pid"],
+        "restarts": model["restarts"],
+        "memory_bytes": None,
+        "kv_used_bytes": None,
+        "kv_reserved_bytes": None,
+        "num_running": None,
+        "num_waiting": None,
+        "output_tps": None,
+        "reason": model["last_error"] if model["state"] == "failed" else None,
+        "replicas": model.get("replica_rows", []),
+        "gpus": model.get("gpus", ""),
+    }
     if model["state"] != "ready":
         return row
     if model["worker"] is None:
@@ -91,13 +121,23 @@ def _kv(row: dict[str, Any]) -> str:
 
 def _replica_rows(model: dict[str, Any]) -> list[dict[str, Any]]:
     """One indented line per replica of a model served by several workers (--replicas)."""
-    return [{"name": f"  {model['name']}#{r['index']}", "state": r["state"], "pid": r["pid"],
-             "restarts": r["restarts"], "memory_bytes": None, "kv_used_bytes": None,
-             "kv_reserved_bytes": None, "num_running": r["num_running"],
-             "num_waiting": r["num_waiting"], "output_tps": None,
-             "reason": r["last_error"] if r["state"] == "failed" else None,
-             "gpus": r.get("gpus", "")}
-            for r in model.get("replica_rows", [])]  # fmt: skip
+    return [
+        {
+            "name": f"  {model['name']}#{r['index']}",
+            "state": r["state"],
+            "pid": r["pid"],
+            "restarts": r["restarts"],
+            "memory_bytes": None,
+            "kv_used_bytes": None,
+            "kv_reserved_bytes": None,
+            "num_running": r["num_running"],
+            "num_waiting": r["num_waiting"],
+            "output_tps": None,
+            "reason": r["last_error"] if r["state"] == "failed" else None,
+            "gpus": r.get("gpus", ""),
+        }
+        for r in model.get("replica_rows", [])
+    ]
 
 
 def _cells(row: dict[str, Any]) -> tuple[str, ...]:

@@ -63,9 +63,16 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
     help="Most tokens per answer (default: the model's context).",
 )
 @click.option("--temperature", type=click.FloatRange(0.0, 2.0), default=None)
-def run_command(model: str, prompt: tuple[str, ...], url: str | None, api_key: str | None,
-                admin_key: str | None, system: str | None, max_tokens: int | None,
-                temperature: float | None) -> None:  # fmt: skip
+def run_command(
+    model: str,
+    prompt: tuple[str, ...],
+    url: str | None,
+    api_key: str | None,
+    admin_key: str | None,
+    system: str | None,
+    max_tokens: int | None,
+    temperature: float | None,
+) -> None:
     """Chat with MODEL: PROMPT's answer, else stdin's when piped, else an interactive chat.
 
     \b
@@ -122,15 +129,29 @@ def _start_daemon(url: str, model: str) -> None:
     host, port = parts.hostname or "", parts.port or 80
     if host not in _LOOPBACK:
         raise click.ClickException(f"cannot reach mlxd at {url} (only a local one is started)")
-    _progress(f"no mlxd at {url}: starting one in the background (mlxd start --detach --model "
-              f"{model}); `mlxd stop` stops it")  # fmt: skip
-    cmd = [sys.executable, "-m", "mlxd", "start", "--detach", "--model", model,
-           "--host", host, "--port", str(port)]  # fmt: skip
+    _progress(
+        f"no mlxd at {url}: starting one in the background (mlxd start --detach --model "
+        f"{model}); `mlxd stop` stops it"
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlxd",
+        "start",
+        "--detach",
+        "--model",
+        model,
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
     # Its progress and its "running at" line go to our stderr: stdout is for the answer only.
     code = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=sys.stderr, check=False).returncode
     if code != 0:
-        raise click.ClickException(f"could not start mlxd (exit {code}); see "
-                                   f"{data_dir() / 'mlxd.log'}")  # fmt: skip
+        raise click.ClickException(
+            f"could not start mlxd (exit {code}); see {data_dir() / 'mlxd.log'}"
+        )
 
 
 def _served_name(url: str, model: str, api_key: str | None) -> str:
@@ -142,8 +163,9 @@ def _served_name(url: str, model: str, api_key: str | None) -> str:
             return name
     if _is_alias(url, model, api_key):
         return model
-    raise click.ClickException(f"mlxd at {url} does not serve {model!r}; it serves: "
-                               f"{', '.join(names) or 'nothing'}")  # fmt: skip
+    raise click.ClickException(
+        f"mlxd at {url} does not serve {model!r}; it serves: {', '.join(names) or 'nothing'}"
+    )
 
 
 def _is_alias(url: str, model: str, api_key: str | None) -> bool:
@@ -182,8 +204,9 @@ def _wait_loaded(client: AdminClient, name: str) -> None:
     _progress(f"loading {name} ...")
     while info["state"] not in DONE_STATES:
         if time.monotonic() - started > LOAD_TIMEOUT_S:
-            raise click.ClickException(f"{name} is still {info['state']} after "
-                                       f"{LOAD_TIMEOUT_S:g} s")  # fmt: skip
+            raise click.ClickException(
+                f"{name} is still {info['state']} after {LOAD_TIMEOUT_S:g} s"
+            )
         if time.monotonic() - last_note >= PROGRESS_EVERY_S:
             _progress(f"loading {name}: {info['state']} ({time.monotonic() - started:.0f} s)")
             last_note = time.monotonic()

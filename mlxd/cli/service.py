@@ -28,13 +28,22 @@ DONE_STATES = ("ready", "failed", "stopped", "unloaded")
 def with_service_options(fn: _F) -> _F:
     """--url (default: the detached daemon's, else 127.0.0.1:8000), --admin-key, --json."""
     options = [
-        click.option("--url", default=None, envvar="MLXD_URL",
-                     help=f"The daemon (env MLXD_URL; default: the one started with --detach, "
-                          f"else {DEFAULT_URL})."),
-        click.option("--admin-key", default=None, metavar="KEY", envvar="MLXD_ADMIN_KEY",
-                     help="Sent as 'Authorization: Bearer KEY' (env MLXD_ADMIN_KEY)."),
+        click.option(
+            "--url",
+            default=None,
+            envvar="MLXD_URL",
+            help=f"The daemon (env MLXD_URL; default: the one started with --detach, "
+            f"else {DEFAULT_URL}).",
+        ),
+        click.option(
+            "--admin-key",
+            default=None,
+            metavar="KEY",
+            envvar="MLXD_ADMIN_KEY",
+            help="Sent as 'Authorization: Bearer KEY' (env MLXD_ADMIN_KEY).",
+        ),
         click.option("--json", "as_json", is_flag=True, help="Print JSON."),
-    ]  # fmt: skip
+    ]
     for option in reversed(options):
         fn = option(fn)
     return fn
@@ -64,21 +73,35 @@ def status_command(url: str | None, admin_key: str | None, as_json: bool) -> Non
         else:
             click.echo(_login_line(login))
         raise click.ClickException(f"mlxd is not running at {url} ({exc.message})") from None
-    out = {"running": True, "url": url, "pid": body["pid"], "version": body["version"],
-           "uptime_s": body["uptime_s"], "detached": record is not None,
-           "log_file": None if record is None else record.log_file,
-           "memory": body.get("memory"), "models": body["models"], "health": body.get("health"),
-           "login_service": login}  # fmt: skip
+    out = {
+        "running": True,
+        "url": url,
+        "pid": body["pid"],
+        "version": body["version"],
+        "uptime_s": body["uptime_s"],
+        "detached": record is not None,
+        "log_file": None if record is None else record.log_file,
+        "memory": body.get("memory"),
+        "models": body["models"],
+        "health": body.get("health"),
+        "login_service": login,
+    }
     print_json(out) if as_json else _show_status(out)
 
 
 @click.command("stop")
 @click.option("--force", is_flag=True, help="Kill at once (SIGKILL), workers too; no draining.")
-@click.option("--timeout", type=float, default=120.0, show_default=True,
-              help="Seconds to wait for a graceful stop.")  # fmt: skip
+@click.option(
+    "--timeout",
+    type=float,
+    default=120.0,
+    show_default=True,
+    help="Seconds to wait for a graceful stop.",
+)
 @with_service_options
-def stop_command(force: bool, timeout: float, url: str | None, admin_key: str | None,
-                 as_json: bool) -> None:  # fmt: skip
+def stop_command(
+    force: bool, timeout: float, url: str | None, admin_key: str | None, as_json: bool
+) -> None:
     """Stop the daemon: it finishes the requests in flight, then stops its workers."""
     url, record = locate(url)
     pid, workers = _daemon_pids(url, admin_key, record)
@@ -92,11 +115,16 @@ def stop_command(force: bool, timeout: float, url: str | None, admin_key: str | 
         _progress(f"stopping mlxd (pid {pid}): finishing requests in flight, then its workers")
         _signal(pid, signal.SIGTERM)
     if not _wait_gone(pid, timeout, "stopping"):
-        raise click.ClickException(f"mlxd (pid {pid}) did not stop within {timeout:g} s; "
-                                   "`mlxd stop --force` kills it")  # fmt: skip
+        raise click.ClickException(
+            f"mlxd (pid {pid}) did not stop within {timeout:g} s; `mlxd stop --force` kills it"
+        )
     DaemonFiles(data_dir()).remove_stale()
-    result = {"stopped": True, "pid": pid, "forced": force,
-              "seconds": round(time.monotonic() - started, 2)}  # fmt: skip
+    result = {
+        "stopped": True,
+        "pid": pid,
+        "forced": force,
+        "seconds": round(time.monotonic() - started, 2),
+    }
     if as_json:
         print_json(result)
     else:
@@ -106,11 +134,17 @@ def stop_command(force: bool, timeout: float, url: str | None, admin_key: str | 
 @click.command("load")
 @click.argument("model")
 @click.option("--wait/--no-wait", default=True, help="Return once the model is ready (default).")
-@click.option("--timeout", type=float, default=600.0, show_default=True,
-              help="Seconds to wait for the model to be ready.")  # fmt: skip
+@click.option(
+    "--timeout",
+    type=float,
+    default=600.0,
+    show_default=True,
+    help="Seconds to wait for the model to be ready.",
+)
 @with_service_options
-def load_command(model: str, wait: bool, timeout: float, url: str | None,
-                 admin_key: str | None, as_json: bool) -> None:  # fmt: skip
+def load_command(
+    model: str, wait: bool, timeout: float, url: str | None, admin_key: str | None, as_json: bool
+) -> None:
     """Load MODEL's worker now (unloading least recently used idle ones if memory needs it)."""
     client = AdminClient(locate(url)[0], admin_key)
     info = client.post(AdminClient.model_path(model, "load"), {"wait": False})
@@ -154,8 +188,9 @@ def _model_info(client: AdminClient, name: str) -> dict[str, Any]:
     raise click.ClickException(f"the daemon no longer lists {name!r}")
 
 
-def _daemon_pids(url: str, admin_key: str | None, record: DaemonRecord | None
-                 ) -> tuple[int, list[int]]:  # fmt: skip
+def _daemon_pids(
+    url: str, admin_key: str | None, record: DaemonRecord | None
+) -> tuple[int, list[int]]:
     try:
         body = AdminClient(url, admin_key).get("/admin/status")
     except click.ClickException as exc:
@@ -190,8 +225,10 @@ def _progress(line: str) -> None:
 
 
 def _show_status(s: dict[str, Any]) -> None:
-    click.echo(f"mlxd {s['version']} is running at {s['url']} (pid {s['pid']}, up "
-               f"{_duration(s['uptime_s'])})")  # fmt: skip
+    click.echo(
+        f"mlxd {s['version']} is running at {s['url']} (pid {s['pid']}, up "
+        f"{_duration(s['uptime_s'])})"
+    )
     if s["log_file"]:
         click.echo(f"log: {s['log_file']}")
     click.echo(_login_line(s["login_service"]))
@@ -209,16 +246,25 @@ def _show_status(s: dict[str, Any]) -> None:
         )
     )
     rows = [("MODEL", "STATE", "MEMORY", "PID", "RESTARTS", "ALIASES")]
-    rows += [(m["name"], m["state"], format_bytes(m.get("memory_bytes") or 0),
-              str(m["pid"] or "-"), str(m["restarts"]),
-              ", ".join(m.get("aliases") or []) or "-") for m in s["models"]]  # fmt: skip
+    rows += [
+        (
+            m["name"],
+            m["state"],
+            format_bytes(m.get("memory_bytes") or 0),
+            str(m["pid"] or "-"),
+            str(m["restarts"]),
+            ", ".join(m.get("aliases") or []) or "-",
+        )
+        for m in s["models"]
+    ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
     for m in s["models"]:
         if m["state"] == "failed":
-            click.echo(f"{m['name']} failed: {m['last_error']} (`mlxd load {m['name']}` tries "
-                       "again)")  # fmt: skip
+            click.echo(
+                f"{m['name']} failed: {m['last_error']} (`mlxd load {m['name']}` tries again)"
+            )
 
 
 def _health_line(health: dict[str, Any]) -> str:
@@ -234,8 +280,11 @@ def _login_service() -> dict[str, Any]:
     from mlxd.cli.login_service import login_service
 
     service = login_service()
-    return {"installed": service.path.exists(), "path": str(service.path),
-            "platform": service.platform}  # fmt: skip
+    return {
+        "installed": service.path.exists(),
+        "path": str(service.path),
+        "platform": service.platform,
+    }
 
 
 def _login_line(login: dict[str, Any]) -> str:

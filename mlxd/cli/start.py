@@ -151,11 +151,20 @@ from mlxd.serve_knobs import (
     help="A remote API (kind openai or anthropic), e.g. up=openai:http://host:8000/v1; "
     "serve its models with --model NAME=BACKEND:UPSTREAM (docs/BACKENDS.md).",
 )
-@click.option("--backend-key", "backend_keys", multiple=True, metavar="NAME=ENV_VAR",
-              help="The environment variable holding backend NAME's API key (its name, never "
-              "the key).")  # fmt: skip
-@click.option("--fallback", "fallbacks", multiple=True, metavar="MODEL=OTHER[,OTHER]",
-              help="Models tried in turn when MODEL fails before its answer starts.")  # fmt: skip
+@click.option(
+    "--backend-key",
+    "backend_keys",
+    multiple=True,
+    metavar="NAME=ENV_VAR",
+    help="The environment variable holding backend NAME's API key (its name, never the key).",
+)
+@click.option(
+    "--fallback",
+    "fallbacks",
+    multiple=True,
+    metavar="MODEL=OTHER[,OTHER]",
+    help="Models tried in turn when MODEL fails before its answer starts.",
+)
 @with_knob_options
 def start_command(models: tuple[str, ...], log_level: str, **opts: Any) -> None:
     """Serve the OpenAI API on HOST:PORT until Ctrl-C or SIGTERM."""
@@ -236,8 +245,9 @@ def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def _model_specs(models: tuple[str, ...], file: ConfigFile, attached: bool = False
-                 ) -> tuple[ModelSpec, ...]:  # fmt: skip
+def _model_specs(
+    models: tuple[str, ...], file: ConfigFile, attached: bool = False
+) -> tuple[ModelSpec, ...]:
     if file.models or attached:
         return (*file.models, *(_parse_model(m) for m in models))
     if not models:
@@ -268,12 +278,18 @@ def _parse_workers(texts: tuple[str, ...]) -> tuple[ModelSpec, ...]:
         if not name or not endpoint.startswith(("tcp://", "ipc://")):
             raise ConfigError(f"bad --worker {text!r}: use NAME=tcp://HOST:PORT")
         endpoints.setdefault(name, []).append(endpoint)
-    return tuple(ModelSpec(name=name, path=first, endpoint=first, replica_endpoints=tuple(more))
-                 for name, (first, *more) in endpoints.items())  # fmt: skip
+    return tuple(
+        ModelSpec(name=name, path=first, endpoint=first, replica_endpoints=tuple(more))
+        for name, (first, *more) in endpoints.items()
+    )
 
 
-def _with_replicas(specs: tuple[ModelSpec, ...], replicas: int | None, group_size: int | None,
-                   distributed: str | None) -> tuple[ModelSpec, ...]:  # fmt: skip
+def _with_replicas(
+    specs: tuple[ModelSpec, ...],
+    replicas: int | None,
+    group_size: int | None,
+    distributed: str | None,
+) -> tuple[ModelSpec, ...]:
     """``--replicas``, ``--group-size`` and ``--distributed`` for every local model (they win
     over the config file's keys)."""
     given: dict[str, Any] = {

@@ -70,8 +70,13 @@ def worker_group() -> None:
     "but --log-level, --keys and --enable-test-faults are then ignored.",
 )
 @with_knob_options
-def serve_command(log_level: str, keys_dir: Path | None, enable_test_faults: bool,
-                  config_json: str | None, **opts: Any) -> None:  # fmt: skip
+def serve_command(
+    log_level: str,
+    keys_dir: Path | None,
+    enable_test_faults: bool,
+    config_json: str | None,
+    **opts: Any,
+) -> None:
     """Load MODEL and serve it on ENDPOINT until SIGTERM."""
     from mlxd.worker import blas
 
@@ -142,13 +147,16 @@ def stats_command(model: str, url: str, admin_key: str | None, as_json: bool) ->
     print_json(reply) if as_json else _show_stats(reply)
 
 
-@worker_group.command("set", help="Change MODEL's scheduler settings live: "
-                      + ", ".join(k.field for k in LIVE_KNOBS) + ".")  # fmt: skip
+@worker_group.command(
+    "set",
+    help="Change MODEL's scheduler settings live: " + ", ".join(k.field for k in LIVE_KNOBS) + ".",
+)
 @click.argument("model")
 @click.argument("settings", nargs=-1, required=True, metavar="KEY=VALUE...")
 @with_admin_options
-def set_command(model: str, settings: tuple[str, ...], url: str, admin_key: str | None,
-                as_json: bool) -> None:  # fmt: skip
+def set_command(
+    model: str, settings: tuple[str, ...], url: str, admin_key: str | None, as_json: bool
+) -> None:
     body = dict(_parse_setting(s) for s in settings)
     reply = AdminClient(url, admin_key).post(AdminClient.model_path(model, "set"), body)
     print_json(reply) if as_json else _show_ack(reply)
@@ -183,16 +191,20 @@ def _show_ack(r: dict[str, Any]) -> None:
 
 def _memory(m: dict[str, Any]) -> str:
     cap = m.get("cache_limit_bytes")
-    return (f"weights {format_bytes(m['weights_bytes'])}, active {format_bytes(m['active_bytes'])}"
-            f", peak {format_bytes(m['peak_bytes'])}, cache {format_bytes(m['cache_bytes'])}"
-            + (f" (cap {format_bytes(cap)})" if cap is not None else ""))  # fmt: skip
+    return (
+        f"weights {format_bytes(m['weights_bytes'])}, active {format_bytes(m['active_bytes'])}"
+        f", peak {format_bytes(m['peak_bytes'])}, cache {format_bytes(m['cache_bytes'])}"
+        + (f" (cap {format_bytes(cap)})" if cap is not None else "")
+    )
 
 
 def _kv_memory(m: dict[str, Any]) -> str:
     """Used (requests in flight) of reserved (held now) of the budget (the most held)."""
     budget = m.get("kv_budget_bytes") or 0
-    return (f"{format_bytes(m['kv_bytes'])} used, {format_bytes(m.get('kv_reserved_bytes', 0))}"
-            f" reserved" + (f" of {format_bytes(budget)} budget" if budget else ""))  # fmt: skip
+    return (
+        f"{format_bytes(m['kv_bytes'])} used, {format_bytes(m.get('kv_reserved_bytes', 0))}"
+        f" reserved" + (f" of {format_bytes(budget)} budget" if budget else "")
+    )
 
 
 def _show_status(r: dict[str, Any]) -> None:
@@ -200,26 +212,34 @@ def _show_status(r: dict[str, Any]) -> None:
     rows = [
         ("model", f"{r['name']} ({r['model_path']})"),
         ("state", f"{r['state']}, pid {r['pid']}, up {r['uptime_s']:.0f} s"),
-        ("requests", f"{r['num_running']} running, {r['num_prefilling']} prefilling, "
-                     f"{r['num_waiting']} waiting"),
+        (
+            "requests",
+            f"{r['num_running']} running, {r['num_prefilling']} prefilling, "
+            f"{r['num_waiting']} waiting",
+        ),
         ("memory", _memory(m)),
         ("kv memory", _kv_memory(m)),
         ("scheduler", " ".join(f"{k}={v}" for k, v in knobs.items() if v is not None)),
         ("max_context", str(r["max_context"])),
         ("kv cache", r.get("kv_cache") or "?"),
         ("compute", _compute(r.get("compute"))),
-    ]  # fmt: skip
+    ]
     _show_rows(rows)
 
 
 def _compute(c: dict[str, Any] | None) -> str:
     if c is None:
         return "?"
-    cast = (f" (file {c['file_dtype']}: weights cast, float memory x{_ratio(c)})"
-            if c["dtype"] != c["file_dtype"] else "")  # fmt: skip
+    cast = (
+        f" (file {c['file_dtype']}: weights cast, float memory x{_ratio(c)})"
+        if c["dtype"] != c["file_dtype"]
+        else ""
+    )
     blas = c["blas"] or ("none (reference)" if c["device"] == "cpu" else "-")
-    return (f"{c['device']}, {c['dtype']}{cast}, BLAS {blas}, {c['gemm_size']}x{c['gemm_size']}"
-            f" matmul {c['gemm_gflops']:.1f} GFLOP/s")  # fmt: skip
+    return (
+        f"{c['device']}, {c['dtype']}{cast}, BLAS {blas}, {c['gemm_size']}x{c['gemm_size']}"
+        f" matmul {c['gemm_gflops']:.1f} GFLOP/s"
+    )
 
 
 def _ratio(c: dict[str, Any]) -> str:
@@ -230,26 +250,43 @@ def _ratio(c: dict[str, Any]) -> str:
 
 def _show_stats(r: dict[str, Any]) -> None:
     rows = [
-        ("requests", f"{r['requests_admitted']} admitted, {r['requests_finished']} finished, "
-                     f"{r['requests_cancelled']} cancelled, {r['requests_errored']} errored, "
-                     f"{r['requests_rejected']} rejected"),
+        (
+            "requests",
+            f"{r['requests_admitted']} admitted, {r['requests_finished']} finished, "
+            f"{r['requests_cancelled']} cancelled, {r['requests_errored']} errored, "
+            f"{r['requests_rejected']} rejected",
+        ),
         ("tokens", f"{r['prompt_tokens']} prompt, {r['output_tokens']} output"),
-        ("output tok/s", f"{r['output_tps_recent']:.1f} (last 10 s), "
-                         f"{r['output_tps_total']:.1f} (since start)"),
+        (
+            "output tok/s",
+            f"{r['output_tps_recent']:.1f} (last 10 s), {r['output_tps_total']:.1f} (since start)",
+        ),
         ("ttft", _latency(r["ttft"])),
         ("inter-token", _latency(r["itl"])),
-        ("decode step", _latency(r["decode_step"])
-         + (f", {r['decode_rows_mean']:.1f} rows" if r["decode_step"]["num_samples"] else "")
-         + (f", {n} of {r['decode_steps']} from the pool's blocks (the read view was full)"
-            if (n := r.get("decode_gathered_steps", 0)) else "")),
+        (
+            "decode step",
+            _latency(r["decode_step"])
+            + (f", {r['decode_rows_mean']:.1f} rows" if r["decode_step"]["num_samples"] else "")
+            + (
+                f", {n} of {r['decode_steps']} from the pool's blocks (the read view was full)"
+                if (n := r.get("decode_gathered_steps", 0))
+                else ""
+            ),
+        ),
         ("preemptions", str(r["preemptions"])),
         ("speculation", _speculation(r)),
-        ("prefix cache", f"{r['prefix_cache_hits']} hits, {r.get('prefix_cache_misses', 0)} "
-                         f"misses, {r['prefix_cache_hit_tokens']} tokens"),
-        ("kv blocks", f"{r.get('kv_blocks_used', 0)} used, {r.get('kv_blocks_free', 0)} free, "
-                      f"{r.get('kv_blocks_cached', 0)} cached of {r.get('kv_blocks_total', 0)} "
-                      f"x {r.get('kv_block_size', 0)} tokens"),
-    ]  # fmt: skip
+        (
+            "prefix cache",
+            f"{r['prefix_cache_hits']} hits, {r.get('prefix_cache_misses', 0)} "
+            f"misses, {r['prefix_cache_hit_tokens']} tokens",
+        ),
+        (
+            "kv blocks",
+            f"{r.get('kv_blocks_used', 0)} used, {r.get('kv_blocks_free', 0)} free, "
+            f"{r.get('kv_blocks_cached', 0)} cached of {r.get('kv_blocks_total', 0)} "
+            f"x {r.get('kv_block_size', 0)} tokens",
+        ),
+    ]
     _show_rows(rows)
 
 
@@ -257,16 +294,20 @@ def _speculation(r: dict[str, Any]) -> str:
     mode = str(r.get("speculation", "off"))
     if not r.get("tokens_per_forward"):
         return mode
-    return (f"{mode}: {r['spec_accepted_tokens']} of {r['spec_drafted_tokens']} draft tokens "
-            f"accepted ({r['spec_acceptance_rate']:.0%}), {r['tokens_per_forward']:.2f} tokens "
-            "per forward")  # fmt: skip
+    return (
+        f"{mode}: {r['spec_accepted_tokens']} of {r['spec_drafted_tokens']} draft tokens "
+        f"accepted ({r['spec_acceptance_rate']:.0%}), {r['tokens_per_forward']:.2f} tokens "
+        "per forward"
+    )
 
 
 def _latency(s: dict[str, Any]) -> str:
     if not s["num_samples"]:
         return "no samples yet"
-    return (f"p50 {s['p50_ms']:.1f} ms, p95 {s['p95_ms']:.1f} ms, p99 {s['p99_ms']:.1f} ms "
-            f"({s['num_samples']} samples)")  # fmt: skip
+    return (
+        f"p50 {s['p50_ms']:.1f} ms, p95 {s['p95_ms']:.1f} ms, p99 {s['p99_ms']:.1f} ms "
+        f"({s['num_samples']} samples)"
+    )
 
 
 def _show_rows(rows: list[tuple[str, str]]) -> None:

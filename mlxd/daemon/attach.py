@@ -49,8 +49,9 @@ async def check_attached(worker: WorkerProcess, config: HeartbeatLimits) -> None
         log.error("attached worker for %s at %s %s", worker.spec.name, worker.endpoint, why)
         worker.state, worker.last_error = "starting", why
         worker.ready.clear()
-        worker.client.fail_all(WorkerUnavailable(
-            f"the attached worker for {worker.spec.name!r} {why}"))  # fmt: skip
+        worker.client.fail_all(
+            WorkerUnavailable(f"the attached worker for {worker.spec.name!r} {why}")
+        )
     elif failing and worker.state == "ready":
         worker.fail(failing)  # until its pongs say its steps work again
     elif not failing and worker.state == "failed":

@@ -52,8 +52,11 @@ def neighbours(worker: WorkerProcess, workers: Iterable[WorkerProcess]) -> list[
     """The residents other than ``worker`` whose memory ``worker``'s budget counts: those on
     one of its GPUs (every one, where workers are not placed)."""
     mine = set(worker.gpus.split(",")) if worker.gpus else None
-    return [w for w in residents(workers) if w is not worker
-            and (mine is None or not w.gpus or bool(mine & set(w.gpus.split(","))))]  # fmt: skip
+    return [
+        w
+        for w in residents(workers)
+        if w is not worker and (mine is None or not w.gpus or bool(mine & set(w.gpus.split(","))))
+    ]
 
 
 def reserved_bytes(workers: Iterable[WorkerProcess]) -> int:
@@ -67,28 +70,39 @@ def fits(worker: WorkerProcess, workers: Iterable[WorkerProcess], budget: int | 
     return budget is None or used + worker.size.total_bytes <= budget
 
 
-def victims(worker: WorkerProcess, workers: Iterable[WorkerProcess], budget: int
-            ) -> list[str] | None:  # fmt: skip
+def victims(
+    worker: WorkerProcess, workers: Iterable[WorkerProcess], budget: int
+) -> list[str] | None:
     """The names to unload, least recently used first, so ``worker`` fits; ``None``: it can't."""
-    others = [Resident(w.spec.name, w.size.total_bytes, w.last_used,
-                       evictable=w.state == "ready" and not w.spec.pinned
-                       and not w.client.in_flight and not w.attached)
-              for w in neighbours(worker, workers)]  # fmt: skip
+    others = [
+        Resident(
+            w.spec.name,
+            w.size.total_bytes,
+            w.last_used,
+            evictable=w.state == "ready"
+            and not w.spec.pinned
+            and not w.client.in_flight
+            and not w.attached,
+        )
+        for w in neighbours(worker, workers)
+    ]
     return evictions(worker.size.total_bytes, budget, others)
 
 
-def budget_text(worker: WorkerProcess, workers: Iterable[WorkerProcess], budget: int | None
-                ) -> str:  # fmt: skip
+def budget_text(worker: WorkerProcess, workers: Iterable[WorkerProcess], budget: int | None) -> str:
     """Why ``worker`` does not fit: its footprint, the budget, and who holds it."""
     s = worker.size
     others = neighbours(worker, workers)
     used = sum(w.size.total_bytes for w in others)
-    busy = [w.spec.name for w in others if w.spec.pinned or w.client.in_flight
-            or w.state != "ready"]  # fmt: skip
-    return (f"it needs {_gb(s.total_bytes)} (weights {_gb(s.weights_bytes)}, KV "
-            f"{_gb(s.kv_bytes)}, headroom {_gb(s.headroom_bytes)}); the --max-memory budget "
-            f"is {_gb(budget or 0)}{_on(worker)}, {_gb(used)} of it held by models that cannot "
-            f"be unloaded now ({', '.join(busy) or 'none'})")  # fmt: skip
+    busy = [
+        w.spec.name for w in others if w.spec.pinned or w.client.in_flight or w.state != "ready"
+    ]
+    return (
+        f"it needs {_gb(s.total_bytes)} (weights {_gb(s.weights_bytes)}, KV "
+        f"{_gb(s.kv_bytes)}, headroom {_gb(s.headroom_bytes)}); the --max-memory budget "
+        f"is {_gb(budget or 0)}{_on(worker)}, {_gb(used)} of it held by models that cannot "
+        f"be unloaded now ({', '.join(busy) or 'none'})"
+    )
 
 
 def _gb(num: int) -> str:

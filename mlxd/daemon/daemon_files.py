@@ -83,8 +83,10 @@ class DaemonFiles:
 
 def busy_message(directory: Path, other: DaemonRecord) -> str:
     where = f" at {other.url}" if other.url else ""
-    return (f"mlxd is already running{where} (pid {other.pid}, data dir {directory}); "
-            "stop it with `mlxd stop`")  # fmt: skip
+    return (
+        f"mlxd is already running{where} (pid {other.pid}, data dir {directory}); "
+        "stop it with `mlxd stop`"
+    )
 
 
 def is_mlxd(pid: int) -> bool:

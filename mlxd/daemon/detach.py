@@ -36,21 +36,29 @@ def detach(files: DaemonFiles, url: str, args: list[str], progress: Callable[[st
     files.directory.mkdir(parents=True, exist_ok=True)
     with open(files.log_file, "ab") as log:
         offset = log.tell()
-        proc = subprocess.Popen([sys.executable, "-m", "mlxd", *args], stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=log, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mlxd", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
     progress(f"started (pid {proc.pid}); log: {files.log_file}")
     deadline = time.monotonic() + HEALTHY_WITHIN_S
     while time.monotonic() < deadline:
         offset = _pass_new_lines(files, offset, progress)
         if proc.poll() is not None:
             _pass_new_lines(files, offset, progress)
-            raise MlxdError(f"mlxd exited with code {proc.returncode} before it was healthy; "
-                            f"see {files.log_file}")  # fmt: skip
+            raise MlxdError(
+                f"mlxd exited with code {proc.returncode} before it was healthy; "
+                f"see {files.log_file}"
+            )
         if _healthy(url, progress) and files.running() is not None:
             return proc.pid
         time.sleep(0.25)
-    raise MlxdError(f"mlxd (pid {proc.pid}) was not healthy within {HEALTHY_WITHIN_S:g} s; "
-                    f"see {files.log_file}")  # fmt: skip
+    raise MlxdError(
+        f"mlxd (pid {proc.pid}) was not healthy within {HEALTHY_WITHIN_S:g} s; see {files.log_file}"
+    )
 
 
 def _healthy(url: str, progress: Callable[[str], None]) -> bool:
@@ -59,7 +67,7 @@ def _healthy(url: str, progress: Callable[[str], None]) -> bool:
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:  # noqa: S310 - ours
             body = resp.read()
-            ok = resp.status == 200
+            ok: bool = resp.status == 200
     except urllib.error.HTTPError as exc:
         if exc.code != 503:
             return False

@@ -60,8 +60,10 @@ def footprint(spec: ModelSpec, config: ServeConfig) -> Footprint:
         draft_weights, draft_config, draft_growth = _weights(draft, dtype)
         weights += draft_weights
         per_token = kv_bytes_per_token(draft_config, draft_growth)  # its own float caches
-        kv += min(per_token * config.scheduler.max_num_seqs * _context(config, model_config),
-                  DEFAULT_KV_BYTES)  # fmt: skip
+        kv += min(
+            per_token * config.scheduler.max_num_seqs * _context(config, model_config),
+            DEFAULT_KV_BYTES,
+        )
     headroom = RUNTIME_BYTES + int(HEADROOM_SHARE * (weights + kv))
     return Footprint(weights, kv, headroom)
 
@@ -91,8 +93,9 @@ def _kv(spec: ModelSpec, config: ServeConfig, model_config: dict[str, Any], grow
     cache = config.cache
     bits = cache.kv_bits if cache.paged else None  # only the paged pool quantizes
     per_token = kv_bytes_per_token(model_config, growth, bits, cache.kv_group_size)
-    wanted = kv_bytes_wanted(per_token, config.scheduler.max_num_seqs,
-                             _context(config, model_config), config.cache.paged)  # fmt: skip
+    wanted = kv_bytes_wanted(
+        per_token, config.scheduler.max_num_seqs, _context(config, model_config), config.cache.paged
+    )
     return min(wanted, DEFAULT_KV_BYTES)
 
 

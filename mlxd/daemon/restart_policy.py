@@ -17,8 +17,9 @@ MAX_START_FAILURES = 3
 MAX_BACKOFF_S = 30.0
 
 
-def crash_reason(worker: WorkerProcess, code: int | None, was_ready: bool,
-                 config: RestartLimits) -> str:  # fmt: skip
+def crash_reason(
+    worker: WorkerProcess, code: int | None, was_ready: bool, config: RestartLimits
+) -> str:
     """Count an exit nobody asked for: why the model is now failed, or "" to restart it."""
     if code == STARTUP_FAILURE and not was_ready:  # it cannot load: trying again won't help
         return f"refused to load: {worker.startup_reason()}"

@@ -31,9 +31,9 @@ def serve(config: ServeConfig, log_level: str, progress: Callable[[str], None]) 
 
     from mlxd.daemon.admin_socket import AdminSocket
     from mlxd.daemon.supervisor import Supervisor
-    from mlxd.gateway.ops.admin import AdminSocketApp
     from mlxd.gateway.app import build_app
     from mlxd.gateway.http.request_log import RequestLogFile
+    from mlxd.gateway.ops.admin import AdminSocketApp
 
     _warn_without_keys(config)
     if config.request_log is not None:
@@ -49,8 +49,13 @@ def serve(config: ServeConfig, log_level: str, progress: Callable[[str], None]) 
     admin = AdminSocket(runtime_dir, data_dir(), config.port)
     sock = admin.bind()
     progress(_admin_note(admin.path, config.admin_key is not None))
-    admin_config = uvicorn.Config(AdminSocketApp(app), lifespan="off", log_level=log_level,
-                                  access_log=False, timeout_graceful_shutdown=1)  # fmt: skip
+    admin_config = uvicorn.Config(
+        AdminSocketApp(app),
+        lifespan="off",
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=1,
+    )
     try:
         run_both(server, quiet_server(admin_config), sock)
     finally:
@@ -126,9 +131,16 @@ def _tcp_config(app: Any, config: ServeConfig, log_level: str) -> Any:
 
     # No uvicorn access log: mlxd.access writes one richer line per request.
     grace = max(1, round(config.drain_timeout_s))
-    return uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
-                          lifespan="on", timeout_graceful_shutdown=grace,
-                          timeout_keep_alive=KEEP_ALIVE_S, access_log=False)  # fmt: skip
+    return uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        log_level=log_level,
+        lifespan="on",
+        timeout_graceful_shutdown=grace,
+        timeout_keep_alive=KEEP_ALIVE_S,
+        access_log=False,
+    )
 
 
 def _admin_note(path: Path, has_key: bool) -> str:

@@ -79,17 +79,21 @@ class Supervisor:
         self.heartbeat_limits = config.piece(HeartbeatLimits)
         self.runtime_dir = runtime_dir
         self.log_level = log_level
-        self.groups = {spec.name: [self._make_worker(spec, i, r) for r in
-                                   range(spec.num_replicas)]
-                       for i, spec in enumerate(config.models)}  # fmt: skip
+        self.groups = {
+            spec.name: [self._make_worker(spec, i, r) for r in range(spec.num_replicas)]
+            for i, spec in enumerate(config.models)
+        }
         self.workers = {name: group[0] for name, group in self.groups.items()}  # replica 0
         self.slots = [w for group in self.groups.values() for w in group]
         sizes = [0 if w.attached else w.spec.group_size for w in self.slots]  # attached: elsewhere
         placed = gpus.for_slots(sizes, gpus.visible())
         for worker, placement in zip(self.slots, placed, strict=True):
             worker.gpus = placement
-        self.replica_sets = {name: self._replica_set(name, group)
-                             for name, group in self.groups.items() if len(group) > 1}  # fmt: skip
+        self.replica_sets = {
+            name: self._replica_set(name, group)
+            for name, group in self.groups.items()
+            if len(group) > 1
+        }
         self.aliases = {a: spec.name for spec in config.models for a in spec.aliases}
         self._stopping = False
         self._watcher: asyncio.Task[None] | None = None
@@ -103,8 +107,10 @@ class Supervisor:
 
     def budget(self) -> dict[str, int | None]:
         """``--max-memory`` and how much of it loaded workers reserve, in bytes."""
-        return {"max_memory_bytes": self.config.max_memory_bytes,
-                "reserved_bytes": budget.reserved_bytes(self.slots)}  # fmt: skip
+        return {
+            "max_memory_bytes": self.config.max_memory_bytes,
+            "reserved_bytes": budget.reserved_bytes(self.slots),
+        }
 
     def restarts(self, name: str) -> int:
         return sum(w.restarts for w in self.groups.get(name, ()))
@@ -158,8 +164,9 @@ class Supervisor:
         """Stop ``name``'s worker gracefully (it drains first); it loads again on demand."""
         worker = self._worker(name)
         if worker.attached:
-            raise InvalidRequest(f"{worker.spec.name!r} is an attached worker (--worker): stop "
-                                 "it on its own host")  # fmt: skip
+            raise InvalidRequest(
+                f"{worker.spec.name!r} is an attached worker (--worker): stop it on its own host"
+            )
         async with self._lock:
             for replica in self.groups[worker.spec.name]:
                 await self._unload(replica, reason)
@@ -174,8 +181,9 @@ class Supervisor:
             worker.state = "starting"  # until its first pong
         self._preload()
         spawned = [w for w in self.slots if w.state == "starting" and not w.attached]
-        await asyncio.gather(*(self._await_ready(w) for w in spawned),
-                             *(attach(w, ATTACH_WAIT_S) for w in attached))  # fmt: skip
+        await asyncio.gather(
+            *(self._await_ready(w) for w in spawned), *(attach(w, ATTACH_WAIT_S) for w in attached)
+        )
         self._watcher = asyncio.create_task(self._watch(), name="supervisor")
         for replica_set in self.replica_sets.values():
             self._background(replica_set.poll())
@@ -210,8 +218,11 @@ class Supervisor:
 
     def _make_worker(self, spec: ModelSpec, index: int, replica: int = 0) -> WorkerProcess:
         stem = f"w{index}" if replica == 0 else f"w{index}r{replica}"
-        endpoint = (spec.endpoints[replica] if spec.endpoints
-                    else f"ipc://{self.runtime_dir / f'{stem}.sock'}")  # fmt: skip
+        endpoint = (
+            spec.endpoints[replica]
+            if spec.endpoints
+            else f"ipc://{self.runtime_dir / f'{stem}.sock'}"
+        )
         keys = self.config.curve_keys
         label = spec.name if replica == 0 else f"{spec.name}#{replica}"
         client = WorkerClient(label, endpoint, keys=keys)
@@ -219,9 +230,17 @@ class Supervisor:
         heartbeat = control.sibling()  # its own connection: a ping never queues behind a command
         attached = spec.endpoint is not None
         size = Footprint(0, 0, 0) if attached else footprint(spec, self.config)
-        return WorkerProcess(spec=spec, endpoint=endpoint, client=client, control=control,
-                             heartbeat=heartbeat, size=size, attached=attached, replica=replica,
-                             reason_file=self.runtime_dir / f"{stem}.reason")  # fmt: skip
+        return WorkerProcess(
+            spec=spec,
+            endpoint=endpoint,
+            client=client,
+            control=control,
+            heartbeat=heartbeat,
+            size=size,
+            attached=attached,
+            replica=replica,
+            reason_file=self.runtime_dir / f"{stem}.reason",
+        )
 
     def _replica_set(self, name: str, group: list[WorkerProcess]) -> ReplicaSet:
         return ReplicaSet(name, [_replica(w) for w in group], self.config.routing)
@@ -239,8 +258,7 @@ class Supervisor:
 
     def _preload(self) -> None:
         """Spawn the pinned, then the preload models that fit (a pinned one must)."""
-        preload = [w for w in self.slots
-                   if (w.spec.preload or w.spec.pinned) and not w.attached]  # fmt: skip
+        preload = [w for w in self.slots if (w.spec.preload or w.spec.pinned) and not w.attached]
         max_memory = self.config.max_memory_bytes
         for worker in sorted(preload, key=lambda w: not w.spec.pinned):
             if budget.fits(worker, self.slots, max_memory):
@@ -261,8 +279,9 @@ class Supervisor:
             raise MemoryBudgetExceeded(f"cannot load {worker.spec.name!r}: " + text)
         near = budget.neighbours(worker, self.slots)  # its GPU's (all, where unplaced)
         for name in dict.fromkeys(victims):  # a model's replicas there go together
-            log.info("unloading %s (least recently used) to make room for %s", name,
-                     worker.spec.name)  # fmt: skip
+            log.info(
+                "unloading %s (least recently used) to make room for %s", name, worker.spec.name
+            )
             for replica in self.groups[name]:
                 if any(replica is w for w in near):
                     await self._unload(replica, f"unloaded to make room for {worker.spec.name}")
@@ -287,8 +306,7 @@ class Supervisor:
                         await asyncio.sleep(0.05)  # woken by a restart in progress
         if worker.state != "ready":
             why = worker.last_error or f"not ready within {timeout:g} s"
-            raise WorkerUnavailable(f"the worker for {worker.spec.name!r} is {worker.state}: "
-                                    f"{why}")  # fmt: skip
+            raise WorkerUnavailable(f"the worker for {worker.spec.name!r} is {worker.state}: {why}")
 
     async def _unload(self, worker: WorkerProcess, reason: str) -> None:
         if worker.state in ("unloaded", "stopped", "failed") and worker.proc is None:
@@ -302,8 +320,9 @@ class Supervisor:
             while proc.poll() is None and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
         await worker.terminate()
-        worker.client.fail_all(WorkerUnavailable(f"the worker for {worker.spec.name!r} was "
-                                                 f"unloaded ({reason})"))  # fmt: skip
+        worker.client.fail_all(
+            WorkerUnavailable(f"the worker for {worker.spec.name!r} was unloaded ({reason})")
+        )
         worker.proc, worker.state, worker.last_error = None, "unloaded", reason
         worker.ready.set()
         log.info("unloaded %s: %s", worker.spec.name, reason)
@@ -428,8 +447,12 @@ class Supervisor:
 
 def _replica(worker: WorkerProcess) -> Replica:
     """The router's view of a slot: ready or not, and its epoch (when it became ready)."""
-    return Replica(worker.client, is_ready=lambda: worker.state == "ready",
-                   epoch=lambda: worker.started_at, control=worker.control.sibling())  # fmt: skip
+    return Replica(
+        worker.client,
+        is_ready=lambda: worker.state == "ready",
+        epoch=lambda: worker.started_at,
+        control=worker.control.sibling(),
+    )
 
 
 def _summary(info: WorkerInfo, group: list[WorkerProcess], replica_set: ReplicaSet) -> WorkerInfo:
@@ -437,16 +460,29 @@ def _summary(info: WorkerInfo, group: list[WorkerProcess], replica_set: ReplicaS
     and one ``ReplicaInfo`` per replica."""
     states = [w.state for w in group]
     state = next((s for s in ("ready", "starting", "stopping") if s in states), info.state)
-    replicas = [ReplicaInfo(index=w.replica, state=w.state, endpoint=w.endpoint,
-                            pid=None if w.proc is None else w.proc.pid, restarts=w.restarts,
-                            in_flight=w.client.in_flight, routed=replica_set.routed[w.replica],
-                            num_waiting=r.num_waiting, num_running=r.num_running,
-                            last_error=w.last_error, gpus=w.gpus)
-                for w, r in zip(group, replica_set.replicas, strict=True)]  # fmt: skip
+    replicas = [
+        ReplicaInfo(
+            index=w.replica,
+            state=w.state,
+            endpoint=w.endpoint,
+            pid=None if w.proc is None else w.proc.pid,
+            restarts=w.restarts,
+            in_flight=w.client.in_flight,
+            routed=replica_set.routed[w.replica],
+            num_waiting=r.num_waiting,
+            num_running=r.num_running,
+            last_error=w.last_error,
+            gpus=w.gpus,
+        )
+        for w, r in zip(group, replica_set.replicas, strict=True)
+    ]
     return dataclasses.replace(
-        info, state=state, restarts=sum(w.restarts for w in group),
+        info,
+        state=state,
+        restarts=sum(w.restarts for w in group),
         gpus=",".join(dict.fromkeys(g for w in group for g in w.gpus.split(",") if g)),
         in_flight=sum(r.in_flight for r in replicas),
-        memory_bytes=sum(w.size.total_bytes for w in group), replica_rows=replicas,
+        memory_bytes=sum(w.size.total_bytes for w in group),
+        replica_rows=replicas,
         last_error="" if state == "ready" else info.last_error,
-    )  # fmt: skip
+    )

@@ -16,8 +16,17 @@ from mlxd.daemon.worker_process import WorkerProcess
 def worker_command(worker: WorkerProcess, config: ServeConfig, log_level: str) -> list[str]:
     """The full argv that starts ``worker``'s process."""
     blob = worker_config(worker, config).to_json()
-    return [sys.executable, "-m", "mlxd", "worker", "serve", "--config-json", blob,
-            "--log-level", log_level]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "mlxd",
+        "worker",
+        "serve",
+        "--config-json",
+        blob,
+        "--log-level",
+        log_level,
+    ]
 
 
 def worker_config(worker: WorkerProcess, config: ServeConfig) -> WorkerConfig:

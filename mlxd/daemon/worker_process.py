@@ -60,14 +60,22 @@ class WorkerProcess:
         now = time.monotonic()
         idle = self.state == "ready" and not self.client.in_flight
         return WorkerInfo(
-            state=self.state, name=self.spec.name, pid=pid, restarts=self.restarts,
-            last_error=self.last_error, memory_bytes=self.size.total_bytes,
-            weights_bytes=self.size.weights_bytes, kv_bytes=self.size.kv_bytes,
-            pinned=self.spec.pinned, keep_alive_s=keep_alive_s, aliases=list(self.spec.aliases),
+            state=self.state,
+            name=self.spec.name,
+            pid=pid,
+            restarts=self.restarts,
+            last_error=self.last_error,
+            memory_bytes=self.size.total_bytes,
+            weights_bytes=self.size.weights_bytes,
+            kv_bytes=self.size.kv_bytes,
+            pinned=self.spec.pinned,
+            keep_alive_s=keep_alive_s,
+            aliases=list(self.spec.aliases),
             in_flight=self.client.in_flight,
             uptime_s=now - self.started_at if self.state == "ready" else None,
-            idle_s=now - self.last_used if idle else None, gpus=self.gpus,
-        )  # fmt: skip
+            idle_s=now - self.last_used if idle else None,
+            gpus=self.gpus,
+        )
 
     def spawn(self, cmd: list[str], env: dict[str, str] | None = None) -> None:
         """Start ``cmd`` (``mlxd worker serve …``) with ``env`` added to this process's
@@ -91,10 +99,15 @@ class WorkerProcess:
         naming ``reason`` at once, until ``load`` (``mlxd load MODEL``) tries again."""
         self.state, self.last_error = "failed", reason
         self.ready.set()  # wake waiters so they fail fast
-        self.client.fail_all(WorkerUnavailable(f"the worker for {self.spec.name!r} is failed: "
-                                               f"{reason}"))  # fmt: skip
-        log.error("%s failed: %s (not restarted; `mlxd load %s` tries again)", self.spec.name,
-                  reason, self.spec.name)  # fmt: skip
+        self.client.fail_all(
+            WorkerUnavailable(f"the worker for {self.spec.name!r} is failed: {reason}")
+        )
+        log.error(
+            "%s failed: %s (not restarted; `mlxd load %s` tries again)",
+            self.spec.name,
+            reason,
+            self.spec.name,
+        )
 
     def kill(self) -> None:
         """SIGKILL, at once (a hung worker); the watcher then sees the exit."""

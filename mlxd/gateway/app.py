@@ -64,7 +64,10 @@ def build_app(
     limits = LocalLimits(config.chat_timeout_s, config.embeddings_timeout_s, config.log_prompts)
     remotes = Remotes(config.backends, metrics, environ)
     api = Pipeline(
-        RequestLimits.of(config), Router(config), LocalBackend(pool, metrics, limits), remotes,
+        RequestLimits.of(config),
+        Router(config),
+        LocalBackend(pool, metrics, limits),
+        remotes,
         metrics,
     )
     recent = RecentRequests()  # the status page's last requests (no prompts)

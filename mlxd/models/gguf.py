@@ -191,9 +191,10 @@ def _config(metadata: dict[str, Any], tensors: dict[str, mx.array]) -> dict[str,
     }
     if "rope_freqs.weight" in tensors:  # Llama 3.1+: RoPE scaling stored as per-dim factors
         config["rope_scaling"] = _llama3_rope_scaling(
-            tensors["rope_freqs.weight"], config["rope_theta"], get("rope.dimension_count", 0)
-            or config["head_dim"],
-        )  # fmt: skip
+            tensors["rope_freqs.weight"],
+            config["rope_theta"],
+            get("rope.dimension_count", 0) or config["head_dim"],
+        )
     return config
 
 
@@ -202,9 +203,13 @@ def _llama3_rope_scaling(factors: mx.array, base: float, dims: int) -> dict[str,
     them from it, with low/high frequency factors 1 and 4 in every released Llama 3.x)."""
     wanted = [float(x) for x in cast(list[float], factors.astype(mx.float32).tolist())]
     for original in (8192, 4096, 16384, 32768):
-        scaling = {"rope_type": "llama3", "factor": max(wanted), "low_freq_factor": 1.0,
-                   "high_freq_factor": 4.0,
-                   "original_max_position_embeddings": original}  # fmt: skip
+        scaling = {
+            "rope_type": "llama3",
+            "factor": max(wanted),
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": original,
+        }
         got = _llama3_factors(scaling, base, dims)
         if all(abs(a - b) <= 1e-4 * abs(b) for a, b in zip(got, wanted, strict=True)):
             return scaling

@@ -64,5 +64,8 @@ def _arrays(tensor: ReaderTensor) -> dict[str, mx.array]:
 
 
 def _block_bytes(kind: GGMLQuantizationType) -> int:
-    return {GGMLQuantizationType.Q4_0: 18, GGMLQuantizationType.Q4_1: 20,
-            GGMLQuantizationType.Q8_0: 34}[kind]  # fmt: skip
+    return {
+        GGMLQuantizationType.Q4_0: 18,
+        GGMLQuantizationType.Q4_1: 20,
+        GGMLQuantizationType.Q8_0: 34,
+    }[kind]

@@ -28,8 +28,10 @@ from mlxd.errors import ConfigError
 NORMAL, CONTROL, USER_DEFINED = 1, 3, 4  # tokenizer.ggml.token_type values
 SPACE = "\u2581"  # SentencePiece's visible space
 _GPT2 = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"""
-_LLAMA3 = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"""
-           r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")  # fmt: skip
+_LLAMA3 = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"""
+    r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 _QWEN2 = _LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
 # tokenizer.ggml.pre -> the split regexes applied before byte-level BPE (llama-vocab.cpp)
 _PRE_SPLITS: dict[str, tuple[str, ...]] = {
@@ -103,8 +105,10 @@ def _sentencepiece_bpe(metadata: dict[str, Any], tokens: list[str], types: list[
         if types[i] != NORMAL or len(piece) < 2:
             continue
         pairs = [(piece[:k], piece[k:]) for k in range(1, len(piece))]
-        pairs = sorted((p for p in pairs if p[0] in vocab and p[1] in vocab),
-                       key=lambda p: (vocab[p[0]], vocab[p[1]]))  # fmt: skip
+        pairs = sorted(
+            (p for p in pairs if p[0] in vocab and p[1] in vocab),
+            key=lambda p: (vocab[p[0]], vocab[p[1]]),
+        )
         merges.extend((left, right, scores[i]) for left, right in pairs)
     merges.sort(key=lambda m: -m[2])
     unk = _id(metadata, "unknown")
@@ -133,8 +137,9 @@ _BUILDERS = {"gpt2": _byte_level_bpe, "llama": _sentencepiece_bpe}
 
 def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
     if pre not in _PRE_SPLITS:
-        raise ConfigError(f"GGUF pre-tokenizer {pre!r} is not supported; known: "
-                          f"{', '.join(sorted(_PRE_SPLITS))}")  # fmt: skip
+        raise ConfigError(
+            f"GGUF pre-tokenizer {pre!r} is not supported; known: {', '.join(sorted(_PRE_SPLITS))}"
+        )
     splits: list[pre_tokenizers.PreTokenizer] = [
         pre_tokenizers.Split(Regex(r), behavior="isolated") for r in _PRE_SPLITS[pre]
     ]

@@ -88,8 +88,15 @@ def make_model(
     _check_options(dtype, quantize_bits)
     if sliding_window is not None:
         _interleave_sliding_window(config, arch, sliding_window)
-    write_model(out_dir, config, dtype=dtype, quantize_bits=quantize_bits, seed=seed,
-                overwrite=overwrite, progress=progress)  # fmt: skip
+    write_model(
+        out_dir,
+        config,
+        dtype=dtype,
+        quantize_bits=quantize_bits,
+        seed=seed,
+        overwrite=overwrite,
+        progress=progress,
+    )
     (progress or _print_stderr)(f"made {arch}/{size} model in {out_dir}")
     return Path(out_dir)
 
@@ -127,8 +134,15 @@ def write_model(
     tmp_dir.mkdir()
     try:
         std = init_std or _init_std(config)
-        _build(tmp_dir, config, dtype=dtype, quantize_bits=quantize_bits, seed=seed, std=std,
-               report=report)  # fmt: skip
+        _build(
+            tmp_dir,
+            config,
+            dtype=dtype,
+            quantize_bits=quantize_bits,
+            seed=seed,
+            std=std,
+            report=report,
+        )
         _install(tmp_dir, out_dir)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)

@@ -63,8 +63,9 @@ def converted_dir(spec: str, dtype: str) -> Path | None:
 
     try:
         path, name = _source(spec)
-        target = gguf.cache_path(path, data_dir() / CACHE_SUBDIR,
-                                 dequantize=_dequantize(dtype, path), name=name)  # fmt: skip
+        target = gguf.cache_path(
+            path, data_dir() / CACHE_SUBDIR, dequantize=_dequantize(dtype, path), name=name
+        )
     except ConfigError:
         return None
     return target if (target / "config.json").is_file() else None

@@ -33,12 +33,37 @@ _SPLIT_REGEX = (
 
 # Present under the same import name in every Python >= 3.11.
 _CORPUS_MODULES = (
-    "argparse", "asyncio.tasks", "calendar", "collections", "contextlib", "dataclasses",
-    "datetime", "difflib", "email.message", "enum", "fractions", "functools", "heapq",
-    "http.client", "inspect", "json.decoder", "json.encoder", "logging", "pathlib", "random",
-    "shutil", "statistics", "string", "subprocess", "tarfile", "textwrap", "threading",
-    "typing", "urllib.parse", "zipfile",
-)  # fmt: skip
+    "argparse",
+    "asyncio.tasks",
+    "calendar",
+    "collections",
+    "contextlib",
+    "dataclasses",
+    "datetime",
+    "difflib",
+    "email.message",
+    "enum",
+    "fractions",
+    "functools",
+    "heapq",
+    "http.client",
+    "inspect",
+    "json.decoder",
+    "json.encoder",
+    "logging",
+    "pathlib",
+    "random",
+    "shutil",
+    "statistics",
+    "string",
+    "subprocess",
+    "tarfile",
+    "textwrap",
+    "threading",
+    "typing",
+    "urllib.parse",
+    "zipfile",
+)
 
 # ChatML, Qwen style. "tool_call.name" appears verbatim so mlx-lm picks its json_tools parser.
 CHAT_TEMPLATE = r"""

@@ -38,8 +38,12 @@ def control_endpoint(endpoint: str) -> str:
 class WorkerChannel:
     """A bound ROUTER socket. Synchronous: the worker's engine thread owns it."""
 
-    def __init__(self, endpoint: str, context: zmq.Context | None = None,  # type: ignore[type-arg]
-                 keys: curve.CurveKeys | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        endpoint: str,
+        context: zmq.Context | None = None,  # type: ignore[type-arg]
+        keys: curve.CurveKeys | None = None,
+    ) -> None:
         self.context = context or zmq.Context.instance()
         self.keys = keys  # CURVE server keys for tcp:// (checked by curve.require)
         self.socket = self.context.socket(zmq.ROUTER)
@@ -60,8 +64,9 @@ class WorkerChannel:
     ) -> None:
         """Bind the control socket on its relay thread, which replies to what ``answer`` answers
         (on that thread) and passes the rest on; ``recv_ready`` also wakes up for those."""
-        relay = ControlRelay(self.context, endpoint, answer=answer,
-                             secure=lambda sock: self._secure(sock, endpoint))  # fmt: skip
+        relay = ControlRelay(
+            self.context, endpoint, answer=answer, secure=lambda sock: self._secure(sock, endpoint)
+        )
         self._relay, self.control = relay, relay.engine_side
         self.poller.register(relay.engine_side, zmq.POLLIN)
         relay.start()

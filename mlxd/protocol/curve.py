@@ -54,8 +54,10 @@ class CurveKeys:
         unnamed = [k for k, n in self.peers if not n]
         if named or len(unnamed) == 1:
             return (named or unnamed)[0]
-        raise ConfigError(f"no worker key for {name!r} in authorized_workers: add one with "
-                          f"`mlxd keys trust worker KEY --name {name}`")  # fmt: skip
+        raise ConfigError(
+            f"no worker key for {name!r} in authorized_workers: add one with "
+            f"`mlxd keys trust worker KEY --name {name}`"
+        )
 
     def admits(self, public: bytes) -> bool:
         """Whether ``public`` is an authorized peer (compared in constant time, each one)."""
@@ -78,8 +80,10 @@ def generate(directory: Path, role: str, overwrite: bool = False) -> CurveKeys:
     """Make ``role``'s keypair in ``directory`` (0700; ``ROLE.key`` 0600, ``ROLE.pub``)."""
     secret_path = directory / f"{role}.key"
     if secret_path.exists() and not overwrite:
-        raise ConfigError(f"{secret_path} exists; pass --force to replace it (its peers then "
-                          "need the new public key)")  # fmt: skip
+        raise ConfigError(
+            f"{secret_path} exists; pass --force to replace it (its peers then "
+            "need the new public key)"
+        )
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     directory.chmod(0o700)
     public, secret = zmq.curve_keypair()
@@ -100,9 +104,11 @@ def load(directory: Path, role: str) -> CurveKeys | None:
         lines = path.read_bytes().split()
     except FileNotFoundError:
         if (directory / LEGACY_FILE).exists():
-            raise ConfigError(f"{directory / LEGACY_FILE} (one keypair for both sides) is no "
-                              f"longer used: make this side's with `mlxd keys new {role}` and "
-                              "trust each other's public key (README)") from None  # fmt: skip
+            raise ConfigError(
+                f"{directory / LEGACY_FILE} (one keypair for both sides) is no "
+                f"longer used: make this side's with `mlxd keys new {role}` and "
+                "trust each other's public key (README)"
+            ) from None
         return None
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
@@ -126,8 +132,9 @@ def read_peers(path: Path) -> tuple[tuple[bytes, str], ...]:
         if not fields:
             continue
         if len(fields) > 2 or len(fields[0]) != 40:
-            raise ConfigError(f"{path}:{number}: expected 'PUBLIC_KEY [NAME]' (a 40-character "
-                              "z85 key)")  # fmt: skip
+            raise ConfigError(
+                f"{path}:{number}: expected 'PUBLIC_KEY [NAME]' (a 40-character z85 key)"
+            )
         peers.append((fields[0].encode(), fields[1] if len(fields) == 2 else ""))
     return tuple(peers)
 
@@ -170,8 +177,10 @@ def require(endpoint: str, keys: CurveKeys | None) -> CurveKeys | None:
     if not endpoint.startswith("tcp://"):
         return None
     if keys is None:
-        raise ConfigError(f"{endpoint}: tcp:// links need CURVE keys; make them with `mlxd "
-                          "keys new gateway|worker` and trust the peer's public key")  # fmt: skip
+        raise ConfigError(
+            f"{endpoint}: tcp:// links need CURVE keys; make them with `mlxd "
+            "keys new gateway|worker` and trust the peer's public key"
+        )
     if not keys.peers:
         raise ConfigError(f"{endpoint}: no authorized peer keys; add one with `mlxd keys trust`")
     return keys

@@ -494,20 +494,75 @@ class Ack:
 
 
 ControlRequest = (
-    Ping | GetStatus | GetStats | Drain | Pause | Resume | FlushCache | SetConfig | Shutdown
-    | DebugCrash | DebugSleep | DebugFailSteps
-)  # fmt: skip
+    Ping
+    | GetStatus
+    | GetStats
+    | Drain
+    | Pause
+    | Resume
+    | FlushCache
+    | SetConfig
+    | Shutdown
+    | DebugCrash
+    | DebugSleep
+    | DebugFailSteps
+)
 ControlReply = Pong | StatusReply | StatsReply | Ack | Error
 
 Message = (
-    Generate | Cancel | Ping | Pong | TokenDelta | Finished | Error | Events | Embed | Embeddings
-    | CountTokens | TokenCount | GetStatus | GetStats | Drain | Pause | Resume | FlushCache
-    | SetConfig | Shutdown | DebugCrash | DebugSleep | DebugFailSteps | StatusReply | StatsReply
+    Generate
+    | Cancel
+    | Ping
+    | Pong
+    | TokenDelta
+    | Finished
+    | Error
+    | Events
+    | Embed
+    | Embeddings
+    | CountTokens
+    | TokenCount
+    | GetStatus
+    | GetStats
+    | Drain
+    | Pause
+    | Resume
+    | FlushCache
+    | SetConfig
+    | Shutdown
+    | DebugCrash
+    | DebugSleep
+    | DebugFailSteps
+    | StatusReply
+    | StatsReply
     | Ack
-)  # fmt: skip
+)
 
 MESSAGE_TYPES: tuple[type, ...] = (
-    Generate, Cancel, Ping, Pong, TokenDelta, Finished, Error, Events, Embed, Embeddings,
-    CountTokens, TokenCount, GetStatus, GetStats, Drain, Pause, Resume, FlushCache, SetConfig,
-    Shutdown, DebugCrash, DebugSleep, DebugFailSteps, StatusReply, StatsReply, Ack,
-)  # fmt: skip
+    Generate,
+    Cancel,
+    Ping,
+    Pong,
+    TokenDelta,
+    Finished,
+    Error,
+    Events,
+    Embed,
+    Embeddings,
+    CountTokens,
+    TokenCount,
+    GetStatus,
+    GetStats,
+    Drain,
+    Pause,
+    Resume,
+    FlushCache,
+    SetConfig,
+    Shutdown,
+    DebugCrash,
+    DebugSleep,
+    DebugFailSteps,
+    StatusReply,
+    StatsReply,
+    Ack,
+)

@@ -33,8 +33,9 @@ class Bounds(NamedTuple):
         return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
 
 
-# One range per float parameter: the gateway parses with these (gateway/surfaces/openai/schemas.py), the
-# worker checks them again, so both give the same rule (OpenAI's where it has one).
+# One range per float parameter: the gateway parses with these
+# (gateway/surfaces/openai/schemas.py), the worker checks them again, so both give the same
+# rule (OpenAI's where it has one).
 SAMPLING_BOUNDS = {
     "temperature": Bounds(0.0, 2.0),
     "top_p": Bounds(0.0, 1.0, low_open=True),
@@ -58,7 +59,7 @@ def check_sampling(p: SamplingParams) -> None:
             all(-100.0 <= b <= 100.0 for b in p.logit_bias.values()),
             "logit_bias",
             "values must be in [-100, 100]",
-        ),  # fmt: skip
+        ),
         (p.min_tokens >= 0, "min_tokens", "must be >= 0"),
         (all(t >= 0 for t in p.stop_token_ids), "stop_token_ids", "must be >= 0"),
         (

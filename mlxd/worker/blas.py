@@ -22,8 +22,14 @@ from collections.abc import Mapping
 from pathlib import Path
 
 ENV = "MLXD_BLAS"  # "off", or os.pathsep-separated directories / library files to try first
-LIBRARY_NAMES = ("libopenblas.so.0", "libopenblasp.so.0", "libopenblas.so.3", "libopenblas.so",
-                 "libblis.so.4", "libblas.so.3")  # fmt: skip
+LIBRARY_NAMES = (
+    "libopenblas.so.0",
+    "libopenblasp.so.0",
+    "libopenblas.so.3",
+    "libopenblas.so",
+    "libblis.so.4",
+    "libblas.so.3",
+)
 # A generic libblas.so.3 counts only when it resolves to one of these (Debian alternatives).
 _OPTIMIZED = ("openblas", "blis", "mkl")
 

@@ -117,8 +117,9 @@ def build_runner(
         return _window_runner(model, eos_token_ids, config, max_context, window, size)
     if (why and not hybrid) or not config.cache.paged:
         if config.cache.kv_bits is not None:
-            log.warning("--kv-bits applies to the paged KV pool only; %s keeps float KV",
-                        config.name)  # fmt: skip
+            log.warning(
+                "--kv-bits applies to the paged KV pool only; %s keeps float KV", config.name
+            )
         if why:
             return _native_runner(model, eos_token_ids, config, why), None, max_context
         return ModelRunner(model, eos_token_ids), None, max_context
@@ -142,19 +143,24 @@ def build_runner(
         state_budget, rows = size.state_budget, 0
     if num_blocks < 2:
         held = f" after {rows} bytes of rows' recurrent state" if rows else ""
-        raise ConfigError(f"--kv-cache-gb {config.cache.kv_cache_gb} holds no KV blocks{held}; "
-                          f"one block of {bs} tokens takes {per_block} bytes")  # fmt: skip
+        raise ConfigError(
+            f"--kv-cache-gb {config.cache.kv_cache_gb} holds no KV blocks{held}; "
+            f"one block of {bs} tokens takes {per_block} bytes"
+        )
     if num_blocks * bs < max_context:
-        log.warning("the KV pool holds %d tokens: context capped from %d", num_blocks * bs,
-                    max_context)  # fmt: skip
+        log.warning(
+            "the KV pool holds %d tokens: context capped from %d", num_blocks * bs, max_context
+        )
         max_context = num_blocks * bs
-    pool = KVPool.for_model(model, num_blocks=num_blocks, block_size=bs, chunk_blocks=chunk,
-                            fmt=fmt)  # fmt: skip
+    pool = KVPool.for_model(
+        model, num_blocks=num_blocks, block_size=bs, chunk_blocks=chunk, fmt=fmt
+    )
     if hybrid:
         from mlxd.worker.runners.hybrid import HybridModelRunner
 
-        runner: ModelRunner = HybridModelRunner(model, eos_token_ids, pool, state_budget,
-                                                max_view_tokens=view_tokens)  # fmt: skip
+        runner: ModelRunner = HybridModelRunner(
+            model, eos_token_ids, pool, state_budget, max_view_tokens=view_tokens
+        )
     else:
         runner = PagedModelRunner(model, eos_token_ids, pool, max_view_tokens=view_tokens)
     return runner, BlockPool(num_blocks, bs), max_context
@@ -212,21 +218,32 @@ def _window_runner(
     full, windowed = (KVPool.bytes_per_token(model, fmt, windows=w) * bs for w in (False, True))
     view_tokens: int | None
     if size is None:
-        wanted = kv_bytes_wanted(full // bs + windowed // bs, config.scheduler.max_num_seqs,
-                                 max_context, paged=True)  # fmt: skip
-        num_blocks, view_tokens = split_kv_budget(_kv_budget(model, config, wanted),
-                                                  (full + windowed) // bs, bs)  # fmt: skip
+        wanted = kv_bytes_wanted(
+            full // bs + windowed // bs, config.scheduler.max_num_seqs, max_context, paged=True
+        )
+        num_blocks, view_tokens = split_kv_budget(
+            _kv_budget(model, config, wanted), (full + windowed) // bs, bs
+        )
     else:
         num_blocks, view_tokens = size.num_blocks, size.view_tokens
     runner, pool = WindowModelRunner.for_model(
-        model, eos_token_ids, num_blocks, bs, window, int(config.cache.kv_chunk_mb * 2**20),
-        fmt, view_tokens)  # fmt: skip
+        model,
+        eos_token_ids,
+        num_blocks,
+        bs,
+        window,
+        int(config.cache.kv_chunk_mb * 2**20),
+        fmt,
+        view_tokens,
+    )
     # one sequence holds at most a window, decode's margin and a prefill chunk of slabs
     in_window = -(-(window + margin(bs) + config.scheduler.prefill_chunk) // bs) + 2
     context = runner.context_blocks(in_window) * bs
     if context < bs:
-        raise ConfigError(f"--kv-cache-gb {config.cache.kv_cache_gb} holds no KV blocks; one "
-                          f"block of {bs} tokens takes {full + windowed} bytes")  # fmt: skip
+        raise ConfigError(
+            f"--kv-cache-gb {config.cache.kv_cache_gb} holds no KV blocks; one "
+            f"block of {bs} tokens takes {full + windowed} bytes"
+        )
     if context < max_context:
         log.warning("the KV pool holds %d tokens: context capped from %d", context, max_context)
         max_context = context
@@ -243,8 +260,10 @@ def _kv_format(model: Any, config: WorkerConfig) -> KVFormat:
         return fmt
     _, _, kd, vd, _ = kv_shape(model)
     if not (fmt.fits(kd) and fmt.fits(vd)):
-        raise ConfigError(f"--kv-group-size {fmt.group_size} does not divide {config.name}'s "
-                          f"head dimension ({kd}, {vd})")  # fmt: skip
+        raise ConfigError(
+            f"--kv-group-size {fmt.group_size} does not divide {config.name}'s "
+            f"head dimension ({kd}, {vd})"
+        )
     return fmt
 
 
@@ -261,13 +280,20 @@ def _native_runner(
     if config.cache.paged:
         budget = _kv_budget(model, config, SNAPSHOT_BYTES) // 2  # half rows, half snapshots
         snapshots = SnapshotCache(budget)
-        log.info("%s has %s: served on its own caches, %.2f GiB for the batch's and as much "
-                 "for prefix snapshots", config.name, why, budget / 2**30)  # fmt: skip
-    runner = NativeModelRunner(model, eos_token_ids, snapshots, config.cache.block_size, why,
-                               kv_budget=budget)  # fmt: skip
+        log.info(
+            "%s has %s: served on its own caches, %.2f GiB for the batch's and as much "
+            "for prefix snapshots",
+            config.name,
+            why,
+            budget / 2**30,
+        )
+    runner = NativeModelRunner(
+        model, eos_token_ids, snapshots, config.cache.block_size, why, kv_budget=budget
+    )
     if not runner.batchable:
-        log.warning("%s: a layer cache cannot join a batch (%s): one sequence at a time",
-                    config.name, why)  # fmt: skip
+        log.warning(
+            "%s: a layer cache cannot join a batch (%s): one sequence at a time", config.name, why
+        )
     return runner
 
 
@@ -280,8 +306,11 @@ def _kv_budget(model: Any, config: WorkerConfig, most_useful: int) -> int:
 
     info = mx.device_info()
     # Metal: the recommended working set; CUDA: the device's memory; CPU: none (physical RAM)
-    total = (info.get("max_recommended_working_set_size") or info.get("memory_size")
-             or info.get("total_memory"))  # fmt: skip
+    total = (
+        info.get("max_recommended_working_set_size")
+        or info.get("memory_size")
+        or info.get("total_memory")
+    )
     if not isinstance(total, int):
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     weights = sum(int(v.nbytes) for _, v in tree_flatten(model.parameters()))
@@ -313,16 +342,22 @@ def _attach_disk_tier(
         return None
     pool = runner.pool
     k, v = parts(pool.keys[0])[0], parts(pool.values[0])[-1]  # float dtype last
-    layout = (f"{len(pool.keys)} layers K{k.shape[1:]} V{v.shape[1:]} {v.dtype} "
-              f"block {pool.block_size}")  # fmt: skip
+    layout = (
+        f"{len(pool.keys)} layers K{k.shape[1:]} V{v.shape[1:]} {v.dtype} block {pool.block_size}"
+    )
     if pool.fmt.quantized:  # another format's blocks are foreign
         layout += f" {pool.fmt.bits}-bit groups of {pool.fmt.group_size}"
     model_id = model_identity(_model_dir(config), layout)
     disk = DiskKVCache(data_dir() / "kv-cache" / model_id, model_id, int(gb * 2**30))
     tier = DiskTier(disk, runner)
     scheduler.radix.tier = tier
-    log.info("KV disk cache: %s, %d blocks (%.1f of %.1f GiB)", disk.files.root, len(disk),
-             disk.nbytes / 2**30, gb)  # fmt: skip
+    log.info(
+        "KV disk cache: %s, %d blocks (%.1f of %.1f GiB)",
+        disk.files.root,
+        len(disk),
+        disk.nbytes / 2**30,
+        gb,
+    )
     return tier
 
 
@@ -341,8 +376,13 @@ def _attach_snapshots(config: WorkerConfig, runner: ModelRunner, cap_bytes: int)
     dtype = cpu_backend.float_dtype(model)  # the compute dtype the snapshots are in
     model_id = model_identity(_model_dir(config), f"snapshots {kinds} {dtype}")
     snapshots.disk = DiskSnapshots(data_dir() / "kv-cache" / model_id, model_id, cap_bytes)
-    log.info("KV disk cache: %s, %d snapshots (%.1f of %.1f GiB)", snapshots.disk.files.root,
-             len(snapshots.disk), snapshots.disk.nbytes / 2**30, cap_bytes / 2**30)  # fmt: skip
+    log.info(
+        "KV disk cache: %s, %d snapshots (%.1f of %.1f GiB)",
+        snapshots.disk.files.root,
+        len(snapshots.disk),
+        snapshots.disk.nbytes / 2**30,
+        cap_bytes / 2**30,
+    )
     return True
 
 

@@ -66,9 +66,14 @@ class Control:
     """
 
     def __init__(
-        self, engine: Engine, *, model_path: str, enable_test_faults: bool = False,
-        cache_limit_bytes: int | None = None, compute: ComputeInfo | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        engine: Engine,
+        *,
+        model_path: str,
+        enable_test_faults: bool = False,
+        cache_limit_bytes: int | None = None,
+        compute: ComputeInfo | None = None,
+    ) -> None:
         self.engine = engine
         self.compute = compute
         self.model_path = model_path
@@ -103,8 +108,9 @@ class Control:
             reply = self._handle(msg)
         except MlxdError as exc:
             log.warning("control %s %r failed: %s", type(msg).__name__, request_id, exc.message)
-            reply = Error(request_id=request_id, code=exc.code, message=exc.message,
-                          param=exc.param)  # fmt: skip
+            reply = Error(
+                request_id=request_id, code=exc.code, message=exc.message, param=exc.param
+            )
         self.engine.channel.send_control(client, reply)
 
     @property
@@ -158,8 +164,9 @@ class Control:
 
     def _stats(self, msg: GetStats) -> ControlReply:
         engine = self.engine
-        return engine.stats.reply(msg.request_id, engine.scheduler.kv_report(),
-                                  engine.runner.gathered_steps)  # fmt: skip
+        return engine.stats.reply(
+            msg.request_id, engine.scheduler.kv_report(), engine.runner.gathered_steps
+        )
 
     def _drain(self, msg: Drain) -> Ack:
         self.engine.draining, self.engine.paused = True, False  # draining needs steps
@@ -183,8 +190,11 @@ class Control:
         snapshots = self.engine.runner.flush_prefix_cache()
         freed = mx.get_cache_memory()
         mx.clear_cache()
-        return self._ack(msg.request_id, f"dropped {blocks} prefix-cache blocks and {snapshots} "
-                         f"snapshots, freed {freed} bytes of MLX buffer cache")  # fmt: skip
+        return self._ack(
+            msg.request_id,
+            f"dropped {blocks} prefix-cache blocks and {snapshots} "
+            f"snapshots, freed {freed} bytes of MLX buffer cache",
+        )
 
     def _set(self, msg: SetConfig) -> Ack:
         changes = {k: getattr(msg, k) for k in SETTABLE if getattr(msg, k) is not None}
@@ -209,14 +219,16 @@ class Control:
         os.abort()
 
     def _sleep(self, msg: DebugSleep) -> ControlReply:
-        log.warning("debug_sleep %r: blocking the engine thread for %g s", msg.request_id,
-                    msg.seconds)  # fmt: skip
+        log.warning(
+            "debug_sleep %r: blocking the engine thread for %g s", msg.request_id, msg.seconds
+        )
         time.sleep(msg.seconds)
         return self._ack(msg.request_id)
 
     def _fail_steps(self, msg: DebugFailSteps) -> ControlReply:
-        log.warning("debug_fail_steps %r: every model forward now raises %r", msg.request_id,
-                    msg.message)  # fmt: skip
+        log.warning(
+            "debug_fail_steps %r: every model forward now raises %r", msg.request_id, msg.message
+        )
         self.engine.runner.model = _FailingModel(self.engine.runner.model, msg.message)
         return self._ack(msg.request_id)
 

@@ -37,16 +37,30 @@ def prepare(model: Any, dtype: str) -> ComputeInfo:
     served = float_dtype(model)
     library = blas.loaded() or ""
     if device == "cpu" and not library:
-        log.warning("no optimized BLAS loaded (looked in %s): float32 products run on MLX's "
-                    "reference BLAS; on Debian/Ubuntu: apt-get install libopenblas0-pthread",
-                    ", ".join(map(str, blas.search_path(os.environ))) or "nowhere")  # fmt: skip
+        log.warning(
+            "no optimized BLAS loaded (looked in %s): float32 products run on MLX's "
+            "reference BLAS; on Debian/Ubuntu: apt-get install libopenblas0-pthread",
+            ", ".join(map(str, blas.search_path(os.environ))) or "nowhere",
+        )
     size = PROBE_SIZE[device]
     gflops = probe_gemm(size, served)
-    log.info("compute: %s, %s, BLAS %s: %dx%d matmul %.1f GFLOP/s", device, _name(served),
-             library or "none (reference)", size, size, gflops)  # fmt: skip
-    return ComputeInfo(device=device, blas=library, dtype=_name(served),
-                       file_dtype=_name(file_dtype), gemm_gflops=round(gflops, 1),
-                       gemm_size=size)  # fmt: skip
+    log.info(
+        "compute: %s, %s, BLAS %s: %dx%d matmul %.1f GFLOP/s",
+        device,
+        _name(served),
+        library or "none (reference)",
+        size,
+        size,
+        gflops,
+    )
+    return ComputeInfo(
+        device=device,
+        blas=library,
+        dtype=_name(served),
+        file_dtype=_name(file_dtype),
+        gemm_gflops=round(gflops, 1),
+        gemm_size=size,
+    )
 
 
 def cast(model: Any, dtype: str) -> None:
@@ -58,9 +72,15 @@ def cast(model: Any, dtype: str) -> None:
     before, file_dtype = weights_bytes(model), float_dtype(model)
     model.set_dtype(target, predicate=_castable(dtype, target))
     mx.eval(model.parameters())
-    log.info("weights cast %s -> %s (--dtype %s%s): %.0f MB -> %.0f MB", _name(file_dtype),
-             _name(target), dtype, ", half precision does not use BLAS on the CPU"
-             if dtype == "auto" else "", before / 1e6, weights_bytes(model) / 1e6)  # fmt: skip
+    log.info(
+        "weights cast %s -> %s (--dtype %s%s): %.0f MB -> %.0f MB",
+        _name(file_dtype),
+        _name(target),
+        dtype,
+        ", half precision does not use BLAS on the CPU" if dtype == "auto" else "",
+        before / 1e6,
+        weights_bytes(model) / 1e6,
+    )
 
 
 def target_dtype(dtype: str, device: str, model: Any) -> mx.Dtype | None:

@@ -23,9 +23,18 @@ class EmbedRequests:
     """Embeddings are queued like prompts: each step embeds at most a prefill budget of inputs,
     then decodes, so a 2,048-input request cannot stall the running streams (issue #25)."""
 
-    def __init__(self, *, name: str, scheduler: Scheduler, encoder: PromptEncoder,
-                 channel: WorkerChannel, max_context: int, embedder: Embedder | None,
-                 send_error: SendError, clock: Callable[[], float]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        name: str,
+        scheduler: Scheduler,
+        encoder: PromptEncoder,
+        channel: WorkerChannel,
+        max_context: int,
+        embedder: Embedder | None,
+        send_error: SendError,
+        clock: Callable[[], float],
+    ) -> None:
         self.name = name
         self.scheduler = scheduler
         self.encoder = encoder
@@ -48,8 +57,9 @@ class EmbedRequests:
         except MlxdError as exc:
             self.send_error(client, msg.request_id, exc)
             return
-        job = EmbedJob(request_id=msg.request_id, client=client, input_ids=ids,
-                       arrival=self.clock())  # fmt: skip
+        job = EmbedJob(
+            request_id=msg.request_id, client=client, input_ids=ids, arrival=self.clock()
+        )
         if ids:
             self.scheduler.add_embed(job)
         else:
@@ -74,8 +84,9 @@ class EmbedRequests:
                 log.exception("embedding failed for %s", job.request_id)
                 failed.add(job.request_id)
                 self.scheduler.drop_embed(job)
-                self.send_error(job.client, job.request_id,
-                                InternalError(f"embedding failed: {exc}"))  # fmt: skip
+                self.send_error(
+                    job.client, job.request_id, InternalError(f"embedding failed: {exc}")
+                )
                 continue
             if chunk.is_last:
                 self.channel.send(job.client, job.reply())
@@ -86,6 +97,9 @@ class EmbedRequests:
         except InvalidRequest as exc:
             raise InvalidRequest(exc.message, param=f"input[{index}]") from None
         if len(ids) > self.max_context:
-            raise InvalidRequest(f"input {index} has {len(ids)} tokens; this model's context is "
-                                 f"{self.max_context} tokens", param=f"input[{index}]")  # fmt: skip
+            raise InvalidRequest(
+                f"input {index} has {len(ids)} tokens; this model's context is "
+                f"{self.max_context} tokens",
+                param=f"input[{index}]",
+            )
         return ids

@@ -63,8 +63,13 @@ OOM_RETRIES = 2  # times a request is computed again after the device ran out of
 # a request that completes resets the count (a prefill alone does not: decode may be what fails).
 MAX_FAILED_STEPS = 5
 # How MLX's backends word running out of memory (CUDA, Metal, the CPU allocator).
-_OOM_WORDS = ("out of memory", "insufficient memory", "outofmemory", "unable to allocate",
-              "maximum allowed buffer size")  # fmt: skip
+_OOM_WORDS = (
+    "out of memory",
+    "insufficient memory",
+    "outofmemory",
+    "unable to allocate",
+    "maximum allowed buffer size",
+)
 
 
 class Engine:
@@ -101,10 +106,16 @@ class Engine:
         # Drafts and whether the batch verifies them.
         self.speculator = Speculator(mode, drafter=drafter if mode == "draft" else None)
         self.stats.speculator = self.speculator
-        self.embeddings = EmbedRequests(name=name, scheduler=scheduler, encoder=encoder,
-                                        channel=channel, max_context=max_context,
-                                        embedder=embedder, send_error=self._send_error,
-                                        clock=self.clock)  # fmt: skip
+        self.embeddings = EmbedRequests(
+            name=name,
+            scheduler=scheduler,
+            encoder=encoder,
+            channel=channel,
+            max_context=max_context,
+            embedder=embedder,
+            send_error=self._send_error,
+            clock=self.clock,
+        )
         # Control plane state (worker/control.py sets these between steps).
         self.control: Control | None = None
         self.paused = False
@@ -224,9 +235,14 @@ class Engine:
     def pong(self, msg: Ping) -> Pong:
         """The answer to a ping. Safe on any thread: it reads fields set once, and a float."""
         busy_s = max(0.0, time.monotonic() - self._loop_at)
-        return Pong(request_id=msg.request_id, model=self.name, max_context=self.max_context,
-                    tool_parser=self.encoder.tool_parser, busy_s=round(busy_s, 3),
-                    failing=self.failing)  # fmt: skip
+        return Pong(
+            request_id=msg.request_id,
+            model=self.name,
+            max_context=self.max_context,
+            tool_parser=self.encoder.tool_parser,
+            busy_s=round(busy_s, 3),
+            failing=self.failing,
+        )
 
     # Internal helpers
 
@@ -315,16 +331,22 @@ class Engine:
         self._step_succeeded()
         if (raised := self.oom_backoff.on_step(self.scheduler.config.max_num_seqs)) is not None:
             self.scheduler.update_config(max_num_seqs=raised)
-            log.info("max_num_seqs back to %d: no out-of-memory error in %d steps", raised,
-                     self.oom_backoff.wait)  # fmt: skip
+            log.info(
+                "max_num_seqs back to %d: no out-of-memory error in %d steps",
+                raised,
+                self.oom_backoff.wait,
+            )
         self._accept(events)
 
     def _drafts(self, rows: list[Sequence]) -> list[list[int]]:
         """Each row's drafts, cut to what its grammar accepts and the KV room free blocks give."""
-        proposed = [valid_drafts(s, d) for s, d in zip(rows, self.speculator.propose(rows),
-                                                        strict=True)]  # fmt: skip
-        return [d[: self.scheduler.reserve_drafts(s, len(d))] if d else []
-                for s, d in zip(rows, proposed, strict=True)]  # fmt: skip
+        proposed = [
+            valid_drafts(s, d) for s, d in zip(rows, self.speculator.propose(rows), strict=True)
+        ]
+        return [
+            d[: self.scheduler.reserve_drafts(s, len(d))] if d else []
+            for s, d in zip(rows, proposed, strict=True)
+        ]
 
     def _recover(self, seqs: list[Sequence], exc: Exception, what: str) -> None:
         """After a failed step: its sequences fail, unless the device ran out of memory. Then
@@ -342,9 +364,14 @@ class Engine:
             self._step_failed(what, exc)
         self.oom_backoff.on_oom(self.scheduler.config.max_num_seqs, limit)
         self.scheduler.update_config(max_num_seqs=limit)
-        log.warning("out of device memory in %s: %d requests computed again, max_num_seqs now "
-                    "%d (raised again after %d clean steps)", what, len(seqs), limit,
-                    self.oom_backoff.wait)  # fmt: skip
+        log.warning(
+            "out of device memory in %s: %d requests computed again, max_num_seqs now "
+            "%d (raised again after %d clean steps)",
+            what,
+            len(seqs),
+            limit,
+            self.oom_backoff.wait,
+        )
         for seq in seqs:
             if seq.num_oom_retries >= OOM_RETRIES:
                 self._fail(seq, OutOfMemory(f"out of device memory ({what}): {exc}"))
@@ -394,10 +421,18 @@ class Engine:
             return
         prompt = None
         if seq.num_sent_tokens == 0:  # the first delta says what the prompt cost
-            prompt = Usage(prompt_tokens=seq.num_prompt_tokens, completion_tokens=0,
-                           cached_tokens=seq.num_cached)  # fmt: skip
-        delta = TokenDelta(request_id=seq.request_id, text=seq.text, token_ids=ids,
-                           logprobs=self._logprobs(seq), prompt=prompt)  # fmt: skip
+            prompt = Usage(
+                prompt_tokens=seq.num_prompt_tokens,
+                completion_tokens=0,
+                cached_tokens=seq.num_cached,
+            )
+        delta = TokenDelta(
+            request_id=seq.request_id,
+            text=seq.text,
+            token_ids=ids,
+            logprobs=self._logprobs(seq),
+            prompt=prompt,
+        )
         self._outbox.setdefault(seq.client, []).append(delta)
         seq.text = ""
         seq.num_sent_tokens = seq.num_output_tokens
@@ -414,7 +449,7 @@ class Engine:
                 token=tb(t),
                 logprob=v,
                 top_logprobs=[TopLogprob(token_id=a, token=tb(a), logprob=av) for a, av in top],
-            )  # fmt: skip
+            )
             for t, v, top in raw
         ]
 
@@ -461,5 +496,10 @@ class Engine:
 
 def _error(request_id: str, exc: MlxdError) -> Error:
     retry_after = exc.retry_after if isinstance(exc, Overloaded) else None
-    return Error(request_id=request_id, code=exc.code, message=exc.message, param=exc.param,
-                 retry_after_s=retry_after)  # fmt: skip
+    return Error(
+        request_id=request_id,
+        code=exc.code,
+        message=exc.message,
+        param=exc.param,
+        retry_after_s=retry_after,
+    )

@@ -72,9 +72,11 @@ def shard(model: Any, group: Any) -> None:
     """Tensor parallel: each rank keeps 1/N of every attention and MLP projection."""
     if not hasattr(model, "shard"):
         arch = type(model).__module__.rsplit(".", 1)[-1]
-        raise ConfigError(f"{arch} cannot be split over a worker group: its mlx-lm model "
-                          "has no shard() (tensor parallel); pipeline parallel is not "
-                          "supported")  # fmt: skip
+        raise ConfigError(
+            f"{arch} cannot be split over a worker group: its mlx-lm model "
+            "has no shard() (tensor parallel); pipeline parallel is not "
+            "supported"
+        )
     try:
         model.shard(group)
     except (ValueError, AssertionError) as exc:
@@ -88,8 +90,10 @@ def check_same(group: Any, values: list[int], what: str) -> None:
     mine = mx.array(values, dtype=mx.int64)
     every = mx.distributed.all_gather(mine[None], group=group)  # on the backend's own stream
     if not bool(mx.all(every == mine[None]).item()):
-        raise ConfigError(f"the group's ranks disagree on {what}: {every.tolist()} (set "
-                          "--kv-cache-gb and --max-context)")  # fmt: skip
+        raise ConfigError(
+            f"the group's ranks disagree on {what}: {every.tolist()} (set "
+            "--kv-cache-gb and --max-context)"
+        )
 
 
 class GroupClock:
@@ -148,8 +152,12 @@ class GroupChannel:
         if engine is None:
             return 0
         pool = engine.scheduler.pool
-        state = (len(engine.runner.rows), len(engine.scheduler.waiting),
-                 len(engine.scheduler.running), 0 if pool is None else pool.num_free)  # fmt: skip
+        state = (
+            len(engine.runner.rows),
+            len(engine.scheduler.waiting),
+            len(engine.scheduler.running),
+            0 if pool is None else pool.num_free,
+        )
         return hash(state) & 0x7FFFFFFFFFFF
 
     def recv_control(self, limit: int = 64) -> list[_Incoming]:
@@ -245,9 +253,14 @@ def _start_followers(config: WorkerConfig) -> None:
     follower = dataclasses.replace(config, parent_pid=None, reason_file=None)
     cmd = [sys.executable, "-m", "mlxd", "worker", "serve", "--config-json", follower.to_json()]
     visible = gpus.visible()
-    procs = [subprocess.Popen(cmd, env=dict(env, MLX_RANK=str(r), **gpus.for_rank(r, visible)),
-                              stdin=subprocess.DEVNULL)
-             for r in range(1, n)]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            cmd,
+            env=dict(env, MLX_RANK=str(r), **gpus.for_rank(r, visible)),
+            stdin=subprocess.DEVNULL,
+        )
+        for r in range(1, n)
+    ]
     os.environ.update({k: v for k, v in env.items() if k != LEADER_ENV}, MLX_RANK="0")
     log.info("started ranks 1..%d (pids %s)", n - 1, [p.pid for p in procs])
     _watch(lambda: any(p.poll() is not None for p in procs), "a rank of the group exited")

@@ -73,8 +73,12 @@ def release(runner: ModelRunner, scheduler: Scheduler) -> None:
         highest = scheduler.pool.highest_used()
     runner.release_memory(highest)
     _trim_heap()
-    log.info("idle: KV memory %d -> %d bytes (%d prefix-cache blocks evicted)", before,
-             runner.kv_reserved_bytes, evicted)  # fmt: skip
+    log.info(
+        "idle: KV memory %d -> %d bytes (%d prefix-cache blocks evicted)",
+        before,
+        runner.kv_reserved_bytes,
+        evicted,
+    )
 
 
 def _trim_heap() -> None:

@@ -96,8 +96,10 @@ def serve(config: WorkerConfig) -> int:
         compute=compute,
     )
     try:  # pings are answered on the control thread, so a long step never looks like a hang
-        channel.bind_control(config.control_endpoint or control_endpoint(config.endpoint),
-                             answer=_answer_pings(engine))  # fmt: skip
+        channel.bind_control(
+            config.control_endpoint or control_endpoint(config.endpoint),
+            answer=_answer_pings(engine),
+        )
     except zmq.ZMQError as exc:
         log.error("worker %s failed to start: control socket: %s", config.name, exc)
         _leave_reason(config.reason_file, f"control socket: {exc}")
@@ -114,8 +116,13 @@ def serve(config: WorkerConfig) -> int:
     gc.freeze()
     if config.parent_pid is not None:
         _watch_parent(engine, config.parent_pid)
-    log.info("worker %s serving %s on %s (context %d)", config.name, config.model,
-             config.endpoint, max_context)  # fmt: skip
+    log.info(
+        "worker %s serving %s on %s (context %d)",
+        config.name,
+        config.model,
+        config.endpoint,
+        max_context,
+    )
     try:
         engine.run()
         radix = engine.scheduler.radix
@@ -182,8 +189,11 @@ def _draft_model(config: WorkerConfig, runner: ModelRunner, vocab_size: int) -> 
     if path is None:
         return None
     if not runner.speculates:
-        log.warning("%s decodes one token per step (%s): --draft-model not loaded", config.name,
-                    runner.kv_description)  # fmt: skip
+        log.warning(
+            "%s decodes one token per step (%s): --draft-model not loaded",
+            config.name,
+            runner.kv_description,
+        )
         return None
     from mlxd.worker.spec.draft_model import DraftModel
 

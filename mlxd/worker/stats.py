@@ -147,8 +147,9 @@ class Stats:
         span = now - max(float(first), self.started)
         return tokens / span if span > 0 else 0.0
 
-    def reply(self, request_id: str, kv: KVReport | None = None, gathered_steps: int = 0
-              ) -> StatsReply:  # fmt: skip
+    def reply(
+        self, request_id: str, kv: KVReport | None = None, gathered_steps: int = 0
+    ) -> StatsReply:
         """Everything as a ``StatsReply``; sorts the recent samples, so call it rarely.
 
         ``kv``: the KV pool's and prefix cache's numbers, when the worker has a paged cache;
@@ -189,10 +190,14 @@ class Stats:
         if self.speculator is None:
             return {}
         c = self.speculator.counters
-        return {"speculation": self.speculator.mode, "spec_drafted_tokens": c.drafted,
-                "spec_accepted_tokens": c.accepted, "spec_acceptance_rate": c.acceptance_rate,
-                "tokens_per_forward": c.tokens_per_forward,
-                "decode_row_forwards": c.verify_rows + c.plain_rows}  # fmt: skip
+        return {
+            "speculation": self.speculator.mode,
+            "spec_drafted_tokens": c.drafted,
+            "spec_accepted_tokens": c.accepted,
+            "spec_acceptance_rate": c.acceptance_rate,
+            "tokens_per_forward": c.tokens_per_forward,
+            "decode_row_forwards": c.verify_rows + c.plain_rows,
+        }
 
     # Internal helpers
 

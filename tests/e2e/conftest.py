@@ -125,8 +125,19 @@ def start_daemon(
 ) -> Daemon:
     """``mlxd start`` with ``model_path`` as ``name``; returned once healthy unless not ``wait``."""
     port = free_port()
-    cmd = [sys.executable, "-m", "mlxd", "start", "--model", f"{name}={model_path}",
-           "--port", str(port), "--log-level", "warning", *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlxd",
+        "start",
+        "--model",
+        f"{name}={model_path}",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        *extra,
+    ]
     proc = subprocess.Popen(
         cmd, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, stderr=stderr
     )

@@ -25,9 +25,15 @@ SECRETS = (API_KEY, ADMIN_KEY)
 def guarded(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     log_path = tmp_path_factory.mktemp("access") / "daemon.log"
     with log_path.open("wb") as log:
-        d = start_daemon(tiny_model, "--log-level", "debug", "--max-context", "256",
-                         env={"MLXD_API_KEY": API_KEY, "MLXD_ADMIN_KEY": ADMIN_KEY},
-                         stderr=log)  # fmt: skip
+        d = start_daemon(
+            tiny_model,
+            "--log-level",
+            "debug",
+            "--max-context",
+            "256",
+            env={"MLXD_API_KEY": API_KEY, "MLXD_ADMIN_KEY": ADMIN_KEY},
+            stderr=log,
+        )
         d.log_path = log_path  # type: ignore[attr-defined]
         yield d
         stop_daemon(d)
@@ -100,11 +106,12 @@ def test_no_secret_in_logs_or_error_messages(guarded: Daemon) -> None:
         httpx.post(url, json=body),
         httpx.post(url, json=body, headers={"Authorization": f"Bearer {near_miss}"}),
         httpx.post(url, json=body, headers={"Authorization": f"Bearer {ADMIN_KEY}"}),
-        httpx.post(url, json={**body, "max_tokens": -1},
-                   headers={"Authorization": f"Bearer {API_KEY}"}),
+        httpx.post(
+            url, json={**body, "max_tokens": -1}, headers={"Authorization": f"Bearer {API_KEY}"}
+        ),
         httpx.post(url, json=body, headers={"Authorization": f"Bearer {API_KEY}"}),
         httpx.get(f"{guarded.base_url}/admin/status", headers={"Authorization": near_miss}),
-    ]  # fmt: skip
+    ]
     assert [r.status_code for r in answers] == [401, 401, 401, 400, 200, 401]
     worker_args = Path(f"/proc/{guarded.worker_pid()}/cmdline").read_bytes().decode()
     logs = guarded.log_path.read_text()  # type: ignore[attr-defined]

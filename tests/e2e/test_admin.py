@@ -20,8 +20,9 @@ pytestmark = [pytest.mark.e2e]
 ADMIN_KEY = "s3cret-admin"
 
 
-def mlxd(daemon: Daemon, *args: str, key: str | None = None, home: Path | None = None
-         ) -> subprocess.CompletedProcess[str]:  # fmt: skip
+def mlxd(
+    daemon: Daemon, *args: str, key: str | None = None, home: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     """The CLI against ``daemon``; another ``home`` hides its admin socket (as from elsewhere)."""
     env = {k: v for k, v in os.environ.items() if k not in ("MLXD_URL", "MLXD_ADMIN_KEY")}
     env["MLXD_URL"] = daemon.base_url
@@ -29,8 +30,9 @@ def mlxd(daemon: Daemon, *args: str, key: str | None = None, home: Path | None =
         env["MLXD_ADMIN_KEY"] = key
     if home is not None:
         env["MLXD_HOME"] = str(home)
-    return subprocess.run([sys.executable, "-m", "mlxd", *args], capture_output=True, text=True,
-                          timeout=60, env=env)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "mlxd", *args], capture_output=True, text=True, timeout=60, env=env
+    )
 
 
 def complete(daemon: Daemon, max_tokens: int = 8) -> httpx.Response:
@@ -110,8 +112,11 @@ def test_ps_lists_the_model(daemon: Daemon) -> None:
 
 def test_tcp_admin_without_a_key_is_refused_even_from_loopback(daemon: Daemon) -> None:
     # A same-host proxy or tunnel makes every outside client loopback: TCP is no guard.
-    for method, path in [("GET", "/admin/status"), ("POST", "/admin/models/tiny/drain"),
-                         ("POST", "/admin/models/tiny/unload")]:  # fmt: skip
+    for method, path in [
+        ("GET", "/admin/status"),
+        ("POST", "/admin/models/tiny/drain"),
+        ("POST", "/admin/models/tiny/unload"),
+    ]:
         r = httpx.request(method, f"{daemon.base_url}{path}")
         assert r.status_code == 403 and "Unix socket" in r.json()["error"]["message"], r.text
     assert complete(daemon).status_code == 200  # nothing was drained or unloaded

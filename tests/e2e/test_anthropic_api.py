@@ -13,9 +13,17 @@ from tests.e2e.test_openai_api import client
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
 MESSAGES: Any = [{"role": "user", "content": "Tell me about the python standard library"}]
-TOOLS: Any = [{"name": "get_weather", "input_schema": {
-    "type": "object", "properties": {"city": {"type": "string", "maxLength": 6}},
-    "required": ["city"], "additionalProperties": False}}]  # fmt: skip
+TOOLS: Any = [
+    {
+        "name": "get_weather",
+        "input_schema": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 6}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    }
+]
 
 
 def claude(daemon: Daemon) -> anthropic.Anthropic:
@@ -24,12 +32,19 @@ def claude(daemon: Daemon) -> anthropic.Anthropic:
 
 def test_message_text_equals_the_chat_completion(daemon: Daemon) -> None:
     with claude(daemon) as c:
-        msg = c.messages.create(model=daemon.model, max_tokens=12, messages=MESSAGES,
-                                system="You are terse.", extra_body={"temperature": 0})  # fmt: skip
+        msg = c.messages.create(
+            model=daemon.model,
+            max_tokens=12,
+            messages=MESSAGES,
+            system="You are terse.",
+            extra_body={"temperature": 0},
+        )
     chat = client(daemon).chat.completions.create(
-        model=daemon.model, max_tokens=12, temperature=0,
+        model=daemon.model,
+        max_tokens=12,
+        temperature=0,
         messages=[{"role": "system", "content": "You are terse."}, *MESSAGES],
-    )  # fmt: skip
+    )
     text = "".join(b.text for b in msg.content if b.type == "text")
     assert text == chat.choices[0].message.content
     # Anthropic's input_tokens leaves out the prompt tokens read from the prefix cache
@@ -48,11 +63,17 @@ def test_count_tokens_matches_the_prompt_tokens(daemon: Daemon) -> None:
 
 
 def test_streamed_forced_tool_use_on_a_random_model(daemon: Daemon) -> None:
-    with claude(daemon) as c, c.messages.stream(
-        model=daemon.model, max_tokens=60, messages=MESSAGES, tools=TOOLS,
-        extra_body={"temperature": 0},
-        tool_choice={"type": "tool", "name": "get_weather"},
-    ) as stream:  # fmt: skip
+    with (
+        claude(daemon) as c,
+        c.messages.stream(
+            model=daemon.model,
+            max_tokens=60,
+            messages=MESSAGES,
+            tools=TOOLS,
+            extra_body={"temperature": 0},
+            tool_choice={"type": "tool", "name": "get_weather"},
+        ) as stream,
+    ):
         starts = [e.message.usage for e in stream if e.type == "message_start"]
         final = stream.get_final_message()
     # message_start already reports the prompt's tokens, as Anthropic's API does

@@ -44,10 +44,18 @@ class Scripted:
             return StreamingResponse(_anthropic_events(reason), media_type="text/event-stream")
         use = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": PARIS}
         content = [{"type": "text", "text": "Let me look."}, use]
-        return JSONResponse({"id": "msg_1", "type": "message", "role": "assistant",
-                             "model": "tools", "content": content, "stop_reason": reason,
-                             "stop_sequence": None,
-                             "usage": {"input_tokens": 11, "output_tokens": 7}})  # fmt: skip
+        return JSONResponse(
+            {
+                "id": "msg_1",
+                "type": "message",
+                "role": "assistant",
+                "model": "tools",
+                "content": content,
+                "stop_reason": reason,
+                "stop_sequence": None,
+                "usage": {"input_tokens": 11, "output_tokens": 7},
+            }
+        )
 
     async def chat(self, request: Request) -> Response:
         body = await request.json()
@@ -55,21 +63,39 @@ class Scripted:
         reason = body.get("user", "tool_calls")
         if body.get("stream"):
             return StreamingResponse(_openai_chunks(reason), media_type="text/event-stream")
-        call = {"id": "call_1", "type": "function",
-                "function": {"name": "get_weather", "arguments": json.dumps(PARIS)}}  # fmt: skip
-        message = {"role": "assistant", "content": "Let me look.",
-                   **({"tool_calls": [call]} if body.get("tools") else {})}  # fmt: skip
-        return JSONResponse({"id": "chatcmpl-1", "object": "chat.completion", "created": 0,
-                             "model": "tools", "choices": [{"index": 0, "message": message,
-                                                            "finish_reason": reason}],
-                             "usage": {"prompt_tokens": 11, "completion_tokens": 7,
-                                       "total_tokens": 18}})  # fmt: skip
+        call = {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": json.dumps(PARIS)},
+        }
+        message = {
+            "role": "assistant",
+            "content": "Let me look.",
+            **({"tool_calls": [call]} if body.get("tools") else {}),
+        }
+        return JSONResponse(
+            {
+                "id": "chatcmpl-1",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "tools",
+                "choices": [{"index": 0, "message": message, "finish_reason": reason}],
+                "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
+            }
+        )
 
 
 async def _anthropic_events(reason: str) -> AsyncIterator[bytes]:
-    start = {"id": "msg_1", "type": "message", "role": "assistant", "model": "tools",
-             "content": [], "stop_reason": None, "stop_sequence": None,
-             "usage": {"input_tokens": 11, "output_tokens": 1}}  # fmt: skip
+    start = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "tools",
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 11, "output_tokens": 1},
+    }
     tool = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}
     events = [
         ("message_start", {"message": start}),
@@ -79,36 +105,58 @@ async def _anthropic_events(reason: str) -> AsyncIterator[bytes]:
         ("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": " look."}}),
         ("content_block_stop", {"index": 0}),
         ("content_block_start", {"index": 1, "content_block": tool}),
-        ("content_block_delta", {"index": 1, "delta": {"type": "input_json_delta",
-                                                       "partial_json": '{"city": '}}),
-        ("content_block_delta", {"index": 1, "delta": {"type": "input_json_delta",
-                                                       "partial_json": '"Paris"}'}}),
+        (
+            "content_block_delta",
+            {"index": 1, "delta": {"type": "input_json_delta", "partial_json": '{"city": '}},
+        ),
+        (
+            "content_block_delta",
+            {"index": 1, "delta": {"type": "input_json_delta", "partial_json": '"Paris"}'}},
+        ),
         ("content_block_stop", {"index": 1}),
-        ("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": None},
-                           "usage": {"output_tokens": 7}}),
+        (
+            "message_delta",
+            {
+                "delta": {"stop_reason": reason, "stop_sequence": None},
+                "usage": {"output_tokens": 7},
+            },
+        ),
         ("message_stop", {}),
-    ]  # fmt: skip
+    ]
     for name, data in events:
         yield f"event: {name}\ndata: {json.dumps({'type': name, **data})}\n\n".encode()
 
 
 async def _openai_chunks(reason: str) -> AsyncIterator[bytes]:
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        return {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0,
-                "model": "tools", "choices": [{"index": 0, "delta": delta,
-                                               "finish_reason": finish}]}  # fmt: skip
+        return {
+            "id": "chatcmpl-1",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": "tools",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
 
-    start = {"index": 0, "id": "call_1", "type": "function",
-             "function": {"name": "get_weather", "arguments": ""}}  # fmt: skip
+    start = {
+        "index": 0,
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": ""},
+    }
     chunks = [
-        chunk({"role": "assistant", "content": ""}), chunk({"content": "Let me"}),
-        chunk({"content": " look."}), chunk({"tool_calls": [start]}),
+        chunk({"role": "assistant", "content": ""}),
+        chunk({"content": "Let me"}),
+        chunk({"content": " look."}),
+        chunk({"tool_calls": [start]}),
         chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]}),
         chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]}),
         chunk({}, reason),
-        {**chunk({}), "choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 7,
-                                               "total_tokens": 18}},
-    ]  # fmt: skip
+        {
+            **chunk({}),
+            "choices": [],
+            "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
+        },
+    ]
     for c in chunks:
         yield f"data: {json.dumps(c)}\n\n".encode()
     yield b"data: [DONE]\n\n"
@@ -124,15 +172,18 @@ class Setup:
         return openai.OpenAI(base_url=f"{self.front.base_url}/v1", api_key="x", max_retries=0)
 
     def anthropic(self, base_url: str | None = None) -> anthropic.Anthropic:
-        return anthropic.Anthropic(base_url=base_url or self.front.base_url, api_key="x",
-                                   max_retries=0)  # fmt: skip
+        return anthropic.Anthropic(
+            base_url=base_url or self.front.base_url, api_key="x", max_retries=0
+        )
 
 
 @pytest.fixture(scope="module")
 def scripted() -> Iterator[tuple[Scripted, str]]:
     made = Scripted()
-    routes = [Route("/v1/messages", made.messages, methods=["POST"]),
-              Route("/v1/chat/completions", made.chat, methods=["POST"])]  # fmt: skip
+    routes = [
+        Route("/v1/messages", made.messages, methods=["POST"]),
+        Route("/v1/chat/completions", made.chat, methods=["POST"]),
+    ]
     with serving(Starlette(routes=routes)) as url:
         yield made, url
 
@@ -144,12 +195,26 @@ def setup(
     made, url = scripted
     upstream = shared_daemon  # only sent requests: the session's daemon serves as the upstream
     front = start_daemon(
-        tiny_model, "--max-context", "512",
-        "--backend", f"ant=anthropic:{upstream.base_url}/v1", "--model", "claude=ant:tiny",
-        "--backend", f"up=openai:{upstream.base_url}/v1", "--model", "gpt=up:tiny",
-        "--backend", f"sant=anthropic:{url}", "--model", "sclaude=sant:tools",
-        "--backend", f"soai=openai:{url}", "--model", "sgpt=soai:tools",
-    )  # fmt: skip
+        tiny_model,
+        "--max-context",
+        "512",
+        "--backend",
+        f"ant=anthropic:{upstream.base_url}/v1",
+        "--model",
+        "claude=ant:tiny",
+        "--backend",
+        f"up=openai:{upstream.base_url}/v1",
+        "--model",
+        "gpt=up:tiny",
+        "--backend",
+        f"sant=anthropic:{url}",
+        "--model",
+        "sclaude=sant:tools",
+        "--backend",
+        f"soai=openai:{url}",
+        "--model",
+        "sgpt=soai:tools",
+    )
     yield Setup(front, upstream, made)
     if front.proc.poll() is None:
         stop_daemon(front)
@@ -157,15 +222,24 @@ def setup(
 
 def _direct_message(setup: Setup, **extra: Any) -> anthropic.types.Message:
     with setup.anthropic(setup.upstream.base_url) as client:
-        return client.messages.create(model="tiny", max_tokens=8, messages=MESSAGES,  # type: ignore[arg-type]
-                                      extra_body={"temperature": 0}, **extra)  # fmt: skip
+        return client.messages.create(
+            model="tiny",
+            max_tokens=8,
+            messages=MESSAGES,  # type: ignore[arg-type]
+            extra_body={"temperature": 0},
+            **extra,
+        )
 
 
 def _direct_chat(setup: Setup) -> openai.types.chat.ChatCompletion:
     messages = [{"role": "system", "content": SYSTEM}, *MESSAGES]
     with openai.OpenAI(base_url=f"{setup.upstream.base_url}/v1", api_key="x") as client:
-        return client.chat.completions.create(model="tiny", messages=messages,  # type: ignore[arg-type]
-                                              max_tokens=8, temperature=0)  # fmt: skip
+        return client.chat.completions.create(
+            model="tiny",
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=8,
+            temperature=0,
+        )
 
 
 # An OpenAI client on an anthropic backend
@@ -175,7 +249,8 @@ def test_chat_reaches_an_anthropic_backend(setup: Setup) -> None:
     messages = [{"role": "system", "content": SYSTEM}, *MESSAGES]
     with setup.openai() as client:
         raw = client.chat.completions.with_raw_response.create(
-            model="claude", messages=messages, max_tokens=8, temperature=0)  # type: ignore[arg-type]  # fmt: skip
+            model="claude", messages=messages, max_tokens=8, temperature=0
+        )  # type: ignore[arg-type]
     answer, direct = raw.parse(), _direct_message(setup, system=SYSTEM)
     assert raw.headers["x-mlxd-backend"] == "ant" and answer.model == "claude"
     assert answer.choices[0].message.content == direct.content[0].text  # type: ignore[union-attr]
@@ -187,9 +262,16 @@ def test_chat_reaches_an_anthropic_backend(setup: Setup) -> None:
 def test_chat_stream_from_an_anthropic_backend(setup: Setup) -> None:
     messages = [{"role": "system", "content": SYSTEM}, *MESSAGES]
     with setup.openai() as client:
-        chunks = list(client.chat.completions.create(
-            model="claude", messages=messages, max_tokens=8, temperature=0, stream=True,  # type: ignore[arg-type]
-            stream_options={"include_usage": True}))  # fmt: skip
+        chunks = list(
+            client.chat.completions.create(
+                model="claude",
+                messages=messages,
+                max_tokens=8,
+                temperature=0,
+                stream=True,  # type: ignore[arg-type]
+                stream_options={"include_usage": True},
+            )
+        )
     direct = _direct_message(setup, system=SYSTEM)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert {c.object for c in chunks} == {"chat.completion.chunk"}
@@ -205,20 +287,38 @@ def test_chat_stream_from_an_anthropic_backend(setup: Setup) -> None:
 
 def test_chat_stream_without_include_usage_has_no_usage_chunk(setup: Setup) -> None:
     with setup.openai() as client:
-        chunks = list(client.chat.completions.create(
-            model="claude", messages=MESSAGES, max_tokens=4, stream=True))  # type: ignore[arg-type]  # fmt: skip
+        chunks = list(
+            client.chat.completions.create(
+                model="claude", messages=MESSAGES, max_tokens=4, stream=True
+            )
+        )  # type: ignore[arg-type]
     assert all(c.choices and c.usage is None for c in chunks)
 
 
 @pytest.mark.parametrize(
     ("extra", "param"),
-    [({"n": 2}, "n"), ({"logprobs": True}, "logprobs"), ({"seed": 1}, "seed"),
-     ({"temperature": 1.5}, "temperature"), ({"frequency_penalty": 0.5}, "frequency_penalty"),
-     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {
-         "url": "data:,"}}]}]}, "messages[0].content[0].type")],
-)  # fmt: skip
-def test_chat_refuses_what_anthropic_cannot_do(setup: Setup, extra: dict[str, Any],
-                                               param: str) -> None:  # fmt: skip
+    [
+        ({"n": 2}, "n"),
+        ({"logprobs": True}, "logprobs"),
+        ({"seed": 1}, "seed"),
+        ({"temperature": 1.5}, "temperature"),
+        ({"frequency_penalty": 0.5}, "frequency_penalty"),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "image_url", "image_url": {"url": "data:,"}}],
+                    }
+                ]
+            },
+            "messages[0].content[0].type",
+        ),
+    ],
+)
+def test_chat_refuses_what_anthropic_cannot_do(
+    setup: Setup, extra: dict[str, Any], param: str
+) -> None:
     body = {"model": "claude", "messages": MESSAGES, "max_tokens": 4, **extra}
     with setup.openai() as client, pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(**body)
@@ -226,29 +326,57 @@ def test_chat_refuses_what_anthropic_cannot_do(setup: Setup, extra: dict[str, An
     assert param in info.value.message
 
 
-@pytest.mark.parametrize(("reason", "finish"), [("end_turn", "stop"), ("stop_sequence", "stop"),
-                                                ("max_tokens", "length"),
-                                                ("tool_use", "tool_calls")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("reason", "finish"),
+    [
+        ("end_turn", "stop"),
+        ("stop_sequence", "stop"),
+        ("max_tokens", "length"),
+        ("tool_use", "tool_calls"),
+    ],
+)
 def test_chat_tool_call_from_an_anthropic_backend(setup: Setup, reason: str, finish: str) -> None:
-    history = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "toolu_0", "type": "function", "function": {"name": "get_weather",
-                                                          "arguments": '{"city": "Rome"}'}}]},
+    history = [
+        *MESSAGES,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "toolu_0",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "toolu_0", "content": "sunny"},
-        {"role": "user", "content": "and Paris?"}]  # fmt: skip
+        {"role": "user", "content": "and Paris?"},
+    ]
     with setup.openai() as client:
         answer = client.chat.completions.create(
-            model="sclaude", messages=history, tools=[{"type": "function", "function": WEATHER}],  # type: ignore[arg-type, list-item]
-            tool_choice="required", user=reason, max_tokens=20)  # fmt: skip
+            model="sclaude",
+            messages=history,
+            tools=[{"type": "function", "function": WEATHER}],  # type: ignore[arg-type, list-item]
+            tool_choice="required",
+            user=reason,
+            max_tokens=20,
+        )
     sent = setup.scripted.bodies[-1]
-    assert sent["tools"] == [{"name": "get_weather", "description": WEATHER["description"],
-                              "input_schema": WEATHER["parameters"]}]  # fmt: skip
+    assert sent["tools"] == [
+        {
+            "name": "get_weather",
+            "description": WEATHER["description"],
+            "input_schema": WEATHER["parameters"],
+        }
+    ]
     assert sent["tool_choice"] == {"type": "any"} and sent["max_tokens"] == 20
     assert sent["messages"][1]["content"] == [
         {"type": "tool_use", "id": "toolu_0", "name": "get_weather", "input": {"city": "Rome"}}
     ]
     assert sent["messages"][2]["content"] == [
         {"type": "tool_result", "tool_use_id": "toolu_0", "content": "sunny"},
-        {"type": "text", "text": "and Paris?"}]  # fmt: skip
+        {"type": "text", "text": "and Paris?"},
+    ]
     message = answer.choices[0].message
     assert answer.choices[0].finish_reason == finish and message.content == "Let me look."
     (call,) = message.tool_calls or []
@@ -262,9 +390,15 @@ def test_chat_tool_call_from_an_anthropic_backend(setup: Setup, reason: str, fin
 
 def test_chat_streamed_tool_call_from_an_anthropic_backend(setup: Setup) -> None:
     with setup.openai() as client:
-        chunks = list(client.chat.completions.create(
-            model="sclaude", messages=MESSAGES, tools=[{"type": "function", "function": WEATHER}],  # type: ignore[arg-type, list-item]
-            stream=True, stream_options={"include_usage": True}))  # fmt: skip
+        chunks = list(
+            client.chat.completions.create(
+                model="sclaude",
+                messages=MESSAGES,
+                tools=[{"type": "function", "function": WEATHER}],  # type: ignore[arg-type, list-item]
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     assert "".join(d.content or "" for d in deltas) == "Let me look."
     calls = [t for d in deltas for t in d.tool_calls or ()]
@@ -282,8 +416,12 @@ def test_chat_streamed_tool_call_from_an_anthropic_backend(setup: Setup) -> None
 def test_messages_reach_an_openai_backend(setup: Setup) -> None:
     with setup.anthropic() as client:
         raw = client.messages.with_raw_response.create(
-            model="gpt", max_tokens=8, system=SYSTEM, messages=MESSAGES,  # type: ignore[arg-type]
-            extra_body={"temperature": 0})  # fmt: skip
+            model="gpt",
+            max_tokens=8,
+            system=SYSTEM,
+            messages=MESSAGES,  # type: ignore[arg-type]
+            extra_body={"temperature": 0},
+        )
     answer, direct = raw.parse(), _direct_chat(setup)
     assert raw.headers["x-mlxd-backend"] == "up" and answer.model == "gpt"
     assert answer.id.startswith("msg_") and answer.role == "assistant"
@@ -295,9 +433,16 @@ def test_messages_reach_an_openai_backend(setup: Setup) -> None:
 
 def test_messages_stream_from_an_openai_backend(setup: Setup) -> None:
     with setup.anthropic() as client:
-        events = list(client.messages.create(
-            model="gpt", max_tokens=8, system=SYSTEM, messages=MESSAGES, stream=True,  # type: ignore[arg-type]
-            extra_body={"temperature": 0}))  # fmt: skip
+        events = list(
+            client.messages.create(
+                model="gpt",
+                max_tokens=8,
+                system=SYSTEM,
+                messages=MESSAGES,
+                stream=True,  # type: ignore[arg-type]
+                extra_body={"temperature": 0},
+            )
+        )
     direct = _direct_chat(setup)
     kinds = [e.type for e in events]
     assert kinds[:2] == ["message_start", "content_block_start"]
@@ -314,32 +459,63 @@ def test_messages_stream_from_an_openai_backend(setup: Setup) -> None:
 
 def test_messages_refuse_top_k_for_an_openai_backend(setup: Setup) -> None:
     with setup.anthropic() as client, pytest.raises(anthropic.BadRequestError) as info:
-        client.messages.create(model="gpt", max_tokens=8, messages=MESSAGES,  # type: ignore[arg-type]
-                               extra_body={"top_k": 5})  # fmt: skip
+        client.messages.create(
+            model="gpt",
+            max_tokens=8,
+            messages=MESSAGES,  # type: ignore[arg-type]
+            extra_body={"top_k": 5},
+        )
     assert "top_k" in info.value.message
 
 
 @pytest.mark.parametrize(("finish", "reason"), [("stop", "end_turn"), ("length", "max_tokens")])
-def test_messages_stop_reasons_from_an_openai_backend(setup: Setup, finish: str,
-                                                      reason: str) -> None:  # fmt: skip
+def test_messages_stop_reasons_from_an_openai_backend(
+    setup: Setup, finish: str, reason: str
+) -> None:
     with setup.anthropic() as client:
-        answer = client.messages.create(model="sgpt", max_tokens=20, messages=MESSAGES,  # type: ignore[arg-type]
-                                        metadata={"user_id": finish})  # fmt: skip
+        answer = client.messages.create(
+            model="sgpt",
+            max_tokens=20,
+            messages=MESSAGES,  # type: ignore[arg-type]
+            metadata={"user_id": finish},
+        )
     assert answer.stop_reason == reason and answer.stop_sequence is None
     assert [b.type for b in answer.content] == ["text"]
 
 
 def test_messages_tool_call_from_an_openai_backend(setup: Setup) -> None:
-    tool = {"name": "get_weather", "description": WEATHER["description"],
-            "input_schema": WEATHER["parameters"]}  # fmt: skip
-    history = [*MESSAGES, {"role": "assistant", "content": [
-        {"type": "tool_use", "id": "toolu_0", "name": "get_weather", "input": {"city": "Rome"}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_0",
-                                      "content": "sunny"}]}]  # fmt: skip
+    tool = {
+        "name": "get_weather",
+        "description": WEATHER["description"],
+        "input_schema": WEATHER["parameters"],
+    }
+    history = [
+        *MESSAGES,
+        {
+            "role": "assistant",
+            "content": [
+                {
+                    "type": "tool_use",
+                    "id": "toolu_0",
+                    "name": "get_weather",
+                    "input": {"city": "Rome"},
+                }
+            ],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_0", "content": "sunny"}],
+        },
+    ]
     with setup.anthropic() as client:
-        answer = client.messages.create(model="sgpt", max_tokens=20, messages=history,  # type: ignore[arg-type]
-                                        tools=[tool], tool_choice={"type": "any"},  # type: ignore[list-item]
-                                        metadata={"user_id": "tool_calls"})  # fmt: skip
+        answer = client.messages.create(
+            model="sgpt",
+            max_tokens=20,
+            messages=history,  # type: ignore[arg-type]
+            tools=[tool],
+            tool_choice={"type": "any"},  # type: ignore[list-item]
+            metadata={"user_id": "tool_calls"},
+        )
     sent = setup.scripted.bodies[-1]
     assert sent["tools"] == [{"type": "function", "function": WEATHER}]
     assert sent["tool_choice"] == "required" and sent["user"] == "tool_calls"
@@ -355,8 +531,12 @@ def test_messages_tool_call_from_an_openai_backend(setup: Setup) -> None:
 
 def test_messages_streamed_tool_call_from_an_openai_backend(setup: Setup) -> None:
     tool = {"name": "get_weather", "input_schema": WEATHER["parameters"]}
-    with setup.anthropic() as client, client.messages.stream(
-            model="sgpt", max_tokens=20, messages=MESSAGES, tools=[tool]) as stream:  # type: ignore[arg-type, list-item]  # fmt: skip
+    with (
+        setup.anthropic() as client,
+        client.messages.stream(
+            model="sgpt", max_tokens=20, messages=MESSAGES, tools=[tool]
+        ) as stream,
+    ):  # type: ignore[arg-type, list-item]
         kinds = [e.type for e in stream]
         final = stream.get_final_message()
     assert setup.scripted.bodies[-1]["stream_options"] == {"include_usage": True}

@@ -55,8 +55,9 @@ class Front:
         return self.openai_client
 
     def upstream_client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.upstream.base_url}/v1", api_key=SECRET,
-                             max_retries=0, timeout=30)  # fmt: skip
+        return openai.OpenAI(
+            base_url=f"{self.upstream.base_url}/v1", api_key=SECRET, max_retries=0, timeout=30
+        )
 
     def post(self, path: str, body: dict[str, object]) -> httpx.Response:
         headers = {"Authorization": f"Bearer {CLIENT_KEY}"}
@@ -76,15 +77,24 @@ async def _flaky(request: Request) -> Response:
         ORDER.append(body.get("user", ""))
         await asyncio.sleep(1.5)
         message = {"role": "assistant", "content": "ok"}
-        return JSONResponse({"id": "c", "object": "chat.completion", "created": 0, "model": model,
-                             "choices": [{"index": 0, "message": message,
-                                          "finish_reason": "stop"}]})  # fmt: skip
+        return JSONResponse(
+            {
+                "id": "c",
+                "object": "chat.completion",
+                "created": 0,
+                "model": model,
+                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            }
+        )
     if model in ("fail500", "trip500"):  # some APIs echo (part of) the key they were sent
         echo = request.headers.get("authorization", "")
         return JSONResponse({"error": {"message": f"bad key {echo}", "type": "x"}}, 500)
     if model == "busy":  # a cloud API at its rate limit
-        return JSONResponse({"error": {"message": "slow down", "type": "rate_limit"}}, 429,
-                            headers={"Retry-After": "7"})  # fmt: skip
+        return JSONResponse(
+            {"error": {"message": "slow down", "type": "rate_limit"}},
+            429,
+            headers={"Retry-After": "7"},
+        )
     if model == "stall":
         await asyncio.sleep(10)
         return JSONResponse({})
@@ -92,9 +102,15 @@ async def _flaky(request: Request) -> Response:
 
 
 async def _cut_stream() -> AsyncIterator[bytes]:
-    chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "cut",
-             "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hi"},
-                          "finish_reason": None}]}  # fmt: skip
+    chunk = {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "cut",
+        "choices": [
+            {"index": 0, "delta": {"role": "assistant", "content": "Hi"}, "finish_reason": None}
+        ],
+    }
     yield f"data: {json.dumps(chunk)}\n\n".encode()
     await asyncio.sleep(0.2)
     raise RuntimeError("connection cut mid-stream")  # uvicorn drops the connection
@@ -129,9 +145,11 @@ def _config(tmp: Path, flaky_url: str) -> Path:
         f'[backends.dead]\nkind = "openai"\nbase_url = "http://127.0.0.1:{free_port()}/v1"\n',
     ]
     for name, backend, upstream, fallback in remote:
-        lines.append(f'[models.{name}]\nbackend = "{backend}"\nupstream_model = "{upstream}"\n'
-                     + ('fallbacks = ["remote"]\n' if fallback else "")
-                     + ("fallback_on_busy = true\n" if name == "busyfallback" else ""))  # fmt: skip
+        lines.append(
+            f'[models.{name}]\nbackend = "{backend}"\nupstream_model = "{upstream}"\n'
+            + ('fallbacks = ["remote"]\n' if fallback else "")
+            + ("fallback_on_busy = true\n" if name == "busyfallback" else "")
+        )
     broken = tmp / "broken-model"  # a local model whose worker cannot load: 503 at first use
     broken.mkdir()
     (broken / "config.json").write_text('{"model_type": "no-such-architecture"}')
@@ -142,20 +160,40 @@ def _config(tmp: Path, flaky_url: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def front(tiny_model: Path, flaky_url: str, tmp_path_factory: pytest.TempPathFactory
-          ) -> Iterator[Front]:  # fmt: skip
+def front(
+    tiny_model: Path, flaky_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Front]:
     tmp = tmp_path_factory.mktemp("backends")
     upstream = start_daemon(tiny_model, "--max-context", "512", "--api-key", SECRET)
     log, request_log = tmp / "front.log", tmp / "requests.log"
     with log.open("wb") as stderr:
         daemon = start_daemon(
-            tiny_model, "--max-context", "512", "--api-key", CLIENT_KEY, "--log-level", "debug",
-            "--backend", f"up=openai:{upstream.base_url}/v1", "--backend-key", f"up={KEY_ENV}",
-            "--model", "remote=up:tiny", "--backend", f"ant=anthropic:{upstream.base_url}/v1",
-            "--backend-key", f"ant={KEY_ENV}", "--model", "claude=ant:tiny",
-            "--config", str(_config(tmp, flaky_url)),
-            "--request-log", str(request_log), env={KEY_ENV: SECRET}, stderr=stderr,
-        )  # fmt: skip
+            tiny_model,
+            "--max-context",
+            "512",
+            "--api-key",
+            CLIENT_KEY,
+            "--log-level",
+            "debug",
+            "--backend",
+            f"up=openai:{upstream.base_url}/v1",
+            "--backend-key",
+            f"up={KEY_ENV}",
+            "--model",
+            "remote=up:tiny",
+            "--backend",
+            f"ant=anthropic:{upstream.base_url}/v1",
+            "--backend-key",
+            f"ant={KEY_ENV}",
+            "--model",
+            "claude=ant:tiny",
+            "--config",
+            str(_config(tmp, flaky_url)),
+            "--request-log",
+            str(request_log),
+            env={KEY_ENV: SECRET},
+            stderr=stderr,
+        )
     made = Front(daemon, log, request_log, upstream)
     yield made
     if made.openai_client is not None:
@@ -186,9 +224,12 @@ def test_chat_goes_to_the_remote_backend(front: Front) -> None:
 
 def test_chat_stream_relays_every_chunk(front: Front) -> None:
     stream = front.client().chat.completions.create(
-        model="remote", messages=MESSAGES, stream=True,
-        stream_options={"include_usage": True}, **GREEDY,  # type: ignore[arg-type]
-    )  # fmt: skip
+        model="remote",
+        messages=MESSAGES,
+        stream=True,
+        stream_options={"include_usage": True},
+        **GREEDY,  # type: ignore[arg-type]
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == _direct_chat(front)
@@ -226,8 +267,11 @@ def test_models_lists_remote_models(front: Front) -> None:
 
 
 def test_the_daemons_own_key_is_required(front: Front) -> None:
-    r = httpx.post(f"{front.daemon.base_url}/v1/chat/completions",
-                   json={"model": "remote", "messages": MESSAGES}, timeout=30)  # fmt: skip
+    r = httpx.post(
+        f"{front.daemon.base_url}/v1/chat/completions",
+        json={"model": "remote", "messages": MESSAGES},
+        timeout=30,
+    )
     assert r.status_code == 401
 
 
@@ -269,8 +313,11 @@ def test_messages_fail_over_from_a_failed_local_model(front: Front, stream: bool
 
 
 def test_failover_of_a_stream_before_its_first_event(front: Front) -> None:
-    chunks = list(front.client().chat.completions.create(
-        model="mdead", messages=MESSAGES, stream=True, **GREEDY))  # type: ignore[arg-type]  # fmt: skip
+    chunks = list(
+        front.client().chat.completions.create(
+            model="mdead", messages=MESSAGES, stream=True, **GREEDY
+        )
+    )  # type: ignore[arg-type]
     assert {c.model for c in chunks} == {"remote"}
 
 
@@ -285,8 +332,9 @@ def test_5xx_without_fallback_is_502_naming_the_backend(front: Front) -> None:
 def test_a_429_fails_over_only_with_fallback_on_busy(front: Front) -> None:
     """Both models fall back to ``remote``; only the one with ``fallback_on_busy`` moves there
     on the upstream's 429, the other answers it with the upstream's Retry-After."""
-    r = front.post("/v1/chat/completions", {"model": "busyfallback", "messages": MESSAGES,
-                                            **GREEDY})  # fmt: skip
+    r = front.post(
+        "/v1/chat/completions", {"model": "busyfallback", "messages": MESSAGES, **GREEDY}
+    )
     assert r.status_code == 200 and r.json()["model"] == "remote", r.text
     assert r.headers["x-mlxd-backend"] == "up"
     r = front.post("/v1/chat/completions", {"model": "busyonly", "messages": MESSAGES})
@@ -326,8 +374,10 @@ def test_a_backends_slots_go_high_priority_first(front: Front) -> None:
         body = {"model": "queued", "messages": MESSAGES, "user": user, "priority": priority}
         statuses.append(front.post("/v1/chat/completions", body).status_code)
 
-    threads = [threading.Thread(target=ask, args=a) for a in
-               (("first", "normal"), ("low", "low"), ("high", "high"))]  # fmt: skip
+    threads = [
+        threading.Thread(target=ask, args=a)
+        for a in (("first", "normal"), ("low", "low"), ("high", "high"))
+    ]
     for t in threads:
         t.start()
         time.sleep(0.4)  # each in line before the next (the first holds the slot 1.5 s)
@@ -362,11 +412,17 @@ def test_a_client_leaving_cancels_the_upstream_request(front: Front) -> None:
     tokens)."""
     stats = "/admin/models/tiny/stats"
     before = front.upstream.admin_get(stats).json()
-    body = {"model": "remote", "messages": MESSAGES, "max_tokens": 400, "stream": True,
-            "ignore_eos": True}  # fmt: skip
+    body = {
+        "model": "remote",
+        "messages": MESSAGES,
+        "max_tokens": 400,
+        "stream": True,
+        "ignore_eos": True,
+    }
     url = f"{front.daemon.base_url}/v1/chat/completions"
-    with httpx.stream("POST", url, json=body, headers={"Authorization": f"Bearer {CLIENT_KEY}"},
-                      timeout=30) as r:  # fmt: skip
+    with httpx.stream(
+        "POST", url, json=body, headers={"Authorization": f"Bearer {CLIENT_KEY}"}, timeout=30
+    ) as r:
         assert next(r.iter_lines()).startswith("data: ")
     deadline = time.monotonic() + 15
     while (after := front.upstream.admin_get(stats).json())["requests_cancelled"] == before[
@@ -393,8 +449,12 @@ def test_metrics_and_access_log_name_the_backend(front: Front) -> None:
 
 def _ask_claude(url: str, key: str, model: str, stream: bool = False) -> tuple[str, str]:
     with anthropic.Anthropic(base_url=url, api_key=key, max_retries=0) as client:
-        args = {"model": model, "max_tokens": 8, "messages": MESSAGES,
-                "extra_body": {"temperature": 0}}  # fmt: skip
+        args = {
+            "model": model,
+            "max_tokens": 8,
+            "messages": MESSAGES,
+            "extra_body": {"temperature": 0},
+        }
         if not stream:
             answer = client.messages.create(**args)  # type: ignore[call-overload]
             return answer.model, "".join(b.text for b in answer.content if b.type == "text")
@@ -421,10 +481,16 @@ def test_completions_to_an_anthropic_backend_are_refused_naming_the_model(front:
 def test_backend_health_shows_on_the_overview_and_in_ps(front: Front) -> None:
     """A backend whose last request failed is ``failing`` with that (redacted) error, one that
     answered is ``ok``: on ``/admin/overview`` (the status page draws it) and in ``mlxd ps``."""
-    assert front.post("/v1/chat/completions", {"model": "only500", "messages": MESSAGES}
-                      ).status_code == 502  # fmt: skip
-    assert front.post("/v1/chat/completions", {"model": "remote", "messages": MESSAGES,
-                                               **GREEDY}).status_code == 200  # fmt: skip
+    assert (
+        front.post("/v1/chat/completions", {"model": "only500", "messages": MESSAGES}).status_code
+        == 502
+    )
+    assert (
+        front.post(
+            "/v1/chat/completions", {"model": "remote", "messages": MESSAGES, **GREEDY}
+        ).status_code
+        == 200
+    )
     base = front.daemon.base_url
     auth = {"Authorization": f"Bearer {CLIENT_KEY}"}
     listed = httpx.get(f"{base}/admin/overview", headers=auth).json()["backends"]
@@ -432,11 +498,17 @@ def test_backend_health_shows_on_the_overview_and_in_ps(front: Front) -> None:
     assert flaky["state"] == "failing" and flaky["failures"] >= 1
     assert "answered HTTP 500" in flaky["last_error"] and SECRET not in flaky["last_error"]
     assert up["state"] == "ok" and up["consecutive_failures"] == 0 and up["kind"] == "openai"
-    ps = subprocess.run([sys.executable, "-m", "mlxd", "ps"], capture_output=True, text=True,
-                        timeout=60, env={**os.environ, "MLXD_URL": base})  # fmt: skip
+    ps = subprocess.run(
+        [sys.executable, "-m", "mlxd", "ps"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "MLXD_URL": base},
+    )
     assert ps.returncode == 0, ps.stderr
-    assert re.search(r"^flaky\s+openai\s+\S+\s+failing\s+\d+\s+\d+\s+.*HTTP 500", ps.stdout,
-                     re.M), ps.stdout  # fmt: skip
+    assert re.search(
+        r"^flaky\s+openai\s+\S+\s+failing\s+\d+\s+\d+\s+.*HTTP 500", ps.stdout, re.M
+    ), ps.stdout
     assert re.search(r"^up\s+openai\s+\S+\s+ok\s", ps.stdout, re.M), ps.stdout
 
 
@@ -451,8 +523,9 @@ def test_a_stream_cut_mid_way_counts_against_the_backend(front: Front) -> None:
     body must still mark the backend failing."""
     body = {"model": "mcut", "messages": MESSAGES, "stream": True}
     url = f"{front.daemon.base_url}/v1/chat/completions"
-    with httpx.stream("POST", url, json=body, headers={"Authorization": f"Bearer {CLIENT_KEY}"},
-                      timeout=30) as r:  # fmt: skip
+    with httpx.stream(
+        "POST", url, json=body, headers={"Authorization": f"Bearer {CLIENT_KEY}"}, timeout=30
+    ) as r:
         list(r.iter_lines())
     health = _flaky_health(front)
     assert health["state"] == "failing" and "broke off" in str(health["last_error"]), health
@@ -476,8 +549,13 @@ def test_the_key_appears_in_no_output(front: Front) -> None:
     line, metric, error, listing or `mlxd ps --json`."""
     base = front.daemon.base_url
     env = {**os.environ, "MLXD_URL": base}
-    ps = subprocess.run([sys.executable, "-m", "mlxd", "ps", "--json"], capture_output=True,
-                        text=True, timeout=60, env=env)  # fmt: skip
+    ps = subprocess.run(
+        [sys.executable, "-m", "mlxd", "ps", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert ps.returncode == 0, ps.stderr
     auth = {"Authorization": f"Bearer {CLIENT_KEY}"}
     outputs = {

@@ -32,8 +32,13 @@ def _client(d: Daemon) -> openai.OpenAI:
 
 def _complete(d: Daemon, prompt: str, max_tokens: int = 12) -> str:
     with _client(d) as c:
-        r = c.completions.create(model=d.model, prompt=prompt, max_tokens=max_tokens,
-                                 temperature=0, extra_body={"ignore_eos": True})  # fmt: skip
+        r = c.completions.create(
+            model=d.model,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
         return r.choices[0].text
 
 
@@ -62,8 +67,13 @@ def test_flood_gets_429_and_every_admitted_request_completes(narrow: Daemon) -> 
 def test_disconnecting_client_frees_its_slot(narrow: Daemon) -> None:
     stats = f"/admin/models/{narrow.model}/stats"
     before = narrow.admin_get(stats).json()
-    body = {"model": narrow.model, "prompt": "hello", "max_tokens": LONG_TOKENS, "stream": True,
-            "ignore_eos": True}  # fmt: skip
+    body = {
+        "model": narrow.model,
+        "prompt": "hello",
+        "max_tokens": LONG_TOKENS,
+        "stream": True,
+        "ignore_eos": True,
+    }
     with httpx.stream("POST", f"{narrow.base_url}/v1/completions", json=body, timeout=30) as r:
         chunks = r.iter_lines()
         assert next(chunks).startswith("data: ")

@@ -18,8 +18,21 @@ HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
 
 def _bench(daemon: Daemon, *args: str) -> Result:
-    cmd = ["bench", "run", "--url", daemon.base_url, "--model", daemon.model,
-           "--prompt-tokens", "16", "--max-tokens", "8", "--warmup-tokens", "2", *args]  # fmt: skip
+    cmd = [
+        "bench",
+        "run",
+        "--url",
+        daemon.base_url,
+        "--model",
+        daemon.model,
+        "--prompt-tokens",
+        "16",
+        "--max-tokens",
+        "8",
+        "--warmup-tokens",
+        "2",
+        *args,
+    ]
     return CliRunner().invoke(main, cmd, catch_exceptions=False)
 
 
@@ -56,8 +69,19 @@ def test_run_writes_a_png(throughput: dict[str, Any]) -> None:
 
 
 def test_multi_turn_chat_grows_each_conversation(shared_daemon: Daemon, tmp_path: Path) -> None:
-    result = _bench(shared_daemon, "--scenario", "multi-turn", "--endpoint", "chat", "--turns", "2",
-                    "--concurrency", "2", "--json", str(tmp_path / "turns.json"))  # fmt: skip
+    result = _bench(
+        shared_daemon,
+        "--scenario",
+        "multi-turn",
+        "--endpoint",
+        "chat",
+        "--turns",
+        "2",
+        "--concurrency",
+        "2",
+        "--json",
+        str(tmp_path / "turns.json"),
+    )
     assert result.exit_code == 0, result.output
     rows = json.loads((tmp_path / "turns.json").read_text())["rows"]
     assert [(r["group"], r["ok"], r["failed"]) for r in rows] == [
@@ -70,8 +94,17 @@ def test_multi_turn_chat_grows_each_conversation(shared_daemon: Daemon, tmp_path
 def test_load_from_two_client_processes_counts_every_request(
     shared_daemon: Daemon, tmp_path: Path
 ) -> None:
-    result = _bench(shared_daemon, "--concurrency", "3", "--requests-per-level", "5",
-                    "--client-procs", "2", "--json", str(tmp_path / "procs.json"))  # fmt: skip
+    result = _bench(
+        shared_daemon,
+        "--concurrency",
+        "3",
+        "--requests-per-level",
+        "5",
+        "--client-procs",
+        "2",
+        "--json",
+        str(tmp_path / "procs.json"),
+    )
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "procs.json").read_text())
     (row,) = data["rows"]
@@ -81,8 +114,16 @@ def test_load_from_two_client_processes_counts_every_request(
 
 
 def test_shared_prefix_reports_cold_and_hit(shared_daemon: Daemon) -> None:
-    result = _bench(shared_daemon, "--scenario", "shared-prefix", "--prefix-tokens", "64",
-                    "--concurrency", "1", "--no-stream")  # fmt: skip
+    result = _bench(
+        shared_daemon,
+        "--scenario",
+        "shared-prefix",
+        "--prefix-tokens",
+        "64",
+        "--concurrency",
+        "1",
+        "--no-stream",
+    )
     assert result.exit_code == 0, result.output
     assert "prefix 64 tokens at concurrency 1: TTFT p50 cold" in result.stdout
 
@@ -94,8 +135,20 @@ def test_unreachable_server_is_one_line_and_nonzero() -> None:
 
 
 def test_run_without_model_uses_the_servers_only_model(shared_daemon: Daemon) -> None:
-    cmd = ["bench", "run", "--url", shared_daemon.base_url, "--concurrency", "1",
-           "--prompt-tokens", "8", "--max-tokens", "2", "--warmup-tokens", "0"]  # fmt: skip
+    cmd = [
+        "bench",
+        "run",
+        "--url",
+        shared_daemon.base_url,
+        "--concurrency",
+        "1",
+        "--prompt-tokens",
+        "8",
+        "--max-tokens",
+        "2",
+        "--warmup-tokens",
+        "0",
+    ]
     result = CliRunner().invoke(main, cmd, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert f"--model {shared_daemon.model} (the server's only model)" in result.stderr
@@ -114,5 +167,6 @@ def test_run_without_model_lists_the_choices_when_there_are_several(
     finally:
         stop_daemon(two)
     assert result.exit_code == 1 and not result.stdout
-    assert result.stderr.strip() == (f"Error: {two.base_url} serves 2 models; pick one or more "
-                                     "with --model: other, tiny")  # fmt: skip
+    assert result.stderr.strip() == (
+        f"Error: {two.base_url} serves 2 models; pick one or more with --model: other, tiny"
+    )

@@ -32,8 +32,14 @@ def no_blas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, 
     config.write_text(f'[models.keep]\npath = "{model}"\ndtype = "file"\n')  # auto: --model
     log = tmp / "daemon.log"
     with log.open("wb") as stderr:
-        d = start_daemon(model, "--config", str(config), name="auto", stderr=stderr,
-                         env={"MLXD_BLAS": str(tmp / "empty")})  # fmt: skip
+        d = start_daemon(
+            model,
+            "--config",
+            str(config),
+            name="auto",
+            stderr=stderr,
+            env={"MLXD_BLAS": str(tmp / "empty")},
+        )
     yield d, log
     if d.proc.poll() is None:
         stop_daemon(d)
@@ -62,8 +68,10 @@ def test_half_precision_weights_are_computed_in_float32_by_default(
 ) -> None:
     compute = status(no_blas[0], "auto")["compute"]
     assert (compute["device"], compute["dtype"], compute["file_dtype"]) == (
-        "cpu", "float32", "float16"
-    )  # fmt: skip
+        "cpu",
+        "float32",
+        "float16",
+    )
     assert compute["gemm_gflops"] > 0
 
 
@@ -74,8 +82,13 @@ def test_dtype_file_keeps_the_files_half_precision(no_blas: tuple[Daemon, Path])
 
 def test_cli_worker_status_shows_the_compute_row(no_blas: tuple[Daemon, Path]) -> None:
     env = {**os.environ, "MLXD_URL": no_blas[0].base_url}
-    out = subprocess.run([sys.executable, "-m", "mlxd", "worker", "status", "auto"],
-                         capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "mlxd", "worker", "status", "auto"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr
     assert "cpu, float32 (file float16: weights cast, float memory x2), BLAS none" in out.stdout
 

@@ -46,8 +46,13 @@ def idle(d: Daemon) -> bool:
 
 
 def stream(d: Daemon, prompt: Any, max_tokens: int) -> Any:
-    body = {"model": d.model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
-            "ignore_eos": True}  # fmt: skip
+    body = {
+        "model": d.model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "ignore_eos": True,
+    }
     return httpx.stream("POST", f"{d.base_url}/v1/completions", json=body, timeout=60)
 
 
@@ -114,8 +119,14 @@ def _read_response(sock: socket.socket) -> bytes:
     while b"\r\n\r\n" not in answer and (chunk := sock.recv(4096)):
         answer += chunk
     head, _, body = answer.partition(b"\r\n\r\n")
-    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                   if line.lower().startswith(b"content-length:")), 0)
+    length = next(
+        (
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        ),
+        0,
+    )
     while len(body) < length and (chunk := sock.recv(4096)):
         body += chunk
     return head + b"\r\n\r\n" + body

@@ -25,8 +25,10 @@ CONCURRENCY = 3
 @pytest.fixture(scope="module")
 def daemon(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     config = tmp_path_factory.mktemp("failover") / "mlxd.toml"
-    config.write_text(f'[models.tiny]\npath = "{tiny_model}"\nfallbacks = ["spare"]\n\n'
-                      f'[models.spare]\npath = "{tiny_model}"\n')  # fmt: skip
+    config.write_text(
+        f'[models.tiny]\npath = "{tiny_model}"\nfallbacks = ["spare"]\n\n'
+        f'[models.spare]\npath = "{tiny_model}"\n'
+    )
     d = start_daemon(tiny_model, "--config", str(config), "--max-context", "512", name="other")
     yield d
     stop_daemon(d)
@@ -45,11 +47,35 @@ def test_a_dead_worker_fails_over_with_nothing_lost_then_serves_again(
     assert _answered_by(daemon) == "tiny"
     out = tmp_path / "failover.json"
     run = subprocess.run(
-        [sys.executable, "-m", "mlxd", "bench", "run", "--scenario", "failover", "--url",
-         daemon.base_url, "--model", "tiny", "--kill-worker", "--kill-after", "2", "--duration",
-         "5", "--concurrency", str(CONCURRENCY), "--max-tokens", "24", "--json", str(out)],
-        capture_output=True, text=True, timeout=120, env=os.environ.copy(),
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "mlxd",
+            "bench",
+            "run",
+            "--scenario",
+            "failover",
+            "--url",
+            daemon.base_url,
+            "--model",
+            "tiny",
+            "--kill-worker",
+            "--kill-after",
+            "2",
+            "--duration",
+            "5",
+            "--concurrency",
+            str(CONCURRENCY),
+            "--max-tokens",
+            "24",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=os.environ.copy(),
+    )
     assert run.returncode == 0, run.stderr
     figures = json.loads(out.read_text())
     assert figures["lost"] == 0, figures

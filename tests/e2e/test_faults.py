@@ -36,9 +36,19 @@ STEP_TIMEOUT_S = 8.0  # stuck: 8 s + up to 2 s until the ping that sees it, with
 
 @pytest.fixture(scope="module")
 def pair(tiny_model: Path) -> Iterator[Daemon]:
-    d = start_daemon(tiny_model, "--model", f"b={tiny_model}", "--heartbeat-timeout", "2",
-                     "--step-timeout", str(STEP_TIMEOUT_S), "--max-context", "4096", name="a",
-                     env={"MLXD_TEST_FAULTS": "1"})  # fmt: skip
+    d = start_daemon(
+        tiny_model,
+        "--model",
+        f"b={tiny_model}",
+        "--heartbeat-timeout",
+        "2",
+        "--step-timeout",
+        str(STEP_TIMEOUT_S),
+        "--max-context",
+        "4096",
+        name="a",
+        env={"MLXD_TEST_FAULTS": "1"},
+    )
     yield d
     if d.proc.poll() is None:
         stop_daemon(d)
@@ -46,8 +56,13 @@ def pair(tiny_model: Path) -> Iterator[Daemon]:
 
 def stream(d: Daemon, model: str, max_tokens: int, started: threading.Semaphore) -> dict:
     """One streamed completion: its finish reason or its error code, and when it ended."""
-    body = {"model": model, "prompt": "hello", "max_tokens": max_tokens, "stream": True,
-            "ignore_eos": True}  # fmt: skip
+    body = {
+        "model": model,
+        "prompt": "hello",
+        "max_tokens": max_tokens,
+        "stream": True,
+        "ignore_eos": True,
+    }
     out: dict = {"finish_reason": None, "error": None, "chunks": 0}
     with httpx.stream("POST", f"{d.base_url}/v1/completions", json=body, timeout=60) as r:
         assert r.status_code == 200, r.read()
@@ -161,7 +176,10 @@ def test_a_step_longer_than_the_heartbeat_timeout_is_not_taken_for_a_hang(pair: 
     assert all(r["finish_reason"] == "length" and r["error"] is None for r in results), results
     after = model_info(pair, "a")
     assert (after["pid"], after["restarts"], after["state"]) == (
-        before["pid"], before["restarts"], "ready"), after  # fmt: skip
+        before["pid"],
+        before["restarts"],
+        "ready",
+    ), after
 
 
 def test_sigterm_drains_streams_in_flight_then_exits(tiny_model: Path) -> None:

@@ -47,17 +47,28 @@ def broken_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 @pytest.fixture(scope="module")
-def daemon(tiny_model: Path, broken_model: Path, tmp_path_factory: pytest.TempPathFactory
-           ) -> Iterator[Daemon]:  # fmt: skip
+def daemon(
+    tiny_model: Path, broken_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Daemon]:
     config = tmp_path_factory.mktemp("health") / "models.toml"
     config.write_text(
         f'[models.crashy]\npath = "{tiny_model}"\n'
         f'[models.failing]\npath = "{tiny_model}"\n'
         f'[models.broken]\npath = "{broken_model}"\npreload = false\n'
     )
-    d = start_daemon(tiny_model, "--config", str(config), "--max-context", "512",
-                     "--max-crashes", "2", "--restart-backoff", "0.1", name="ok",
-                     env={"MLXD_TEST_FAULTS": "1"})  # fmt: skip
+    d = start_daemon(
+        tiny_model,
+        "--config",
+        str(config),
+        "--max-context",
+        "512",
+        "--max-crashes",
+        "2",
+        "--restart-backoff",
+        "0.1",
+        name="ok",
+        env={"MLXD_TEST_FAULTS": "1"},
+    )
     yield d
     if d.proc.poll() is None:
         stop_daemon(d)
@@ -104,8 +115,13 @@ def complete(d: Daemon, model: str, path: str = "/v1/completions") -> httpx.Resp
 
 def mlxd(d: Daemon, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("MLXD_URL", "MLXD_ADMIN_KEY")}
-    return subprocess.run([sys.executable, "-m", "mlxd", *args, "--url", d.base_url],
-                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "mlxd", *args, "--url", d.base_url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
 
 
 def ps(d: Daemon) -> dict[str, str]:
@@ -196,15 +212,31 @@ def test_detach_returns_for_a_daemon_whose_preloaded_model_failed(
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLXD_")}
     env["MLXD_HOME"] = str(tmp_path)
-    start = [sys.executable, "-m", "mlxd", "start", "--detach", "--model", f"ok={tiny_model}",
-             "--model", f"broken={broken_model}", "--port", str(free_port())]  # fmt: skip
+    start = [
+        sys.executable,
+        "-m",
+        "mlxd",
+        "start",
+        "--detach",
+        "--model",
+        f"ok={tiny_model}",
+        "--model",
+        f"broken={broken_model}",
+        "--port",
+        str(free_port()),
+    ]
     try:  # without the degraded answer counting as up, it waits for a 200 that never comes
         r = subprocess.run(start, capture_output=True, text=True, timeout=90, env=env)
         assert r.returncode == 0 and "mlxd is running at" in r.stdout, r.stderr
         assert "degraded" in r.stderr and "no_such_arch" in r.stderr, r.stderr
     finally:
-        stop = subprocess.run([sys.executable, "-m", "mlxd", "stop"], capture_output=True,
-                              text=True, timeout=60, env=env)  # fmt: skip
+        stop = subprocess.run(
+            [sys.executable, "-m", "mlxd", "stop"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
         if stop.returncode != 0 and (tmp_path / "mlxd.pid").exists():  # leave no daemon behind
             os.kill(int((tmp_path / "mlxd.pid").read_text().split()[0]), signal.SIGTERM)
     assert stop.returncode == 0, stop.stderr

@@ -18,8 +18,16 @@ PROMPT = [3 + (11 * j) % 200 for j in range(300)]  # 18 full blocks of 16, then 
 
 
 def daemon_in(home: Path, *extra: str, stderr: Any = None) -> Daemon:
-    return start_daemon(Path(home / "model"), "--kv-disk-gb", "0.01", "--kv-block-size", "16",
-                        *extra, env={"MLXD_HOME": str(home)}, stderr=stderr)  # fmt: skip
+    return start_daemon(
+        Path(home / "model"),
+        "--kv-disk-gb",
+        "0.01",
+        "--kv-block-size",
+        "16",
+        *extra,
+        env={"MLXD_HOME": str(home)},
+        stderr=stderr,
+    )
 
 
 @pytest.fixture

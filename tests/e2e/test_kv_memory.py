@@ -25,8 +25,17 @@ BUDGET_GB = 0.05
 
 @pytest.fixture(scope="module")
 def elastic(tiny_model: Path) -> Iterator[Daemon]:
-    d = start_daemon(tiny_model, "--kv-chunk-mb", "0.5", "--kv-idle-s", "2", "--kv-cache-gb",
-                     str(BUDGET_GB), "--kv-block-size", "16")  # fmt: skip
+    d = start_daemon(
+        tiny_model,
+        "--kv-chunk-mb",
+        "0.5",
+        "--kv-idle-s",
+        "2",
+        "--kv-cache-gb",
+        str(BUDGET_GB),
+        "--kv-block-size",
+        "16",
+    )
     yield d
     if d.proc.poll() is None:
         stop_daemon(d)
@@ -94,8 +103,12 @@ def test_status_ps_and_metrics_show_used_and_reserved_kv(elastic: Daemon) -> Non
     deadline = time.monotonic() + 15
     while True:
         text = httpx.get(f"{elastic.base_url}/metrics", timeout=10).text
-        states = {s.labels["state"]: s.value for f in text_string_to_metric_families(text)
-                  if f.name == "mlxd_kv_bytes" for s in f.samples}  # fmt: skip
+        states = {
+            s.labels["state"]: s.value
+            for f in text_string_to_metric_families(text)
+            if f.name == "mlxd_kv_bytes"
+            for s in f.samples
+        }
         if states or time.monotonic() > deadline:
             break
         time.sleep(0.5)

@@ -31,21 +31,31 @@ RAMP_S = 0.002
 
 @pytest.fixture(scope="module")
 def loaded(tiny_model: Path) -> Iterator[Daemon]:
-    d = start_daemon(tiny_model, "--max-context", "256", "--max-num-seqs", "64",
-                     "--max-queued", "192")  # fmt: skip
+    d = start_daemon(
+        tiny_model, "--max-context", "256", "--max-num-seqs", "64", "--max-queued", "192"
+    )
     yield d
     stop_daemon(d)
 
 
 async def one_stream(host: str, port: int, model: str, i: int) -> str:
     """One streamed completion over a raw connection: "ok", "429", "503", or what went wrong."""
-    body = json.dumps({"model": model, "prompt": f"hello {i}", "max_tokens": MAX_TOKENS,
-                       "stream": True, "ignore_eos": True})  # fmt: skip
+    body = json.dumps(
+        {
+            "model": model,
+            "prompt": f"hello {i}",
+            "max_tokens": MAX_TOKENS,
+            "stream": True,
+            "ignore_eos": True,
+        }
+    )
     reader, writer = await asyncio.open_connection(host, port)
     try:
-        writer.write(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n"
-                     f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-                     f"{body}".encode())  # fmt: skip
+        writer.write(
+            f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            f"{body}".encode()
+        )
         data = await reader.read()  # to EOF: Connection: close
     finally:
         writer.close()
@@ -69,8 +79,9 @@ async def wave(d: Daemon, num_clients: int = NUM_CLIENTS) -> Counter[str]:
     async def bounded(i: int) -> str:
         await asyncio.sleep(i * RAMP_S)  # arrivals over ~1 s, not one SYN flood in a millisecond
         try:
-            return await asyncio.wait_for(one_stream(host, int(port), d.model, i),
-                                          REQUEST_TIMEOUT_S)  # fmt: skip
+            return await asyncio.wait_for(
+                one_stream(host, int(port), d.model, i), REQUEST_TIMEOUT_S
+            )
         except TimeoutError:
             return "hung"
         except OSError as exc:
@@ -110,8 +121,9 @@ def test_500_streaming_clients(loaded: Daemon) -> None:
     base_fds, base_rss = settled(pid)
     host, port = loaded.base_url.removeprefix("http://").split(":")
     script = str(Path(__file__).with_name("probe_health.py"))
-    probe = subprocess.Popen([sys.executable, script, host, port], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE)  # fmt: skip
+    probe = subprocess.Popen(
+        [sys.executable, script, host, port], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
     started = time.monotonic()
     outcomes = asyncio.run(wave(loaded))
     took = time.monotonic() - started
@@ -131,10 +143,12 @@ def test_500_streaming_clients(loaded: Daemon) -> None:
     fds, rss = settled(pid, base_fds)
     assert fds <= base_fds + 5, (base_fds, fds)
     assert rss <= base_rss + 30, (base_rss, rss)
-    print(f"500 clients in {took:.1f}s: {dict(outcomes)}; /health p50 "
-          f"{_percentile(latencies, 50):.1f} ms, p95 {_percentile(latencies, 95):.0f} ms, max "
-          f"{max(latencies):.0f} ms over {len(latencies)} probes; fds {base_fds}->{fds}, "
-          f"rss {base_rss:.0f}->{rss:.0f} MiB")  # fmt: skip
+    print(
+        f"500 clients in {took:.1f}s: {dict(outcomes)}; /health p50 "
+        f"{_percentile(latencies, 50):.1f} ms, p95 {_percentile(latencies, 95):.0f} ms, max "
+        f"{max(latencies):.0f} ms over {len(latencies)} probes; fds {base_fds}->{fds}, "
+        f"rss {base_rss:.0f}->{rss:.0f} MiB"
+    )
 
 
 def wait_for_metrics_poller(d: Daemon) -> None:

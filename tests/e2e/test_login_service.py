@@ -25,8 +25,9 @@ def mlxd(tmp_path: Path, *args: str, path: str | None = None) -> subprocess.Comp
     env.update(HOME=str(tmp_path / "home"), MLXD_HOME=str(tmp_path / "data"))
     if path is not None:
         env["PATH"] = path
-    return subprocess.run([sys.executable, "-m", "mlxd", *args], capture_output=True, text=True,
-                          timeout=60, env=env)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "mlxd", *args], capture_output=True, text=True, timeout=60, env=env
+    )
 
 
 def unit_path(tmp_path: Path) -> Path:
@@ -34,13 +35,24 @@ def unit_path(tmp_path: Path) -> Path:
 
 
 def test_systemd_unit_runs_start_with_the_options_given(tmp_path: Path) -> None:
-    r = mlxd(tmp_path, "service", "install", "--platform", "systemd", "--no-enable",
-             "--model", "my model=/models/a b", "--port", "8123")  # fmt: skip
+    r = mlxd(
+        tmp_path,
+        "service",
+        "install",
+        "--platform",
+        "systemd",
+        "--no-enable",
+        "--model",
+        "my model=/models/a b",
+        "--port",
+        "8123",
+    )
     assert r.returncode == 0, r.stderr
     text = unit_path(tmp_path).read_text()
     log = tmp_path / "data" / "service.log"
-    assert (f'ExecStart={sys.executable} -m mlxd start --model "my model=/models/a b" '
-            "--port 8123\n") in text  # fmt: skip
+    assert (
+        f'ExecStart={sys.executable} -m mlxd start --model "my model=/models/a b" --port 8123\n'
+    ) in text
     assert f"StandardOutput=append:{log}\n" in text and f"StandardError=append:{log}\n" in text
     assert f"Environment=MLXD_HOME={tmp_path / 'data'}\n" in text
     assert "WantedBy=default.target" in text and "Restart=on-failure" in text
@@ -50,14 +62,19 @@ def test_systemd_unit_runs_start_with_the_options_given(tmp_path: Path) -> None:
 @pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="systemd-analyze is not installed here")
 def test_systemd_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     assert mlxd(tmp_path, "service", "install", "--no-enable", "--port", "8123").returncode == 0
-    check = subprocess.run([str(SYSTEMD_ANALYZE), "verify", str(unit_path(tmp_path))],
-                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    check = subprocess.run(
+        [str(SYSTEMD_ANALYZE), "verify", str(unit_path(tmp_path))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert check.returncode == 0 and "mlxd.service" not in check.stderr, check.stderr
 
 
 def test_launchd_agent_is_a_valid_plist(tmp_path: Path) -> None:
-    r = mlxd(tmp_path, "service", "install", "--platform", "launchd", "--no-enable",
-             "--port", "8123")  # fmt: skip
+    r = mlxd(
+        tmp_path, "service", "install", "--platform", "launchd", "--no-enable", "--port", "8123"
+    )
     assert r.returncode == 0, r.stderr
     path = tmp_path / "home" / "Library" / "LaunchAgents" / "local.mlxd.plist"
     if PLUTIL is not None:  # the platform's own checker, where it exists (macOS)
@@ -92,8 +109,9 @@ def test_install_and_uninstall_tell_systemd(tmp_path: Path) -> None:
     assert again.returncode == 1 and "no mlxd login service is installed" in again.stderr
 
 
-@pytest.mark.parametrize("args", [("--bogus",), ("--detach",), ("--port", "many"),
-                                  ("--platform", "windows")])  # fmt: skip
+@pytest.mark.parametrize(
+    "args", [("--bogus",), ("--detach",), ("--port", "many"), ("--platform", "windows")]
+)
 def test_bad_options_are_one_line_and_write_nothing(tmp_path: Path, args: tuple[str, ...]) -> None:
     r = mlxd(tmp_path, "service", "install", "--no-enable", *args)
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr

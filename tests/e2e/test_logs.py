@@ -38,8 +38,13 @@ class Traffic:
 
 def mlxd_logs(log: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLXD_")}
-    return subprocess.run([sys.executable, "-m", "mlxd", "logs", "--file", str(log), *args],
-                          capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "mlxd", "logs", "--file", str(log), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
 
 
 def jsonl(log: Path, *args: str) -> list[dict[str, object]]:
@@ -52,11 +57,20 @@ def jsonl(log: Path, *args: str) -> list[dict[str, object]]:
 def traffic(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Traffic]:
     home = tmp_path_factory.mktemp("logs")
     keys = home / "keys.toml"
-    keys.write_text(f'[[keys]]\nname = "alice"\nkey = "{ALICE}"\n'
-                    f'[[keys]]\nname = "bob"\nkey = "{BOB}"\n')  # fmt: skip
+    keys.write_text(
+        f'[[keys]]\nname = "alice"\nkey = "{ALICE}"\n[[keys]]\nname = "bob"\nkey = "{BOB}"\n'
+    )
     log = home / "requests.log"
-    d = start_daemon(tiny_model, "--api-keys-file", str(keys), "--log-prompts",
-                     "--request-log", str(log), "--request-log-size", "8KB")  # fmt: skip
+    d = start_daemon(
+        tiny_model,
+        "--api-keys-file",
+        str(keys),
+        "--log-prompts",
+        "--request-log",
+        str(log),
+        "--request-log-size",
+        "8KB",
+    )
     url, chat = d.base_url, {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 2}
     try:
         _post(url, ALICE, {"model": d.model, **chat})
@@ -108,12 +122,16 @@ def test_filter_by_model(traffic: Traffic) -> None:
     lines = jsonl(traffic.log, "--model", traffic.daemon.model)
     # The 401 never reached a model and the 404 named an unknown one: neither has a model.
     assert [(x["endpoint"], x["key"]) for x in lines] == [
-        ("/v1/chat/completions", "alice"), ("/v1/completions", "bob")]  # fmt: skip
+        ("/v1/chat/completions", "alice"),
+        ("/v1/completions", "bob"),
+    ]
 
 
 def test_filter_by_status(traffic: Traffic) -> None:
     assert sorted(int(str(x["status"])) for x in jsonl(traffic.log, "--status", "4xx")) == [
-        401, 404]  # fmt: skip
+        401,
+        404,
+    ]
     assert [x["status"] for x in jsonl(traffic.log, "--status", "404")] == [404]
     assert len(jsonl(traffic.log, "--status", "200,5xx")) == traffic.num_lines - 2
 
@@ -121,7 +139,9 @@ def test_filter_by_status(traffic: Traffic) -> None:
 def test_filter_by_key(traffic: Traffic) -> None:
     lines = jsonl(traffic.log, "--key", "bob")
     assert [(x["endpoint"], x["status"]) for x in lines] == [
-        ("/v1/completions", 200), ("/v1/chat/completions", 404)]  # fmt: skip
+        ("/v1/completions", 200),
+        ("/v1/chat/completions", 404),
+    ]
 
 
 def test_filter_since_a_time_and_a_duration(traffic: Traffic) -> None:
@@ -137,7 +157,8 @@ def test_csv_export_has_a_header_and_a_row_per_request(traffic: Traffic) -> None
     rows = list(csv.DictReader(io.StringIO(r.stdout)))
     assert r.stdout.splitlines()[0] == ",".join(COLUMNS)
     assert [(x["model"], x["status"], x["key"], x["completion_tokens"]) for x in rows] == [
-        (traffic.daemon.model, "200", "alice", "2")]  # fmt: skip
+        (traffic.daemon.model, "200", "alice", "2")
+    ]
 
 
 def test_table_is_the_default(traffic: Traffic) -> None:

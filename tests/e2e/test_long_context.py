@@ -35,9 +35,19 @@ def long_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def long_daemon(long_model: Path) -> Iterator[Daemon]:
-    d = start_daemon(long_model, "--kv-cache-gb", str(BUDGET_GB), "--kv-chunk-mb", "1",
-                     "--prefill-chunk", "512", "--kv-idle-s", "600",
-                     "--speculate", "off")  # one token per step: the steps are counted  # fmt: skip
+    d = start_daemon(
+        long_model,
+        "--kv-cache-gb",
+        str(BUDGET_GB),
+        "--kv-chunk-mb",
+        "1",
+        "--prefill-chunk",
+        "512",
+        "--kv-idle-s",
+        "600",
+        "--speculate",
+        "off",
+    )  # one token per step: the steps are counted
     yield d
     if d.proc.poll() is None:
         stop_daemon(d)
@@ -54,8 +64,14 @@ def stream_times(
     d: Daemon, times: list[float], started: threading.Event, stop: threading.Event
 ) -> None:
     """A running stream, until ``stop``: the arrival time of each of its events."""
-    body = {"model": d.model, "prompt": [5, 6, 7, 8], "max_tokens": 20_000, "temperature": 0,
-            "ignore_eos": True, "stream": True}  # fmt: skip
+    body = {
+        "model": d.model,
+        "prompt": [5, 6, 7, 8],
+        "max_tokens": 20_000,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
     with httpx.stream("POST", f"{d.base_url}/v1/completions", json=body, timeout=900) as r:
         for line in r.iter_lines():
             if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["text"]:

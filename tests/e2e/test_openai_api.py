@@ -69,9 +69,13 @@ def test_chat_completion_matches_mlx_lm_generate(daemon: Daemon) -> None:
 
 def test_streaming_chat_sends_chunks_then_usage(daemon: Daemon) -> None:
     stream = client(daemon).chat.completions.create(
-        model=daemon.model, messages=MESSAGES, max_tokens=16, temperature=0,  # type: ignore[arg-type]
-        stream=True, stream_options={"include_usage": True},
-    )  # fmt: skip
+        model=daemon.model,
+        messages=MESSAGES,
+        max_tokens=16,
+        temperature=0,  # type: ignore[arg-type]
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert len(chunks) >= 3
@@ -85,10 +89,12 @@ def test_streaming_chat_sends_chunks_then_usage(daemon: Daemon) -> None:
 
 def test_completion_and_streaming_completion(daemon: Daemon) -> None:
     c = client(daemon)
-    full = c.completions.create(model=daemon.model, prompt="The quick brown", max_tokens=8,
-                                temperature=0)  # fmt: skip
-    parts = c.completions.create(model=daemon.model, prompt="The quick brown", max_tokens=8,
-                                 temperature=0, stream=True)  # fmt: skip
+    full = c.completions.create(
+        model=daemon.model, prompt="The quick brown", max_tokens=8, temperature=0
+    )
+    parts = c.completions.create(
+        model=daemon.model, prompt="The quick brown", max_tokens=8, temperature=0, stream=True
+    )
     assert full.choices[0].text == "".join(p.choices[0].text for p in parts)
     assert full.usage is not None and full.usage.completion_tokens == 8
 
@@ -99,14 +105,18 @@ def test_models_list_names_the_served_model(daemon: Daemon) -> None:
 
 def test_max_tokens_beyond_context_is_a_400_naming_it(daemon: Daemon) -> None:
     with pytest.raises(openai.BadRequestError) as info:
-        client(daemon).chat.completions.create(model=daemon.model, messages=MESSAGES,  # type: ignore[arg-type]
-                                               max_tokens=100_000)  # fmt: skip
+        client(daemon).chat.completions.create(
+            model=daemon.model,
+            messages=MESSAGES,  # type: ignore[arg-type]
+            max_tokens=100_000,
+        )
     assert info.value.body["param"] == "max_tokens"  # type: ignore[index]
 
 
 def test_unknown_model_is_a_404(daemon: Daemon) -> None:
-    r = httpx.post(f"{daemon.base_url}/v1/chat/completions",
-                   json={"model": "nope", "messages": MESSAGES})  # fmt: skip
+    r = httpx.post(
+        f"{daemon.base_url}/v1/chat/completions", json={"model": "nope", "messages": MESSAGES}
+    )
     assert r.status_code == 404
     assert r.json()["error"]["code"] == "model_not_found"
 

@@ -23,9 +23,13 @@ MESSAGES = [{"role": "user", "content": "Tell me about the python standard libra
 
 def test_chat_logprobs_are_consistent_with_greedy_choice(daemon: Daemon) -> None:
     resp = client(daemon).chat.completions.create(
-        model=daemon.model, messages=MESSAGES, max_tokens=8, temperature=0,
-        logprobs=True, top_logprobs=3,
-    )  # fmt: skip
+        model=daemon.model,
+        messages=MESSAGES,
+        max_tokens=8,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+    )
     content = resp.choices[0].logprobs.content  # type: ignore[union-attr]
     assert content is not None and len(content) == resp.usage.completion_tokens  # type: ignore[union-attr]
     for entry in content:

@@ -43,9 +43,12 @@ FORMAT = {
 def _ask(daemon: Daemon, i: int) -> tuple[str | None, Any]:
     kwargs: dict[str, Any] = {"response_format": FORMAT, "seed": i} if i % 2 == 0 else {}
     resp = client(daemon).chat.completions.create(
-        model=daemon.model, messages=[{"role": "user", "content": f"person {i}"}],
-        max_tokens=160, temperature=1.0, **kwargs,
-    )  # fmt: skip
+        model=daemon.model,
+        messages=[{"role": "user", "content": f"person {i}"}],
+        max_tokens=160,
+        temperature=1.0,
+        **kwargs,
+    )
     return resp.choices[0].message.content, resp.choices[0].finish_reason
 
 
@@ -62,9 +65,12 @@ def test_json_schema_output_validates_in_a_mixed_batch(daemon: Daemon) -> None:
 
 def test_json_schema_streamed(daemon: Daemon) -> None:
     stream = client(daemon).chat.completions.create(
-        model=daemon.model, messages=[{"role": "user", "content": "hi"}], max_tokens=160,
-        response_format=FORMAT, stream=True,  # type: ignore[arg-type]
-    )  # fmt: skip
+        model=daemon.model,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=160,
+        response_format=FORMAT,
+        stream=True,  # type: ignore[arg-type]
+    )
     text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     jsonschema.validate(json.loads(text), SCHEMA)
 
@@ -75,9 +81,13 @@ def test_json_object(daemon: Daemon) -> None:
     vocab = Tokenizer.from_file(str(daemon.model_path / "tokenizer.json")).get_vocab()
     bias = {str(vocab[t]): 30 for t in ('"', "}")}
     resp = client(daemon).chat.completions.create(
-        model=daemon.model, messages=[{"role": "user", "content": "hi"}], max_tokens=80,
-        temperature=0, response_format={"type": "json_object"}, logit_bias=bias,
-    )  # fmt: skip
+        model=daemon.model,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=80,
+        temperature=0,
+        response_format={"type": "json_object"},
+        logit_bias=bias,
+    )
     assert resp.choices[0].finish_reason == "stop"
     assert isinstance(json.loads(resp.choices[0].message.content or ""), dict)
 
@@ -89,9 +99,10 @@ def test_invalid_schema_is_a_400_naming_the_field(daemon: Daemon) -> None:
     }
     with pytest.raises(openai.BadRequestError) as info:
         client(daemon).chat.completions.create(
-            model=daemon.model, messages=[{"role": "user", "content": "hi"}],
+            model=daemon.model,
+            messages=[{"role": "user", "content": "hi"}],
             response_format=bad,  # type: ignore[arg-type]
-        )  # fmt: skip
+        )
     assert info.value.body["param"] == "response_format.json_schema.schema"  # type: ignore[index]
 
 

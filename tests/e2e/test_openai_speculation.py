@@ -42,8 +42,13 @@ def _stats(d: Daemon) -> dict[str, Any]:
 
 def _complete(d: Daemon, **extra: Any) -> str:
     with openai.OpenAI(base_url=f"{d.base_url}/v1", api_key="unused", max_retries=0) as c:
-        r = c.completions.create(model=d.model, prompt=PROMPT, max_tokens=48, temperature=0,
-                                 extra_body={"ignore_eos": True, **extra})  # fmt: skip
+        r = c.completions.create(
+            model=d.model,
+            prompt=PROMPT,
+            max_tokens=48,
+            temperature=0,
+            extra_body={"ignore_eos": True, **extra},
+        )
     return r.choices[0].text
 
 
@@ -64,8 +69,13 @@ def test_same_text_opt_out_and_stats(speculating: Daemon) -> None:
 def test_the_cli_and_metrics_show_it(speculating: Daemon) -> None:
     _complete(speculating)
     env = {**os.environ, "MLXD_URL": speculating.base_url}
-    out = subprocess.run([sys.executable, "-m", "mlxd", "worker", "stats", speculating.model],
-                         capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "mlxd", "worker", "stats", speculating.model],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr
     assert "speculation   ngram:" in out.stdout and "tokens per forward" in out.stdout
     deadline = time.monotonic() + 30
@@ -97,19 +107,24 @@ def test_off_drafts_nothing(tiny_model: Path) -> None:
     assert text  # the same worker answers as ever
 
 
-def test_a_draft_model_speculates_through_the_daemon(tiny_model: Path,
-                                                     speculating: Daemon) -> None:  # fmt: skip
+def test_a_draft_model_speculates_through_the_daemon(tiny_model: Path, speculating: Daemon) -> None:
     """``--speculate draft --draft-model`` (the target as its own draft): the same text as
     without speculation, nearly every draft accepted, the mode in `mlxd worker stats`."""
     plain = _complete(speculating, speculate=False)
-    d = start_daemon(tiny_model, "--max-context", "512", "--speculate", "draft",
-                     "--draft-model", str(tiny_model))  # fmt: skip
+    d = start_daemon(
+        tiny_model, "--max-context", "512", "--speculate", "draft", "--draft-model", str(tiny_model)
+    )
     try:
         text = _complete(d)
         stats = _stats(d)
         env = {**os.environ, "MLXD_URL": d.base_url}
-        out = subprocess.run([sys.executable, "-m", "mlxd", "worker", "stats", d.model],
-                             capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-m", "mlxd", "worker", "stats", d.model],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
     finally:
         stop_daemon(d)
     assert text == plain
@@ -128,26 +143,46 @@ def other_vocab(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     (out / "config.json").write_text(json.dumps({**config, "vocab_size": 4096}))
     for path in out.glob("*.safetensors"):
         weights = mx.load(str(path))
-        cut = {k: v[:4096] if "embed_tokens" in k or "lm_head" in k else v
-               for k, v in weights.items()}  # fmt: skip
+        cut = {
+            k: v[:4096] if "embed_tokens" in k or "lm_head" in k else v for k, v in weights.items()
+        }
         mx.save_safetensors(str(path), cut)
     return out
 
 
-def test_a_draft_model_with_another_vocabulary_is_refused(tiny_model: Path,
-                                                          other_vocab: Path) -> None:  # fmt: skip
+def test_a_draft_model_with_another_vocabulary_is_refused(
+    tiny_model: Path, other_vocab: Path
+) -> None:
     """The worker refuses to start, once, with the reason; the daemon stays up and says so."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "mlxd", "start", "--model",
-                             f"tiny={tiny_model}", "--port", str(port), "--log-level", "warning",
-                             "--speculate", "draft", "--draft-model", str(other_vocab)],
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlxd",
+            "start",
+            "--model",
+            f"tiny={tiny_model}",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            "--speculate",
+            "draft",
+            "--draft-model",
+            str(other_vocab),
+        ],
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     d = Daemon(proc, f"http://127.0.0.1:{port}", "tiny", tiny_model)
     try:
         info = _failed(d)
         assert info["restarts"] == 0 and "vocabulary has 4096 tokens" in info["last_error"], info
-        r = httpx.post(f"{d.base_url}/v1/completions", timeout=30,
-                       json={"model": "tiny", "prompt": "hi", "max_tokens": 2})  # fmt: skip
+        r = httpx.post(
+            f"{d.base_url}/v1/completions",
+            timeout=30,
+            json={"model": "tiny", "prompt": "hi", "max_tokens": 2},
+        )
         assert r.status_code == 503 and "share the target's vocabulary" in r.text, r.text
         time.sleep(1)
         assert _model(d)["restarts"] == 0 and proc.poll() is None  # no crash loop, daemon up

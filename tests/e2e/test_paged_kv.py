@@ -42,8 +42,9 @@ def stats(d: Daemon) -> dict[str, Any]:
 
 
 def chat(client: openai.OpenAI, d: Daemon, messages: list[Any], **kw: Any) -> Any:
-    return client.chat.completions.create(model=d.model, messages=messages, max_tokens=8,
-                                          temperature=0, **kw)  # fmt: skip
+    return client.chat.completions.create(
+        model=d.model, messages=messages, max_tokens=8, temperature=0, **kw
+    )
 
 
 def test_shared_system_prompt_and_next_turn_hit_the_prefix_cache(
@@ -54,8 +55,10 @@ def test_shared_system_prompt_and_next_turn_hit_the_prefix_cache(
     b = chat(client, small_pool, [first[0], {"role": "user", "content": "What is MLX?"}])
     assert a.usage.prompt_tokens_details.cached_tokens == 0
     assert b.usage.prompt_tokens_details.cached_tokens >= 32
-    turn2 = first + [{"role": "assistant", "content": a.choices[0].message.content},
-                     {"role": "user", "content": "And then?"}]  # fmt: skip
+    turn2 = first + [
+        {"role": "assistant", "content": a.choices[0].message.content},
+        {"role": "user", "content": "And then?"},
+    ]
     c = chat(client, small_pool, turn2)
     assert c.usage.prompt_tokens_details.cached_tokens >= a.usage.prompt_tokens - 16
     s = stats(small_pool)
@@ -78,8 +81,11 @@ def test_metrics_show_the_workers_kv_blocks_prefix_cache_and_queue(
     deadline = time.monotonic() + 15
     while True:
         text = httpx.get(f"{small_pool.base_url}/metrics", timeout=10).text
-        samples = {(x.name, tuple(sorted(x.labels.items()))): x.value
-                   for f in text_string_to_metric_families(text) for x in f.samples}  # fmt: skip
+        samples = {
+            (x.name, tuple(sorted(x.labels.items()))): x.value
+            for f in text_string_to_metric_families(text)
+            for x in f.samples
+        }
         hits = samples.get(("mlxd_worker_prefix_cache_hits_total", tuple(labels.items())), 0)
         if hits >= s["prefix_cache_hits"] or time.monotonic() > deadline:
             break
@@ -106,15 +112,21 @@ def test_a_prompt_beyond_the_pool_is_a_400(client: openai.OpenAI, small_pool: Da
     pool_tokens = s["kv_blocks_total"] * s["kv_block_size"]
     assert pool_tokens < 4096  # the model's own context is larger: the pool is the limit
     with pytest.raises(openai.BadRequestError) as exc:
-        client.completions.create(model=small_pool.model, prompt=[7] * (pool_tokens + 10),
-                                  max_tokens=4)  # fmt: skip
+        client.completions.create(
+            model=small_pool.model, prompt=[7] * (pool_tokens + 10), max_tokens=4
+        )
     assert "context" in exc.value.message
     assert chat(client, small_pool, [{"role": "user", "content": "still fine?"}]).choices
 
 
 def test_disconnect_frees_the_streams_blocks(small_pool: Daemon) -> None:
-    body = {"model": small_pool.model, "prompt": SYSTEM, "max_tokens": 200, "stream": True,
-            "ignore_eos": True}  # fmt: skip
+    body = {
+        "model": small_pool.model,
+        "prompt": SYSTEM,
+        "max_tokens": 200,
+        "stream": True,
+        "ignore_eos": True,
+    }
     url = f"{small_pool.base_url}/v1/completions"
     with httpx.stream("POST", url, json=body, timeout=30) as r:
         lines = r.iter_lines()
@@ -151,17 +163,22 @@ def test_models_beyond_plain_attention_say_how_they_are_served(
     worker's status says which."""
     from mlxd.models.maker import make_model
 
-    model_dir = make_model(tmp_path / arch, arch=arch, size="tiny", progress=lambda line: None,
-                           **extra)  # fmt: skip
+    model_dir = make_model(
+        tmp_path / arch, arch=arch, size="tiny", progress=lambda line: None, **extra
+    )
     log_path = tmp_path / "daemon.log"
     with log_path.open("wb") as log:
         d = start_daemon(model_dir, "--max-context", "256", stderr=log)
         try:
-            with openai.OpenAI(base_url=f"{d.base_url}/v1", api_key="unused",
-                               max_retries=0) as client:  # fmt: skip
-                out = client.completions.create(model=d.model, prompt="one two three four five "
-                                                "six seven eight nine ten", max_tokens=24,
-                                                temperature=0)  # fmt: skip
+            with openai.OpenAI(
+                base_url=f"{d.base_url}/v1", api_key="unused", max_retries=0
+            ) as client:
+                out = client.completions.create(
+                    model=d.model,
+                    prompt="one two three four five six seven eight nine ten",
+                    max_tokens=24,
+                    temperature=0,
+                )
             assert out.usage.completion_tokens > 0
             r = d.admin_get(f"/admin/models/{d.model}/status")
             assert r.status_code == 200, r.text

@@ -31,8 +31,21 @@ CONTEXT = 512
 
 def spawn(config: Path, *extra: str, env: dict[str, str] | None = None) -> Daemon:
     port = free_port()
-    cmd = [sys.executable, "-m", "mlxd", "start", "--config", str(config), "--port", str(port),
-           "--log-level", "warning", "--max-context", str(CONTEXT), *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlxd",
+        "start",
+        "--config",
+        str(config),
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--max-context",
+        str(CONTEXT),
+        *extra,
+    ]
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     return wait_healthy(Daemon(proc, f"http://127.0.0.1:{port}", "a", config))
 
@@ -111,7 +124,10 @@ kv_cache_gb = 1
     d = spawn(config, env={"CUDA_VISIBLE_DEVICES": "0,1"})
     try:
         assert {name: m["gpus"] for name, m in models(d).items()} == {
-            "x": "0,1", "c": "0", "d": "1"}  # fmt: skip
+            "x": "0,1",
+            "c": "0",
+            "d": "1",
+        }
         rows = models(d)["x"]["replica_rows"]
         assert [(r["gpus"], r["state"]) for r in rows] == [("0", "ready"), ("1", "ready")]
         assert visible_gpus(rows[1]["pid"]) == "1"
@@ -157,8 +173,7 @@ def test_a_third_model_evicts_the_lru_idle_one_and_a_busy_one_is_never_evicted(
     started = threading.Event()
 
     def long_stream() -> None:
-        body = {"model": "c", "prompt": "x", "max_tokens": 400, "ignore_eos": True,
-                "stream": True}  # fmt: skip
+        body = {"model": "c", "prompt": "x", "max_tokens": 400, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", f"{pool.base_url}/v1/completions", json=body, timeout=120) as r:
             for _ in r.iter_lines():
                 started.set()

@@ -76,8 +76,12 @@ def hit_rate(d: Daemon, tag: str) -> float:
         messages = [{"role": "system", "content": system}]
         for turn in range(TURNS):
             messages.append({"role": "user", "content": f"question {turn} of {c}, please"})
-            out = client(d).chat.completions.create(model=d.model, messages=messages,  # type: ignore[arg-type]
-                                                    max_tokens=3, temperature=0)  # fmt: skip
+            out = client(d).chat.completions.create(
+                model=d.model,
+                messages=messages,  # type: ignore[arg-type]
+                max_tokens=3,
+                temperature=0,
+            )
             messages.append({"role": "assistant", "content": out.choices[0].message.content})
             if turn:
                 assert out.usage is not None and out.usage.prompt_tokens_details is not None
@@ -101,8 +105,14 @@ def test_both_replicas_serve_and_are_shown(replicated: Daemon) -> None:
     overview = replicated.admin_get("/admin/overview").json()["models"][0]
     assert overview["replicas"] == 2 and len(overview["replica_rows"]) == 2
     env = {**os.environ, "MLXD_URL": replicated.base_url}
-    ps = subprocess.run([sys.executable, "-m", "mlxd", "ps"], capture_output=True, text=True,
-                        timeout=60, env=env, check=True).stdout  # fmt: skip
+    ps = subprocess.run(
+        [sys.executable, "-m", "mlxd", "ps"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=True,
+    ).stdout
     for row in rows:
         assert re.search(rf"tiny#{row['index']}\s+ready\s+{row['pid']}\s", ps), ps
 
@@ -112,8 +122,14 @@ def test_each_replica_runs_on_its_own_gpu_and_says_which(replicated: Daemon) -> 
     assert [visible_gpus(r["pid"]) for r in rows] == ["5", "7"]
     assert [r["gpus"] for r in rows] == ["5", "7"]
     env = {**os.environ, "MLXD_URL": replicated.base_url}
-    ps = subprocess.run([sys.executable, "-m", "mlxd", "ps"], capture_output=True, text=True,
-                        timeout=60, env=env, check=True).stdout  # fmt: skip
+    ps = subprocess.run(
+        [sys.executable, "-m", "mlxd", "ps"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=True,
+    ).stdout
     assert re.search(r"^MODEL\s+STATE\s+PID\s+GPUS\s", ps, re.M), ps
     assert re.search(r"^tiny\s+\w+\s+\d+\s+5,7\s", ps, re.M), ps
     for row in rows:
@@ -124,8 +140,9 @@ def test_conversations_keep_their_replica_unlike_round_robin(
     replicated: Daemon, tiny_model: Path
 ) -> None:
     affinity = hit_rate(replicated, "affinity")
-    rr_daemon = start_daemon(tiny_model, "--replicas", "2", "--max-context", "2048",
-                             "--routing", "round_robin")  # fmt: skip
+    rr_daemon = start_daemon(
+        tiny_model, "--replicas", "2", "--max-context", "2048", "--routing", "round_robin"
+    )
     try:
         round_robin = hit_rate(rr_daemon, "round robin")
     finally:
@@ -137,8 +154,13 @@ def test_conversations_keep_their_replica_unlike_round_robin(
 
 def stream(d: Daemon, i: int, started: threading.Barrier) -> str:
     """A long streamed completion: "length", or the error code it ended with."""
-    body = {"model": d.model, "prompt": f"stream {i} " * 6, "max_tokens": 400, "stream": True,
-            "ignore_eos": True}  # fmt: skip
+    body = {
+        "model": d.model,
+        "prompt": f"stream {i} " * 6,
+        "max_tokens": 400,
+        "stream": True,
+        "ignore_eos": True,
+    }
     first = True
     with httpx.stream("POST", f"{d.base_url}/v1/completions", json=body, timeout=120) as r:
         for line in r.iter_lines():

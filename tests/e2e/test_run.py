@@ -21,8 +21,10 @@ import pytest
 
 from tests.e2e.conftest import Daemon, free_port, start_daemon, stop_daemon
 
-pytestmark = [pytest.mark.e2e,
-              pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")]  # fmt: skip
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux"),
+]
 
 LONG = 3000  # tokens: an answer still streaming when Ctrl-C comes (~225 tok/s here)
 
@@ -32,8 +34,9 @@ def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     home = tmp_path_factory.mktemp("run")
     config = home / "mlxd.toml"
     config.write_text(f'[models.lazy]\npath = "{tiny_model}"\npreload = false\n')
-    d = start_daemon(tiny_model, "--config", str(config), "--request-log",
-                     str(home / "requests.log"))  # fmt: skip
+    d = start_daemon(
+        tiny_model, "--config", str(config), "--request-log", str(home / "requests.log")
+    )
     d.request_log = home / "requests.log"  # type: ignore[attr-defined]
     yield d
     stop_daemon(d)
@@ -65,8 +68,9 @@ class Terminal:
         self._tmux("kill-server")
 
     def _tmux(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True,
-                              text=True, check=False)  # fmt: skip
+        return subprocess.run(
+            ["tmux", "-L", self.socket, *args], capture_output=True, text=True, check=False
+        )
 
 
 @pytest.fixture
@@ -108,8 +112,13 @@ def test_one_shot_in_a_terminal_prints_the_answer_and_exits(
 
 
 def test_one_shot_in_a_pipe_reads_stdin_and_writes_only_the_answer(served: Daemon) -> None:
-    r = subprocess.run(mlxd_run(served, served.model, "--max-tokens", "8"), input="Hello!",
-                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    r = subprocess.run(
+        mlxd_run(served, served.model, "--max-tokens", "8"),
+        input="Hello!",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout == greedy(served, [{"role": "user", "content": "Hello!"}]) + "\n"
 
@@ -127,8 +136,11 @@ def test_interactive_chat_keeps_the_history_and_takes_multi_line_input(
     t.send("/bye", "Enter")
     screen = t.wait_for("EXITED=")
     first = greedy(served, [{"role": "user", "content": "Hello"}])
-    history = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": first},
-               {"role": "user", "content": "first line\nsecond line"}]  # fmt: skip
+    history = [
+        {"role": "user", "content": "Hello"},
+        {"role": "assistant", "content": first},
+        {"role": "user", "content": "first line\nsecond line"},
+    ]
     second = greedy(served, history)
     assert "... second line" in screen and "EXITED=0" in screen
     assert plain(first) in plain(screen) and plain(second) in plain(screen)
@@ -160,8 +172,12 @@ def test_ctrl_c_stops_the_answer_not_the_session(served: Daemon, terminal: list[
 
 
 def test_a_model_not_loaded_is_loaded_first_with_progress(served: Daemon) -> None:
-    r = subprocess.run(mlxd_run(served, "lazy", "hi", "--max-tokens", "2"), capture_output=True,
-                       text=True, timeout=120)  # fmt: skip
+    r = subprocess.run(
+        mlxd_run(served, "lazy", "hi", "--max-tokens", "2"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert "mlxd: loading lazy" in r.stderr and "lazy loaded in" in r.stderr and r.stdout.strip()
 
@@ -169,8 +185,9 @@ def test_a_model_not_loaded_is_loaded_first_with_progress(served: Daemon) -> Non
 def test_an_unknown_model_is_one_line_that_lists_the_served_ones(served: Daemon) -> None:
     r = subprocess.run(mlxd_run(served, "nope", "hi"), capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and not r.stdout
-    assert r.stderr.strip() == (f"Error: mlxd at {served.base_url} does not serve 'nope'; it "
-                                "serves: lazy, tiny")  # fmt: skip
+    assert r.stderr.strip() == (
+        f"Error: mlxd at {served.base_url} does not serve 'nope'; it serves: lazy, tiny"
+    )
 
 
 def test_starts_the_daemon_in_the_background_when_none_runs(
@@ -179,11 +196,22 @@ def test_starts_the_daemon_in_the_background_when_none_runs(
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLXD_")}
     env["MLXD_HOME"] = str(tmp_path / "home")
     url = f"http://127.0.0.1:{free_port()}"
-    cmd = [sys.executable, "-m", "mlxd", "run", "--url", url, str(tiny_model), "hi",
-           "--max-tokens", "4"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlxd",
+        "run",
+        "--url",
+        url,
+        str(tiny_model),
+        "hi",
+        "--max-tokens",
+        "4",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
-    stop = subprocess.run([sys.executable, "-m", "mlxd", "stop"], capture_output=True, text=True,
-                          timeout=60, env=env)  # fmt: skip
+    stop = subprocess.run(
+        [sys.executable, "-m", "mlxd", "stop"], capture_output=True, text=True, timeout=60, env=env
+    )
     assert r.returncode == 0, r.stderr
     assert f"no mlxd at {url}: starting one in the background" in r.stderr
     assert f"mlxd is running at {url}" in r.stderr  # the start's own lines, on stderr

@@ -20,8 +20,13 @@ pytestmark = [pytest.mark.e2e]
 def mlxd(home: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLXD_")}
     env["MLXD_HOME"] = str(home)
-    return subprocess.run([sys.executable, "-m", "mlxd", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "mlxd", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def alive(pid: int) -> bool:
@@ -35,11 +40,22 @@ def alive(pid: int) -> bool:
 def test_detach_status_load_unload_ps_stop(tiny_model: Path, tmp_path: Path) -> None:
     home, port = tmp_path / "home", free_port()
     config = tmp_path / "mlxd.toml"
-    config.write_text(f'[models.a]\npath = "{tiny_model}"\n'
-                      f'[models.b]\npath = "{tiny_model}"\npreload = false\n'
-                      f'[models.bad]\npath = "/nonexistent/model"\npreload = false\n')  # fmt: skip
-    r = mlxd(home, "start", "--detach", "--config", str(config), "--port", str(port),
-             "--max-context", "512")  # fmt: skip
+    config.write_text(
+        f'[models.a]\npath = "{tiny_model}"\n'
+        f'[models.b]\npath = "{tiny_model}"\npreload = false\n'
+        f'[models.bad]\npath = "/nonexistent/model"\npreload = false\n'
+    )
+    r = mlxd(
+        home,
+        "start",
+        "--detach",
+        "--config",
+        str(config),
+        "--port",
+        str(port),
+        "--max-context",
+        "512",
+    )
     assert r.returncode == 0, r.stderr
     url = f"http://127.0.0.1:{port}"
     assert f"mlxd is running at {url}" in r.stdout and "mlxd: " in r.stderr  # progress shown
@@ -62,7 +78,10 @@ def test_detach_status_load_unload_ps_stop(tiny_model: Path, tmp_path: Path) -> 
         assert load.returncode == 0 and load.stdout.startswith("b: ready"), load.stderr
         ps = mlxd(home, "ps", "--url", url)
         assert [line.split()[:2] for line in ps.stdout.splitlines()[1:]] == [
-            ["a", "running"], ["b", "running"], ["bad", "unloaded"]]  # fmt: skip
+            ["a", "running"],
+            ["b", "running"],
+            ["bad", "unloaded"],
+        ]
         unload = mlxd(home, "unload", "b", "--json")
         assert unload.returncode == 0 and json.loads(unload.stdout)["state"] == "unloaded"
         missing = mlxd(home, "load", "nope")
@@ -72,8 +91,11 @@ def test_detach_status_load_unload_ps_stop(tiny_model: Path, tmp_path: Path) -> 
         # for it get a 503 that says why.
         bad = mlxd(home, "load", "bad")
         assert bad.returncode == 1 and "bad did not load: failed" in bad.stderr, bad.stderr
-        [info] = [m for m in json.loads(mlxd(home, "status", "--json").stdout)["models"]
-                  if m["name"] == "bad"]  # fmt: skip
+        [info] = [
+            m
+            for m in json.loads(mlxd(home, "status", "--json").stdout)["models"]
+            if m["name"] == "bad"
+        ]
         assert info["state"] == "failed" and "refused to load: " in info["last_error"], info
         r = httpx.post(f"{url}/v1/completions", json={"model": "bad", "prompt": "x"}, timeout=30)
         assert r.status_code == 503 and "failed" in r.json()["error"]["message"]

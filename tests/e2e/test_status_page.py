@@ -23,9 +23,16 @@ pytestmark = [pytest.mark.e2e]
 
 CHROMIUM = Path("/usr/bin/chromium")
 # The network is closed here: no first-run, sync, component or background requests.
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update",
-         "--disable-sync"]  # fmt: skip
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 API_KEY = "sk-alice-status-page"
 ADMIN_KEY = "admin-status-page"
 CARD = '[data-model="tiny"]'
@@ -46,9 +53,12 @@ def browser() -> Iterator[BrowserContext]:
     """One Chromium with a fresh profile; each test gets its own tab (its own sessionStorage)."""
     with tempfile.TemporaryDirectory(prefix="mlxd-chromium-") as profile, sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
-            profile, executable_path=str(CHROMIUM), headless=True, args=FLAGS,
+            profile,
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=FLAGS,
             viewport={"width": 1100, "height": 860},
-        )  # fmt: skip
+        )
         yield context
         context.close()
 
@@ -65,8 +75,9 @@ def keyed(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     """A daemon with an API key (named alice) and an admin key."""
     keys = tmp_path_factory.mktemp("keys") / "keys.toml"
     keys.write_text(f'[[keys]]\nname = "alice"\nkey = "{API_KEY}"\n')
-    d = start_daemon(tiny_model, "--api-keys-file", str(keys), "--admin-key", ADMIN_KEY,
-                     "--max-context", "512")  # fmt: skip
+    d = start_daemon(
+        tiny_model, "--api-keys-file", str(keys), "--admin-key", ADMIN_KEY, "--max-context", "512"
+    )
     yield d
     if d.proc.poll() is None:
         stop_daemon(d)
@@ -96,8 +107,9 @@ def wait_until(page: Page, check: Callable[[], bool], timeout_s: float = 30) -> 
 
 def mlxd_ps(daemon: Daemon) -> dict[str, list[str]]:
     env = {**os.environ, "MLXD_URL": daemon.base_url, "MLXD_ADMIN_KEY": ADMIN_KEY}
-    r = subprocess.run([sys.executable, "-m", "mlxd", "ps"], capture_output=True, text=True,
-                       timeout=60, env=env)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "mlxd", "ps"], capture_output=True, text=True, timeout=60, env=env
+    )
     assert r.returncode == 0, r.stderr
     return {line.split()[0]: line.split() for line in r.stdout.splitlines()[1:]}
 
@@ -130,11 +142,32 @@ def test_tok_s_chart_moves_while_a_benchmark_runs(
 ) -> None:
     open_with_key(page, keyed)
     bench = subprocess.Popen(
-        [sys.executable, "-m", "mlxd", "bench", "run", "--url", keyed.base_url, "--model", "tiny",
-         "--api-key", API_KEY, "--concurrency", "2", "--requests-per-level", "400",
-         "--prompt-tokens", "16", "--max-tokens", "48", "--warmup-tokens", "2"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "mlxd",
+            "bench",
+            "run",
+            "--url",
+            keyed.base_url,
+            "--model",
+            "tiny",
+            "--api-key",
+            API_KEY,
+            "--concurrency",
+            "2",
+            "--requests-per-level",
+            "400",
+            "--prompt-tokens",
+            "16",
+            "--max-tokens",
+            "48",
+            "--warmup-tokens",
+            "2",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_until(page, lambda: float(page.get_attribute(TPS_CHART, "data-max") or 0) > 0)
         wait_until(page, lambda: len(set(chart_heights(page))) > 1)  # the line moved

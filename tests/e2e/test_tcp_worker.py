@@ -30,8 +30,14 @@ pytestmark = [pytest.mark.e2e]
 
 
 def mlxd(home: Path, *args: str, **kw: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "mlxd", *args], capture_output=True, text=True,
-                          timeout=120, env=_env(home), **kw)  # type: ignore[call-overload]  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "mlxd", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(home),
+        **kw,
+    )  # type: ignore[call-overload]
 
 
 def _env(home: Path) -> dict[str, str]:
@@ -88,8 +94,10 @@ def two_hosts(home: Path, gateway_home: Path) -> tuple[curve.CurveKeys, curve.Cu
     gateway = curve.generate(curve.keys_dir(gateway_home), "gateway")
     curve.trust(curve.keys_dir(home), "gateway", gateway.public.decode())
     curve.trust(curve.keys_dir(gateway_home), "worker", worker.public.decode())
-    loaded = curve.load(curve.keys_dir(gateway_home), "gateway"), curve.load(curve.keys_dir(home),
-                                                                             "worker")  # fmt: skip
+    loaded = (
+        curve.load(curve.keys_dir(gateway_home), "gateway"),
+        curve.load(curve.keys_dir(home), "worker"),
+    )
     assert loaded[0] is not None and loaded[1] is not None
     return loaded[0], loaded[1]
 
@@ -101,9 +109,25 @@ def tcp_worker(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     for _ in range(3):  # another process may take a free port before the worker binds it
         port = free_port_pair()  # the control socket is the next port, as `--worker` expects
         data, ctl = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}"
-        cmd = [sys.executable, "-m", "mlxd", "worker", "serve", "--model", str(tiny_model),
-               "--name", "m", "--bind", data, "--control", ctl, "--max-context", "256",
-               "--log-level", "WARNING"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "mlxd",
+            "worker",
+            "serve",
+            "--model",
+            str(tiny_model),
+            "--name",
+            "m",
+            "--bind",
+            data,
+            "--control",
+            ctl,
+            "--max-context",
+            "256",
+            "--log-level",
+            "WARNING",
+        ]
         proc = subprocess.Popen(cmd, env=_env(home))
         if asyncio.run(_wait_pong(data, keys, proc)):
             break
@@ -131,8 +155,18 @@ def free_port_pair() -> int:
 def test_the_gateway_attaches_a_tcp_worker_with_the_keys(tcp_worker: tuple) -> None:
     data, _, _, home, _ = tcp_worker
     port = free_port()
-    cmd = [sys.executable, "-m", "mlxd", "start", "--worker", f"m={data}", "--port", str(port),
-           "--log-level", "warning"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlxd",
+        "start",
+        "--worker",
+        f"m={data}",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
     proc = subprocess.Popen(cmd, env=_env(home))
     base = f"http://127.0.0.1:{port}"
     try:
@@ -156,8 +190,9 @@ def test_the_gateway_attaches_a_tcp_worker_with_the_keys(tcp_worker: tuple) -> N
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    no_keys = subprocess.run(cmd, capture_output=True, text=True, timeout=60,
-                             env=_env(home / "elsewhere"))  # fmt: skip
+    no_keys = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=60, env=_env(home / "elsewhere")
+    )
     assert no_keys.returncode != 0 and "need CURVE keys" in no_keys.stderr
 
 
@@ -186,8 +221,11 @@ def test_a_client_with_the_keys_is_served(tcp_worker: tuple) -> None:
         control = ControlClient("m", ctl, keys=keys)
         await client.start()
         try:
-            gen = Generate(request_id="r1", prompt=TextPrompt(text="hello"),
-                           sampling=SamplingParams(max_tokens=4, ignore_eos=True))  # fmt: skip
+            gen = Generate(
+                request_id="r1",
+                prompt=TextPrompt(text="hello"),
+                sampling=SamplingParams(max_tokens=4, ignore_eos=True),
+            )
             events = [e async for e in await client.open_stream(gen)]
             assert isinstance(events[-1], Finished) and events[-1].usage.completion_tokens == 4
             status = await control.request(GetStatus(request_id=control.next_id()), timeout_s=10)

@@ -30,16 +30,29 @@ def pair(
     mamba = make_model(out / "mamba", arch="mamba", size="tiny", progress=lambda line: None)
     config = out / "mlxd.toml"
     config.write_text(f'[models.m]\npath = "{mamba}"\npreload = false\ngroup_size = 2\n')
-    group = start_daemon(tiny_model, "--group-size", "2", "--max-context", "512",
-                         "--config", str(config), env={"CUDA_VISIBLE_DEVICES": "3,4"})  # fmt: skip
+    group = start_daemon(
+        tiny_model,
+        "--group-size",
+        "2",
+        "--max-context",
+        "512",
+        "--config",
+        str(config),
+        env={"CUDA_VISIBLE_DEVICES": "3,4"},
+    )
     yield group, shared_daemon
     if group.proc.poll() is None:
         stop_daemon(group)
 
 
 def greedy(d: Daemon, prompt: str) -> str:
-    body = {"model": d.model, "prompt": prompt, "max_tokens": 24, "temperature": 0,
-            "ignore_eos": True}  # fmt: skip
+    body = {
+        "model": d.model,
+        "prompt": prompt,
+        "max_tokens": 24,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
     r = httpx.post(f"{d.base_url}/v1/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
     return str(r.json()["choices"][0]["text"])

@@ -157,16 +157,20 @@ class ScriptedWorker:
 
     def wait_cancel(self, prefix: str, timeout_s: float = 5.0) -> str | None:
         """The first cancelled request id starting with ``prefix``, waiting up to ``timeout_s``."""
-        return self._wait(lambda: next((c for c in self.cancels if c.startswith(prefix)), None),
-                          timeout_s)  # fmt: skip
+        return self._wait(
+            lambda: next((c for c in self.cancels if c.startswith(prefix)), None), timeout_s
+        )
 
     def wait_cancels(self, prefix: str, count: int, timeout_s: float = 5.0) -> list[str]:
         """The cancelled request ids starting with ``prefix``, once there are ``count`` of them."""
         found = self._wait(
-            lambda: ids if len(ids := [c for c in self.cancels if c.startswith(prefix)]) >= count
-            else None,
+            lambda: (
+                ids
+                if len(ids := [c for c in self.cancels if c.startswith(prefix)]) >= count
+                else None
+            ),
             timeout_s,
-        )  # fmt: skip
+        )
         return found or []
 
     def wait_generate(self, prefix: str, timeout_s: float = 5.0) -> Generate | None:
@@ -209,8 +213,12 @@ class ScriptedWorker:
 
     def _handle(self, client: bytes, msg: Message) -> None:
         if isinstance(msg, Ping):
-            pong = Pong(request_id=msg.request_id, model=self.model, max_context=4096,
-                        tool_parser=self.tool_parser)  # fmt: skip
+            pong = Pong(
+                request_id=msg.request_id,
+                model=self.model,
+                max_context=4096,
+                tool_parser=self.tool_parser,
+            )
             self._send(client, pong)
         elif isinstance(msg, Generate):
             self._start(client, msg)
@@ -232,8 +240,12 @@ class ScriptedWorker:
         if trigger and trigger.group(1) == "ERROR":
             code = trigger.group(2)
             retry = OVERLOADED_RETRY_S if code == "overloaded" else None
-            error = Error(request_id=gen.request_id, code=code, message=f"scripted {code}",
-                          retry_after_s=retry)  # fmt: skip
+            error = Error(
+                request_id=gen.request_id,
+                code=code,
+                message=f"scripted {code}",
+                retry_after_s=retry,
+            )
             self._send(client, error)
             return
         if "SILENT" in text:
@@ -294,17 +306,29 @@ class ScriptedWorker:
             active.emitted.append(piece)
             prompt = None
             if len(active.emitted) == 1:  # as the worker does: the first delta has the prompt's
-                prompt = Usage(prompt_tokens=active.prompt_tokens, completion_tokens=0,
-                               cached_tokens=active.cached_tokens)  # fmt: skip
-            events.append(TokenDelta(request_id=rid, text=piece, token_ids=[len(active.emitted)],
-                                     prompt=prompt))  # fmt: skip
+                prompt = Usage(
+                    prompt_tokens=active.prompt_tokens,
+                    completion_tokens=0,
+                    cached_tokens=active.cached_tokens,
+                )
+            events.append(
+                TokenDelta(
+                    request_id=rid, text=piece, token_ids=[len(active.emitted)], prompt=prompt
+                )
+            )
         if not active.pieces and active.error_code is None:
             self._active.pop(rid)
-            usage = Usage(prompt_tokens=active.prompt_tokens, completion_tokens=len(active.emitted),
-                          cached_tokens=active.cached_tokens)  # fmt: skip
+            usage = Usage(
+                prompt_tokens=active.prompt_tokens,
+                completion_tokens=len(active.emitted),
+                cached_tokens=active.cached_tokens,
+            )
             reason = "stop" if active.matched_stop else active.finish_reason
-            events.append(Finished(request_id=rid, finish_reason=reason, usage=usage,
-                                   stop=active.matched_stop))  # fmt: skip
+            events.append(
+                Finished(
+                    request_id=rid, finish_reason=reason, usage=usage, stop=active.matched_stop
+                )
+            )
         return events
 
     def _flush_outbox(self) -> None:

@@ -107,10 +107,15 @@ def test_log_prompts_adds_the_prompt(
 
 @pytest.mark.parametrize(
     "method, path, headers",
-    [("GET", "/health", {}), ("GET", "/metrics", {}), ("GET", "/nowhere", {}),
-     ("GET", "/v1/models", {"Authorization": "Bearer nope"}), ("DELETE", CHAT, {}),
-     ("POST", CHAT, {"Content-Type": "application/json"})],
-)  # fmt: skip
+    [
+        ("GET", "/health", {}),
+        ("GET", "/metrics", {}),
+        ("GET", "/nowhere", {}),
+        ("GET", "/v1/models", {"Authorization": "Bearer nope"}),
+        ("DELETE", CHAT, {}),
+        ("POST", CHAT, {"Content-Type": "application/json"}),
+    ],
+)
 def test_every_response_has_a_request_id(
     http: httpx.Client, method: str, path: str, headers: dict[str, str]
 ) -> None:

@@ -43,8 +43,9 @@ def test_max_tokens_stop_reason(claude: anthropic.Anthropic) -> None:
 
 
 def test_stop_sequence_is_reported(claude: anthropic.Anthropic) -> None:
-    msg = claude.messages.create(model=MODEL, max_tokens=100, messages=HELLO,
-                                 stop_sequences=["zzz", "worker"])  # fmt: skip
+    msg = claude.messages.create(
+        model=MODEL, max_tokens=100, messages=HELLO, stop_sequences=["zzz", "worker"]
+    )
     assert msg.content[0].text == "Hello from the scripted "  # type: ignore[union-attr]
     assert (msg.stop_reason, msg.stop_sequence) == ("stop_sequence", "worker")
 
@@ -54,8 +55,13 @@ def test_system_prompt_reaches_the_template(
     claude: anthropic.Anthropic, worker: ScriptedWorker, system: Any
 ) -> None:
     rid = f"sys-{type(system).__name__}"
-    claude.messages.create(model=MODEL, max_tokens=5, messages=HELLO, system=system,
-                           extra_headers={"X-Request-Id": rid})  # fmt: skip
+    claude.messages.create(
+        model=MODEL,
+        max_tokens=5,
+        messages=HELLO,
+        system=system,
+        extra_headers={"X-Request-Id": rid},
+    )
     generate = worker.wait_generate(f"{rid}.")
     assert generate is not None and isinstance(generate.prompt, ChatPrompt)
     assert generate.prompt.messages == [{"role": "system", "content": "Be brief."}, *HELLO]
@@ -68,9 +74,15 @@ def test_streaming_event_order(gateway: Gateway) -> None:
         names = [line[7:] for line in response.iter_lines() if line.startswith("event: ")]
     deltas = names.count("content_block_delta")
     assert deltas >= 3
-    assert names == ["message_start", "content_block_start", "ping",
-                     *["content_block_delta"] * deltas,
-                     "content_block_stop", "message_delta", "message_stop"]  # fmt: skip
+    assert names == [
+        "message_start",
+        "content_block_start",
+        "ping",
+        *["content_block_delta"] * deltas,
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
 
 
 def test_streaming_through_the_sdk(claude: anthropic.Anthropic) -> None:
@@ -104,17 +116,35 @@ def test_tool_result_round_trip_reaches_the_template(
 ) -> None:
     first = claude.messages.create(model=MODEL, max_tokens=200, messages=ASK, tools=TOOLS)
     call = first.content[1]
-    history = [*ASK, {"role": "assistant", "content": first.content},
-               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,  # type: ignore[union-attr]
-                                             "content": "sunny"}]}]  # fmt: skip
-    claude.messages.create(model=MODEL, max_tokens=5, messages=history, tools=TOOLS,
-                           extra_headers={"X-Request-Id": "a-round"})  # fmt: skip
+    history = [
+        *ASK,
+        {"role": "assistant", "content": first.content},
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": call.id,  # type: ignore[union-attr]
+                    "content": "sunny",
+                }
+            ],
+        },
+    ]
+    claude.messages.create(
+        model=MODEL,
+        max_tokens=5,
+        messages=history,
+        tools=TOOLS,
+        extra_headers={"X-Request-Id": "a-round"},
+    )
     generate = worker.wait_generate("a-round.")
     assert generate is not None and isinstance(generate.prompt, ChatPrompt)
     _, assistant, tool = generate.prompt.messages
     assert assistant["content"] == "Let me check. "
-    assert assistant["tool_calls"][0]["function"] == {"name": "get_weather",
-                                                      "arguments": {"city": "Paris"}}  # fmt: skip
+    assert assistant["tool_calls"][0]["function"] == {
+        "name": "get_weather",
+        "arguments": {"city": "Paris"},
+    }
     assert tool == {"role": "tool", "tool_call_id": call.id, "content": "sunny"}  # type: ignore[union-attr]
 
 
@@ -123,9 +153,13 @@ def test_tool_choice_tool_forces_a_call(
 ) -> None:
     forced: Any = [{"role": "user", "content": "JSONCALL"}]
     msg = claude.messages.create(
-        model=MODEL, max_tokens=200, tools=TOOLS, messages=forced,
-        tool_choice={"type": "tool", "name": "get_weather"}, extra_headers={"X-Request-Id": "a-tc"},
-    )  # fmt: skip
+        model=MODEL,
+        max_tokens=200,
+        tools=TOOLS,
+        messages=forced,
+        tool_choice={"type": "tool", "name": "get_weather"},
+        extra_headers={"X-Request-Id": "a-tc"},
+    )
     assert [b.type for b in msg.content] == ["tool_use"] and msg.stop_reason == "tool_use"
     generate = worker.wait_generate("a-tc.")
     assert generate is not None and generate.sampling.response_format is not None
@@ -141,17 +175,36 @@ def test_count_tokens(claude: anthropic.Anthropic) -> None:
 BAD = [
     ({"model": MODEL, "messages": HELLO}, "max_tokens"),
     ({"model": MODEL, "max_tokens": 5, "messages": HELLO, "temperature": 1.5}, "temperature"),
-    ({"model": MODEL, "max_tokens": 5, "messages": HELLO, "thinking": {"type": "enabled",
-      "budget_tokens": 1024}}, "thinking"),
-    ({"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": [
-      {"type": "image", "source": {}}]}]}, "messages[0].content[0].type"),
-    ({"model": MODEL, "max_tokens": 5, "messages": HELLO, "stop_sequences": "x"},
-     "stop_sequences"),
+    (
+        {
+            "model": MODEL,
+            "max_tokens": 5,
+            "messages": HELLO,
+            "thinking": {"type": "enabled", "budget_tokens": 1024},
+        },
+        "thinking",
+    ),
+    (
+        {
+            "model": MODEL,
+            "max_tokens": 5,
+            "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}],
+        },
+        "messages[0].content[0].type",
+    ),
+    ({"model": MODEL, "max_tokens": 5, "messages": HELLO, "stop_sequences": "x"}, "stop_sequences"),
     ({"model": MODEL, "max_tokens": 5, "messages": HELLO, "frobnicate": 1}, "frobnicate"),
     ({"model": MODEL, "max_tokens": 5, "messages": HELLO, "service_tier": "auto"}, "service_tier"),
-    ({"model": MODEL, "max_tokens": 5, "messages": HELLO,
-      "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0]"),
-]  # fmt: skip
+    (
+        {
+            "model": MODEL,
+            "max_tokens": 5,
+            "messages": HELLO,
+            "tools": [{"type": "web_search_20250305", "name": "web_search"}],
+        },
+        "tools[0]",
+    ),
+]
 
 
 @pytest.mark.parametrize(("body", "field"), BAD)
@@ -175,8 +228,9 @@ def test_errors_map_to_sdk_exceptions(claude: anthropic.Anthropic) -> None:
 
 def test_x_api_key_auth(make_gateway: Callable[..., Gateway]) -> None:
     keyed = make_gateway(api_keys=(ApiKey(name="claude", key="sk-claude-0123456789"),))
-    with anthropic.Anthropic(base_url=keyed.url, api_key="sk-claude-0123456789",
-                             max_retries=0) as good:  # fmt: skip
+    with anthropic.Anthropic(
+        base_url=keyed.url, api_key="sk-claude-0123456789", max_retries=0
+    ) as good:
         assert good.messages.create(model=MODEL, max_tokens=2, messages=HELLO).content
     with anthropic.Anthropic(base_url=keyed.url, api_key="sk-wrong", max_retries=0) as bad:
         with pytest.raises(anthropic.AuthenticationError):
@@ -187,10 +241,13 @@ def test_sampling_fields_and_metadata_reach_the_worker(
     claude: anthropic.Anthropic, worker: ScriptedWorker
 ) -> None:
     claude.messages.create(
-        model=MODEL, max_tokens=7, messages=HELLO, metadata={"user_id": "u-1"},
+        model=MODEL,
+        max_tokens=7,
+        messages=HELLO,
+        metadata={"user_id": "u-1"},
         extra_body={"temperature": 0.5, "top_p": 0.9, "top_k": 4},
         extra_headers={"X-Request-Id": "a-samp"},
-    )  # fmt: skip
+    )
     generate = worker.wait_generate("a-samp.")
     assert generate is not None
     s = generate.sampling
@@ -201,8 +258,9 @@ def test_disable_parallel_tool_use_keeps_one_call(claude: anthropic.Anthropic) -
     twice: Any = [{"role": "user", "content": "TOOLCALL TOOLCALL"}]
     both = claude.messages.create(model=MODEL, max_tokens=300, messages=twice, tools=TOOLS)
     single: Any = {"type": "auto", "disable_parallel_tool_use": True}
-    one = claude.messages.create(model=MODEL, max_tokens=300, messages=twice, tools=TOOLS,
-                                 tool_choice=single)  # fmt: skip
+    one = claude.messages.create(
+        model=MODEL, max_tokens=300, messages=twice, tools=TOOLS, tool_choice=single
+    )
     assert [b.type for b in both.content].count("tool_use") == 2
     assert [b.type for b in one.content].count("tool_use") == 1
 
@@ -210,9 +268,14 @@ def test_disable_parallel_tool_use_keeps_one_call(claude: anthropic.Anthropic) -
 def test_tool_choice_none_hides_the_tools(
     claude: anthropic.Anthropic, worker: ScriptedWorker
 ) -> None:
-    msg = claude.messages.create(model=MODEL, max_tokens=300, messages=ASK, tools=TOOLS,
-                                 tool_choice={"type": "none"},
-                                 extra_headers={"X-Request-Id": "a-none"})  # fmt: skip
+    msg = claude.messages.create(
+        model=MODEL,
+        max_tokens=300,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice={"type": "none"},
+        extra_headers={"X-Request-Id": "a-none"},
+    )
     assert [b.type for b in msg.content] == ["text"] and msg.stop_reason == "end_turn"
     generate = worker.wait_generate("a-none.")
     assert generate is not None and isinstance(generate.prompt, ChatPrompt)
@@ -221,14 +284,19 @@ def test_tool_choice_none_hides_the_tools(
 
 def test_cache_control_is_accepted(claude: anthropic.Anthropic) -> None:
     blocks: Any = [{"type": "text", "text": "Say hello", "cache_control": {"type": "ephemeral"}}]
-    msg = claude.messages.create(model=MODEL, max_tokens=100, system=blocks,
-                                 messages=[{"role": "user", "content": blocks}])  # fmt: skip
+    msg = claude.messages.create(
+        model=MODEL, max_tokens=100, system=blocks, messages=[{"role": "user", "content": blocks}]
+    )
     assert msg.content[0].text == DEFAULT_REPLY  # type: ignore[union-attr]
 
 
 def test_error_mid_stream_is_an_error_event(gateway: Gateway) -> None:
-    body = {"model": MODEL, "max_tokens": 100, "stream": True,
-            "messages": [{"role": "user", "content": "MIDERROR:overloaded"}]}  # fmt: skip
+    body = {
+        "model": MODEL,
+        "max_tokens": 100,
+        "stream": True,
+        "messages": [{"role": "user", "content": "MIDERROR:overloaded"}],
+    }
     with httpx.stream("POST", f"{gateway.url}/v1/messages", json=body, timeout=10) as response:
         lines = list(response.iter_lines())
     assert response.status_code == 200

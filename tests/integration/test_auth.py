@@ -69,9 +69,14 @@ def test_wrong_key_on_models_raises_too(keyed: Gateway) -> None:
 
 @pytest.mark.parametrize(
     "headers",
-    [{}, {"Authorization": f"Bearer {WRONG}"}, {"Authorization": ALICE.key},
-     {"Authorization": f"Basic {ALICE.key}"}, {"x-api-key": WRONG}],
-)  # fmt: skip
+    [
+        {},
+        {"Authorization": f"Bearer {WRONG}"},
+        {"Authorization": ALICE.key},
+        {"Authorization": f"Basic {ALICE.key}"},
+        {"x-api-key": WRONG},
+    ],
+)
 def test_missing_or_malformed_key_is_401(http: httpx.Client, headers: dict[str, str]) -> None:
     response = http.post("/v1/chat/completions", json=CHAT, headers=headers)
     assert_401(response)

@@ -12,12 +12,17 @@ SLOW = [{"role": "user", "content": "SLOW please"}]
 
 def test_n_choices_with_consecutive_seeds(client: openai.OpenAI, worker: ScriptedWorker) -> None:
     reply = client.chat.completions.create(
-        model=MODEL, messages=SEEDED, n=3, seed=40, extra_headers={"X-Request-Id": "n3"},  # type: ignore[arg-type]
-    )  # fmt: skip
+        model=MODEL,
+        messages=SEEDED,
+        n=3,
+        seed=40,
+        extra_headers={"X-Request-Id": "n3"},  # type: ignore[arg-type]
+    )
     assert [c.index for c in reply.choices] == [0, 1, 2]
     assert [c.message.content for c in reply.choices] == ["seed 40 .", "seed 41 .", "seed 42 ."]
-    ids = sorted(g.request_id.rsplit("-", 1)[1] for g in worker.generates
-                 if g.request_id.startswith("n3."))  # fmt: skip
+    ids = sorted(
+        g.request_id.rsplit("-", 1)[1] for g in worker.generates if g.request_id.startswith("n3.")
+    )
     assert ids == ["0", "1", "2"]
 
 
@@ -34,17 +39,27 @@ def test_usage_counts_the_prompt_once(client: openai.OpenAI) -> None:
 def test_unseeded_choices_leave_the_seed_to_the_worker(
     client: openai.OpenAI, worker: ScriptedWorker
 ) -> None:
-    client.chat.completions.create(model=MODEL, messages=SEEDED, n=2,  # type: ignore[arg-type]
-                                   extra_headers={"X-Request-Id": "noseed"})  # fmt: skip
+    client.chat.completions.create(
+        model=MODEL,
+        messages=SEEDED,
+        n=2,  # type: ignore[arg-type]
+        extra_headers={"X-Request-Id": "noseed"},
+    )
     seeds = [g.sampling.seed for g in worker.generates if g.request_id.startswith("noseed.")]
     assert seeds == [None, None]
 
 
 def test_streamed_choices_each_get_role_text_and_finish(client: openai.OpenAI) -> None:
-    chunks = list(client.chat.completions.create(
-        model=MODEL, messages=SEEDED, n=3, seed=7, stream=True,  # type: ignore[arg-type]
-        stream_options={"include_usage": True},
-    ))  # fmt: skip
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=SEEDED,
+            n=3,
+            seed=7,
+            stream=True,  # type: ignore[arg-type]
+            stream_options={"include_usage": True},
+        )
+    )
     texts, roles, finishes = ["", "", ""], [0, 0, 0], [None, None, None]
     for chunk in chunks[:-1]:
         (choice,) = chunk.choices

@@ -24,8 +24,9 @@ def oai(gateway: Any) -> Iterator[openai.OpenAI]:
 
 
 def test_inputs_in_order_with_usage(oai: openai.OpenAI) -> None:
-    resp = oai.embeddings.create(model=MODEL, input=["one", "two words", "three more words"],
-                                 encoding_format="float")  # fmt: skip
+    resp = oai.embeddings.create(
+        model=MODEL, input=["one", "two words", "three more words"], encoding_format="float"
+    )
     assert [d.embedding[0] for d in resp.data] == [1.0, 2.0, 3.0]
     assert [d.index for d in resp.data] == [0, 1, 2]
     assert resp.usage.prompt_tokens == resp.usage.total_tokens == 6

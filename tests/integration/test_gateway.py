@@ -131,10 +131,17 @@ def test_same_client_request_id_twice_at_once(http: httpx.Client, worker: Script
 
 def test_sampling_fields_reach_the_worker(client: openai.OpenAI, worker: ScriptedWorker) -> None:
     client.chat.completions.create(
-        model=MODEL, messages=HELLO, temperature=0.5, top_p=0.9, stop="END", seed=7,  # type: ignore[arg-type]
-        presence_penalty=0.5, logit_bias={"42": -100}, extra_headers={"X-Request-Id": "sp"},
+        model=MODEL,
+        messages=HELLO,
+        temperature=0.5,
+        top_p=0.9,
+        stop="END",
+        seed=7,  # type: ignore[arg-type]
+        presence_penalty=0.5,
+        logit_bias={"42": -100},
+        extra_headers={"X-Request-Id": "sp"},
         extra_body={"top_k": 5, "min_p": 0.1, "repetition_penalty": 1.1, "priority": "high"},
-    )  # fmt: skip
+    )
     generate = worker.wait_generate("sp.")
     assert generate is not None
     s = generate.sampling
@@ -166,8 +173,16 @@ def test_text_parts_and_tools_reach_the_worker(http: httpx.Client, worker: Scrip
 
 
 def test_null_optional_fields_mean_default(http: httpx.Client) -> None:
-    body = {"model": MODEL, "messages": HELLO, "temperature": None, "max_tokens": None,
-            "stop": None, "stream": None, "logprobs": None, "n": None}  # fmt: skip
+    body = {
+        "model": MODEL,
+        "messages": HELLO,
+        "temperature": None,
+        "max_tokens": None,
+        "stop": None,
+        "stream": None,
+        "logprobs": None,
+        "n": None,
+    }
     response = http.post("/v1/chat/completions", json=body)
     assert response.status_code == 200
     assert response.json()["choices"][0]["message"]["content"] == DEFAULT_REPLY

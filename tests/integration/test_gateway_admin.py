@@ -14,16 +14,17 @@ from starlette.testclient import TestClient
 
 from mlxd.config import ModelSpec, ServeConfig
 from mlxd.errors import InvalidRequest, WorkerUnavailable
-from mlxd.gateway.ops.admin import AdminSocketApp
 from mlxd.gateway.app import build_app
 from mlxd.gateway.backends.local.control import ControlClient
 from mlxd.gateway.backends.local.pool import StaticPool
+from mlxd.gateway.ops.admin import AdminSocketApp
 from mlxd.protocol import codec
 from mlxd.protocol.messages import Ack, Error, Pause, SetConfig
 
 
-def _client(admin_key: str | None = None, peer: str = "testclient", on_socket: bool = False
-            ) -> TestClient:  # fmt: skip
+def _client(
+    admin_key: str | None = None, peer: str = "testclient", on_socket: bool = False
+) -> TestClient:
     """The app without its lifespan: no worker is connected. ``on_socket``: as served on the
     admin Unix socket (``AdminSocketApp``)."""
     config = ServeConfig(models=(ModelSpec(name="m", path="/m"),), admin_key=admin_key)
@@ -32,15 +33,20 @@ def _client(admin_key: str | None = None, peer: str = "testclient", on_socket: b
     return TestClient(AdminSocketApp(app) if on_socket else app, client=(peer, 50000))
 
 
-CONTROL = [("post", "/admin/models/m/drain"), ("post", "/admin/models/m/shutdown"),
-           ("post", "/admin/models/m/unload"), ("post", "/admin/models/m/set"),
-           ("get", "/admin/status")]  # fmt: skip
+CONTROL = [
+    ("post", "/admin/models/m/drain"),
+    ("post", "/admin/models/m/shutdown"),
+    ("post", "/admin/models/m/unload"),
+    ("post", "/admin/models/m/set"),
+    ("get", "/admin/status"),
+]
 
 
 @pytest.mark.parametrize("peer", ["127.0.0.1", "::1"])
 @pytest.mark.parametrize(("method", "path"), CONTROL)
-def test_loopback_over_tcp_is_refused_without_an_admin_key(peer: str, method: str, path: str
-                                                           ) -> None:  # fmt: skip
+def test_loopback_over_tcp_is_refused_without_an_admin_key(
+    peer: str, method: str, path: str
+) -> None:
     # A same-host proxy or tunnel that adds no X-Forwarded-For makes every client loopback.
     r = _client(peer=peer).request(method, path, json={"max_num_seqs": 2})
     assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
@@ -119,8 +125,12 @@ def test_control_client_drops_stale_replies_and_raises_typed_errors() -> None:
             ident, *frames = await router.recv_multipart()
             msg = codec.decode(frames)
             stale = Ack(request_id="old", state="running")
-            error = Error(request_id=msg.request_id, code="invalid_request", message="bad",  # type: ignore[union-attr]
-                          param="max_num_seqs")  # fmt: skip
+            error = Error(
+                request_id=msg.request_id,
+                code="invalid_request",
+                message="bad",  # type: ignore[union-attr]
+                param="max_num_seqs",
+            )
             for reply in (stale, error):
                 await router.send_multipart([ident, *codec.encode(reply)])
 

@@ -50,7 +50,7 @@ GARBAGE = [
             request_id="nobody",
             finish_reason="stop",
             usage=Usage(prompt_tokens=1, completion_tokens=1),
-        )  # fmt: skip
+        )
     ),
 ]
 

@@ -43,8 +43,10 @@ BAD_CHAT = [
     (chat(messages=[{"content": "hi"}]), "messages[0].role"),
     (chat(messages=[{"role": "user", "content": 7}]), "messages[0].content"),
     (chat(messages=[{"role": "user", "content": "hi", "extra": 1}]), "messages[0].extra"),
-    (chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
-     "messages[0].content[0].type"),
+    (
+        chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
+        "messages[0].content[0].type",
+    ),
     ({"messages": HELLO}, "model"),
     (chat(model=3), "model"),
     (chat(temperature="hot"), "temperature"),
@@ -70,36 +72,60 @@ BAD_CHAT = [
     (chat(response_format="json"), "response_format.type"),
     (chat(response_format={"type": "json_object", "schema": {}}), "response_format.schema"),
     (chat(response_format={"type": "json_schema"}), "response_format.json_schema"),
-    (chat(response_format={"type": "json_schema", "json_schema": {"schema": {}}}),
-     "response_format.json_schema.name"),
-    (chat(response_format={"type": "json_schema", "json_schema": {"name": "a b"}}),
-     "response_format.json_schema.name"),
-    (chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": []}}),
-     "response_format.json_schema.schema"),
-    (chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "strict": 1}}),
-     "response_format.json_schema.strict"),
+    (
+        chat(response_format={"type": "json_schema", "json_schema": {"schema": {}}}),
+        "response_format.json_schema.name",
+    ),
+    (
+        chat(response_format={"type": "json_schema", "json_schema": {"name": "a b"}}),
+        "response_format.json_schema.name",
+    ),
+    (
+        chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": []}}),
+        "response_format.json_schema.schema",
+    ),
+    (
+        chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "strict": 1}}),
+        "response_format.json_schema.strict",
+    ),
     (chat(tool_choice="required"), "tool_choice"),
     (chat(parallel_tool_calls="yes"), "parallel_tool_calls"),
     (chat(tools=[{"type": "function"}]), "tools[0]"),
     (chat(tools=TOOLS, tool_choice="sometimes"), "tool_choice"),
-    (chat(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}),
-     "tool_choice"),
-    (chat(tools=TOOLS, tool_choice="required", response_format={"type": "json_object"}),
-     "tool_choice"),
+    (
+        chat(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}),
+        "tool_choice",
+    ),
+    (
+        chat(tools=TOOLS, tool_choice="required", response_format={"type": "json_object"}),
+        "tool_choice",
+    ),
     (chat(tool_choice="required"), "tool_choice"),
-    (chat(messages=[{"role": "assistant", "tool_calls": [{"function": {"name": "f",
-     "arguments": "{oops"}}]}]), "messages[0].tool_calls[0].function.arguments"),
-    (chat(messages=[{"role": "assistant", "tool_calls": [{"type": "function"}]}]),
-     "messages[0].tool_calls[0]"),
+    (
+        chat(
+            messages=[
+                {
+                    "role": "assistant",
+                    "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}],
+                }
+            ]
+        ),
+        "messages[0].tool_calls[0].function.arguments",
+    ),
+    (
+        chat(messages=[{"role": "assistant", "tool_calls": [{"type": "function"}]}]),
+        "messages[0].tool_calls[0]",
+    ),
     (chat(functions=[{"name": "f"}]), "functions"),
-    (chat(messages=[{"role": "assistant", "content": "x", "refusal": "no"}]),
-     "messages[0].refusal"),
+    (
+        chat(messages=[{"role": "assistant", "content": "x", "refusal": "no"}]),
+        "messages[0].refusal",
+    ),
     (chat(service_tier="flex"), "service_tier"),
     (chat(user=3), "user"),
-    (chat(stream=True, stream_options={"include_usage": True, "other": 1}),
-     "stream_options.other"),
+    (chat(stream=True, stream_options={"include_usage": True, "other": 1}), "stream_options.other"),
     (chat(frobnicate=1), "frobnicate"),
-]  # fmt: skip
+]
 
 BAD_COMPLETION = [
     ({"model": MODEL}, "prompt"),
@@ -166,9 +192,14 @@ def test_oversized_chunked_body(http: httpx.Client, gateway: Gateway) -> None:
 
 @pytest.mark.parametrize(
     ("code", "status"),
-    [("overloaded", 429), ("invalid_request", 400), ("worker_unavailable", 503),
-     ("timeout", 408), ("made_up_code", 500)],
-)  # fmt: skip
+    [
+        ("overloaded", 429),
+        ("invalid_request", 400),
+        ("worker_unavailable", 503),
+        ("timeout", 408),
+        ("made_up_code", 500),
+    ],
+)
 def test_worker_error_status(http: httpx.Client, code: str, status: int) -> None:
     response = http.post(CHAT, json=chat(messages=[{"role": "user", "content": f"ERROR:{code}"}]))
     expected = code if code != "made_up_code" else "internal_error"

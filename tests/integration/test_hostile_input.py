@@ -39,8 +39,9 @@ def well_formed_error(ctx: Any, response: Any, case: Any) -> bool | None:
 def test_fuzzed_requests_never_get_a_server_error(fuzzed: Gateway, mode: GenerationMode) -> None:
     # schemathesis' pytest plugin does not run on pytest 9 yet: drive its strategies directly.
     api = schemathesis.openapi.from_url(f"{fuzzed.url}/openapi.json")
-    fuzz = settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck),
-                    database=None)  # fmt: skip
+    fuzz = settings(
+        max_examples=80, deadline=None, suppress_health_check=list(HealthCheck), database=None
+    )
 
     @fuzz
     @given(case=api.as_strategy(mode))
@@ -53,8 +54,13 @@ def test_fuzzed_requests_never_get_a_server_error(fuzzed: Gateway, mode: Generat
 def test_openapi_document_lists_endpoints_and_models(http: httpx.Client) -> None:
     doc = http.get("/openapi.json").json()
     assert doc["openapi"].startswith("3.")
-    assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/messages",
-            "/v1/messages/count_tokens"} <= set(doc["paths"])  # fmt: skip
+    assert {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/models",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+    } <= set(doc["paths"])
     body = doc["paths"][CHAT]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert body["properties"]["model"]["enum"] == [MODEL]
 
@@ -83,8 +89,11 @@ def test_invalid_utf8_is_a_400(http: httpx.Client, raw: bytes) -> None:
 
 @pytest.mark.parametrize("max_tokens", [10**30, 2**31, -1, 0, 1.5, "9"])
 def test_absurd_max_tokens_is_a_400(http: httpx.Client, max_tokens: Any) -> None:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": max_tokens}  # fmt: skip
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": max_tokens,
+    }
     assert_rejected(http.post(CHAT, json=body), 400)
 
 

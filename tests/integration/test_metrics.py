@@ -62,8 +62,9 @@ def scrape(http: httpx.Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], 
     }
 
 
-def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str,
-          **labels: str) -> float:  # fmt: skip
+def value(
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str
+) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
@@ -85,9 +86,11 @@ def test_counters_follow_requests(http: httpx.Client, oai: openai.OpenAI) -> Non
     assert (
         value(after, "mlxd_requests_total", **ok) - value(before, "mlxd_requests_total", **ok) == 2
     )
-    for name, per_request in [("mlxd_prompt_tokens_total", 1),
-                              ("mlxd_completion_tokens_total", REPLY_TOKENS),
-                              ("mlxd_cached_tokens_total", 0)]:  # fmt: skip
+    for name, per_request in [
+        ("mlxd_prompt_tokens_total", 1),
+        ("mlxd_completion_tokens_total", REPLY_TOKENS),
+        ("mlxd_cached_tokens_total", 0),
+    ]:
         grown = value(after, name, model=MODEL) - value(before, name, model=MODEL)
         assert grown == 2 * per_request, name
     assert value(after, "mlxd_requests_in_flight", model=MODEL) == 0
@@ -175,7 +178,9 @@ def test_n_choices_count_as_one_request_with_summed_tokens(
             break
         time.sleep(0.01)
     assert grown == 2
-    for name, per_request in [("mlxd_prompt_tokens_total", 1),
-                              ("mlxd_completion_tokens_total", 3 * REPLY_TOKENS)]:  # fmt: skip
+    for name, per_request in [
+        ("mlxd_prompt_tokens_total", 1),
+        ("mlxd_completion_tokens_total", 3 * REPLY_TOKENS),
+    ]:
         grown = value(after, name, model=MODEL) - value(before, name, model=MODEL)
         assert grown == 2 * per_request, name

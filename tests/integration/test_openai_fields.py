@@ -11,8 +11,13 @@ HELLO = [{"role": "user", "content": "Say hello"}]
 def test_max_completion_tokens_wins_over_max_tokens(
     client: openai.OpenAI, worker: ScriptedWorker
 ) -> None:
-    reply = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=9,  # type: ignore[arg-type]
-        max_completion_tokens=2, extra_headers={"X-Request-Id": "mct"})  # fmt: skip
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=HELLO,
+        max_tokens=9,  # type: ignore[arg-type]
+        max_completion_tokens=2,
+        extra_headers={"X-Request-Id": "mct"},
+    )
     assert reply.choices[0].finish_reason == "length"
     assert reply.usage is not None and reply.usage.completion_tokens == 2
     generate = worker.wait_generate("mct.")
@@ -20,8 +25,13 @@ def test_max_completion_tokens_wins_over_max_tokens(
 
 
 def test_stop_list_and_user_reach_the_worker(client: openai.OpenAI, worker: ScriptedWorker) -> None:
-    client.chat.completions.create(model=MODEL, messages=HELLO, stop=["a", "bc"], user="u-1",  # type: ignore[arg-type]
-                                   extra_headers={"X-Request-Id": "stopu"})  # fmt: skip
+    client.chat.completions.create(
+        model=MODEL,
+        messages=HELLO,
+        stop=["a", "bc"],
+        user="u-1",  # type: ignore[arg-type]
+        extra_headers={"X-Request-Id": "stopu"},
+    )
     generate = worker.wait_generate("stopu.")
     assert generate is not None and generate.sampling.stop == ["a", "bc"]
 
@@ -31,8 +41,15 @@ def test_cached_tokens_pass_through(client: openai.OpenAI) -> None:
     reply = client.chat.completions.create(model=MODEL, messages=cached)  # type: ignore[arg-type]
     assert reply.usage is not None and reply.usage.prompt_tokens_details is not None
     assert reply.usage.prompt_tokens_details.cached_tokens == 3
-    chunks = list(client.chat.completions.create(model=MODEL, messages=cached, stream=True,  # type: ignore[arg-type]
-                  stream_options={"include_usage": True}, n=2))  # fmt: skip
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=cached,
+            stream=True,  # type: ignore[arg-type]
+            stream_options={"include_usage": True},
+            n=2,
+        )
+    )
     usage = chunks[-1].usage
     assert usage is not None and usage.prompt_tokens_details is not None
     assert usage.prompt_tokens_details.cached_tokens == 3
@@ -45,8 +62,11 @@ def test_best_of_equal_to_n_is_accepted(client: openai.OpenAI) -> None:
 
 def test_message_names_reach_the_template(client: openai.OpenAI, worker: ScriptedWorker) -> None:
     named = [{"role": "user", "content": "hi", "name": "ann"}]
-    client.chat.completions.create(model=MODEL, messages=named,  # type: ignore[arg-type]
-                                   extra_headers={"X-Request-Id": "named"})  # fmt: skip
+    client.chat.completions.create(
+        model=MODEL,
+        messages=named,  # type: ignore[arg-type]
+        extra_headers={"X-Request-Id": "named"},
+    )
     generate = worker.wait_generate("named.")
     assert generate is not None
     assert generate.prompt.messages == named  # type: ignore[union-attr]

@@ -40,7 +40,11 @@ def test_loopback_reads_the_overview_without_a_key(http: httpx.Client) -> None:
     body = r.json()
     [model] = body["models"]
     assert (model["name"], model["state"], model["backend"], model["replicas"]) == (
-        MODEL, "ready", "local", 1)  # fmt: skip
+        MODEL,
+        "ready",
+        "local",
+        1,
+    )
     assert body["backends"] == [] and isinstance(body["recent_requests"], list)
     assert {"pid", "version", "uptime_s", "memory"} <= body.keys()
 
@@ -60,7 +64,7 @@ def test_other_hosts_are_refused_when_no_key_is_set() -> None:
         (_bearer(KEY.key), 200),
         (_bearer(ADMIN), 200),
         ({"x-api-key": KEY.key}, 200),
-    ],  # fmt: skip
+    ],
 )
 def test_with_keys_an_api_key_or_the_admin_key_is_needed(
     keyed: Gateway, headers: dict[str, str], status: int
@@ -84,8 +88,10 @@ def test_recent_requests_show_the_key_name_never_the_prompt_or_key(keyed: Gatewa
 def test_the_page_and_its_files_are_served(http: httpx.Client) -> None:
     page = http.get("/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
-    assert '<script src="/static/status.js"' in page.text and "default-src 'self'" in (
-        page.headers["content-security-policy"])  # fmt: skip
+    assert (
+        '<script src="/static/status.js"' in page.text
+        and "default-src 'self'" in (page.headers["content-security-policy"])
+    )
     script = http.get("/static/status.js")
     assert script.headers["content-type"].startswith("text/javascript")
     assert "/admin/overview" in script.text

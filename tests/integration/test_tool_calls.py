@@ -15,8 +15,15 @@ from mlxd.protocol.messages import ChatPrompt
 if TYPE_CHECKING:
     from conftest import Gateway
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}}}}]  # fmt: skip
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
 ASK = [{"role": "user", "content": "TOOLCALL weather in Paris?"}]
 
 
@@ -53,8 +60,13 @@ def test_without_tools_the_text_is_content(client: openai.OpenAI) -> None:
 
 
 def test_tool_choice_none_hides_the_tools(client: openai.OpenAI, worker: ScriptedWorker) -> None:
-    reply = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS,  # type: ignore[arg-type]
-        tool_choice="none", extra_headers={"X-Request-Id": "tc-none"})  # fmt: skip
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        tools=TOOLS,  # type: ignore[arg-type]
+        tool_choice="none",
+        extra_headers={"X-Request-Id": "tc-none"},
+    )
     assert reply.choices[0].message.tool_calls is None
     generate = worker.wait_generate("tc-none.")
     assert generate is not None and isinstance(generate.prompt, ChatPrompt)
@@ -67,15 +79,24 @@ def test_tool_round_trip_messages_reach_the_template(
     first = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS)  # type: ignore[arg-type]
     call = (first.choices[0].message.tool_calls or [])[0]
     # The response message object itself goes back in, as agents do (null refusal included).
-    history = [*ASK, first.choices[0].message,
-               {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]  # fmt: skip
-    client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS,  # type: ignore[arg-type]
-                                   extra_headers={"X-Request-Id": "tc-round"})  # fmt: skip
+    history = [
+        *ASK,
+        first.choices[0].message,
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny"},
+    ]
+    client.chat.completions.create(
+        model=MODEL,
+        messages=history,
+        tools=TOOLS,  # type: ignore[arg-type]
+        extra_headers={"X-Request-Id": "tc-round"},
+    )
     generate = worker.wait_generate("tc-round.")
     assert generate is not None and isinstance(generate.prompt, ChatPrompt)
     assistant, tool = generate.prompt.messages[1:]
     assert assistant["tool_calls"][0]["function"] == {
-        "name": "get_weather", "arguments": {"city": "Paris"}}  # fmt: skip
+        "name": "get_weather",
+        "arguments": {"city": "Paris"},
+    }
     assert tool == {"role": "tool", "content": "sunny", "tool_call_id": call.id}
 
 
@@ -83,8 +104,13 @@ def test_parallel_tool_calls_false_keeps_one(client: openai.OpenAI) -> None:
     twice = [{"role": "user", "content": "TOOLCALL TOOLCALL"}]
     both = client.chat.completions.create(model=MODEL, messages=twice, tools=TOOLS)  # type: ignore[arg-type]
     assert len(both.choices[0].message.tool_calls or []) == 2
-    one = client.chat.completions.create(model=MODEL, messages=twice, tools=TOOLS, n=2,  # type: ignore[arg-type]
-                                         parallel_tool_calls=False)  # fmt: skip
+    one = client.chat.completions.create(
+        model=MODEL,
+        messages=twice,
+        tools=TOOLS,
+        n=2,  # type: ignore[arg-type]
+        parallel_tool_calls=False,
+    )
     assert [len(c.message.tool_calls or []) for c in one.choices] == [1, 1]
 
 
@@ -100,9 +126,12 @@ def test_named_tool_choice_constrains_and_parses_the_whole_output(
 ) -> None:
     forced = [{"role": "user", "content": "JSONCALL weather?"}]
     reply = client.chat.completions.create(
-        model=MODEL, messages=forced, tools=TOOLS, extra_headers={"X-Request-Id": "tc-named"},  # type: ignore[arg-type]
+        model=MODEL,
+        messages=forced,
+        tools=TOOLS,
+        extra_headers={"X-Request-Id": "tc-named"},  # type: ignore[arg-type]
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
-    )  # fmt: skip
+    )
     (call,) = reply.choices[0].message.tool_calls or []
     assert json.loads(call.function.arguments) == {"city": "Paris"}
     assert reply.choices[0].message.content is None
@@ -118,9 +147,13 @@ def test_required_tool_choice_streamed(client: openai.OpenAI, worker: ScriptedWo
     tools = [*TOOLS, {"type": "function", "function": {"name": "get_time"}}]
     forced = [{"role": "user", "content": "JSONCALL weather?"}]
     stream = client.chat.completions.create(
-        model=MODEL, messages=forced, tools=tools, tool_choice="required", stream=True,  # type: ignore[arg-type]
+        model=MODEL,
+        messages=forced,
+        tools=tools,
+        tool_choice="required",
+        stream=True,  # type: ignore[arg-type]
         extra_headers={"X-Request-Id": "tc-required"},
-    )  # fmt: skip
+    )
     chunks = list(stream)
     calls = [c for chunk in chunks for c in chunk.choices[0].delta.tool_calls or []]
     assert [c.function.name for c in calls] == ["get_weather"]  # type: ignore[union-attr]
@@ -154,8 +187,14 @@ def test_the_workers_tool_parser_is_used(coder_gateway: Gateway) -> None:
     with openai.OpenAI(base_url=f"{coder_gateway.url}/v1", api_key="x", max_retries=0) as c:
         ask = [{"role": "user", "content": "weather in Paris?"}]  # the worker's reply, no trigger
         whole = c.chat.completions.create(model=MODEL, messages=ask, tools=TOOLS)  # type: ignore[arg-type]
-        chunks = list(c.chat.completions.create(model=MODEL, messages=ask, tools=TOOLS,  # type: ignore[arg-type]
-                                                stream=True))  # fmt: skip
+        chunks = list(
+            c.chat.completions.create(
+                model=MODEL,
+                messages=ask,
+                tools=TOOLS,  # type: ignore[arg-type]
+                stream=True,
+            )
+        )
     assert whole.choices[0].message.content == "On it. "
     (call,) = whole.choices[0].message.tool_calls or []
     assert call.function.name == "get_weather"

@@ -12,9 +12,9 @@ import pytest
 from scripted_worker import DEFAULT_REPLY, MODEL, ScriptedWorker
 
 from mlxd.errors import ModelNotFound, Overloaded, WorkerUnavailable
+from mlxd.gateway.backends.local.choices import Choices
 from mlxd.gateway.backends.local.pool import StaticPool
 from mlxd.gateway.backends.local.workers import RequestStream, WorkerClient
-from mlxd.gateway.backends.local.choices import Choices
 from mlxd.gateway.surfaces.openai.chunks import ChatChunks
 from mlxd.gateway.surfaces.sse import DONE, KEEPALIVE, chunk_frames
 from mlxd.protocol.messages import ChatPrompt, Generate, SamplingParams, TokenDelta
@@ -22,8 +22,9 @@ from mlxd.protocol.messages import ChatPrompt, Generate, SamplingParams, TokenDe
 
 def generate(request_id: str, text: str = "hi", max_tokens: int | None = None) -> Generate:
     prompt = ChatPrompt(messages=[{"role": "user", "content": text}])
-    return Generate(request_id=request_id, prompt=prompt,
-                    sampling=SamplingParams(max_tokens=max_tokens))  # fmt: skip
+    return Generate(
+        request_id=request_id, prompt=prompt, sampling=SamplingParams(max_tokens=max_tokens)
+    )
 
 
 def with_client(endpoint: str, body: Callable[[WorkerClient], Awaitable[None]]) -> None:
@@ -141,8 +142,11 @@ def test_sse_sends_the_events_already_waiting_in_one_write(worker: ScriptedWorke
         assert b'"role":"assistant"' in role and done == DONE
         words = DEFAULT_REPLY.split()
         assert burst.count(b"data: ") == len(words) + 1  # each word's chunk, then finish_reason
-        text = "".join(json.loads(line[6:])["choices"][0]["delta"].get("content", "")
-                       for line in burst.decode().split("\n\n") if line)  # fmt: skip
+        text = "".join(
+            json.loads(line[6:])["choices"][0]["delta"].get("content", "")
+            for line in burst.decode().split("\n\n")
+            if line
+        )
         assert text == DEFAULT_REPLY
 
     with_client(worker.endpoint, body)

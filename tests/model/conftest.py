@@ -59,11 +59,18 @@ class Harness:
     """A real Engine on a real ROUTER, a DEALER for the test, and the results per request."""
 
     def __init__(
-        self, model_path: Path, clock: Any = None, paged: bool = True, num_blocks: int = 256,
-        block_size: int = 16, max_view_tokens: int | None = None,
-        chunk_blocks: int | None = None, kv_format: Any = None, state_budget: int = 1 << 30,
+        self,
+        model_path: Path,
+        clock: Any = None,
+        paged: bool = True,
+        num_blocks: int = 256,
+        block_size: int = 16,
+        max_view_tokens: int | None = None,
+        chunk_blocks: int | None = None,
+        kv_format: Any = None,
+        state_budget: int = 1 << 30,
         **sched: Any,
-    ) -> None:  # fmt: skip
+    ) -> None:
         from mlxd.worker.embedder import Embedder
         from mlxd.worker.engine import Engine
         from mlxd.worker.kv import layer_caches
@@ -90,22 +97,33 @@ class Harness:
         runner: ModelRunner
         if window:  # ``num_blocks`` of every layer's K/V: the budget both pools share
             runner, pool = WindowModelRunner.for_model(
-                model, encoder.eos_token_ids, num_blocks, block_size, window,
-                None if chunk_blocks is None else chunk_blocks * block_size * 1024, kv_format,
-                max_view_tokens)  # fmt: skip
+                model,
+                encoder.eos_token_ids,
+                num_blocks,
+                block_size,
+                window,
+                None if chunk_blocks is None else chunk_blocks * block_size * 1024,
+                kv_format,
+                max_view_tokens,
+            )
         elif hybrid:
-            runner = HybridModelRunner(model, encoder.eos_token_ids,
-                                       KVPool.for_model(model, num_blocks, block_size,
-                                                        chunk_blocks, kv_format),
-                                       state_budget, max_view_tokens)  # fmt: skip
+            runner = HybridModelRunner(
+                model,
+                encoder.eos_token_ids,
+                KVPool.for_model(model, num_blocks, block_size, chunk_blocks, kv_format),
+                state_budget,
+                max_view_tokens,
+            )
         elif native:  # ``paged``: with the snapshot prefix cache, as the worker serves it
             snapshots = SnapshotCache(1 << 30) if paged else None
             runner = NativeModelRunner(model, encoder.eos_token_ids, snapshots, block_size, native)
         elif paged:
-            runner = PagedModelRunner(model, encoder.eos_token_ids,
-                                      KVPool.for_model(model, num_blocks, block_size,
-                                                       chunk_blocks, kv_format),
-                                      max_view_tokens)  # fmt: skip
+            runner = PagedModelRunner(
+                model,
+                encoder.eos_token_ids,
+                KVPool.for_model(model, num_blocks, block_size, chunk_blocks, kv_format),
+                max_view_tokens,
+            )
         else:
             runner = ModelRunner(model, encoder.eos_token_ids)
         # Tests of decode's mechanics count plain steps; speculation's own tests turn it on.
@@ -116,21 +134,26 @@ class Harness:
 
             draft, _ = load_model(Path(sched["draft_model"]))
             last_position_only(draft)
-            drafter = DraftModel(draft, draft.args.vocab_size, model.args.vocab_size,
-                                 sched["draft_model"])  # fmt: skip
+            drafter = DraftModel(
+                draft, draft.args.vocab_size, model.args.vocab_size, sched["draft_model"]
+            )
         self.ctx = zmq.Context()
         endpoint = f"inproc://{uuid.uuid4().hex}"
         self.channel = WorkerChannel(endpoint, context=self.ctx)
         self.dealer = self.ctx.socket(zmq.DEALER)
         self.dealer.connect(endpoint)
         self.engine = Engine(
-            name="tiny", runner=runner,
-            scheduler=Scheduler(SchedulerConfig(**sched), pool=pool,
-                                **({"clock": clock} if clock else {})),
+            name="tiny",
+            runner=runner,
+            scheduler=Scheduler(
+                SchedulerConfig(**sched), pool=pool, **({"clock": clock} if clock else {})
+            ),
             encoder=encoder,
-            channel=self.channel, max_context=min(512, num_blocks * block_size),
-            embedder=Embedder(model), drafter=drafter,
-        )  # fmt: skip
+            channel=self.channel,
+            max_context=min(512, num_blocks * block_size),
+            embedder=Embedder(model),
+            drafter=drafter,
+        )
         runner.fit_scheduler(self.engine.scheduler)
         self.results: dict[str, Result] = {}
         self.steps = 0
@@ -144,14 +167,22 @@ class Harness:
     def generate(self, rid: str, prompt: str, **sampling: Any) -> None:
         sampling.setdefault("temperature", 0.0)
         self.results[rid] = Result()
-        self.send(Generate(request_id=rid, prompt=TextPrompt(text=prompt),
-                           sampling=SamplingParams(**sampling)))  # fmt: skip
+        self.send(
+            Generate(
+                request_id=rid, prompt=TextPrompt(text=prompt), sampling=SamplingParams(**sampling)
+            )
+        )
 
     def generate_ids(self, rid: str, ids: list[int], **sampling: Any) -> None:
         sampling.setdefault("temperature", 0.0)
         self.results.setdefault(rid, Result())
-        self.send(Generate(request_id=rid, prompt=TokenPrompt(token_ids=ids),
-                           sampling=SamplingParams(**sampling)))  # fmt: skip
+        self.send(
+            Generate(
+                request_id=rid,
+                prompt=TokenPrompt(token_ids=ids),
+                sampling=SamplingParams(**sampling),
+            )
+        )
 
     def run_alone(self, rid: str, ids: list[int], max_tokens: int = 12) -> Result:
         """One greedy request of ``ids`` (EOS ignored), run to its end: its result."""

@@ -19,9 +19,22 @@ pytestmark = pytest.mark.model
 @pytest.mark.parametrize("cache", ["--paged-kv", "--no-paged-kv"])
 def test_bench_engine_reports_every_level(tiny_model: Path, tmp_path: Path, cache: str) -> None:
     out = tmp_path / "engine.json"
-    args = ["bench", "engine", "--model", str(tiny_model), "--concurrency", "1,3",
-            "--prompt-tokens", "8", "--max-tokens", "4", "--no-compare-mlx-lm", cache,
-            "--json", str(out)]  # fmt: skip
+    args = [
+        "bench",
+        "engine",
+        "--model",
+        str(tiny_model),
+        "--concurrency",
+        "1,3",
+        "--prompt-tokens",
+        "8",
+        "--max-tokens",
+        "4",
+        "--no-compare-mlx-lm",
+        cache,
+        "--json",
+        str(out),
+    ]
     result = CliRunner().invoke(main, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
@@ -50,9 +63,23 @@ def test_bench_engine_sizes_the_view_as_a_worker_under_kv_cache_gb(
 
     per_token = KVPool.bytes_per_token(load_model(tiny_model)[0])
     out = tmp_path / "engine.json"
-    args = ["bench", "engine", "--model", str(tiny_model), "--concurrency", "1,3",
-            "--prompt-tokens", "8", "--max-tokens", "4", "--no-compare-mlx-lm",
-            "--kv-cache-gb", str(500 * per_token / 2**30), "--json", str(out)]  # fmt: skip
+    args = [
+        "bench",
+        "engine",
+        "--model",
+        str(tiny_model),
+        "--concurrency",
+        "1,3",
+        "--prompt-tokens",
+        "8",
+        "--max-tokens",
+        "4",
+        "--no-compare-mlx-lm",
+        "--kv-cache-gb",
+        str(500 * per_token / 2**30),
+        "--json",
+        str(out),
+    ]
     result = CliRunner().invoke(main, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
@@ -69,12 +96,26 @@ def test_bench_engine_loads_the_optimized_blas_a_worker_loads(
     if blas.find(os.environ) is None:
         pytest.skip("no optimized BLAS on this machine")
     out = tmp_path / "engine.json"
-    args = ["bench", "engine", "--model", str(tiny_model), "--concurrency", "1",
-            "--prompt-tokens", "8", "--max-tokens", "2", "--no-compare-mlx-lm",
-            "--json", str(out)]  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "mlxd", *args], capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    args = [
+        "bench",
+        "engine",
+        "--model",
+        str(tiny_model),
+        "--concurrency",
+        "1",
+        "--prompt-tokens",
+        "8",
+        "--max-tokens",
+        "2",
+        "--no-compare-mlx-lm",
+        "--json",
+        str(out),
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "mlxd", *args], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     loaded = json.loads(out.read_text())["blas"]
-    assert loaded is not None and Path(loaded).name.startswith(("libopenblas", "libblis", "libmkl",
-                                                                "libblas"))  # fmt: skip
+    assert loaded is not None and Path(loaded).name.startswith(
+        ("libopenblas", "libblis", "libmkl", "libblas")
+    )

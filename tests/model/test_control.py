@@ -50,19 +50,20 @@ pytestmark = pytest.mark.model
 class Admin:
     """A DEALER on the harness engine's control socket, and optionally the engine's own loop."""
 
-    def __init__(self, h: Harness, model_path: Path, *, relay_pings: bool = False,
-                 test_faults: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self, h: Harness, model_path: Path, *, relay_pings: bool = False, test_faults: bool = False
+    ) -> None:
         from mlxd.worker.control import Control
 
         self.h = h
         endpoint = f"inproc://ctl-{uuid.uuid4().hex}"
         if relay_pings:  # as the worker binds it: the control thread answers pings itself
-            h.channel.bind_control(endpoint, answer=lambda m: h.engine.pong(m)
-                                   if isinstance(m, Ping) else None)  # fmt: skip
+            h.channel.bind_control(
+                endpoint, answer=lambda m: h.engine.pong(m) if isinstance(m, Ping) else None
+            )
         else:
             h.channel.bind_control(endpoint)
-        self.control = Control(h.engine, model_path=str(model_path),
-                               enable_test_faults=test_faults)  # fmt: skip
+        self.control = Control(h.engine, model_path=str(model_path), enable_test_faults=test_faults)
         h.engine.control = self.control
         self.sock = h.ctx.socket(zmq.DEALER)
         self.sock.connect(endpoint)
@@ -86,9 +87,11 @@ class Admin:
     def submit(self, rid: str, max_tokens: int) -> None:
         """Send a Generate straight to the data socket (the loop thread receives it)."""
         self.h.results[rid] = Result()
-        gen = Generate(request_id=rid, prompt=TextPrompt(text="hello world"),
-                       sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0,
-                                               ignore_eos=True))  # fmt: skip
+        gen = Generate(
+            request_id=rid,
+            prompt=TextPrompt(text="hello world"),
+            sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+        )
         self.h.dealer.send_multipart(codec.encode(gen))
 
     def wait_for(self, done: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -151,9 +154,14 @@ def test_set_max_num_seqs_applies_live(admin: Admin) -> None:
 
 @pytest.mark.parametrize(
     "field, value",
-    [("max_num_seqs", 0), ("max_queued", -1), ("prefill_chunk", 8), ("stream_interval", 0),
-     ("aging_s", 0.0)],
-)  # fmt: skip
+    [
+        ("max_num_seqs", 0),
+        ("max_queued", -1),
+        ("prefill_chunk", 8),
+        ("stream_interval", 0),
+        ("aging_s", 0.0),
+    ],
+)
 def test_set_rejects_bad_values_naming_the_field(admin: Admin, field: str, value: float) -> None:
     before = admin.h.engine.scheduler.config
     reply = admin.ask(SetConfig(request_id="c", **{field: value}))
@@ -220,12 +228,21 @@ def test_shutdown_finishes_running_requests_then_the_loop_returns(admin: Admin) 
         ([b"junk"], "expected 2 frames"),
         ([b"mlxd/0", msgpack.packb({"type": "ping", "request_id": "x"})], "version"),
         ([PROTOCOL_VERSION, b"\xc1"], "malformed"),
-        ([PROTOCOL_VERSION, msgpack.packb({"type": "set_config", "request_id": "x",
-                                           "max_num_seqs": "eight"})], "expected int"),
-        (codec.encode(Generate(request_id="g", prompt=TextPrompt(text="hi"),
-                               sampling=SamplingParams())), "does not accept Generate"),
+        (
+            [
+                PROTOCOL_VERSION,
+                msgpack.packb({"type": "set_config", "request_id": "x", "max_num_seqs": "eight"}),
+            ],
+            "expected int",
+        ),
+        (
+            codec.encode(
+                Generate(request_id="g", prompt=TextPrompt(text="hi"), sampling=SamplingParams())
+            ),
+            "does not accept Generate",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_control_messages_get_typed_errors(
     admin: Admin, frames: list[bytes], needle: str
 ) -> None:

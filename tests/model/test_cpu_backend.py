@@ -11,9 +11,15 @@ pytestmark = [pytest.mark.model]
 
 # Fixed prompts of the greedy comparison (float32 vs the file's float16), 16 tokens each.
 PROMPTS = [
-    "hello world", "The quick brown fox", "1 2 3 4 5", "Once upon a time there",
-    "def main():", "Paris is the capital of", "a b c d e f g", "Why is the sky blue?",
-]  # fmt: skip
+    "hello world",
+    "The quick brown fox",
+    "1 2 3 4 5",
+    "Once upon a time there",
+    "def main():",
+    "Paris is the capital of",
+    "a b c d e f g",
+    "Why is the sky blue?",
+]
 
 
 @pytest.fixture(scope="module")

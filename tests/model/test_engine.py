@@ -202,8 +202,12 @@ def test_low_priority_is_served_behind_a_stream_of_high_priority(harness_factory
 def _generate(rid: str, priority: str, at: list[float]) -> Any:
     from mlxd.protocol.messages import Generate, SamplingParams, TextPrompt
 
-    return Generate(request_id=rid, prompt=TextPrompt(text="hi"), priority=priority,
-                    sampling=SamplingParams(max_tokens=2, temperature=0.0))  # fmt: skip
+    return Generate(
+        request_id=rid,
+        prompt=TextPrompt(text="hi"),
+        priority=priority,
+        sampling=SamplingParams(max_tokens=2, temperature=0.0),
+    )
 
 
 def test_rows_leaving_one_by_one_hold_no_copies_of_the_view(harness_factory: Any) -> None:
@@ -277,8 +281,13 @@ def test_prompts_that_end_at_their_first_token_leave_no_pending_pool_writes(
 
     def first_token_only(rid: str, ids: list[int]) -> None:
         h.results[rid] = Result()
-        h.send(Generate(request_id=rid, prompt=TokenPrompt(token_ids=ids),
-                        sampling=SamplingParams(max_tokens=1, temperature=0.0)))  # fmt: skip
+        h.send(
+            Generate(
+                request_id=rid,
+                prompt=TokenPrompt(token_ids=ids),
+                sampling=SamplingParams(max_tokens=1, temperature=0.0),
+            )
+        )
         h.run()
 
     first_token_only("warm", prompt)

@@ -44,13 +44,15 @@ def write_gguf(model_dir: Path, out: Path) -> None:
     writer = GGUFWriter(str(out), arch)
     heads = config["num_attention_heads"]
     head_dim = config.get("head_dim", config["hidden_size"] // heads)
-    for key, value in [("block_count", config["num_hidden_layers"]),
-                       ("embedding_length", config["hidden_size"]),
-                       ("feed_forward_length", config["intermediate_size"]),
-                       ("attention.head_count", heads),
-                       ("attention.head_count_kv", config["num_key_value_heads"]),
-                       ("attention.key_length", head_dim),
-                       ("context_length", config["max_position_embeddings"])]:  # fmt: skip
+    for key, value in [
+        ("block_count", config["num_hidden_layers"]),
+        ("embedding_length", config["hidden_size"]),
+        ("feed_forward_length", config["intermediate_size"]),
+        ("attention.head_count", heads),
+        ("attention.head_count_kv", config["num_key_value_heads"]),
+        ("attention.key_length", head_dim),
+        ("context_length", config["max_position_embeddings"]),
+    ]:
         writer.add_uint32(f"{arch}.{key}", value)
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", config["rms_norm_eps"])
     writer.add_float32(f"{arch}.rope.freq_base", config.get("rope_theta", 10000.0))
@@ -119,8 +121,13 @@ def test_llama3_rope_scaling_comes_back_from_rope_freqs(tmp_path: Path) -> None:
 
     made = make_model(tmp_path / "llama3", arch="llama", size="tiny", progress=lambda line: None)
     config = json.loads((made / "config.json").read_text())
-    scaling = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}  # fmt: skip
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 32.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
     config.update(rope_scaling=scaling, max_position_embeddings=131072)
     (made / "config.json").write_text(json.dumps(config))
     write_gguf(made, tmp_path / "llama3.gguf")

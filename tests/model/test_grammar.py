@@ -42,8 +42,14 @@ def test_constrained_rows_are_valid_and_free_rows_unchanged(
     h.generate("free-alone", "hello world", max_tokens=12, ignore_eos=True)
     alone = h.run()["free-alone"].token_ids
     for i in range(3):
-        h.generate(f"json{i}", f"person {i}:", max_tokens=160, temperature=temperature,
-                   seed=i, response_format=fmt)  # fmt: skip
+        h.generate(
+            f"json{i}",
+            f"person {i}:",
+            max_tokens=160,
+            temperature=temperature,
+            seed=i,
+            response_format=fmt,
+        )
     h.generate("free", "hello world", max_tokens=12, ignore_eos=True)
     results = h.run()
     assert results["free"].token_ids == alone

@@ -262,9 +262,13 @@ def test_the_kv_budget_holds_every_rows_state_and_the_snapshots(model_path: Path
     budget = 2**20
 
     def blocks(rows: int) -> tuple[int, int]:
-        config = WorkerConfig(model=str(model_path), name="h", endpoint="ipc:///tmp/h",
-                              cache=CacheConfig(kv_cache_gb=budget / 2**30, block_size=BLOCK),
-                              scheduler=SchedulerConfig(max_num_seqs=rows))  # fmt: skip
+        config = WorkerConfig(
+            model=str(model_path),
+            name="h",
+            endpoint="ipc:///tmp/h",
+            cache=CacheConfig(kv_cache_gb=budget / 2**30, block_size=BLOCK),
+            scheduler=SchedulerConfig(max_num_seqs=rows),
+        )
         runner, pool, _ = build_runner(model, {0}, config, 1 << 16)
         assert pool is not None
         return pool.num_blocks, runner.state_budget  # type: ignore[attr-defined]

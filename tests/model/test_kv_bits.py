@@ -20,8 +20,13 @@ from tests.model.test_engine import sequences_hold_no_blocks
 pytestmark = pytest.mark.model
 
 SYSTEM = "You are a careful assistant. Answer briefly, in plain words, and cite nothing. " * 3
-QUESTIONS = ["What is MLX?", "Why is the sky blue?", "Name three prime numbers.",
-             "Count to five.", "What is a block table?"]  # fmt: skip
+QUESTIONS = [
+    "What is MLX?",
+    "Why is the sky blue?",
+    "Name three prime numbers.",
+    "Count to five.",
+    "What is a block table?",
+]
 PROMPTS = [SYSTEM + q for q in QUESTIONS]
 MAX_TOKENS = 24
 
@@ -46,9 +51,10 @@ def fmt(bits: int | None) -> Any:
     return KVFormat(bits)
 
 
-@pytest.mark.parametrize(("dtype", "dim", "low8", "low4"), [("float16", 64, 1.85, 3.5),
-                                                          ("float16", 128, 1.85, 3.5),
-                                                          ("float32", 64, 3.5, 6.0)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("dtype", "dim", "low8", "low4"),
+    [("float16", 64, 1.85, 3.5), ("float16", 128, 1.85, 3.5), ("float32", 64, 3.5, 6.0)],
+)
 def test_blocks_shrink_with_the_bits(dtype: str, dim: int, low8: float, low4: float) -> None:
     import mlx.core as mx
 
@@ -73,8 +79,9 @@ def test_a_fixed_budget_holds_as_many_more_contexts(small_model: Path) -> None:
 
     def blocks(bits: int | None) -> int:
         cache = CacheConfig(kv_cache_gb=0.01, kv_bits=bits)
-        config = WorkerConfig(model=str(small_model), name="small", endpoint="ipc:///x",
-                              cache=cache)  # fmt: skip
+        config = WorkerConfig(
+            model=str(small_model), name="small", endpoint="ipc:///x", cache=cache
+        )
         runner, pool, _ = build_runner(model, {2}, config, 4096)
         assert pool is not None and runner.pool.fmt.bits == bits  # type: ignore[attr-defined]
         return pool.num_blocks
@@ -92,8 +99,12 @@ def test_a_group_that_does_not_divide_head_dim_is_refused(small_model: Path) -> 
     from mlxd.worker.build import build_runner
 
     model = mlx_lm.load(str(small_model))[0]
-    config = WorkerConfig(model="m", name="small", endpoint="ipc:///x",
-                          cache=CacheConfig(kv_bits=8, kv_group_size=128))  # fmt: skip
+    config = WorkerConfig(
+        model="m",
+        name="small",
+        endpoint="ipc:///x",
+        cache=CacheConfig(kv_bits=8, kv_group_size=128),
+    )
     with pytest.raises(ConfigError, match="kv-group-size 128 does not divide"):
         build_runner(model, {2}, config, 4096)
 
@@ -107,8 +118,9 @@ def test_models_on_their_own_caches_warn_and_keep_float_kv(
     from mlxd.worker.build import build_runner
 
     model = mlx_lm.load(str(small_model))[0]
-    config = WorkerConfig(model="m", name="small", endpoint="ipc:///x",
-                          cache=CacheConfig(kv_bits=8, paged=False))  # fmt: skip
+    config = WorkerConfig(
+        model="m", name="small", endpoint="ipc:///x", cache=CacheConfig(kv_bits=8, paged=False)
+    )
     with caplog.at_level(logging.WARNING):
         _, pool, _ = build_runner(model, {2}, config, 4096)
     assert pool is None and "--kv-bits applies to the paged KV pool only" in caplog.text
@@ -150,8 +162,9 @@ def _same_up_to_a_tie(outputs: list[list[int]], alone: list[Any]) -> bool:
     likely tokens were a tie (``TIE``)."""
     for got, ref in zip(outputs, alone, strict=True):
         assert len(got) == len(ref.token_ids)
-        at = next((i for i, (a, b) in enumerate(zip(got, ref.token_ids, strict=True)) if a != b),
-                  None)  # fmt: skip
+        at = next(
+            (i for i, (a, b) in enumerate(zip(got, ref.token_ids, strict=True)) if a != b), None
+        )
         if at is None:
             continue
         top = ref.logprobs[at].top_logprobs

@@ -35,8 +35,14 @@ def test_logprobs_match_mlx_lm_in_a_mixed_batch(
 
     h = harness_factory(prefill_chunk=prefill_chunk)
     for i, prompt in enumerate(PROMPTS):  # the middle row does not ask
-        h.generate(f"r{i}", prompt, max_tokens=6, ignore_eos=True,
-                   logprobs=i != 1, top_logprobs=3 if i == 0 else 0)  # fmt: skip
+        h.generate(
+            f"r{i}",
+            prompt,
+            max_tokens=6,
+            ignore_eos=True,
+            logprobs=i != 1,
+            top_logprobs=3 if i == 0 else 0,
+        )
     results = h.run()
     assert results["r1"].logprobs == []
     for i in (0, 2):

@@ -41,12 +41,15 @@ CONVERSATION = [
         "role": "assistant",
         "content": None,
         "tool_calls": [
-            {"id": "c1", "type": "function",
-             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            },
         ],
     },
     {"role": "tool", "tool_call_id": "c1", "content": "sunny, 22C"},
-]  # fmt: skip
+]
 
 
 def _quiet(line: str) -> None:
@@ -135,8 +138,15 @@ def test_real_shape_presets_have_true_dims(
     arch: str, size: str, dims: tuple[int, ...], num_params: int
 ) -> None:
     config = model_config(arch, size)
-    keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-            "head_dim", "intermediate_size", "vocab_size")  # fmt: skip
+    keys = (
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "intermediate_size",
+        "vocab_size",
+    )
     assert tuple(config[k] for k in keys) == dims
     assert config["tie_word_embeddings"] is True
     # MLX builds parameters lazily, so counting them allocates nothing.
@@ -230,8 +240,10 @@ def test_cli_unknown_arch_is_one_line_error(tmp_path: Path) -> None:
 
 def test_default_model_is_made_once(tmp_path: Path) -> None:
     paths: list[Path] = []
-    threads = [threading.Thread(target=lambda: paths.append(ensure_default_model(tmp_path, _quiet)))
-               for _ in range(2)]  # fmt: skip
+    threads = [
+        threading.Thread(target=lambda: paths.append(ensure_default_model(tmp_path, _quiet)))
+        for _ in range(2)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:

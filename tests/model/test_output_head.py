@@ -16,8 +16,9 @@ pytestmark = pytest.mark.model
 
 @pytest.mark.parametrize("arch", ["qwen3", "mistral"], ids=["tied-embeddings", "lm-head"])
 def test_last_position_logits_are_the_full_models_last_ones(tmp_path: Path, arch: str) -> None:
-    model = mlx_lm.load(str(make_model(tmp_path / arch, arch=arch, size="tiny",
-                                       progress=lambda line: None)))[0]  # fmt: skip
+    model = mlx_lm.load(
+        str(make_model(tmp_path / arch, arch=arch, size="tiny", progress=lambda line: None))
+    )[0]
     tied = getattr(model, "lm_head", None) is None
     assert tied == (arch == "qwen3")
     tokens = mx.random.randint(10, 1000, (3, 9), key=mx.random.key(0))

@@ -150,8 +150,9 @@ def test_padding_keys_are_zeroed_so_no_real_row_reads_a_non_finite_one(context: 
 
     from mlxd.worker.kv.paged_cache import KVPool, PagedKVCache, PagedStep
 
-    pool = KVPool(1, num_blocks=8, block_size=16, n_kv_heads=1, k_head_dim=4, v_head_dim=4,
-                  dtype=mx.float32)  # fmt: skip
+    pool = KVPool(
+        1, num_blocks=8, block_size=16, n_kv_heads=1, k_head_dim=4, v_head_dim=4, dtype=mx.float32
+    )
     step = PagedStep.build([[0, 1], [2, 3]], [context, context], [3, 1], pool)
     keys = mx.ones((2, 1, 3, 4))
     keys[1, :, :2] = mx.nan  # row 1 is one real token after two of padding

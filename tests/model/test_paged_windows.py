@@ -20,8 +20,10 @@ from tests.model.test_engine import reference_ids
 
 pytestmark = [pytest.mark.model, pytest.mark.filterwarnings("ignore::FutureWarning")]
 
-WORDS = ("the quick brown fox jumps over the lazy dog while a b c d e f a b c d e f "
-         "hello world hello world and so on and on").split()  # fmt: skip
+WORDS = (
+    "the quick brown fox jumps over the lazy dog while a b c d e f a b c d e f "
+    "hello world hello world and so on and on"
+).split()
 
 
 @pytest.fixture(scope="module")
@@ -86,9 +88,11 @@ def test_a_prefix_hit_past_the_window_continues_as_cold(
 
 @pytest.mark.parametrize("virtual_rows", [False, True], ids=["window", "rows"])
 def test_speculation_verifies_windowed_layers_exactly(
-    windowed: Path, harness: Callable[..., Harness], virtual_rows: bool,
+    windowed: Path,
+    harness: Callable[..., Harness],
+    virtual_rows: bool,
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+) -> None:
     monkeypatch.setattr(paged_runner, "VIRTUAL_ROWS", virtual_rows)
     h = harness(speculate="ngram")
     h.engine.speculator.adaptive = False  # every step with a draft verifies

@@ -133,8 +133,9 @@ def test_other_architectures_through_the_paged_engine_equal_mlx_lm(
     from mlxd.models.maker import make_model
     from tests.model.conftest import Harness
 
-    path = make_model(tmp_path_factory.mktemp(arch) / arch, arch=arch, size="tiny",
-                      progress=lambda _: None)  # fmt: skip
+    path = make_model(
+        tmp_path_factory.mktemp(arch) / arch, arch=arch, size="tiny", progress=lambda _: None
+    )
     h = Harness(path, block_size=8, prefill_chunk=16)
     try:
         prompts = [SYSTEM + q for q in QUESTIONS[:2]] + ["hello"]
@@ -304,10 +305,14 @@ def test_random_schedules_decode_the_same_in_every_kv_mode(harness_factory: Any,
             step += 1
             assert step < 3000, "engine did not finish"
         assert kw.get("paged") is False or sequences_hold_no_blocks(h)
-        preempted.append(h.engine.scheduler.kv_report().preemptions if h.engine.scheduler.pool
-                         else 0)  # fmt: skip
-        return {rid: r.token_ids for rid, r in h.results.items()
-                if r.finished is not None and r.finished.finish_reason == "length"}  # fmt: skip
+        preempted.append(
+            h.engine.scheduler.kv_report().preemptions if h.engine.scheduler.pool else 0
+        )
+        return {
+            rid: r.token_ids
+            for rid, r in h.results.items()
+            if r.finished is not None and r.finished.finish_reason == "length"
+        }
 
     modes: set[str] = set()
     preempted: list[int] = []

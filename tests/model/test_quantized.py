@@ -20,8 +20,13 @@ from mlxd.worker.runners.quantized import (
 
 @pytest.fixture(scope="module")
 def q4_model(tmp_path_factory: pytest.TempPathFactory) -> nn.Module:
-    path = make_model(tmp_path_factory.mktemp("q4") / "m", arch="qwen3", size="tiny",
-                      quantize_bits=4, progress=lambda line: None)  # fmt: skip
+    path = make_model(
+        tmp_path_factory.mktemp("q4") / "m",
+        arch="qwen3",
+        size="tiny",
+        quantize_bits=4,
+        progress=lambda line: None,
+    )
     return mlx_lm.load(str(path))[0]
 
 
@@ -32,8 +37,10 @@ def _kinds(model: nn.Module) -> set[type]:
 def test_batch_as_rows_gives_the_same_logits_for_prefill_and_decode_shapes(
     q4_model: nn.Module,
 ) -> None:
-    tokens = {shape: mx.random.randint(10, 1000, shape, key=mx.random.key(1))
-              for shape in [(3, 5), (4, 1), (1, 7)]}  # fmt: skip
+    tokens = {
+        shape: mx.random.randint(10, 1000, shape, key=mx.random.key(1))
+        for shape in [(3, 5), (4, 1), (1, 7)]
+    }
     before = {shape: q4_model(t) for shape, t in tokens.items()}
     changed = batch_as_rows(q4_model)
     try:
@@ -82,8 +89,13 @@ def test_a_quantized_model_decodes_a_batch_as_mlx_lm_decodes_each_prompt(
     from tests.model.conftest import Harness, load_model
     from tests.model.test_engine import PROMPTS, reference
 
-    path = make_model(tmp_path_factory.mktemp("q4-engine") / "m", arch="qwen3", size="tiny",
-                      quantize_bits=4, progress=lambda line: None)  # fmt: skip
+    path = make_model(
+        tmp_path_factory.mktemp("q4-engine") / "m",
+        arch="qwen3",
+        size="tiny",
+        quantize_bits=4,
+        progress=lambda line: None,
+    )
     assert batch_as_rows(load_model(path)[0])  # the harness and the reference share it
     h = Harness(path)
     try:

@@ -34,16 +34,21 @@ def test_greedy_rows_take_the_argmax() -> None:
 
 
 def test_logit_bias_and_banned_ids_apply_per_row() -> None:
-    rows = [row(temperature=0, logit_bias={3: 10.0}), row(temperature=0, block_ids=[0]),
-            row(temperature=0)]  # fmt: skip
+    rows = [
+        row(temperature=0, logit_bias={3: 10.0}),
+        row(temperature=0, block_ids=[0]),
+        row(temperature=0),
+    ]
     assert draw([LOGITS] * 3, rows) == [3, 1, 0]
 
 
 def test_repetition_presence_and_frequency_penalties_demote_seen_tokens() -> None:
-    rows = [row(temperature=0, repetition_penalty=2.0, history=[0]),
-            row(temperature=0, presence_penalty=1.0, output=[0]),
-            row(temperature=0, frequency_penalty=0.1, output=[0, 0]),
-            row(temperature=0, frequency_penalty=0.01, output=[0])]  # fmt: skip
+    rows = [
+        row(temperature=0, repetition_penalty=2.0, history=[0]),
+        row(temperature=0, presence_penalty=1.0, output=[0]),
+        row(temperature=0, frequency_penalty=0.1, output=[0, 0]),
+        row(temperature=0, frequency_penalty=0.01, output=[0]),
+    ]
     assert draw([LOGITS] * 4, rows) == [1, 1, 1, 0]
 
 

@@ -23,8 +23,13 @@ WINDOW = 8
 
 @pytest.fixture(scope="module")
 def swa_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_model(tmp_path_factory.mktemp("swa") / "m", arch="llama", size="tiny",
-                      sliding_window=WINDOW, progress=lambda line: None)  # fmt: skip
+    return make_model(
+        tmp_path_factory.mktemp("swa") / "m",
+        arch="llama",
+        size="tiny",
+        sliding_window=WINDOW,
+        progress=lambda line: None,
+    )
 
 
 def test_sliding_window_layers_use_rotating_caches_in_mlx_lm(swa_model: Path) -> None:
@@ -60,9 +65,13 @@ def test_batched_sliding_window_decode_equals_mlx_lm(swa_model: Path, prefill_ch
             h.generate(str(i), prompt, max_tokens=30, ignore_eos=True)
         ids = list(range(40, 57))
         h.results["ids"] = Result()
-        h.send(Generate(request_id="ids", prompt=TokenPrompt(token_ids=ids),
-                        sampling=SamplingParams(max_tokens=20, temperature=0.0,
-                                                ignore_eos=True)))  # fmt: skip
+        h.send(
+            Generate(
+                request_id="ids",
+                prompt=TokenPrompt(token_ids=ids),
+                sampling=SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True),
+            )
+        )
         results: dict[str, Any] = h.run()
     finally:
         h.close()

@@ -22,8 +22,12 @@ from mlxd.worker.spec import verification
 
 pytestmark = pytest.mark.model
 
-PROMPTS = ["a b c d e f a b c d e f a b c", "hello world hello world hello",
-           "the quick brown fox", "1 2 3 1 2 3 1 2"]  # fmt: skip
+PROMPTS = [
+    "a b c d e f a b c d e f a b c",
+    "hello world hello world hello",
+    "the quick brown fox",
+    "1 2 3 1 2 3 1 2",
+]
 
 
 @pytest.fixture(autouse=True, params=[False, True], ids=["window", "rows"])
@@ -58,8 +62,16 @@ def _busy_batch(h: Any) -> dict[str, list[int]]:
     for _ in range(5):
         h.step()
         _check_blocks(h)
-    h.generate("e", PROMPTS[0] + " x", max_tokens=20, ignore_eos=True, temperature=0.7, seed=3,
-               top_p=0.9, min_tokens=5)  # fmt: skip
+    h.generate(
+        "e",
+        PROMPTS[0] + " x",
+        max_tokens=20,
+        ignore_eos=True,
+        temperature=0.7,
+        seed=3,
+        top_p=0.9,
+        min_tokens=5,
+    )
     results = h.run()
     assert all(r.error is None for r in results.values())
     return {rid: r.token_ids for rid, r in results.items()}
@@ -167,15 +179,16 @@ def test_a_request_may_opt_out(harness_factory: Any) -> None:
 
 
 def test_logprobs_and_grammar_are_kept(harness_factory: Any) -> None:
-    fmt = JsonFormat(schema=json.dumps({"type": "array", "items": {"enum": ["ab", "cd"]},
-                                        "maxItems": 12}))  # fmt: skip
+    fmt = JsonFormat(
+        schema=json.dumps({"type": "array", "items": {"enum": ["ab", "cd"]}, "maxItems": 12})
+    )
     results = {}
     for mode in ("off", "ngram"):
         h = _harness(harness_factory, mode)
-        h.generate("lp", PROMPTS[1], max_tokens=30, ignore_eos=True, logprobs=True,
-                   top_logprobs=2)  # fmt: skip
-        h.generate("json", "list: [\"ab\", \"cd\", \"ab\", \"cd\", \"ab\"", max_tokens=80,
-                   response_format=fmt)  # fmt: skip
+        h.generate("lp", PROMPTS[1], max_tokens=30, ignore_eos=True, logprobs=True, top_logprobs=2)
+        h.generate(
+            "json", 'list: ["ab", "cd", "ab", "cd", "ab"', max_tokens=80, response_format=fmt
+        )
         results[mode] = h.run()
     lp_off, lp_on = results["off"]["lp"], results["ngram"]["lp"]
     assert lp_on.token_ids == lp_off.token_ids
@@ -219,8 +232,7 @@ def other_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from mlxd.models.maker import make_model
 
     out = tmp_path_factory.mktemp("draft") / "tiny-qwen3-q4"
-    return make_model(out, arch="qwen3", size="tiny", quantize_bits=4,
-                      progress=lambda line: None)  # fmt: skip
+    return make_model(out, arch="qwen3", size="tiny", quantize_bits=4, progress=lambda line: None)
 
 
 def _drafting(factory: Any, draft: Path, **kw: Any) -> Any:
@@ -236,8 +248,11 @@ def test_the_target_as_its_own_draft_is_accepted_and_changes_nothing(
     monkeypatch.setattr(attention_shapes, "PLANNED", one_query)
     outputs = {}
     for mode in ("off", "draft"):
-        h = _drafting(harness_factory, tiny_model) if mode == "draft" else _harness(
-            harness_factory, "off")  # fmt: skip
+        h = (
+            _drafting(harness_factory, tiny_model)
+            if mode == "draft"
+            else _harness(harness_factory, "off")
+        )
         for i, prompt in enumerate(PROMPTS):  # alone, then all together (the draft batched)
             h.generate(str(i), prompt, max_tokens=40, ignore_eos=True)
             h.run()
@@ -248,8 +263,10 @@ def test_the_target_as_its_own_draft_is_accepted_and_changes_nothing(
     assert outputs["draft"] == outputs["off"]
     c = h.engine.speculator.counters
     assert h.engine.speculator.mode == "draft"
-    assert c.acceptance_rate > 0.95 and c.tokens_per_forward > 3, (c.acceptance_rate,
-                                                                  c.tokens_per_forward)  # fmt: skip
+    assert c.acceptance_rate > 0.95 and c.tokens_per_forward > 3, (
+        c.acceptance_rate,
+        c.tokens_per_forward,
+    )
 
 
 def test_another_draft_model_in_the_busy_batch_changes_nothing(

@@ -21,8 +21,12 @@ pytestmark = pytest.mark.model
 
 @pytest.fixture(scope="module", params=["mamba", "lfm2"])
 def mamba_model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_model(tmp_path_factory.mktemp(request.param) / "m", arch=request.param,
-                      size="tiny", progress=lambda line: None)  # fmt: skip
+    return make_model(
+        tmp_path_factory.mktemp(request.param) / "m",
+        arch=request.param,
+        size="tiny",
+        progress=lambda line: None,
+    )
 
 
 def test_state_space_models_are_served_on_the_contiguous_runner(mamba_model: Path) -> None:

@@ -18,8 +18,10 @@ from tests.model.test_engine import reference_ids
 pytestmark = [pytest.mark.model, pytest.mark.filterwarnings("ignore::FutureWarning")]
 
 BLOCK = 4
-WORDS = ("the quick brown fox jumps over the lazy dog while a b c d e f a b c d e f "
-         "hello world hello world and so on and on").split()  # fmt: skip
+WORDS = (
+    "the quick brown fox jumps over the lazy dog while a b c d e f a b c d e f "
+    "hello world hello world and so on and on"
+).split()
 
 
 @pytest.fixture(scope="module")

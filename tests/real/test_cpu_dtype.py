@@ -11,9 +11,11 @@ import pytest
 pytestmark = [pytest.mark.real]
 
 PROMPTS = [  # float16 on the CPU is slow: four short answers keep this under half a minute
-    "What is the capital of France?", "Name three colours.", "Who wrote Hamlet?",
+    "What is the capital of France?",
+    "Name three colours.",
+    "Who wrote Hamlet?",
     "Say hello in Spanish.",
-]  # fmt: skip
+]
 MAX_TOKENS = 6
 
 

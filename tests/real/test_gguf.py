@@ -29,8 +29,10 @@ def test_unpermute_inverts_llama_cpp_rows_of_quantized_triplets() -> None:
     assert mx.array_equal(gguf._unpermute(llama_cpp_permute(w, 3), 3), w)
     q, scales, biases = mx.quantize(w, group_size=32, bits=4)
     back = [gguf._unpermute(llama_cpp_permute(a, 3), 3) for a in (q, scales, biases)]
-    assert mx.array_equal(mx.dequantize(*back, group_size=32, bits=4),
-                          mx.dequantize(q, scales, biases, group_size=32, bits=4))  # fmt: skip
+    assert mx.array_equal(
+        mx.dequantize(*back, group_size=32, bits=4),
+        mx.dequantize(q, scales, biases, group_size=32, bits=4),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +43,10 @@ def quantized_dir(gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 def test_q4_1_and_q8_0_tensors_stay_quantized(quantized_dir: Path) -> None:
     config = json.loads((quantized_dir / "config.json").read_text())
     assert config["quantization"] == {
-        "group_size": 32, "bits": 4, "model.embed_tokens": {"group_size": 32, "bits": 8},
-    }  # fmt: skip
+        "group_size": 32,
+        "bits": 4,
+        "model.embed_tokens": {"group_size": 32, "bits": 8},
+    }
     assert (config["num_attention_heads"], config["num_key_value_heads"]) == (9, 3)
     assert config["eos_token_id"] == [2]  # <|im_end|>
 
@@ -83,8 +87,13 @@ def test_tokenizer_matches_llama_cpp(gguf_path: Path, converted_dir: Path) -> No
     llama_cpp = pytest.importorskip("llama_cpp")
     ours = Tokenizer.from_file(str(converted_dir / "tokenizer.json"))
     vocab = llama_cpp.Llama(str(gguf_path), vocab_only=True, verbose=False)
-    for text in [TEXT, "Hello  world!\n\n  12345 abc", "it's 3.14 — naïve café 日本語",
-                 "<|im_start|>user\nhi<|im_end|>\n", "def f(x):\n    return x**2\n"]:  # fmt: skip
+    for text in [
+        TEXT,
+        "Hello  world!\n\n  12345 abc",
+        "it's 3.14 — naïve café 日本語",
+        "<|im_start|>user\nhi<|im_end|>\n",
+        "def f(x):\n    return x**2\n",
+    ]:
         assert ours.encode(text).ids == vocab.tokenize(text.encode(), add_bos=False, special=True)
 
 

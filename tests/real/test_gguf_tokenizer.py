@@ -35,8 +35,13 @@ def write_spm_vocab(out: Path, corpus: list[str]) -> None:
     pieces = sorted(bpe.get_vocab(), key=bpe.get_vocab().__getitem__)
     tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), *pieces]
     writer = GGUFWriter(str(out), "llama")
-    for key, value in [("block_count", 1), ("embedding_length", 64), ("feed_forward_length", 128),
-                       ("attention.head_count", 2), ("context_length", 128)]:  # fmt: skip
+    for key, value in [
+        ("block_count", 1),
+        ("embedding_length", 64),
+        ("feed_forward_length", 128),
+        ("attention.head_count", 2),
+        ("context_length", 128),
+    ]:
         writer.add_uint32(f"llama.{key}", value)
     writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
     writer.add_tokenizer_model("llama")

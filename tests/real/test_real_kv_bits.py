@@ -13,9 +13,12 @@ from tests.model.conftest import Harness
 pytestmark = [pytest.mark.real]
 
 PROMPTS = [
-    "What is the capital of France?", "Write a haiku about the sea.", "Who wrote Hamlet?",
-    "Explain what a hash table is.", "Give three tips for sleeping well.",
-]  # fmt: skip
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Who wrote Hamlet?",
+    "Explain what a hash table is.",
+    "Give three tips for sleeping well.",
+]
 MAX_TOKENS = 32
 
 

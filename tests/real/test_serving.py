@@ -51,9 +51,11 @@ def test_the_gguf_chat_template_is_applied(client: openai.OpenAI, converted_dir:
     from tokenizers import Tokenizer
 
     # ChatML with SmolLM's default system prompt: the template stored in the GGUF metadata.
-    text = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
-            "Face<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
-            "<|im_start|>assistant\n")  # fmt: skip
+    text = (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+        "Face<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
     tokenizer = Tokenizer.from_file(str(converted_dir / "tokenizer.json"))
     reply = ask(client, FRANCE, max_tokens=1)
     assert reply.usage.prompt_tokens == len(tokenizer.encode(text).ids)
@@ -102,11 +104,13 @@ def test_a_tool_call_is_valid(client: openai.OpenAI) -> None:
 def test_a_json_schema_response_is_valid_json(client: openai.OpenAI) -> None:
     schema = {
         "type": "object",
-        "properties": {"country": {"type": "string", "maxLength": 16},
-                       "capital": {"type": "string", "maxLength": 16}},
+        "properties": {
+            "country": {"type": "string", "maxLength": 16},
+            "capital": {"type": "string", "maxLength": 16},
+        },
         "required": ["country", "capital"],
         "additionalProperties": False,
-    }  # fmt: skip
+    }
     fmt = {"type": "json_schema", "json_schema": {"name": "c", "schema": schema, "strict": True}}
     messages = [{"role": "user", "content": "Give the capital of France as JSON."}]
     reply = ask(client, messages, response_format=fmt, max_tokens=40)

@@ -95,8 +95,20 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[ServeConfig]:
 
 
 def test_start_options_become_config(tmp_path: Path, started: list[ServeConfig]) -> None:
-    args = ["start", "--model", "m=/p", "--port", "0", "--api-key", "sk-a", "--api-key", "sk-b",
-            "--api-keys-file", str(write(tmp_path, GOOD)), "--log-prompts"]  # fmt: skip
+    args = [
+        "start",
+        "--model",
+        "m=/p",
+        "--port",
+        "0",
+        "--api-key",
+        "sk-a",
+        "--api-key",
+        "sk-b",
+        "--api-keys-file",
+        str(write(tmp_path, GOOD)),
+        "--log-prompts",
+    ]
     result = CliRunner().invoke(main, args, env={"MLXD_API_KEY": None})
     assert result.exit_code == 0, result.output
     [config] = started
@@ -107,8 +119,9 @@ def test_start_options_become_config(tmp_path: Path, started: list[ServeConfig])
 def test_start_reads_mlxd_api_key_and_hides_file_errors(
     tmp_path: Path, started: list[ServeConfig]
 ) -> None:
-    result = CliRunner().invoke(main, ["start", "--model", "m=/p", "--port", "0"],
-                                env={"MLXD_API_KEY": "sk-env-1 sk-env-2"})  # fmt: skip
+    result = CliRunner().invoke(
+        main, ["start", "--model", "m=/p", "--port", "0"], env={"MLXD_API_KEY": "sk-env-1 sk-env-2"}
+    )
     assert result.exit_code == 0, result.output
     assert [k.key for k in started[0].api_keys] == ["sk-env-1", "sk-env-2"]
     bad = write(tmp_path, f'[[keys]]\nkey = "{SECRET}"\ntier = "vip"\n')

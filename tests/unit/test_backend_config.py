@@ -37,11 +37,20 @@ def test_config_file_reads_backends_and_remote_models(tmp_path: Path) -> None:
     path = tmp_path / "mlxd.toml"
     path.write_text(TOML)
     file = read_config_file(path)
-    assert file.backends == (BackendSpec(name="up", kind="openai", base_url="http://gpu:8000/v1",
-                                         api_key_env="UP_KEY", timeout_s=30.0, max_concurrency=4,
-                                         headers=(("OpenAI-Organization", "org-1"),)),)  # fmt: skip
-    assert file.remote_models == (RemoteModelSpec(name="fast", backend="up",
-                                                  upstream_model="qwen3-8b"),)  # fmt: skip
+    assert file.backends == (
+        BackendSpec(
+            name="up",
+            kind="openai",
+            base_url="http://gpu:8000/v1",
+            api_key_env="UP_KEY",
+            timeout_s=30.0,
+            max_concurrency=4,
+            headers=(("OpenAI-Organization", "org-1"),),
+        ),
+    )
+    assert file.remote_models == (
+        RemoteModelSpec(name="fast", backend="up", upstream_model="qwen3-8b"),
+    )
     assert [(m.name, m.fallbacks) for m in file.models] == [("local", ("fast",))]
 
 
@@ -57,8 +66,9 @@ def test_cli_splits_remote_from_local_models() -> None:
     routes = cli_routes(models, ["up=openai:http://gpu:8000/v1"], ["up=UP_KEY"], ["q=fast"], (), ())
     assert routes.local_models == ("q=/models/qwen", "o=ollama:llama3")
     assert routes.backends[0].api_key_env == "UP_KEY"
-    assert routes.remote_models == (RemoteModelSpec(name="fast", backend="up",
-                                                    upstream_model="qwen3-8b"),)  # fmt: skip
+    assert routes.remote_models == (
+        RemoteModelSpec(name="fast", backend="up", upstream_model="qwen3-8b"),
+    )
     specs = routes.with_fallbacks((ModelSpec(name="q", path="/models/qwen"),))
     assert specs[0].fallbacks == ("fast",)
 
@@ -102,11 +112,13 @@ def test_api_key_comes_from_the_named_variable_only() -> None:
 )
 def test_serve_config_checks_routes(remote: RemoteModelSpec, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
-        ServeConfig(models=(ModelSpec(name="local", path="p"),), backends=(UP,),
-                    remote_models=(remote,))  # fmt: skip
+        ServeConfig(
+            models=(ModelSpec(name="local", path="p"),), backends=(UP,), remote_models=(remote,)
+        )
 
 
 def test_remote_models_alone_are_enough() -> None:
-    config = ServeConfig(models=(), backends=(UP,),
-                         remote_models=(RemoteModelSpec(name="r", backend="up"),))  # fmt: skip
+    config = ServeConfig(
+        models=(), backends=(UP,), remote_models=(RemoteModelSpec(name="r", backend="up"),)
+    )
     assert config.remote_models[0].upstream == "r"

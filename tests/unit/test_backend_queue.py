@@ -59,9 +59,15 @@ def test_slots_go_by_priority_then_arrival_with_aging() -> None:
             await slots.acquire(priority)
             order.append(name)
 
-        tasks = [asyncio.create_task(wait(*a)) for a in
-                 (("low-old", "low", 0), ("normal", "normal", 15), ("high", "high", 15),
-                  ("low-new", "low", 15))]  # fmt: skip
+        tasks = [
+            asyncio.create_task(wait(*a))
+            for a in (
+                ("low-old", "low", 0),
+                ("normal", "normal", 15),
+                ("high", "high", 15),
+                ("low-new", "low", 15),
+            )
+        ]
         await asyncio.sleep(0)
         assert slots.waiting == 4
         clock.now = 16  # low-old: 2 - 1.6 = 0.4 beats normal's 1 - 0.1, not high's 0 - 0.1

@@ -9,13 +9,16 @@ UP = BackendSpec(name="up", kind="openai", base_url="http://h:1/v1")
 
 
 def _router(*, local_fallbacks: tuple[str, ...] = ()) -> Router:
-    return Router(ServeConfig(
-        models=(ModelSpec(name="q", path="p", aliases=("qa",), fallbacks=local_fallbacks),),
-        backends=(UP,),
-        remote_models=(RemoteModelSpec(name="a", backend="up", upstream_model="gpt",
-                                       fallbacks=("b", "q")),
-                       RemoteModelSpec(name="b", backend="up", fallbacks=("a",))),
-    ))  # fmt: skip
+    return Router(
+        ServeConfig(
+            models=(ModelSpec(name="q", path="p", aliases=("qa",), fallbacks=local_fallbacks),),
+            backends=(UP,),
+            remote_models=(
+                RemoteModelSpec(name="a", backend="up", upstream_model="gpt", fallbacks=("b", "q")),
+                RemoteModelSpec(name="b", backend="up", fallbacks=("a",)),
+            ),
+        )
+    )
 
 
 def test_chain_is_the_model_then_its_fallbacks_once_each() -> None:

@@ -13,8 +13,15 @@ from click.testing import CliRunner
 from mlxd.bench import report
 from mlxd.cli.main import main
 
-ROW = {"concurrency": 1, "group": "all", "ok": 2, "failed": 0, "output_tok_s": 12.345,
-       "ttft_p50_ms": math.nan, "speedup": 1.0}  # fmt: skip
+ROW = {
+    "concurrency": 1,
+    "group": "all",
+    "ok": 2,
+    "failed": 0,
+    "output_tok_s": 12.345,
+    "ttft_p50_ms": math.nan,
+    "speedup": 1.0,
+}
 
 
 def test_table_aligns_columns_and_shows_missing_values_as_dash() -> None:
@@ -41,8 +48,9 @@ def test_plot_without_matplotlib_is_one_line_and_nonzero(
 ) -> None:
     report.write_json(tmp_path / "r.json", {"kind": "http", "rows": [ROW]})
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import now raises ImportError
-    result = CliRunner().invoke(main, ["bench", "plot", str(tmp_path / "r.json"),
-                                       "--out", str(tmp_path / "r.png")])  # fmt: skip
+    result = CliRunner().invoke(
+        main, ["bench", "plot", str(tmp_path / "r.json"), "--out", str(tmp_path / "r.png")]
+    )
     assert result.exit_code == 1 and not (tmp_path / "r.png").exists()
     assert (
         result.output == "Error: plotting needs matplotlib: pip install 'mlxd[plot]' "

@@ -18,8 +18,14 @@ from mlxd.bench.stats import (
 
 def _timing(start: float, tokens: list[float], group: str = "all") -> RequestTiming:
     """A streamed request: one token at each time in ``tokens``; it ends at the last one."""
-    return RequestTiming(start=start, first_token=tokens[0], end=tokens[-1],
-                         output_tokens=len(tokens), token_times=tokens, group=group)  # fmt: skip
+    return RequestTiming(
+        start=start,
+        first_token=tokens[0],
+        end=tokens[-1],
+        output_tokens=len(tokens),
+        token_times=tokens,
+        group=group,
+    )
 
 
 def test_percentile_interpolates_between_ranks() -> None:

@@ -30,8 +30,13 @@ USAGE = Usage(prompt_tokens=3, completion_tokens=2, cached_tokens=1)
 SAMPLING = SamplingParams(max_tokens=4, temperature=0.5, logit_bias={7: -2.5}, stop=["\n"], seed=3)
 
 MESSAGES = [
-    Generate(request_id="r1", prompt=ChatPrompt(messages=[{"role": "user", "content": "hi"}]),
-             sampling=SAMPLING, priority="high", timeout_s=2.0),
+    Generate(
+        request_id="r1",
+        prompt=ChatPrompt(messages=[{"role": "user", "content": "hi"}]),
+        sampling=SAMPLING,
+        priority="high",
+        timeout_s=2.0,
+    ),
     Generate(request_id="r2", prompt=TextPrompt(text="héllo 世界"), sampling=SamplingParams()),
     Generate(request_id="r3", prompt=TokenPrompt(token_ids=[1, 2, 3]), sampling=SAMPLING),
     Cancel(request_id="r1"),
@@ -40,18 +45,35 @@ MESSAGES = [
     Ping(request_id="p"),
     Pong(request_id="p", model="m", max_context=4096),
     TokenDelta(request_id="r1", text="é", token_ids=[5, 6]),
-    TokenDelta(request_id="r1", text="é", token_ids=[5], logprobs=[TokenLogprob(
-        token_id=5, token=b"\xc3", logprob=-0.5,
-        top_logprobs=[TopLogprob(token_id=5, token=b"\xc3", logprob=-0.5)])]),
-    Generate(request_id="r4", prompt=TextPrompt(text="x"),
-             sampling=SamplingParams(logprobs=True, top_logprobs=3)),
+    TokenDelta(
+        request_id="r1",
+        text="é",
+        token_ids=[5],
+        logprobs=[
+            TokenLogprob(
+                token_id=5,
+                token=b"\xc3",
+                logprob=-0.5,
+                top_logprobs=[TopLogprob(token_id=5, token=b"\xc3", logprob=-0.5)],
+            )
+        ],
+    ),
+    Generate(
+        request_id="r4",
+        prompt=TextPrompt(text="x"),
+        sampling=SamplingParams(logprobs=True, top_logprobs=3),
+    ),
     Finished(request_id="r1", finish_reason="stop", usage=USAGE),
     Finished(request_id="r1", finish_reason="stop", usage=USAGE, stop="END"),
     Error(request_id="r1", code="invalid_request", message="bad", param="top_p"),
     Error(request_id="r1", code="overloaded", message="full", retry_after_s=7.5),
-    Events(events=[TokenDelta(request_id="a", text="x", token_ids=[1]),
-                   Finished(request_id="a", finish_reason="length", usage=USAGE)]),
-]  # fmt: skip
+    Events(
+        events=[
+            TokenDelta(request_id="a", text="x", token_ids=[1]),
+            Finished(request_id="a", finish_reason="length", usage=USAGE),
+        ]
+    ),
+]
 
 
 @pytest.mark.parametrize("msg", MESSAGES, ids=lambda m: type(m).__name__)
@@ -75,27 +97,61 @@ def _body(obj: object) -> list[bytes]:
         (_body({"type": "ping", "request_id": 5}), "expected str"),
         (_body({"type": "ping", "request_id": "x", "extra": 1}), "unknown field"),
         (_body({"type": "cancel", "request_id": True}), "expected str"),
-        (_body({"type": "pong", "request_id": "x", "model": "m", "max_context": True}),
-         "expected int"),
-        (_body({"type": "generate", "request_id": "x", "prompt": {"type": "video"},
-                "sampling": {}}), "expected one of"),
-        (_body({"type": "generate", "request_id": "x", "prompt": {"type": "tokens",
-                "token_ids": "abc"}, "sampling": {}}), "expected a list"),
-        (_body({"type": "generate", "request_id": "x", "prompt": None, "sampling": {}}),
-         "must not be null"),
-        (_body({"type": "generate", "request_id": "x", "prompt": {"type": "text", "text": "a"},
-                "sampling": {"logit_bias": [1]}}), "expected a map"),
-        (_body({"type": "events", "events": [{"type": "ping", "request_id": "x"}]}),
-         "expected one of"),
+        (
+            _body({"type": "pong", "request_id": "x", "model": "m", "max_context": True}),
+            "expected int",
+        ),
+        (
+            _body(
+                {"type": "generate", "request_id": "x", "prompt": {"type": "video"}, "sampling": {}}
+            ),
+            "expected one of",
+        ),
+        (
+            _body(
+                {
+                    "type": "generate",
+                    "request_id": "x",
+                    "prompt": {"type": "tokens", "token_ids": "abc"},
+                    "sampling": {},
+                }
+            ),
+            "expected a list",
+        ),
+        (
+            _body({"type": "generate", "request_id": "x", "prompt": None, "sampling": {}}),
+            "must not be null",
+        ),
+        (
+            _body(
+                {
+                    "type": "generate",
+                    "request_id": "x",
+                    "prompt": {"type": "text", "text": "a"},
+                    "sampling": {"logit_bias": [1]},
+                }
+            ),
+            "expected a map",
+        ),
+        (
+            _body({"type": "events", "events": [{"type": "ping", "request_id": "x"}]}),
+            "expected one of",
+        ),
     ],
-)  # fmt: skip
+)
 def test_rejects_malformed_frames(frames: list[bytes], needle: str) -> None:
     with pytest.raises(ProtocolError, match=needle):
         codec.decode(frames)
 
 
 def test_float_fields_accept_ints() -> None:
-    frames = _body({"type": "generate", "request_id": "x", "prompt": {"type": "text", "text": "a"},
-                    "sampling": {"temperature": 1}})  # fmt: skip
+    frames = _body(
+        {
+            "type": "generate",
+            "request_id": "x",
+            "prompt": {"type": "text", "text": "a"},
+            "sampling": {"temperature": 1},
+        }
+    )
     msg = codec.decode(frames)
     assert isinstance(msg, Generate) and msg.sampling.temperature == 1.0

@@ -18,9 +18,13 @@ TAGS = [cls.TAG for cls in MESSAGE_TYPES]  # type: ignore[attr-defined]
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 scalars = (
-    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats()
-    | st.text(max_size=20) | st.binary(max_size=20)
-)  # fmt: skip
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text(max_size=20)
+    | st.binary(max_size=20)
+)
 keys = st.sampled_from(["type", "request_id", "prompt", "sampling", "events", "text"]) | scalars
 values = st.recursive(
     scalars | st.sampled_from(TAGS),

@@ -13,9 +13,13 @@ def test_data_dir_follows_injected_environ(tmp_path: object) -> None:
 
 @pytest.mark.parametrize(
     "kwargs, needle",
-    [({"max_num_seqs": 0}, "max-num-seqs"), ({"prefill_chunk": 1}, "prefill-chunk"),
-     ({"stream_interval": 0}, "stream-interval"), ({"aging_s": 0}, "priority-aging")],
-)  # fmt: skip
+    [
+        ({"max_num_seqs": 0}, "max-num-seqs"),
+        ({"prefill_chunk": 1}, "prefill-chunk"),
+        ({"stream_interval": 0}, "stream-interval"),
+        ({"aging_s": 0}, "priority-aging"),
+    ],
+)
 def test_scheduler_config_rejects_bad_values(kwargs: dict[str, object], needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
         SchedulerConfig(**kwargs)  # type: ignore[arg-type]
@@ -31,9 +35,12 @@ def test_serve_config_needs_unique_models_and_valid_port() -> None:
 
 @pytest.mark.parametrize(
     "kwargs, needle",
-    [({"max_crashes": 0}, "max-crashes"), ({"crash_window_s": 0}, "crash-window"),
-     ({"restart_backoff_s": -1}, "restart-backoff")],
-)  # fmt: skip
+    [
+        ({"max_crashes": 0}, "max-crashes"),
+        ({"crash_window_s": 0}, "crash-window"),
+        ({"restart_backoff_s": -1}, "restart-backoff"),
+    ],
+)
 def test_serve_config_rejects_bad_restart_limits(kwargs: dict[str, object], needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
         ServeConfig(models=(ModelSpec(name="a", path="/p"),), **kwargs)  # type: ignore[arg-type]

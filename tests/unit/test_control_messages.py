@@ -29,8 +29,9 @@ from mlxd.protocol.messages import (
 )
 
 MEMORY = MemoryUsage(weights_bytes=10, kv_bytes=2, active_bytes=12, peak_bytes=20, cache_bytes=0)
-SETTINGS = SchedulerSettings(max_num_seqs=8, max_queued=16, prefill_chunk=512, stream_interval=1,
-                             aging_s=10.0)  # fmt: skip
+SETTINGS = SchedulerSettings(
+    max_num_seqs=8, max_queued=16, prefill_chunk=512, stream_interval=1, aging_s=10.0
+)
 LATENCY = LatencySummary(num_samples=3, p50_ms=1.5, p95_ms=2.0, p99_ms=2.5)
 
 MESSAGES = [
@@ -42,24 +43,72 @@ MESSAGES = [
     FlushCache(request_id="c6"),
     Shutdown(request_id="c7"),
     SetConfig(request_id="c8"),
-    SetConfig(request_id="c9", max_num_seqs=4, max_queued=0, prefill_chunk=64, stream_interval=2,
-              aging_s=2.5),
+    SetConfig(
+        request_id="c9",
+        max_num_seqs=4,
+        max_queued=0,
+        prefill_chunk=64,
+        stream_interval=2,
+        aging_s=2.5,
+    ),
     Ack(request_id="c3", state="draining", message="2 request(s) left"),
     Error(request_id="c8", code="invalid_request", message="bad", param="max_num_seqs"),
-    StatusReply(request_id="c1", model="m", model_path="/m", state="running", pid=42,
-                uptime_s=1.25, max_context=4096, num_running=1, num_waiting=2, num_prefilling=0,
-                memory=MEMORY, scheduler=SETTINGS),
-    StatusReply(request_id="c1", model="m", model_path="/m", state="running", pid=42,
-                uptime_s=1.25, max_context=4096, num_running=1, num_waiting=2, num_prefilling=0,
-                memory=MEMORY, scheduler=SETTINGS, kv_cache="contiguous",
-                compute=ComputeInfo(device="cpu", blas="/usr/lib/libopenblas.so.0",
-                                    dtype="float32", file_dtype="float16", gemm_gflops=83.4,
-                                    gemm_size=256)),
-    StatsReply(request_id="c2", uptime_s=3.0, requests_admitted=5, requests_finished=3,
-               requests_cancelled=1, requests_errored=0, requests_rejected=1, prompt_tokens=50,
-               output_tokens=70, output_tps_recent=12.5, output_tps_total=7.0, ttft=LATENCY,
-               itl=LATENCY, preemptions=0, prefix_cache_hits=2, prefix_cache_hit_tokens=32),
-]  # fmt: skip
+    StatusReply(
+        request_id="c1",
+        model="m",
+        model_path="/m",
+        state="running",
+        pid=42,
+        uptime_s=1.25,
+        max_context=4096,
+        num_running=1,
+        num_waiting=2,
+        num_prefilling=0,
+        memory=MEMORY,
+        scheduler=SETTINGS,
+    ),
+    StatusReply(
+        request_id="c1",
+        model="m",
+        model_path="/m",
+        state="running",
+        pid=42,
+        uptime_s=1.25,
+        max_context=4096,
+        num_running=1,
+        num_waiting=2,
+        num_prefilling=0,
+        memory=MEMORY,
+        scheduler=SETTINGS,
+        kv_cache="contiguous",
+        compute=ComputeInfo(
+            device="cpu",
+            blas="/usr/lib/libopenblas.so.0",
+            dtype="float32",
+            file_dtype="float16",
+            gemm_gflops=83.4,
+            gemm_size=256,
+        ),
+    ),
+    StatsReply(
+        request_id="c2",
+        uptime_s=3.0,
+        requests_admitted=5,
+        requests_finished=3,
+        requests_cancelled=1,
+        requests_errored=0,
+        requests_rejected=1,
+        prompt_tokens=50,
+        output_tokens=70,
+        output_tps_recent=12.5,
+        output_tps_total=7.0,
+        ttft=LATENCY,
+        itl=LATENCY,
+        preemptions=0,
+        prefix_cache_hits=2,
+        prefix_cache_hit_tokens=32,
+    ),
+]
 
 
 @pytest.mark.parametrize("msg", MESSAGES, ids=lambda m: type(m).__name__)
@@ -92,7 +141,7 @@ def _status(**changes: object) -> dict[str, object]:
         (_body(_status(scheduler=None)), "expected a map"),
         (_body({"type": "ack", "request_id": "x"}), "missing field"),
     ],
-)  # fmt: skip
+)
 def test_rejects_malformed_control_frames(frames: list[bytes], needle: str) -> None:
     with pytest.raises(ProtocolError, match=needle):
         codec.decode(frames)

@@ -47,10 +47,14 @@ def test_worker_gets_its_models_dtype_else_the_daemons(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "config, dtype, growth",
-    [({"torch_dtype": "float16"}, "float32", 2.0), ({"torch_dtype": "bfloat16"}, "file", 1.0),
-     ({"torch_dtype": "float32"}, "float16", 0.5), ({"torch_dtype": "float32"}, "auto", 1.0),
-     ({"torch_dtype": "float16", "quantization": {"bits": 4}}, "float32", 1.0)],
-)  # fmt: skip
+    [
+        ({"torch_dtype": "float16"}, "float32", 2.0),
+        ({"torch_dtype": "bfloat16"}, "file", 1.0),
+        ({"torch_dtype": "float32"}, "float16", 0.5),
+        ({"torch_dtype": "float32"}, "auto", 1.0),
+        ({"torch_dtype": "float16", "quantization": {"bits": 4}}, "float32", 1.0),
+    ],
+)
 def test_dtype_growth_of_the_weights(config: dict[str, object], dtype: str, growth: float) -> None:
     assert dtype_growth(config, dtype) == growth
 
@@ -59,6 +63,8 @@ def test_footprint_counts_float32_weights_of_a_half_model(tmp_path: Path) -> Non
     (tmp_path / "config.json").write_text('{"torch_dtype": "float16"}')
     (tmp_path / "model.safetensors").write_bytes(b"\0" * 1000)
     spec = ModelSpec(name="m", path=str(tmp_path), kv_cache_gb=1.0)
-    sizes = [footprint(spec, ServeConfig(models=(spec,), dtype=d)).weights_bytes
-             for d in ("file", "float32")]  # fmt: skip
+    sizes = [
+        footprint(spec, ServeConfig(models=(spec,), dtype=d)).weights_bytes
+        for d in ("file", "float32")
+    ]
     assert sizes == [1000, 2000]

@@ -8,8 +8,11 @@ from mlxd.worker.group import _pack, _seeded, _unpack
 
 
 def generate(seed: int | None) -> Generate:
-    return Generate(request_id="r1", prompt=TextPrompt(text="hi"),
-                    sampling=SamplingParams(max_tokens=4, seed=seed))  # fmt: skip
+    return Generate(
+        request_id="r1",
+        prompt=TextPrompt(text="hi"),
+        sampling=SamplingParams(max_tokens=4, seed=seed),
+    )
 
 
 def test_messages_clock_and_stop_round_trip() -> None:

@@ -42,8 +42,15 @@ def test_presented_key(headers: dict[str, str], key: str | None) -> None:
 
 @pytest.mark.parametrize(
     "client, loopback",
-    [(("127.0.0.1", 1), True), (("127.8.0.3", 1), True), (("::1", 1), True), (None, True),
-     (("10.0.0.1", 1), False), (("::ffff:10.0.0.1", 1), False), (("testclient", 1), False)],
-)  # fmt: skip
+    [
+        (("127.0.0.1", 1), True),
+        (("127.8.0.3", 1), True),
+        (("::1", 1), True),
+        (None, True),
+        (("10.0.0.1", 1), False),
+        (("::ffff:10.0.0.1", 1), False),
+        (("testclient", 1), False),
+    ],
+)
 def test_is_loopback(client: tuple[str, int] | None, loopback: bool) -> None:
     assert is_loopback(client) is loopback

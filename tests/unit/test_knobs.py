@@ -21,10 +21,15 @@ from mlxd.knobs import KNOBS, LIVE_KNOBS, Knob
 from mlxd.protocol.messages import SetConfig
 
 KNOB_OPTIONS = {(c.name, k.field): (c, k) for c in (start_command, serve_command) for k in KNOBS}
-CONFIGS = {"scheduler": (SchedulerConfig,), "cache": (CacheConfig,),
-           "worker": (WorkerConfig, ServeConfig)}  # fmt: skip
-_MINIMAL: dict[type, dict[str, object]] = {WorkerConfig: {"model": "m", "name": "m", "endpoint": "ipc:///tmp/w.sock"},
-            ServeConfig: {"models": ()}}  # fmt: skip
+CONFIGS = {
+    "scheduler": (SchedulerConfig,),
+    "cache": (CacheConfig,),
+    "worker": (WorkerConfig, ServeConfig),
+}
+_MINIMAL: dict[type, dict[str, object]] = {
+    WorkerConfig: {"model": "m", "name": "m", "endpoint": "ipc:///tmp/w.sock"},
+    ServeConfig: {"models": ()},
+}
 
 
 def _option(command: click.Command, knob: Knob[object]) -> click.Option:
@@ -82,8 +87,12 @@ def test_every_scheduler_and_cache_field_is_a_knob() -> None:
 
 def test_spawned_worker_gets_the_daemons_knobs_as_one_config(tmp_path: Path) -> None:
     scheduler, cache = SchedulerConfig(max_num_seqs=3, aging_s=2.5), CacheConfig(block_size=16)
-    config = ServeConfig(models=(ModelSpec(name="m", path="org/m", kv_cache_gb=0.5),),
-                         scheduler=scheduler, cache=cache, max_context=99)  # fmt: skip
+    config = ServeConfig(
+        models=(ModelSpec(name="m", path="org/m", kv_cache_gb=0.5),),
+        scheduler=scheduler,
+        cache=cache,
+        max_context=99,
+    )
     supervisor = Supervisor(config, tmp_path)
     argv = worker_command(supervisor._worker("m"), config, "INFO")
     sent = WorkerConfig.from_json(argv[argv.index("--config-json") + 1])
@@ -93,9 +102,13 @@ def test_spawned_worker_gets_the_daemons_knobs_as_one_config(tmp_path: Path) -> 
 
 
 def test_worker_config_json_round_trips_and_rejects_junk() -> None:
-    config = WorkerConfig(model="m", name="n", endpoint="ipc:///tmp/w.sock",
-                          scheduler=SchedulerConfig(prefill_chunk=64),
-                          buffer_cache_bytes=7)  # fmt: skip
+    config = WorkerConfig(
+        model="m",
+        name="n",
+        endpoint="ipc:///tmp/w.sock",
+        scheduler=SchedulerConfig(prefill_chunk=64),
+        buffer_cache_bytes=7,
+    )
     assert WorkerConfig.from_json(config.to_json()) == config
     with pytest.raises(ConfigError, match="bad worker config JSON"):
         WorkerConfig.from_json('{"model": "m", "bogus": 1}')
@@ -156,8 +169,9 @@ def test_the_daemons_kv_budget_is_the_cache_knob_from_file_or_option(
     monkeypatch.setattr(start, "_serve", lambda config, log_level: seen.append(config) or 0)
     monkeypatch.setenv("MLXD_HOME", str(tmp_path / "home"))
     file = tmp_path / "mlxd.toml"
-    file.write_text('kv_cache_gb = 2.0\n[models.a]\npath = "/p"\n[models.b]\npath = "/q"\n'
-                    "kv_cache_gb = 0.25\n")  # fmt: skip
+    file.write_text(
+        'kv_cache_gb = 2.0\n[models.a]\npath = "/p"\n[models.b]\npath = "/q"\nkv_cache_gb = 0.25\n'
+    )
     for extra in ([], ["--kv-cache-gb", "3"]):
         result = CliRunner().invoke(main, ["start", "--port", "0", "--config", str(file), *extra])
         assert result.exit_code == 0, result.output

@@ -5,8 +5,8 @@ from __future__ import annotations
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
 
-from mlxd.gateway.http.accesslog import RequestRecord
 from mlxd.gateway.backends.local.pool import StaticPool
+from mlxd.gateway.http.accesslog import RequestRecord
 from mlxd.gateway.ops.metrics import Metrics
 from mlxd.protocol.messages import Finished, TokenDelta, Usage
 

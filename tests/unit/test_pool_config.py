@@ -23,9 +23,16 @@ from mlxd.units import parse_duration, parse_memory
 
 @pytest.mark.parametrize(
     "text, expected",
-    [("16GB", 16 * 2**30), ("1.5G", 3 * 2**29), ("512MiB", 512 * 2**20), ("2", 2 * 2**30),
-     ("1000b", 1000), ("50%", 500), ("100 %", 1000)],
-)  # fmt: skip
+    [
+        ("16GB", 16 * 2**30),
+        ("1.5G", 3 * 2**29),
+        ("512MiB", 512 * 2**20),
+        ("2", 2 * 2**30),
+        ("1000b", 1000),
+        ("50%", 500),
+        ("100 %", 1000),
+    ],
+)
 def test_parse_memory(text: str, expected: int) -> None:
     assert parse_memory(text, total_bytes=1000) == expected
 
@@ -36,8 +43,9 @@ def test_parse_memory_refuses_bad_sizes(text: str) -> None:
         parse_memory(text, total_bytes=1000)
 
 
-@pytest.mark.parametrize("text, expected", [("300", 300), ("30s", 30), ("5m", 300), ("1h", 3600),
-                                            ("0", 0), (2.5, 2.5)])  # fmt: skip
+@pytest.mark.parametrize(
+    "text, expected", [("300", 300), ("30s", 30), ("5m", 300), ("1h", 3600), ("0", 0), (2.5, 2.5)]
+)
 def test_parse_duration(text: str, expected: float) -> None:
     assert parse_duration(text) == expected
 
@@ -78,8 +86,9 @@ kv_cache_gb = 0.5
     file = read_config_file(path)
     assert file.settings == {"max_memory_bytes": parse_memory("75%"), "keep_alive_s": 600}
     qwen, other = file.models
-    assert qwen == ModelSpec(name="qwen", path="org/qwen", aliases=("q",), keep_alive_s=0,
-                             pinned=True)  # fmt: skip
+    assert qwen == ModelSpec(
+        name="qwen", path="org/qwen", aliases=("q",), keep_alive_s=0, pinned=True
+    )
     assert not other.preload and other.kv_cache_gb == 0.5 and other.keep_alive_s is None
     config = ServeConfig(models=file.models, keep_alive_s=600)
     assert config.keep_alive(qwen) == 0 and config.keep_alive(other) == 600
@@ -87,11 +96,14 @@ kv_cache_gb = 0.5
 
 @pytest.mark.parametrize(
     "text, needle",
-    [("[models.a]\naliases = []", "path"), ("colour = 1", "unknown key 'colour'"),
-     ('[models.a]\npath = "p"\npinned = "yes"', "pinned must be true or false"),
-     ('[models.a]\npath = "p"\nkeep_alive = "soon"', "bad duration"),
-     ("[models", "mlxd.toml")],
-)  # fmt: skip
+    [
+        ("[models.a]\naliases = []", "path"),
+        ("colour = 1", "unknown key 'colour'"),
+        ('[models.a]\npath = "p"\npinned = "yes"', "pinned must be true or false"),
+        ('[models.a]\npath = "p"\nkeep_alive = "soon"', "bad duration"),
+        ("[models", "mlxd.toml"),
+    ],
+)
 def test_config_file_errors_name_the_key(tmp_path: Path, text: str, needle: str) -> None:
     path = tmp_path / "mlxd.toml"
     path.write_text(text)
@@ -101,14 +113,21 @@ def test_config_file_errors_name_the_key(tmp_path: Path, text: str, needle: str)
 
 def test_aliases_must_not_clash_with_names() -> None:
     with pytest.raises(ConfigError, match="unique"):
-        ServeConfig(models=(ModelSpec(name="a", path="p"), ModelSpec(name="b", path="p",
-                                                                     aliases=("a",))))  # fmt: skip
+        ServeConfig(
+            models=(ModelSpec(name="a", path="p"), ModelSpec(name="b", path="p", aliases=("a",)))
+        )
 
 
 def test_footprint_counts_safetensors_kv_and_headroom(tmp_path: Path) -> None:
-    config_json = {"num_hidden_layers": 2, "num_key_value_heads": 2, "head_dim": 16,
-                   "hidden_size": 64, "num_attention_heads": 4, "torch_dtype": "float32",
-                   "max_position_embeddings": 4096}  # fmt: skip
+    config_json = {
+        "num_hidden_layers": 2,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "torch_dtype": "float32",
+        "max_position_embeddings": 4096,
+    }
     (tmp_path / "config.json").write_text(json.dumps(config_json))
     (tmp_path / "model-1.safetensors").write_bytes(b"x" * 1000)
     (tmp_path / "model-2.safetensors").write_bytes(b"x" * 24)
@@ -128,9 +147,14 @@ def test_footprint_counts_safetensors_kv_and_headroom(tmp_path: Path) -> None:
 def test_footprint_counts_the_draft_models_weights_and_caches(tmp_path: Path) -> None:
     for name, layers, size in (("target", 2, 1000), ("draft", 1, 200)):
         (tmp_path / name).mkdir()
-        config_json = {"num_hidden_layers": layers, "num_key_value_heads": 2,
-                       "head_dim": 16, "hidden_size": 64, "num_attention_heads": 4,
-                       "torch_dtype": "float32"}  # fmt: skip
+        config_json = {
+            "num_hidden_layers": layers,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "torch_dtype": "float32",
+        }
         (tmp_path / name / "config.json").write_text(json.dumps(config_json))
         (tmp_path / name / "model.safetensors").write_bytes(b"x" * size)
     spec = ModelSpec(name="m", path=str(tmp_path / "target"))

@@ -30,9 +30,16 @@ def test_an_unknown_shape_costs_tokens() -> None:
 def test_the_knee_of_a_llama_shape_is_its_projections_over_its_attention() -> None:
     from mlx_lm.models import llama
 
-    args = llama.ModelArgs(model_type="llama", hidden_size=256, num_hidden_layers=2,
-                           intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
-                           rms_norm_eps=1e-5, vocab_size=1000)  # fmt: skip
+    args = llama.ModelArgs(
+        model_type="llama",
+        hidden_size=256,
+        num_hidden_layers=2,
+        intermediate_size=512,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        vocab_size=1000,
+    )
     # per layer: q, o 256x256; k, v 256x128; gate, up, down 256x512 (norms are vectors)
     per_layer = 2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 512
     knee = PrefillCost.for_model(llama.Model(args)).knee

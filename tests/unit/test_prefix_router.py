@@ -18,8 +18,9 @@ EPOCHS2 = [1.0, 1.0]
 
 def chat(*contents: str) -> ChatPrompt:
     roles = ("user", "assistant")
-    return ChatPrompt(messages=[{"role": roles[i % 2], "content": c}
-                                for i, c in enumerate(contents)])  # fmt: skip
+    return ChatPrompt(
+        messages=[{"role": roles[i % 2], "content": c} for i, c in enumerate(contents)]
+    )
 
 
 def test_keys_are_whole_chunks_chained_so_shared_leads_share_keys() -> None:

@@ -82,10 +82,13 @@ def test_evict_lru_leaves_and_never_locked_or_referenced_blocks() -> None:
 # (match, lock, allocate the rest, evicting when short), finish (insert, unlock, release) or
 # the cache evicts. After every step the invariants hold and no live sequence lost a block.
 _OPS = st.lists(
-    st.tuples(st.sampled_from(["admit", "finish", "evict"]),
-              st.lists(st.integers(0, 1), min_size=1, max_size=14), st.integers(0, 30)),
+    st.tuples(
+        st.sampled_from(["admit", "finish", "evict"]),
+        st.lists(st.integers(0, 1), min_size=1, max_size=14),
+        st.integers(0, 30),
+    ),
     max_size=40,
-)  # fmt: skip
+)
 
 
 @settings(max_examples=150, deadline=None)

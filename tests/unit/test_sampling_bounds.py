@@ -12,9 +12,12 @@ from mlxd.gateway.surfaces.openai import schemas
 from mlxd.protocol.messages import SamplingParams
 from mlxd.protocol.validate import SAMPLING_BOUNDS, check_sampling
 
-OUTSIDE = [(name, value) for name, b in SAMPLING_BOUNDS.items()
-           for value in (b.low if b.low_open else b.low - 0.5, b.high + 0.5)
-           if value != float("inf")]  # fmt: skip
+OUTSIDE = [
+    (name, value)
+    for name, b in SAMPLING_BOUNDS.items()
+    for value in (b.low if b.low_open else b.low - 0.5, b.high + 0.5)
+    if value != float("inf")
+]
 
 
 @pytest.mark.parametrize("name, value", OUTSIDE)

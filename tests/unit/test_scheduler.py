@@ -21,9 +21,14 @@ class Clock:
 
 def make_seq(rid: str, n_prompt: int = 4, priority: str = "normal", at: float = 0.0) -> Sequence:
     return Sequence(
-        request_id=rid, client=b"c", prompt_ids=list(range(n_prompt)), sampling=SamplingParams(),
-        max_tokens=8, priority=PRIORITY_LEVELS[priority], arrival=at,
-    )  # fmt: skip
+        request_id=rid,
+        client=b"c",
+        prompt_ids=list(range(n_prompt)),
+        sampling=SamplingParams(),
+        max_tokens=8,
+        priority=PRIORITY_LEVELS[priority],
+        arrival=at,
+    )
 
 
 @pytest.fixture
@@ -173,14 +178,22 @@ def test_overloaded_retry_after_follows_the_queue_drain_rate(clock: Clock) -> No
 
 
 def make_job(rid: str, lengths: list[int], priority: str = "normal", at: float = 0.0) -> EmbedJob:
-    return EmbedJob(request_id=rid, client=b"c", input_ids=[[7] * n for n in lengths],
-                    priority=PRIORITY_LEVELS[priority], arrival=at)  # fmt: skip
+    return EmbedJob(
+        request_id=rid,
+        client=b"c",
+        input_ids=[[7] * n for n in lengths],
+        priority=PRIORITY_LEVELS[priority],
+        arrival=at,
+    )
 
 
 def embed_spans(s: Scheduler) -> list[tuple[str, int, int, int]]:
     """One step's embedding work: (request id, start, end, padded tokens)."""
-    return [(c.job.request_id, c.start, c.end, c.num_tokens)
-            for c in s.schedule_prefill() if isinstance(c, EmbedChunk)]  # fmt: skip
+    return [
+        (c.job.request_id, c.start, c.end, c.num_tokens)
+        for c in s.schedule_prefill()
+        if isinstance(c, EmbedChunk)
+    ]
 
 
 def test_embeddings_run_a_padded_budget_of_inputs_per_step_shortest_first(clock: Clock) -> None:

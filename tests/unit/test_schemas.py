@@ -1,6 +1,6 @@
-"""The input boundary (gateway/surfaces/openai/schemas.py) on its own: every parameter's type and range,
-unknown and unsupported fields, and what a valid body becomes. Each bad value is a 400 naming its
-field."""
+"""The input boundary (gateway/surfaces/openai/schemas.py) on its own: every parameter's type and
+range, unknown and unsupported fields, and what a valid body becomes. Each bad value is a 400
+naming its field."""
 
 from __future__ import annotations
 
@@ -49,9 +49,12 @@ RANGES: list[tuple[str, list[Any], list[Any]]] = [
     ("priority", ["high", "normal", "low"], ["urgent", 1]),
     ("stop", ["s", ["a", "b"], ["x"] * schemas.MAX_STOP], ["", [""], [1], ["x"] * 17, 5]),
     ("stop_token_ids", [[], [0, 5]], [[-1], ["1"], [1.0], 5, [2**31]]),
-    ("logit_bias", [{}, {"5": 100}, {"0": -100}],
-     [{"5": 101}, {"x": 1}, {"-1": 1}, [1], {"5": "1"}]),
-]  # fmt: skip
+    (
+        "logit_bias",
+        [{}, {"5": 100}, {"0": -100}],
+        [{"5": 101}, {"x": 1}, {"-1": 1}, [1], {"5": "1"}],
+    ),
+]
 CASES_OK = [(f, v) for f, ok, _ in RANGES for v in ok]
 CASES_BAD = [(f, v) for f, _, bad in RANGES for v in bad]
 
@@ -76,8 +79,18 @@ def test_null_means_the_default(field: str) -> None:
 
 
 def test_sampling_values_reach_the_protocol() -> None:
-    parsed = schemas.parse_chat(chat(temperature=0.2, top_p=0.9, top_k=-1, max_tokens=7,
-                                     seed=3, stop="END", logit_bias={"5": -1.5}, n=2))  # fmt: skip
+    parsed = schemas.parse_chat(
+        chat(
+            temperature=0.2,
+            top_p=0.9,
+            top_k=-1,
+            max_tokens=7,
+            seed=3,
+            stop="END",
+            logit_bias={"5": -1.5},
+            n=2,
+        )
+    )
     s = parsed.sampling
     assert (s.temperature, s.top_p, s.top_k, s.max_tokens, s.seed) == (0.2, 0.9, 0, 7, 3)
     assert s.stop == ["END"] and s.logit_bias == {5: -1.5} and parsed.n == 2
@@ -116,15 +129,20 @@ def test_model_is_a_required_string(model: Any) -> None:
 
 @pytest.mark.parametrize(
     ("messages", "param"),
-    [(None, "messages"), ([], "messages"), ("hi", "messages"), ([1], "messages[0]"),
-     ([{"role": "robot", "content": "x"}], "messages[0].role"),
-     ([{"role": "user", "content": 5}], "messages[0].content"),
-     ([{"role": "user"}], "messages[0].content"),
-     ([{"role": "user", "content": "x", "extra": 1}], "messages[0].extra"),
-     ([{"role": "user", "content": "x", "refusal": "no"}], "messages[0].refusal"),
-     ([{"role": "user", "content": [{"type": "image_url"}]}], "messages[0].content[0].type"),
-     ([{"role": "user", "content": "x", "name": 3}], "messages[0].name")],
-)  # fmt: skip
+    [
+        (None, "messages"),
+        ([], "messages"),
+        ("hi", "messages"),
+        ([1], "messages[0]"),
+        ([{"role": "robot", "content": "x"}], "messages[0].role"),
+        ([{"role": "user", "content": 5}], "messages[0].content"),
+        ([{"role": "user"}], "messages[0].content"),
+        ([{"role": "user", "content": "x", "extra": 1}], "messages[0].extra"),
+        ([{"role": "user", "content": "x", "refusal": "no"}], "messages[0].refusal"),
+        ([{"role": "user", "content": [{"type": "image_url"}]}], "messages[0].content[0].type"),
+        ([{"role": "user", "content": "x", "name": 3}], "messages[0].name"),
+    ],
+)
 def test_bad_messages_name_the_field(messages: Any, param: str) -> None:
     refused(schemas.parse_chat, chat(messages=messages), param)
 
@@ -148,10 +166,13 @@ def test_min_tokens_may_not_exceed_max_tokens() -> None:
 
 @pytest.mark.parametrize(
     ("options", "stream", "param"),
-    [({"include_usage": True}, False, "stream_options"), ([], True, "stream_options"),
-     ({"other": 1}, True, "stream_options.other"),
-     ({"include_usage": 1}, True, "stream_options.include_usage")],
-)  # fmt: skip
+    [
+        ({"include_usage": True}, False, "stream_options"),
+        ([], True, "stream_options"),
+        ({"other": 1}, True, "stream_options.other"),
+        ({"include_usage": 1}, True, "stream_options.include_usage"),
+    ],
+)
 def test_stream_options(options: Any, stream: bool, param: str) -> None:
     refused(schemas.parse_chat, chat(stream=stream, stream_options=options), param)
     ok = schemas.parse_chat(chat(stream=True, stream_options={"include_usage": True}))
@@ -170,16 +191,25 @@ def test_priority_header_and_key_tier() -> None:
 
 @pytest.mark.parametrize(
     ("value", "param"),
-    [(5, "response_format.type"), ({"type": "xml"}, "response_format.type"),
-     ({"type": "text", "x": 1}, "response_format.x"),
-     ({"type": "json_schema"}, "response_format.json_schema"),
-     ({"type": "json_schema", "json_schema": {"name": "bad name!"}},
-      "response_format.json_schema.name"),
-     ({"type": "json_schema", "json_schema": {"name": "n", "schema": []}},
-      "response_format.json_schema.schema"),
-     ({"type": "json_schema", "json_schema": {"name": "n", "strict": "yes"}},
-      "response_format.json_schema.strict")],
-)  # fmt: skip
+    [
+        (5, "response_format.type"),
+        ({"type": "xml"}, "response_format.type"),
+        ({"type": "text", "x": 1}, "response_format.x"),
+        ({"type": "json_schema"}, "response_format.json_schema"),
+        (
+            {"type": "json_schema", "json_schema": {"name": "bad name!"}},
+            "response_format.json_schema.name",
+        ),
+        (
+            {"type": "json_schema", "json_schema": {"name": "n", "schema": []}},
+            "response_format.json_schema.schema",
+        ),
+        (
+            {"type": "json_schema", "json_schema": {"name": "n", "strict": "yes"}},
+            "response_format.json_schema.strict",
+        ),
+    ],
+)
 def test_bad_response_formats(value: Any, param: str) -> None:
     refused(schemas.parse_chat, chat(response_format=value), param)
 
@@ -197,10 +227,13 @@ def test_response_formats_become_a_json_format() -> None:
 
 @pytest.mark.parametrize(
     ("fields", "param"),
-    [({"top_logprobs": 2}, "top_logprobs"), ({"logprobs": "yes"}, "logprobs"),
-     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
-     ({"logprobs": True, "top_logprobs": -1}, "top_logprobs")],
-)  # fmt: skip
+    [
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"logprobs": "yes"}, "logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": -1}, "top_logprobs"),
+    ],
+)
 def test_chat_logprobs(fields: dict[str, Any], param: str) -> None:
     refused(schemas.parse_chat, chat(**fields), param)
     ok = schemas.parse_chat(chat(logprobs=True, top_logprobs=3)).sampling
@@ -209,9 +242,12 @@ def test_chat_logprobs(fields: dict[str, Any], param: str) -> None:
 
 @pytest.mark.parametrize(
     ("prompt", "expected"),
-    [("hi", TextPrompt(text="hi")), (["hi"], TextPrompt(text="hi")),
-     ([1, 2], TokenPrompt(token_ids=[1, 2]))],
-)  # fmt: skip
+    [
+        ("hi", TextPrompt(text="hi")),
+        (["hi"], TextPrompt(text="hi")),
+        ([1, 2], TokenPrompt(token_ids=[1, 2])),
+    ],
+)
 def test_completion_prompts(prompt: Any, expected: Any) -> None:
     assert schemas.parse_completion(completion(prompt=prompt)).prompt == expected
 
@@ -223,9 +259,15 @@ def test_bad_completion_prompts(prompt: Any) -> None:
 
 @pytest.mark.parametrize(
     ("fields", "param"),
-    [({"echo": True}, "echo"), ({"suffix": "x"}, "suffix"), ({"suffix": 1}, "suffix"),
-     ({"best_of": 2}, "best_of"), ({"logprobs": 21}, "logprobs"), ({"logprobs": True}, "logprobs")],
-)  # fmt: skip
+    [
+        ({"echo": True}, "echo"),
+        ({"suffix": "x"}, "suffix"),
+        ({"suffix": 1}, "suffix"),
+        ({"best_of": 2}, "best_of"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"logprobs": True}, "logprobs"),
+    ],
+)
 def test_completion_only_fields(fields: dict[str, Any], param: str) -> None:
     refused(schemas.parse_completion, completion(**fields), param)
 

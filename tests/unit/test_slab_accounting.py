@@ -74,8 +74,13 @@ def _prefill_step(s: Scheduler) -> list[PrefillChunk]:
 
 
 def _seq(rid: str, n: int) -> Sequence:
-    return Sequence(request_id=rid, client=b"c", prompt_ids=list(range(n)),
-                    sampling=SamplingParams(), max_tokens=8)  # fmt: skip
+    return Sequence(
+        request_id=rid,
+        client=b"c",
+        prompt_ids=list(range(n)),
+        sampling=SamplingParams(),
+        max_tokens=8,
+    )
 
 
 def _prefilled(s: Scheduler, rid: str, n: int) -> Sequence:

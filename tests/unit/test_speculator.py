@@ -16,8 +16,13 @@ from mlxd.worker.spec.speculator import FIRST_DRAFT, MAX_DRAFT, PHASE, Speculato
 
 
 def _seq(prompt: list[int], **sampling: object) -> Sequence:
-    return Sequence(request_id="r", client=b"c", prompt_ids=prompt, max_tokens=100,
-                    sampling=SamplingParams(**sampling))  # type: ignore[arg-type]  # fmt: skip
+    return Sequence(
+        request_id="r",
+        client=b"c",
+        prompt_ids=prompt,
+        max_tokens=100,
+        sampling=SamplingParams(**sampling),
+    )  # type: ignore[arg-type]
 
 
 def test_ngram_proposes_what_followed_the_last_occurrence() -> None:
@@ -80,8 +85,9 @@ def test_rows_that_may_not_draft() -> None:
     assert len(spec.propose([short])[0]) == 1  # room for its last token only after the drafts
 
 
-def _verify(spec: Speculator, seqs: list[Sequence], tokens_per_row: float,
-            rng: random.Random) -> int:  # fmt: skip
+def _verify(
+    spec: Speculator, seqs: list[Sequence], tokens_per_row: float, rng: random.Random
+) -> int:
     """A verification of ``seqs``' drafts where each row makes ``tokens_per_row`` tokens on
     average (as far as its draft allows); returns the tokens made."""
     drafts = spec.propose(seqs)
@@ -95,8 +101,9 @@ class _Device:
     """A fake device: a plain step of ``rows`` costs ``plain_s``; a verification costs
     ``verify_s`` and yields ``tokens_per_row`` tokens per row."""
 
-    def __init__(self, plain_s: float, verify_s: float, tokens_per_row: float,
-                 switch_s: float = 0.0) -> None:  # fmt: skip
+    def __init__(
+        self, plain_s: float, verify_s: float, tokens_per_row: float, switch_s: float = 0.0
+    ) -> None:
         """``switch_s``: what a verification right after a plain step costs on top (a draft
         model catching up with its rows)."""
         self.now = 0.0
@@ -123,10 +130,12 @@ class _Device:
 
 @pytest.mark.parametrize(
     ("plain_s", "verify_s", "tokens_per_row", "want_spec"),
-    [(0.010, 0.012, 2.5, True),  # one stream copying code: verification pays
-     (0.010, 0.016, 1.1, False),  # 64 streams of chat: it does not
-     (0.010, 0.011, 1.05, False)],  # nearly even, still a loss
-)  # fmt: skip
+    [
+        (0.010, 0.012, 2.5, True),  # one stream copying code: verification pays
+        (0.010, 0.016, 1.1, False),  # 64 streams of chat: it does not
+        (0.010, 0.011, 1.05, False),
+    ],  # nearly even, still a loss
+)
 def test_the_controller_runs_the_faster_mode(
     plain_s: float, verify_s: float, tokens_per_row: float, want_spec: bool
 ) -> None:
@@ -215,8 +224,9 @@ def test_the_controller_tries_speculation_again() -> None:
     assert share > 0.8
 
 
-def _write(spec: Speculator, seq: Sequence, text: list[int], clock: list[float],
-           cost: float = 2.9) -> float:  # fmt: skip
+def _write(
+    spec: Speculator, seq: Sequence, text: list[int], clock: list[float], cost: float = 2.9
+) -> float:
     """Row ``seq`` writes ``text`` (a verification keeps the drafts ``text`` agrees with and
     costs ``cost`` plain steps: 2.9 on an H200 at one stream, run T3); returns the share of the text
     that verifications made."""
@@ -265,8 +275,9 @@ def test_a_new_row_is_expected_to_make_what_the_rows_before_it_made() -> None:
     for _ in range(12):
         seq = _seq([rng.randrange(1000) for _ in range(50)])
         seq.max_tokens = 1000
-        shares.append(_write(spec, seq, [rng.randrange(1000, 2000) for _ in range(60)], clock,
-                             cost=2.0))  # fmt: skip
+        shares.append(
+            _write(spec, seq, [rng.randrange(1000, 2000) for _ in range(60)], clock, cost=2.0)
+        )
     assert sum(shares[4:]) / 8 < 0.05  # tries aside (a phase in 32)
 
 

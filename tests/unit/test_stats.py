@@ -19,8 +19,14 @@ class Clock:
 
 
 def _seq(rid: str, arrival: float, num_prompt: int = 4) -> Sequence:
-    return Sequence(request_id=rid, client=b"c", prompt_ids=list(range(num_prompt)),
-                    sampling=SamplingParams(), max_tokens=8, arrival=arrival)  # fmt: skip
+    return Sequence(
+        request_id=rid,
+        client=b"c",
+        prompt_ids=list(range(num_prompt)),
+        sampling=SamplingParams(),
+        max_tokens=8,
+        arrival=arrival,
+    )
 
 
 @pytest.fixture

@@ -36,8 +36,16 @@ def test_defaults_are_15_10_and_2_minutes(started: list[ServeConfig]) -> None:
 
 
 def test_options_set_each_timeout(started: list[ServeConfig]) -> None:
-    _start("--model", MODEL, "--chat-timeout", "30m", "--completion-timeout", "45",
-           "--embeddings-timeout", "1m")  # fmt: skip
+    _start(
+        "--model",
+        MODEL,
+        "--chat-timeout",
+        "30m",
+        "--completion-timeout",
+        "45",
+        "--embeddings-timeout",
+        "1m",
+    )
     [c] = started
     assert (c.chat_timeout_s, c.completion_timeout_s, c.embeddings_timeout_s) == (1800, 45, 60)
 

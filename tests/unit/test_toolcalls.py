@@ -128,7 +128,9 @@ def test_loading_mlx_lm_formats_does_not_import_mlx() -> None:
     import subprocess
     import sys
 
-    code = ("import sys; from mlxd.gateway.tools.formats import tool_format; "
-            "tool_format('qwen3_coder'); tool_format('mistral'); "
-            "sys.exit('mlx' in sys.modules or 'mlx_lm' in sys.modules)")  # fmt: skip
+    code = (
+        "import sys; from mlxd.gateway.tools.formats import tool_format; "
+        "tool_format('qwen3_coder'); tool_format('mistral'); "
+        "sys.exit('mlx' in sys.modules or 'mlx_lm' in sys.modules)"
+    )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -27,22 +27,78 @@ from tests.e2e.conftest import Daemon, free_port, stop_daemon, wait_healthy
 # Plain-KVCache archs the paged pool serves as it serves qwen3 (all checks passed on 2026-11-24):
 # left out of the default run to keep it near 5 minutes; MLXD_ZOO_ARCHS=all runs them too.
 LIKE_QWEN3 = (
-    "Klear", "apertus", "bailing_moe", "cohere", "dbrx", "deepseek", "deepseek_v2", "dots1",
-    "ernie4_5", "ernie4_5_moe", "exaone", "gemma", "glm", "glm4", "glm4_moe", "gpt_neox", "gptj",
-    "granite", "granitemoe", "helium", "hunyuan_v1_dense", "internlm2", "internlm3", "kimi_k25",
-    "kimi_vl", "lille-130m", "llama4_text", "mimo", "minicpm", "minicpm3", "minimax", "mistral4",
-    "nanochat", "nemotron", "olmo2", "olmoe", "openelm", "phi3", "phimoe", "phixtral", "plamo",
-    "qwen", "qwen2", "qwen2_moe", "qwen2_vl", "qwen3_vl", "qwen3_vl_moe", "seed_oss", "smollm3",
-    "solar_open", "stablelm", "starcoder2", "talkie", "telechat3", "youtu_llm",
-)  # fmt: skip
+    "Klear",
+    "apertus",
+    "bailing_moe",
+    "cohere",
+    "dbrx",
+    "deepseek",
+    "deepseek_v2",
+    "dots1",
+    "ernie4_5",
+    "ernie4_5_moe",
+    "exaone",
+    "gemma",
+    "glm",
+    "glm4",
+    "glm4_moe",
+    "gpt_neox",
+    "gptj",
+    "granite",
+    "granitemoe",
+    "helium",
+    "hunyuan_v1_dense",
+    "internlm2",
+    "internlm3",
+    "kimi_k25",
+    "kimi_vl",
+    "lille-130m",
+    "llama4_text",
+    "mimo",
+    "minicpm",
+    "minicpm3",
+    "minimax",
+    "mistral4",
+    "nanochat",
+    "nemotron",
+    "olmo2",
+    "olmoe",
+    "openelm",
+    "phi3",
+    "phimoe",
+    "phixtral",
+    "plamo",
+    "qwen",
+    "qwen2",
+    "qwen2_moe",
+    "qwen2_vl",
+    "qwen3_vl",
+    "qwen3_vl_moe",
+    "seed_oss",
+    "smollm3",
+    "solar_open",
+    "stablelm",
+    "starcoder2",
+    "talkie",
+    "telechat3",
+    "youtu_llm",
+)
 # Window archs the window runner pages as it pages gemma3 (plain and sliding-window layers of
 # one size; all checks passed on 2026-11-26, stop 34): left out of the default run with
 # LIKE_QWEN3 to keep the suite under 20 minutes; gemma3, gemma3_text, gemma4_text, gpt_oss
 # (sinks), cohere2, olmo3, exaone4, mimo_v2_flash, step3p5 and llama stay in it.
 LIKE_GEMMA3 = (
-    "afmoe", "exaone_moe", "gear", "gemma4", "iquestloopcoder", "laguna", "mellum", "ministral3",
-    "muse_glimmer", "spark2_5",
-)  # fmt: skip
+    "afmoe",
+    "exaone_moe",
+    "gear",
+    "gemma4",
+    "iquestloopcoder",
+    "laguna",
+    "mellum",
+    "ministral3",
+    "muse_glimmer",
+    "spark2_5",
+)
 BLOCK_SIZE = 16
 POOL_BLOCKS = 24  # 384 tokens: one long request fits, four of them preempt
 WINDOW_SLABS = 14  # a window model's slabs beside them: one long prompt's, prefilled at once
@@ -181,8 +237,14 @@ def pool_gb(path: Path) -> float:
 def _write_config(root: Path, dirs: dict[str, Path]) -> Path:
     lines = ['keep_alive = "0"', ""]
     for arch, path in dirs.items():
-        lines += [f'[models."{arch}"]', f'path = "{path}"', "preload = false", 'dtype = "file"',
-                  f"kv_cache_gb = {pool_gb(path):.9f}", ""]  # fmt: skip
+        lines += [
+            f'[models."{arch}"]',
+            f'path = "{path}"',
+            "preload = false",
+            'dtype = "file"',
+            f"kv_cache_gb = {pool_gb(path):.9f}",
+            "",
+        ]
     config = root / "zoo.toml"
     config.write_text("\n".join(lines))
     return config
@@ -190,9 +252,22 @@ def _write_config(root: Path, dirs: dict[str, Path]) -> Path:
 
 def _start(config: Path, log: Any) -> Daemon:
     port = free_port()
-    cmd = [sys.executable, "-m", "mlxd", "start", "--config", str(config), "--port", str(port),
-           "--max-memory", "1200MB", "--kv-block-size", str(BLOCK_SIZE), "--log-level",
-           "warning"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlxd",
+        "start",
+        "--config",
+        str(config),
+        "--port",
+        str(port),
+        "--max-memory",
+        "1200MB",
+        "--kv-block-size",
+        str(BLOCK_SIZE),
+        "--log-level",
+        "warning",
+    ]
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stderr=log)
     return wait_healthy(Daemon(proc, f"http://127.0.0.1:{port}", "", config))
 

@@ -24,8 +24,11 @@ requests caused in a 24-block pool, and whether their text was unchanged.
 | --- | --- | --- | --- | --- | --- | --- | --- |
 """
 
-_CHECKS = ("test_greedy_equals_mlx_lm", "test_four_concurrent_equal_each_alone",
-           "test_a_request_joining_a_stream_equals_alone")  # fmt: skip
+_CHECKS = (
+    "test_greedy_equals_mlx_lm",
+    "test_four_concurrent_equal_each_alone",
+    "test_a_request_joining_a_stream_equals_alone",
+)
 
 
 def write_models_doc(path: Path, dirs: dict[str, Path], seen: dict[str, dict[str, Any]]) -> None:
@@ -33,8 +36,13 @@ def write_models_doc(path: Path, dirs: dict[str, Path], seen: dict[str, dict[str
     rows = [_row(arch, dirs[arch], seen.get(arch, {})) for arch in sorted(dirs)]
     left_out = {**EXCLUDED, **{arch: f"built, not served: {why}" for arch, why in UNSTABLE.items()}}
     excluded = [f"- `{arch}`: {why}" for arch, why in sorted(left_out.items())]
-    path.write_text(HEADER.format(date=time.strftime("%Y-%m-%d")) + "\n".join(rows)
-                    + "\n\nNot in the zoo:\n\n" + "\n".join(excluded) + "\n")  # fmt: skip
+    path.write_text(
+        HEADER.format(date=time.strftime("%Y-%m-%d"))
+        + "\n".join(rows)
+        + "\n\nNot in the zoo:\n\n"
+        + "\n".join(excluded)
+        + "\n"
+    )
 
 
 def _row(arch: str, model_dir: Path, facts: dict[str, Any]) -> str:
@@ -44,9 +52,14 @@ def _row(arch: str, model_dir: Path, facts: dict[str, Any]) -> str:
     marks = [_mark(facts.get(check)) for check in _CHECKS]
     prefix = facts.get("test_a_repeated_long_prompt_hits_the_prefix_cache")
     preempt = facts.get("test_preempted_requests_resume_to_the_same_text")
-    cells = [f"`{arch}`", kinds, str(facts.get("kv_cache", "?")).replace("|", "/"), *marks,
-             f"{facts.get('prefix_cached_tokens', '-')} {_mark(prefix)}",
-             f"{facts.get('preemptions', '-')} {_mark(preempt)}"]  # fmt: skip
+    cells = [
+        f"`{arch}`",
+        kinds,
+        str(facts.get("kv_cache", "?")).replace("|", "/"),
+        *marks,
+        f"{facts.get('prefix_cached_tokens', '-')} {_mark(prefix)}",
+        f"{facts.get('preemptions', '-')} {_mark(preempt)}",
+    ]
     return "| " + " | ".join(cells) + " |"
 
 

@@ -35,16 +35,22 @@ KNOWN = {
     # Its sparse attention picks key blocks cut over cache slots ("place queries by slot, not
     # content", mlx-lm): a left-padded row of a batch picks other blocks than it would alone,
     # in mlx-lm's batch generator too. Whether the requests meet in one batch depends on timing.
-    ("minimax_m3_vl", "test_four_concurrent_equal_each_alone"):
-        "block-sparse attention over padded slots; it depends on timing",
-    ("minimax_m3_vl", "test_preempted_requests_resume_to_the_same_text"):
-        "as batched; it depends on timing",
+    (
+        "minimax_m3_vl",
+        "test_four_concurrent_equal_each_alone",
+    ): "block-sparse attention over padded slots; it depends on timing",
+    (
+        "minimax_m3_vl",
+        "test_preempted_requests_resume_to_the_same_text",
+    ): "as batched; it depends on timing",
     # Prefilled together, each prompt's last token runs in a decode step of four rows, where
     # alone it runs in a forward of one: products of another shape round differently, and a
     # near-tie of this random model flips twelve tokens on (the caches after the prompts are
     # equal to the bit). Rounding: it depends on the machine.
-    ("plamo3", "test_preempted_requests_resume_to_the_same_text"):
-        "rounding of a four-row step against a one-row forward; it depends on the machine",
+    (
+        "plamo3",
+        "test_preempted_requests_resume_to_the_same_text",
+    ): "rounding of a four-row step against a one-row forward; it depends on the machine",
     # It decodes one sequence at a time: whether these differ depends on timing (where each
     # request's prefill falls among the others' steps). Alone it mostly passes now that
     # prefill feeds the last prompt token apart as mlx-lm does, but not in every run.
@@ -52,7 +58,7 @@ KNOWN = {
     ("deepseek_v41", "test_four_concurrent_equal_each_alone"): _SPLITS,
     ("deepseek_v41", "test_a_request_joining_a_stream_equals_alone"): _SPLITS,
     ("deepseek_v41", "test_a_repeated_long_prompt_hits_the_prefix_cache"): _SPLITS,
-}  # fmt: skip
+}
 
 
 @pytest.fixture(scope="module", params=selected_archs())
@@ -80,10 +86,16 @@ def prompt(zoo: Zoo, arch: str, i: int, length: int = 40) -> list[int]:
     return corpus_ids(str(zoo.dirs[arch]))[i * 150 : i * 150 + length]
 
 
-def complete(client: Any, arch: str, ids: list[int], num_tokens: int = NUM_TOKENS,
-             ignore_eos: bool = True) -> Any:  # fmt: skip
-    return client.completions.create(model=arch, prompt=ids, max_tokens=num_tokens, temperature=0,
-                                     extra_body={"ignore_eos": ignore_eos})  # fmt: skip
+def complete(
+    client: Any, arch: str, ids: list[int], num_tokens: int = NUM_TOKENS, ignore_eos: bool = True
+) -> Any:
+    return client.completions.create(
+        model=arch,
+        prompt=ids,
+        max_tokens=num_tokens,
+        temperature=0,
+        extra_body={"ignore_eos": ignore_eos},
+    )
 
 
 def text(client: Any, arch: str, ids: list[int], num_tokens: int = NUM_TOKENS) -> str:
@@ -120,9 +132,14 @@ def test_a_request_joining_a_stream_equals_alone(zoo: Zoo, client: Any, arch: st
 
     def stream() -> None:
         try:
-            for chunk in client.completions.create(model=arch, prompt=first, stream=True,
-                                                   max_tokens=LONG_TOKENS, temperature=0,
-                                                   extra_body={"ignore_eos": True}):  # fmt: skip
+            for chunk in client.completions.create(
+                model=arch,
+                prompt=first,
+                stream=True,
+                max_tokens=LONG_TOKENS,
+                temperature=0,
+                extra_body={"ignore_eos": True},
+            ):
                 streamed.append(chunk.choices[0].text if chunk.choices else "")
                 started.set()
         except openai.APIError as exc:  # raised again below, in the test's own thread
@@ -157,8 +174,7 @@ def test_preempted_requests_resume_to_the_same_text(zoo: Zoo, client: Any, arch:
         zoo.record_fact(arch, "preemptions", "n/a")
         pytest.skip("decodes one sequence at a time: nothing to preempt")
     windowed = "see a" in admin(zoo, arch, "status").get("kv_cache", "")
-    size, tokens = (WINDOW_PROMPT, WINDOW_TOKENS) if windowed else (PREEMPT_PROMPT,
-                                                                    PREEMPT_TOKENS)  # fmt: skip
+    size, tokens = (WINDOW_PROMPT, WINDOW_TOKENS) if windowed else (PREEMPT_PROMPT, PREEMPT_TOKENS)
     prompts = [prompt(zoo, arch, 8 + i, size) for i in range(4)]
     alone = [text(client, arch, p, tokens) for p in prompts]
     # A model on its own caches admits a row only with room for it, so whether these four

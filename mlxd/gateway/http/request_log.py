@@ -44,8 +44,9 @@ class RequestLogFile:
         stops propagating, so the terminal log stays as quiet as it was asked to be.
         """
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        handler = RotatingFileHandler(self.path, maxBytes=self.max_bytes,
-                                      backupCount=BACKUP_COUNT, encoding="utf-8")  # fmt: skip
+        handler = RotatingFileHandler(
+            self.path, maxBytes=self.max_bytes, backupCount=BACKUP_COUNT, encoding="utf-8"
+        )
         handler.setFormatter(_LineFormatter())
         logger = logging.getLogger(_ACCESS_LOGGER)
         if not logger.isEnabledFor(logging.INFO):

@@ -91,13 +91,15 @@ class AdminEndpoints:
         """``GET /admin/status``: the daemon and the supervisor's view of every worker."""
         self._authorize(request)
         models = [{**asdict(self.pool.info(n)), "name": n} for n in self.pool.names()]
-        return JSONResponse({
-            "pid": os.getpid(),
-            "version": __version__,
-            "uptime_s": time.monotonic() - self.started,
-            "memory": self.pool.budget(),
-            "models": models,
-        })  # fmt: skip
+        return JSONResponse(
+            {
+                "pid": os.getpid(),
+                "version": __version__,
+                "uptime_s": time.monotonic() - self.started,
+                "memory": self.pool.budget(),
+                "models": models,
+            }
+        )
 
     async def load(self, request: Request) -> Response:
         """``POST /admin/models/{name}/load`` (body ``{"wait": false}`` optional): start the
@@ -158,8 +160,10 @@ class AdminEndpoints:
         if request.scope.get(ADMIN_SOCKET):
             return  # the admin Unix socket: file permissions decided who got here
         if self.admin_key is None:
-            raise Forbidden("admin over TCP needs the daemon to run with --admin-key; on its "
-                            "host the mlxd CLI reaches admin through its Unix socket")  # fmt: skip
+            raise Forbidden(
+                "admin over TCP needs the daemon to run with --admin-key; on its "
+                "host the mlxd CLI reaches admin through its Unix socket"
+            )
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         presented = token.strip() if scheme.lower() == "bearer" else ""
         if not hmac.compare_digest(presented.encode(), self.admin_key.encode()):

@@ -21,17 +21,70 @@ from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 
-from mlxd.gateway.http.accesslog import RequestRecord
 from mlxd.gateway.backends.local.pool import WorkerPool
 from mlxd.gateway.backends.local.workers import StreamObserver
+from mlxd.gateway.http.accesslog import RequestRecord
 from mlxd.protocol.messages import Finished, TokenDelta
 
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
-                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
-ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
-               0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)  # fmt: skip
-E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0,
-               600.0, 900.0)  # fmt: skip
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+ITL_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    1.0,
+    2.5,
+)
+E2E_BUCKETS = (
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    900.0,
+)
 
 # A source is called at each scrape and yields finished metric families (e.g. GaugeMetricFamily).
 MetricSource = Callable[[], Iterable[Metric]]
@@ -48,8 +101,12 @@ class Metrics:
     def __init__(self, pool: WorkerPool | None = None) -> None:
         self.registry = CollectorRegistry()
         reg, model = self.registry, ["model"]
-        self.requests = Counter("mlxd_requests", "HTTP requests by model, endpoint and status.",
-                                ["model", "endpoint", "status"], registry=reg)  # fmt: skip
+        self.requests = Counter(
+            "mlxd_requests",
+            "HTTP requests by model, endpoint and status.",
+            ["model", "endpoint", "status"],
+            registry=reg,
+        )
         self.prompt_tokens = Counter(
             "mlxd_prompt_tokens", "Prompt tokens of finished requests.", model, registry=reg
         )
@@ -59,12 +116,27 @@ class Metrics:
         self.cached_tokens = Counter(
             "mlxd_cached_tokens", "Prompt tokens served from the prefix cache.", model, registry=reg
         )
-        self.ttft = Histogram("mlxd_time_to_first_token_seconds", "Request start to first token.",
-                              model, buckets=TTFT_BUCKETS, registry=reg)  # fmt: skip
-        self.itl = Histogram("mlxd_inter_token_latency_seconds", "Time between stream events.",
-                             model, buckets=ITL_BUCKETS, registry=reg)  # fmt: skip
-        self.e2e = Histogram("mlxd_e2e_request_latency_seconds", "Request start to response end.",
-                             model, buckets=E2E_BUCKETS, registry=reg)  # fmt: skip
+        self.ttft = Histogram(
+            "mlxd_time_to_first_token_seconds",
+            "Request start to first token.",
+            model,
+            buckets=TTFT_BUCKETS,
+            registry=reg,
+        )
+        self.itl = Histogram(
+            "mlxd_inter_token_latency_seconds",
+            "Time between stream events.",
+            model,
+            buckets=ITL_BUCKETS,
+            registry=reg,
+        )
+        self.e2e = Histogram(
+            "mlxd_e2e_request_latency_seconds",
+            "Request start to response end.",
+            model,
+            buckets=E2E_BUCKETS,
+            registry=reg,
+        )
         self.in_flight = Gauge(
             "mlxd_requests_in_flight", "Requests sent to a worker, not done.", model, registry=reg
         )
@@ -147,10 +219,14 @@ def _pool_metrics(pool: WorkerPool) -> Iterator[Metric]:
         "1 while a model is failed (not restarted; /health is degraded).",
         labels=["model"],
     )
-    ready = GaugeMetricFamily("mlxd_replica_ready", "1 while a replica of a model served by "
-                              "several workers is ready.", labels=["model", "replica"])  # fmt: skip
-    routed = CounterMetricFamily("mlxd_replica_routed", "Requests routed to each replica.",
-                                 labels=["model", "replica"])  # fmt: skip
+    ready = GaugeMetricFamily(
+        "mlxd_replica_ready",
+        "1 while a replica of a model served by several workers is ready.",
+        labels=["model", "replica"],
+    )
+    routed = CounterMetricFamily(
+        "mlxd_replica_routed", "Requests routed to each replica.", labels=["model", "replica"]
+    )
     for name in pool.names():
         info = pool.info(name)
         family.add_metric([name], pool.restarts(name))

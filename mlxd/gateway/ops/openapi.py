@@ -80,7 +80,7 @@ _CHAT = {
         "tools": _nullable({"type": "array", "items": {"type": "object"}}),
         "tool_choice": {
             "anyOf": [{"enum": ["auto", "none", "required"]}, {"type": "object"}, {"type": "null"}]
-        },  # fmt: skip
+        },
         "parallel_tool_calls": _nullable(_BOOL),
         "response_format": _nullable({"type": "object"}),
         "logprobs": _nullable(_BOOL),
@@ -102,36 +102,64 @@ _COMPLETION = {
     "required": ["model", "prompt"],
     "additionalProperties": False,
 }
-_TEXT_BLOCK = {"type": "object", "properties": {"type": {"enum": ["text"]}, "text": _STR},
-               "required": ["type", "text"]}  # fmt: skip
-_BLOCK = {"anyOf": [_TEXT_BLOCK, {
-    "type": "object", "properties": {"type": {"enum": ["tool_use"]}, "id": _STR, "name": _STR,
-                                     "input": {"type": "object"}},
-    "required": ["type", "id", "name", "input"]}, {
-    "type": "object", "properties": {"type": {"enum": ["tool_result"]}, "tool_use_id": _STR,
-                                     "content": {"anyOf": [_STR, {"type": "array",
-                                                                  "items": _TEXT_BLOCK}]}},
-    "required": ["type", "tool_use_id"]}]}  # fmt: skip
+_TEXT_BLOCK = {
+    "type": "object",
+    "properties": {"type": {"enum": ["text"]}, "text": _STR},
+    "required": ["type", "text"],
+}
+_BLOCK = {
+    "anyOf": [
+        _TEXT_BLOCK,
+        {
+            "type": "object",
+            "properties": {
+                "type": {"enum": ["tool_use"]},
+                "id": _STR,
+                "name": _STR,
+                "input": {"type": "object"},
+            },
+            "required": ["type", "id", "name", "input"],
+        },
+        {
+            "type": "object",
+            "properties": {
+                "type": {"enum": ["tool_result"]},
+                "tool_use_id": _STR,
+                "content": {"anyOf": [_STR, {"type": "array", "items": _TEXT_BLOCK}]},
+            },
+            "required": ["type", "tool_use_id"],
+        },
+    ]
+}
 _ANTHROPIC_MESSAGE = {
     "type": "object",
-    "properties": {"role": {"enum": ["user", "assistant"]},
-                   "content": {"anyOf": [_STR, {"type": "array", "items": _BLOCK}]}},
-    "required": ["role", "content"], "additionalProperties": False,
-}  # fmt: skip
+    "properties": {
+        "role": {"enum": ["user", "assistant"]},
+        "content": {"anyOf": [_STR, {"type": "array", "items": _BLOCK}]},
+    },
+    "required": ["role", "content"],
+    "additionalProperties": False,
+}
 _ANTHROPIC_TOOL = {
-    "type": "object", "properties": {"name": _STR, "description": _STR,
-                                     "input_schema": {"type": "object"}},
+    "type": "object",
+    "properties": {"name": _STR, "description": _STR, "input_schema": {"type": "object"}},
     "required": ["name", "input_schema"],
-}  # fmt: skip
+}
 _ANTHROPIC_PROMPT: dict[str, Any] = {
     "model": _STR,
     "messages": {"type": "array", "items": _ANTHROPIC_MESSAGE, "minItems": 1},
     "system": {"anyOf": [_STR, {"type": "array", "items": _TEXT_BLOCK}]},
     "tools": {"type": "array", "items": _ANTHROPIC_TOOL},
-    "tool_choice": {"type": "object", "properties": {
-        "type": {"enum": ["auto", "any", "tool", "none"]}, "name": _STR,
-        "disable_parallel_tool_use": _BOOL}, "required": ["type"]},
-}  # fmt: skip
+    "tool_choice": {
+        "type": "object",
+        "properties": {
+            "type": {"enum": ["auto", "any", "tool", "none"]},
+            "name": _STR,
+            "disable_parallel_tool_use": _BOOL,
+        },
+        "required": ["type"],
+    },
+}
 _MESSAGES = {
     "type": "object",
     "properties": {
@@ -142,33 +170,45 @@ _MESSAGES = {
         "temperature": {**_NUM, "minimum": 0, "maximum": 1},
         "top_p": {**_NUM, "exclusiveMinimum": 0, "maximum": 1},
         "top_k": {**_INT, "minimum": -1},
-        "metadata": {"type": "object", "properties": {"user_id": _STR},
-                     "additionalProperties": False},
+        "metadata": {
+            "type": "object",
+            "properties": {"user_id": _STR},
+            "additionalProperties": False,
+        },
     },
     "required": ["model", "messages", "max_tokens"],
     "additionalProperties": False,
-}  # fmt: skip
+}
 _COUNT_TOKENS = {
-    "type": "object", "properties": _ANTHROPIC_PROMPT, "required": ["model", "messages"],
+    "type": "object",
+    "properties": _ANTHROPIC_PROMPT,
+    "required": ["model", "messages"],
     "additionalProperties": False,
-}  # fmt: skip
+}
 _TOKENS = {"type": "array", "items": {**_INT, "minimum": 0}, "minItems": 1}
 _EMBEDDINGS = {
     "type": "object",
     "properties": {
         "model": _STR,
-        "input": {"anyOf": [
-            {**_STR, "minLength": 1}, _TOKENS,
-            {"type": "array", "minItems": 1, "maxItems": 2048,
-             "items": {"anyOf": [{**_STR, "minLength": 1}, _TOKENS]}},
-        ]},
+        "input": {
+            "anyOf": [
+                {**_STR, "minLength": 1},
+                _TOKENS,
+                {
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": 2048,
+                    "items": {"anyOf": [{**_STR, "minLength": 1}, _TOKENS]},
+                },
+            ]
+        },
         "encoding_format": _nullable({"enum": ["float", "base64"]}),
         "dimensions": {"type": "null"},
         "user": _nullable(_STR),
     },
     "required": ["model", "input"],
     "additionalProperties": False,
-}  # fmt: skip
+}
 _ERROR = {
     "type": "object",
     "properties": {
@@ -183,11 +223,15 @@ _ERROR = {
 _ERRORS = {
     str(code): {"description": what, "content": {"application/json": {"schema": _ERROR}}}
     for code, what in [
-        (400, "invalid request"), (401, "missing or bad API key"), (404, "unknown model"),
-        (413, "body too large"), (429, "rate limited or queue full"),
-        (503, "worker unavailable"), (504, "timed out"),
+        (400, "invalid request"),
+        (401, "missing or bad API key"),
+        (404, "unknown model"),
+        (413, "body too large"),
+        (429, "rate limited or queue full"),
+        (503, "worker unavailable"),
+        (504, "timed out"),
     ]
-}  # fmt: skip
+}
 _OK_JSON = {"200": {"description": "OK", "content": {"application/json": {"schema": {}}}}}
 _OK_COMPLETION = {
     "200": {
@@ -208,7 +252,7 @@ def _post(summary: str, schema: dict[str, Any]) -> dict[str, Any]:
                     "required": False,
                     "schema": {"enum": list(PRIORITIES)},
                 },
-            ],  # fmt: skip
+            ],
             "requestBody": {"required": True, "content": {"application/json": {"schema": schema}}},
             "responses": {**_OK_COMPLETION, **_ERRORS},
         }

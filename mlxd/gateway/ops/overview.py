@@ -27,11 +27,11 @@ from starlette.responses import JSONResponse, Response
 from mlxd import __version__
 from mlxd.config import ApiKey
 from mlxd.errors import Forbidden, Unauthorized
-from mlxd.gateway.ops.admin import ADMIN_SOCKET
-from mlxd.gateway.http.auth import KeyRing, is_loopback, presented_key
-from mlxd.gateway.backends.remote.upstream import RemoteBackend
 from mlxd.gateway.backends.local.pool import WorkerPool
 from mlxd.gateway.backends.local.worker_metrics import WorkerMetrics
+from mlxd.gateway.backends.remote.upstream import RemoteBackend
+from mlxd.gateway.http.auth import KeyRing, is_loopback, presented_key
+from mlxd.gateway.ops.admin import ADMIN_SOCKET
 from mlxd.gateway.ops.health import Health
 from mlxd.gateway.ops.recent import RecentRequests
 from mlxd.protocol import codec
@@ -100,8 +100,13 @@ class Overview:
         if answers is not None and info.state == "ready":
             status, stats = answers
             worker = {"status": _body(status), "stats": _body(stats)}
-        return {**asdict(info), "name": name, "backend": "remote" if remote else "local",
-                "replicas": len(info.replica_rows) or 1, "worker": worker}  # fmt: skip
+        return {
+            **asdict(info),
+            "name": name,
+            "backend": "remote" if remote else "local",
+            "replicas": len(info.replica_rows) or 1,
+            "worker": worker,
+        }
 
     def _authorize(self, request: Request) -> None:
         if request.scope.get(ADMIN_SOCKET):  # this host's CLI, through the 0700 admin socket

@@ -26,8 +26,10 @@ _HEADERS = {
 
 def status_page_routes() -> list[Route]:
     """``GET /`` (the page) and ``GET /static/{file}`` (its stylesheet and script)."""
-    files = {name: (resources.files("mlxd.gateway.ops") / "static" / name).read_bytes()
-             for name in _TYPES}  # fmt: skip
+    files = {
+        name: (resources.files("mlxd.gateway.ops") / "static" / name).read_bytes()
+        for name in _TYPES
+    }
 
     async def page(request: Request) -> Response:
         return _serve(files, "status.html")

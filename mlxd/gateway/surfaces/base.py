@@ -25,8 +25,8 @@ from mlxd.gateway.surfaces.collect import (
     collect_while_connected,
     first_while_connected,
 )
-from mlxd.gateway.tools.calls import split_tool_calls
 from mlxd.gateway.surfaces.sse import EventStreamResponse
+from mlxd.gateway.tools.calls import split_tool_calls
 from mlxd.protocol.messages import Finished, TokenDelta
 
 

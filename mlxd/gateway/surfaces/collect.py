@@ -11,8 +11,8 @@ from typing import TypeVar
 from starlette.requests import Request
 
 from mlxd.gateway.request import EventStream
-from mlxd.gateway.tools.calls import ToolCall
 from mlxd.gateway.surfaces.sse import next_event
+from mlxd.gateway.tools.calls import ToolCall
 from mlxd.protocol.messages import Finished, TokenDelta, TokenLogprob
 
 _T = TypeVar("_T")
@@ -56,8 +56,10 @@ async def collect(stream: EventStream, deadline: float) -> list[ChoiceResult]:
         if isinstance(event, Finished):
             result = results[i]
             result.text, result.finish_reason, result.stop = (
-                "".join(parts[i]), event.finish_reason, event.stop
-            )  # fmt: skip
+                "".join(parts[i]),
+                event.finish_reason,
+                event.stop,
+            )
             if stream.is_done:
                 return results
         elif event.logprobs is not None:

@@ -146,7 +146,9 @@ def _ends(stream: EventStream, event: TokenDelta | Finished | None) -> bool:
     return isinstance(event, Finished) and stream.is_done
 
 
-def _frames(stream: EventStream, fmt: ChunkFormat, event: TokenDelta | Finished | None) -> list[bytes]:
+def _frames(
+    stream: EventStream, fmt: ChunkFormat, event: TokenDelta | Finished | None
+) -> list[bytes]:
     if event is None:
         return [KEEPALIVE]
     if isinstance(event, Finished):
@@ -206,8 +208,11 @@ class EventStreamResponse(StreamingResponse):
                     watchdog.cancel()
             if cut.cancelled_caught:
                 # Returning with the body unfinished makes the server close the connection.
-                log.warning("client of request %s read nothing for %gs; stream cut",
-                            self._stream.request_id, self._stall_timeout_s)  # fmt: skip
+                log.warning(
+                    "client of request %s read nothing for %gs; stream cut",
+                    self._stream.request_id,
+                    self._stall_timeout_s,
+                )
         finally:
             # The generator may never have started (client gone before the first chunk).
             with anyio.CancelScope(shield=True):

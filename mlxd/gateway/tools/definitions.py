@@ -62,8 +62,10 @@ def message_tool_calls(value: Any, path: str) -> list[dict[str, Any]]:
             try:
                 args = json.loads(args or "{}")
             except ValueError:
-                raise InvalidRequest(f"'{where}.function.arguments' is not valid JSON",
-                                     param=f"{where}.function.arguments") from None  # fmt: skip
+                raise InvalidRequest(
+                    f"'{where}.function.arguments' is not valid JSON",
+                    param=f"{where}.function.arguments",
+                ) from None
         function = {"name": fn["name"], "arguments": args}
         out.append({"id": call.get("id"), "type": "function", "function": function})
     return out
@@ -93,11 +95,13 @@ def _forced_call(choice: Any, tools: list[dict[str, Any]]) -> JsonFormat:
             raise InvalidRequest("'tool_choice' must name a function", param="tool_choice")
         functions = [f for f in functions if f["name"] == name]
         if not functions:
-            raise InvalidRequest(f"'tool_choice' names {name!r}, which is not in 'tools'",
-                                 param="tool_choice")  # fmt: skip
+            raise InvalidRequest(
+                f"'tool_choice' names {name!r}, which is not in 'tools'", param="tool_choice"
+            )
     elif choice != "required":
-        raise InvalidRequest("'tool_choice' must be 'none', 'auto', 'required' or a function",
-                             param="tool_choice")  # fmt: skip
+        raise InvalidRequest(
+            "'tool_choice' must be 'none', 'auto', 'required' or a function", param="tool_choice"
+        )
     shapes = [_call_schema(f) for f in functions]
     schema = shapes[0] if len(shapes) == 1 else {"anyOf": shapes}
     return JsonFormat(schema=json.dumps(schema))

@@ -40,9 +40,14 @@ class BlockPool:
     ``budget``, ids up to a ``capacity`` its bytes pay for, ``cost`` bytes each."""
 
     def __init__(
-        self, num_blocks: int, block_size: int, budget: KVBudget | None = None, cost: int = 1,
-        capacity: int = 0, grow: Callable[[int, int], int] | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        num_blocks: int,
+        block_size: int,
+        budget: KVBudget | None = None,
+        cost: int = 1,
+        capacity: int = 0,
+        grow: Callable[[int, int], int] | None = None,
+    ) -> None:
         """``capacity``: the ids the arrays hold now (paid at once); ``grow(block_id, limit)``
         makes them hold ``block_id``, within ``limit`` ids, and returns how many they hold."""
         if num_blocks < 1 or block_size < 1 or cost < 1:

@@ -98,8 +98,7 @@ class DecodeTail:
             return
         table = _table(pool, block_tables, max(1, -(-base // bs)))
         self.keys = [_view(pool, 0, pool.keys[i], table, base) for i in range(self.num_layers)]
-        self.values = [_view(pool, 1, pool.values[i], table, base)
-                       for i in range(self.num_layers)]  # fmt: skip
+        self.values = [_view(pool, 1, pool.values[i], table, base) for i in range(self.num_layers)]
 
     def restart(self) -> None:
         """Drop the buffers (after a flush): the next step starts from the pool."""
@@ -193,10 +192,14 @@ class DecodeTail:
             return True
         if not self.outgrown and self.max_view_tokens:
             self.outgrown = True
-            log.warning("decode's view holds %d tokens; a batch of %d rows x %d columns "
-                        "outgrew it and reads the pool's blocks each step instead (slower): "
-                        "a larger --kv-cache-gb gives the view a fifth of it", self.max_view_tokens,
-                        rows, columns + VIEW_STEP)  # fmt: skip
+            log.warning(
+                "decode's view holds %d tokens; a batch of %d rows x %d columns "
+                "outgrew it and reads the pool's blocks each step instead (slower): "
+                "a larger --kv-cache-gb gives the view a fifth of it",
+                self.max_view_tokens,
+                rows,
+                columns + VIEW_STEP,
+            )
         return False
 
     def _write(self, rows: mx.array | None = None) -> tuple[mx.array, list[KV], list[KV]]:
@@ -209,8 +212,11 @@ class DecodeTail:
             return _token_major(x if rows is None else x[rows])
 
         slots = self.slots if rows is None else self.slots[rows]
-        return (slots.reshape(-1), [each(k, tokens) for k in self.keys],
-                [each(v, tokens) for v in self.values])  # fmt: skip
+        return (
+            slots.reshape(-1),
+            [each(k, tokens) for k in self.keys],
+            [each(v, tokens) for v in self.values],
+        )
 
 
 def _zeros(pool: KVPool, kind: int, rows: int, columns: int) -> KV:
@@ -257,9 +263,17 @@ class TailKVCache:
     column ``column``; reads the view up to it, or the pool's blocks then the buffer."""
 
     def __init__(
-        self, pool: KVPool, tail: DecodeTail, layer: int, column: int, read_blocks: mx.array | None,
-        offset: mx.array, mask: mx.array | None, pool_len: int | None, keys: KeyLayout,
-    ) -> None:  # fmt: skip
+        self,
+        pool: KVPool,
+        tail: DecodeTail,
+        layer: int,
+        column: int,
+        read_blocks: mx.array | None,
+        offset: mx.array,
+        mask: mx.array | None,
+        pool_len: int | None,
+        keys: KeyLayout,
+    ) -> None:
         self.keys = keys  # where each key sits, for a windowed layer's mask
         self.pool = pool
         self.tail = tail
@@ -273,8 +287,10 @@ class TailKVCache:
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         c, fmt, n = self.column, self.pool.fmt, self.pool_len
         out = []
-        sides = ((0, self.tail.keys, self.pool.keys, keys),
-                 (1, self.tail.values, self.pool.values, values))  # fmt: skip
+        sides = (
+            (0, self.tail.keys, self.pool.keys, keys),
+            (1, self.tail.values, self.pool.values, values),
+        )
         for kind, buffers, pool, new in sides:
             buf = _with_columns(self.pool, kind, buffers[self.layer], c + 1)
             assign(buf, (slice(None), slice(None), slice(c, c + 1)), fmt.pack(new))
@@ -286,8 +302,7 @@ class TailKVCache:
             cached = self.pool.gather(pool[self.layer], self.read_blocks)
             if n is not None:
                 cached = each(cached, lambda p: p[:, :n])
-            out.append(mx.concatenate([fmt.unpack(cached).transpose(0, 2, 1, 3), decoded],
-                                      axis=2))  # fmt: skip
+            out.append(mx.concatenate([fmt.unpack(cached).transpose(0, 2, 1, 3), decoded], axis=2))
         return out[0], out[1]
 
     def make_mask(
@@ -311,8 +326,15 @@ class ViewVerifyCache:
     broadcast view, not copies.
     """
 
-    def __init__(self, pool: KVPool, tail: DecodeTail, layer: int, offset: mx.array,
-                 mask: mx.array, keys: mx.array) -> None:  # fmt: skip
+    def __init__(
+        self,
+        pool: KVPool,
+        tail: DecodeTail,
+        layer: int,
+        offset: mx.array,
+        mask: mx.array,
+        keys: mx.array,
+    ) -> None:
         self.pool = pool
         self.tail = tail
         self.layer = layer
@@ -327,8 +349,11 @@ class ViewVerifyCache:
         for kind, buffers, new in ((0, self.tail.keys, keys), (1, self.tail.values, values)):
             buf = _with_columns(self.pool, kind, buffers[self.layer], c + n)
             # (n, heads, 1, dim): the inputs as rows -> (1, heads, n, dim), the view's columns
-            assign(buf, (slice(None), slice(None), slice(c, c + n)),
-                   fmt.pack(new.transpose(2, 1, 0, 3)))  # fmt: skip
+            assign(
+                buf,
+                (slice(None), slice(None), slice(c, c + n)),
+                fmt.pack(new.transpose(2, 1, 0, 3)),
+            )
             buffers[self.layer] = buf
             seen = fmt.unpack(each(buf, lambda p: p[:, :, : c + n]))
             out.append(mx.broadcast_to(seen, (n, *seen.shape[1:])))
@@ -343,8 +368,9 @@ class ViewVerifyCache:
         return self.mask & near[:, None, None, :]
 
 
-def verify_caches(pool: KVPool, tail: DecodeTail, block_table: list[int], position: int,
-                  count: int) -> list[ViewVerifyCache]:  # fmt: skip
+def verify_caches(
+    pool: KVPool, tail: DecodeTail, block_table: list[int], position: int, count: int
+) -> list[ViewVerifyCache]:
     """The caches of a verification of the view's one row (``ViewVerifyCache``): ``count``
     inputs from ``position``. The caller made room (``DecodeTail.room``) and records where the
     kept ones go (``append_slots``)."""
@@ -382,8 +408,9 @@ class KeyLayout:
         return near if mask is None else mask & near
 
 
-def decode_caches(pool: KVPool, tail: DecodeTail, block_tables: list[list[int]],
-                  positions: list[int]) -> list[TailKVCache]:  # fmt: skip
+def decode_caches(
+    pool: KVPool, tail: DecodeTail, block_tables: list[list[int]], positions: list[int]
+) -> list[TailKVCache]:
     """The caches of one decode step: row ``b`` writes its token at ``positions[b]`` (inside its
     block table) into the decode buffer, and reads its first ``positions[b]`` tokens: from the
     view, or from the pool's blocks and then the buffer.
@@ -407,8 +434,9 @@ def decode_caches(pool: KVPool, tail: DecodeTail, block_tables: list[list[int]],
         width = max(1, max(-(-n // bs) for n in valid))
         table = _table(pool, block_tables, width)
         front = width * bs
-    slots = mx.array([[tb[p // bs] * bs + p % bs] for tb, p in zip(block_tables, positions,
-                                                                     strict=True)])  # fmt: skip
+    slots = mx.array(
+        [[tb[p // bs] * bs + p % bs] for tb, p in zip(block_tables, positions, strict=True)]
+    )
     tail.append_slots(slots)
     mask = None
     if same is None:
@@ -418,5 +446,7 @@ def decode_caches(pool: KVPool, tail: DecodeTail, block_tables: list[list[int]],
     offset = mx.array(positions)
     column = tail.base + cols
     keys = KeyLayout(front if tail.view or same is None else same, valid, cols, positions)
-    return [TailKVCache(pool, tail, i, column, table, offset, mask, same, keys)
-            for i in range(len(pool.keys))]  # fmt: skip
+    return [
+        TailKVCache(pool, tail, i, column, table, offset, mask, same, keys)
+        for i in range(len(pool.keys))
+    ]

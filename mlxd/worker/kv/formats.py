@@ -41,8 +41,7 @@ class KVFormat:
         if self.bits is not None and self.bits not in BITS:
             raise ConfigError(f"--kv-bits must be one of {', '.join(map(str, BITS))}")
         if self.group_size not in GROUP_SIZES:
-            raise ConfigError(f"--kv-group-size must be one of "
-                              f"{', '.join(map(str, GROUP_SIZES))}")  # fmt: skip
+            raise ConfigError(f"--kv-group-size must be one of {', '.join(map(str, GROUP_SIZES))}")
 
     @property
     def quantized(self) -> bool:

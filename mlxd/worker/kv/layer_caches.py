@@ -51,8 +51,11 @@ def is_hybrid(model: Any) -> bool:
     each: the pool holds the attention layers, each row's state rides beside it
     (``runners.hybrid``). Cache-less layers are fine: the model pairs caches with its layers."""
     names = kinds(model_caches(model))
-    return (set(names) <= {*_PLAIN, *_RECURRENT} and any(n in _PLAIN for n in names)
-            and any(n in _RECURRENT for n in names))  # fmt: skip
+    return (
+        set(names) <= {*_PLAIN, *_RECURRENT}
+        and any(n in _PLAIN for n in names)
+        and any(n in _RECURRENT for n in names)
+    )
 
 
 def window_size(model: Any) -> int:
@@ -73,9 +76,14 @@ def window_size(model: Any) -> int:
     if window not in asked or 0 in asked:  # 0: a layer reads another's K/V from its cache
         return 0
     model(mx.array([[0]]), cache=caches)  # each pool's layers must share one K/V shape
-    shapes = [{(c.state[0].shape[1:], c.state[1].shape[1:], c.state[0].dtype)
-               for c, n in zip(caches, names, strict=True) if n in kind}
-              for kind in (_PLAIN, _WINDOW)]  # fmt: skip
+    shapes = [
+        {
+            (c.state[0].shape[1:], c.state[1].shape[1:], c.state[0].dtype)
+            for c, n in zip(caches, names, strict=True)
+            if n in kind
+        }
+        for kind in (_PLAIN, _WINDOW)
+    ]
     return window if all(len(s) == 1 for s in shapes) else 0
 
 
@@ -145,8 +153,11 @@ def batches_rows(model: Any, compare: bool = True) -> bool:
         caches = model_caches(model)
         model(mx.arange(1, n + 1)[None], cache=caches)
         rows.append(caches)
-    alone = [model(mx.array([[i + 1]]), cache=copy.deepcopy(r))[0, -1]
-             for i, r in enumerate(rows)] if compare else []  # fmt: skip
+    alone = (
+        [model(mx.array([[i + 1]]), cache=copy.deepcopy(r))[0, -1] for i, r in enumerate(rows)]
+        if compare
+        else []
+    )
     try:
         batch = [type(c).merge([r[i] for r in rows]) for i, c in enumerate(rows[0])]
         logits = model(mx.array([[1], [2], [3]]), cache=batch)[:, -1]
@@ -175,8 +186,9 @@ def prefills_rows(model: Any) -> bool:
         mx.eval(steps)
     except Exception:  # noqa: BLE001 - any failure means: one prompt at a time
         return False
-    return all(_close(step[i], own[k]) for k, step in enumerate(steps)
-               for i, own in enumerate(alone))  # fmt: skip
+    return all(
+        _close(step[i], own[k]) for k, step in enumerate(steps) for i, own in enumerate(alone)
+    )
 
 
 def prefill(
@@ -201,8 +213,10 @@ def prefill(
 
 def _window(caches: list[Any]) -> int:
     """The largest sliding window among ``caches`` (0: none)."""
-    sizes = [_window(c.caches) if hasattr(c, "caches") else getattr(c, "max_size", 0) or 0
-             for c in caches]  # fmt: skip
+    sizes = [
+        _window(c.caches) if hasattr(c, "caches") else getattr(c, "max_size", 0) or 0
+        for c in caches
+    ]
     return max(sizes, default=0)
 
 

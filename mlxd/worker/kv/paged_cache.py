@@ -36,10 +36,17 @@ class KVPool:
     """
 
     def __init__(
-        self, num_layers: int, num_blocks: int, block_size: int, n_kv_heads: int,
-        k_head_dim: int, v_head_dim: int, dtype: mx.Dtype, chunk_blocks: int | None = None,
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        n_kv_heads: int,
+        k_head_dim: int,
+        v_head_dim: int,
+        dtype: mx.Dtype,
+        chunk_blocks: int | None = None,
         fmt: KVFormat | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.num_blocks = num_blocks  # the most the arrays may hold (the budget)
         self.block_size = block_size
         self.chunk_blocks = min(num_blocks, chunk_blocks or num_blocks)
@@ -69,8 +76,9 @@ class KVPool:
     def grow_to(self, capacity: int) -> None:
         """Hold ``capacity`` blocks (the old scratch block becomes a free one)."""
         assert self.capacity <= capacity <= self.num_blocks
-        extra = (capacity - self.capacity) * self.block_size + (0 if self.capacity else
-                                                                 self.block_size)  # fmt: skip
+        extra = (capacity - self.capacity) * self.block_size + (
+            0 if self.capacity else self.block_size
+        )
         for arrays, kind in ((self.keys, 0), (self.values, 1)):
             for i, a in enumerate(arrays):
                 arrays[i] = concat(a, self._zeros(extra, kind), axis=0)
@@ -80,8 +88,9 @@ class KVPool:
     def shrink(self, highest_used: int) -> int:
         """Drop the whole chunks above block ``highest_used`` (the allocator's highest id in
         use; nothing may hold a step or a write on the arrays). Returns the blocks dropped."""
-        capacity = max(self.chunk_blocks, -(-(highest_used + 1) // self.chunk_blocks)
-                       * self.chunk_blocks)  # fmt: skip
+        capacity = max(
+            self.chunk_blocks, -(-(highest_used + 1) // self.chunk_blocks) * self.chunk_blocks
+        )
         if capacity >= self.capacity:
             return 0
         slots, dropped = (capacity + 1) * self.block_size, self.capacity - capacity
@@ -111,9 +120,14 @@ class KVPool:
 
     @classmethod
     def for_model(
-        cls, model: Any, num_blocks: int, block_size: int, chunk_blocks: int | None = None,
-        fmt: KVFormat | None = None, windows: bool = False,
-    ) -> KVPool:  # fmt: skip
+        cls,
+        model: Any,
+        num_blocks: int,
+        block_size: int,
+        chunk_blocks: int | None = None,
+        fmt: KVFormat | None = None,
+        windows: bool = False,
+    ) -> KVPool:
         """A pool for ``model`` (shapes from ``kv_shape``); all ``num_blocks`` at once unless
         ``chunk_blocks`` is given; ``windows``: for its sliding-window layers' slabs."""
         layers, heads, kd, vd, dtype = kv_shape(model, windows)
@@ -218,9 +232,13 @@ class PagedStep:
 
     @classmethod
     def build(
-        cls, block_tables: list[list[int]], context_lens: list[int], new_lens: list[int],
-        pool: KVPool, exact: bool = False,
-    ) -> PagedStep:  # fmt: skip
+        cls,
+        block_tables: list[list[int]],
+        context_lens: list[int],
+        new_lens: list[int],
+        pool: KVPool,
+        exact: bool = False,
+    ) -> PagedStep:
         """Rows have ``context_lens[b]`` tokens cached and ``new_lens[b]`` new ones, right-aligned
         in a query window of ``attention_shapes.queries(max(new_lens))`` tokens (shorter rows
         are left-padded; the caller pads its tokens the same way); ``exact``: a window of
@@ -256,8 +274,17 @@ class PagedStep:
         fresh = not any(context_lens)
         longest = max(c + n for c, n in zip(context_lens, new_lens, strict=True))
         if uniform:
-            return cls(write, table, ctx.astype(mx.int32), None, context_lens[0] + q_len - start,
-                       fresh, qpos=qpos, longest=longest, key_start=start)  # fmt: skip
+            return cls(
+                write,
+                table,
+                ctx.astype(mx.int32),
+                None,
+                context_lens[0] + q_len - start,
+                fresh,
+                qpos=qpos,
+                longest=longest,
+                key_start=start,
+            )
         # Padding K/V are zeroed: a masked key still multiplies its (zero) weight into the
         # output, so a non-finite one would poison real rows. Padding queries sit at negative
         # positions, and some models' position terms are not finite there (Mistral 3's
@@ -268,14 +295,30 @@ class PagedStep:
             qcol = mx.arange(q_len)[None, :, None]
             mask = (kpos <= qcol) & (kpos >= pad[:, None, None])
             mask = mask | ((kpos == 0) & ~real[:, :, None])  # padding queries see one key
-            return cls(write, table, (ctx - pad).astype(mx.int32), mask[:, None], fresh=True,
-                       real=keep, qpos=qpos, longest=longest)  # fmt: skip
+            return cls(
+                write,
+                table,
+                (ctx - pad).astype(mx.int32),
+                mask[:, None],
+                fresh=True,
+                real=keep,
+                qpos=qpos,
+                longest=longest,
+            )
         kpos = start + mx.arange(width * bs)[None, None, :]
         mask = (kpos <= qpos[:, :, None]) & (kpos < total[:, None, None])
         # a padding query must still see one key, or its softmax row is all -inf (NaN)
         mask = mask | ((kpos == start) & ~real[:, :, None])
-        return cls(write, table, (ctx - pad).astype(mx.int32), mask[:, None, :, :], real=keep,
-                   qpos=qpos, longest=longest, key_start=start)  # fmt: skip
+        return cls(
+            write,
+            table,
+            (ctx - pad).astype(mx.int32),
+            mask[:, None, :, :],
+            real=keep,
+            qpos=qpos,
+            longest=longest,
+            key_start=start,
+        )
 
     def window_mask(self, window: int) -> mx.array | None:
         """The mask of a layer that sees only its last ``window`` positions (mlx-lm's
@@ -319,8 +362,11 @@ class PagedKVCache:
             stored = fmt.pack(new.transpose(0, 2, 1, 3).reshape(b * q, h, -1))
             assign(arrays[self.layer], self.step.write_slots, stored)
             if self.step.fresh:  # quantized: the values the pool will give back
-                out.append(fmt.unpack(stored).reshape(b, q, h, -1).transpose(0, 2, 1, 3)
-                           if fmt.quantized else new)  # fmt: skip
+                out.append(
+                    fmt.unpack(stored).reshape(b, q, h, -1).transpose(0, 2, 1, 3)
+                    if fmt.quantized
+                    else new
+                )
                 continue
             # Whole blocks (one index per block, not per token), laid out as each row's keys.
             blocks = self.pool.gather(arrays[self.layer], self.step.read_blocks)

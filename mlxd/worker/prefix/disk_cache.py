@@ -90,11 +90,16 @@ class DiskKVCache:
             self.files.used(name)
             return True
         payload = b"".join(a.tobytes() for a in arrays)
-        header = json.dumps({
-            "model": self.model_id, "digest": digest.hex(), "parent": parent.hex(),
-            "tokens": list(tokens), "arrays": [[list(a.shape), str(a.dtype)] for a in arrays],
-            "sha256": hashlib.sha256(payload).hexdigest(),
-        }).encode()  # fmt: skip
+        header = json.dumps(
+            {
+                "model": self.model_id,
+                "digest": digest.hex(),
+                "parent": parent.hex(),
+                "tokens": list(tokens),
+                "arrays": [[list(a.shape), str(a.dtype)] for a in arrays],
+                "sha256": hashlib.sha256(payload).hexdigest(),
+            }
+        ).encode()
         if not self.files.make_room(len(MAGIC) + _LEN.size + len(header) + len(payload)):
             return False
         tmp = self.files.path(f".{name}.tmp")
@@ -119,8 +124,7 @@ class DiskKVCache:
         try:
             arrays = self._read(digest, parent, tokens)
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.warning("KV disk cache: skipped %s (%s); it is deleted", self.files.path(name),
-                        exc)  # fmt: skip
+            log.warning("KV disk cache: skipped %s (%s); it is deleted", self.files.path(name), exc)
             self.num_skipped += 1
             self.files.drop(name)
             return None
@@ -137,8 +141,12 @@ class DiskKVCache:
         start = len(MAGIC) + _LEN.size
         header = json.loads(data[start : start + n])
         payload = data[start + n :]
-        expected = {"model": self.model_id, "digest": digest.hex(), "parent": parent.hex(),
-                    "tokens": list(tokens)}  # fmt: skip
+        expected = {
+            "model": self.model_id,
+            "digest": digest.hex(),
+            "parent": parent.hex(),
+            "tokens": list(tokens),
+        }
         for key, value in expected.items():
             if header[key] != value:
                 raise ValueError(f"{key} differs: another model or prefix")

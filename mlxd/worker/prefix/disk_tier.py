@@ -96,4 +96,3 @@ class DiskTier:
         if not ok:
             log.warning("KV disk cache: a block file does not fit this pool's layout; skipped")
         return ok
-

@@ -158,9 +158,12 @@ class RadixCache:
         return PrefixMatch(node, ids, len(ids))
 
     def insert(
-        self, token_ids: list[int], block_ids: list[int], states: dict[int, Any] | None = None,
+        self,
+        token_ids: list[int],
+        block_ids: list[int],
+        states: dict[int, Any] | None = None,
         slabs: list[int] | None = None,
-    ) -> int:  # fmt: skip
+    ) -> int:
         """Index the full blocks ``block_ids`` holding ``token_ids``; the tree takes a reference
         to each block it adds, and keeps ``states`` (by the tokens they follow, at block
         boundaries) on their nodes, and ``slabs`` (the blocks' window slabs, -1 for none) on
@@ -168,12 +171,16 @@ class RadixCache:
         keep their cached block; the caller's copy is not referenced)."""
         node, now, known = self.root, next(_clock), 0
         n = min(len(block_ids), len(token_ids) // self.block_size)
-        for i, (key, block_id) in enumerate(zip(self._keys(token_ids, n), block_ids,
-                                                strict=False)):  # fmt: skip
+        for i, (key, block_id) in enumerate(zip(self._keys(token_ids, n), block_ids, strict=False)):
             child = node.children.get(key)
             if child is None:
-                child = TreeNode(key=key, block_id=block_id, parent=node, depth=i + 1,
-                                 digest=block_digest(node.digest, key))  # fmt: skip
+                child = TreeNode(
+                    key=key,
+                    block_id=block_id,
+                    parent=node,
+                    depth=i + 1,
+                    digest=block_digest(node.digest, key),
+                )
                 node.children[key] = child
                 self.pool.retain([block_id])
                 self.num_cached_blocks += 1
@@ -339,8 +346,14 @@ class RadixCache:
         self.pool.release(block_ids[loaded:])
         now = next(_clock)
         for digest, _, key, block_id in blocks[:loaded]:
-            child = TreeNode(key=key, block_id=block_id, parent=node, digest=digest,
-                             last_access=now, depth=node.depth + 1)  # fmt: skip
+            child = TreeNode(
+                key=key,
+                block_id=block_id,
+                parent=node,
+                digest=digest,
+                last_access=now,
+                depth=node.depth + 1,
+            )
             node.children[key] = child  # the tree keeps the reference allocate gave
             self.num_cached_blocks += 1
             ids.append(block_id)

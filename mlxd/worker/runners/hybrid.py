@@ -97,9 +97,13 @@ class HybridModelRunner(PagedModelRunner):
     speculates = False
 
     def __init__(
-        self, model: Any, eos_token_ids: set[int], pool: KVPool, state_budget: int,
+        self,
+        model: Any,
+        eos_token_ids: set[int],
+        pool: KVPool,
+        state_budget: int,
         max_view_tokens: int | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """``state_budget``: bytes the prefix cache's snapshots may hold (the scheduler's radix
         cache keeps them; here for status)."""
         super().__init__(model, eos_token_ids, pool, max_view_tokens)
@@ -151,8 +155,10 @@ class HybridModelRunner(PagedModelRunner):
     @property
     def kv_description(self) -> str:
         recurrent = self._attention.count(False)
-        return (f"{super().kv_description}; {recurrent} recurrent layers' state by row, prefix "
-                f"snapshots up to {self.state_budget / 2**30:.2f} GiB")  # fmt: skip
+        return (
+            f"{super().kv_description}; {recurrent} recurrent layers' state by row, prefix "
+            f"snapshots up to {self.state_budget / 2**30:.2f} GiB"
+        )
 
     # Internal helpers
 
@@ -188,11 +194,13 @@ class HybridModelRunner(PagedModelRunner):
         assert chunk.start == seq.num_computed, "a chunk must continue its sequence"
         end = chunk.end - 1 if chunk.is_last else chunk.end
         self._own[seq] = (chunk.start, self._state_at(seq, chunk.start))
-        cuts = state_cuts(self.pool.block_size, seq.num_prefill_tokens, seq.snapshot_at,
-                          chunk.start, end)  # fmt: skip
+        cuts = state_cuts(
+            self.pool.block_size, seq.num_prefill_tokens, seq.snapshot_at, chunk.start, end
+        )
         stops = sorted(cuts | {end})
-        return [_Span(seq, a, b, b in cuts)
-                for a, b in zip([chunk.start, *stops], stops, strict=False)]  # fmt: skip
+        return [
+            _Span(seq, a, b, b in cuts) for a, b in zip([chunk.start, *stops], stops, strict=False)
+        ]
 
     def _state_at(self, seq: Sequence, start: int) -> list[ArraysCache]:
         """The recurrent state after ``seq``'s first ``start`` tokens: none yet, its own from
@@ -224,8 +232,9 @@ class HybridModelRunner(PagedModelRunner):
             for i, caches in enumerate(own):
                 row = mx.array([i])
                 for mine, batch in zip(caches, states, strict=True):
-                    mine.cache = [None if a is None else mx.take(a, row, axis=0)
-                                  for a in batch.cache]  # fmt: skip
+                    mine.cache = [
+                        None if a is None else mx.take(a, row, axis=0) for a in batch.cache
+                    ]
         mx.eval([layer_caches.arrays(caches) for caches in own])  # the graph one forward deep
 
     def _enter(self, seqs: list[Sequence]) -> None:

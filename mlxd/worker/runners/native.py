@@ -34,9 +34,14 @@ class NativeModelRunner(ModelRunner):
     pads_prompts = False
 
     def __init__(
-        self, model: Any, eos_token_ids: set[int], snapshots: SnapshotCache | None = None,
-        block_size: int = 32, kv_note: str = "", kv_budget: int | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        model: Any,
+        eos_token_ids: set[int],
+        snapshots: SnapshotCache | None = None,
+        block_size: int = 32,
+        kv_note: str = "",
+        kv_budget: int | None = None,
+    ) -> None:
         """``snapshots``: the prefix cache (None: off); ``block_size``: prompts snapshot at
         their last multiple of it; ``kv_budget``: bytes the batch's caches may hold (None: no
         bound), beyond which no row is admitted and the most recent rows are preempted."""
@@ -78,8 +83,9 @@ class NativeModelRunner(ModelRunner):
         return events
 
     def needs_room(self) -> bool:
-        return self.kv_budget is not None and len(self.rows) > 1 and (
-            self.kv_bytes > self.kv_budget)  # fmt: skip
+        return (
+            self.kv_budget is not None and len(self.rows) > 1 and (self.kv_bytes > self.kv_budget)
+        )
 
     def has_room(self) -> bool:
         """Whether one more row of the batch's average size fits the budget."""
@@ -164,8 +170,12 @@ class NativeModelRunner(ModelRunner):
         picked = []
         for chunk in chunks:
             seq = chunk.seq
-            if not self.prefills_together or chunk.start or not chunk.is_last or (
-                    seq in self._prefill or seq.num_prefill_tokens < 2):  # fmt: skip
+            if (
+                not self.prefills_together
+                or chunk.start
+                or not chunk.is_last
+                or (seq in self._prefill or seq.num_prefill_tokens < 2)
+            ):
                 continue
             self._prefill[seq] = self._restore(seq)
             last = (seq.num_prefill_tokens - 1) // self.block_size * self.block_size
@@ -216,8 +226,9 @@ class NativeModelRunner(ModelRunner):
         tokens = (seq.prompt_ids + seq.output_ids)[: self._fed[i]]
         if len(tokens) != self._fed[i]:
             return  # fed a token past its output (a step ran after it finished)
-        caches = layer_caches.extract(self._batch, i, self.model) if self.batchable else (
-            self._batch)  # fmt: skip
+        caches = (
+            layer_caches.extract(self._batch, i, self.model) if self.batchable else (self._batch)
+        )
         assert self.snapshots is not None
         self.snapshots.insert(tokens, caches)
 

@@ -49,8 +49,9 @@ class PagedModelRunner(ModelRunner):
         by default as many tokens as the pool."""
         super().__init__(model, eos_token_ids)
         self.pool = pool
-        self.max_view_tokens = pool.num_blocks * pool.block_size if max_view_tokens is None else (
-            max_view_tokens)  # fmt: skip
+        self.max_view_tokens = (
+            pool.num_blocks * pool.block_size if max_view_tokens is None else (max_view_tokens)
+        )
         self.tail = DecodeTail(len(pool.keys), self.max_view_tokens)
         self.gathered_steps = 0
         self.view_verifications = 0  # verifications of one row over decode's view
@@ -110,10 +111,12 @@ class PagedModelRunner(ModelRunner):
     def kv_description(self) -> str:
         p = self.pool
         bits = f"{p.fmt.bits}-bit " if p.fmt.quantized else ""
-        return (f"paged: up to {p.num_blocks} blocks of {p.block_size} {bits}tokens "
-                f"({p.num_blocks * p.bytes_per_block / 2**30:.2f} GiB; {p.capacity} held, "
-                f"grown {p.chunk_blocks} or more at a time), decode view up to "
-                f"{self.max_view_tokens} tokens ({self._view_bytes / 2**30:.2f} GiB)")  # fmt: skip
+        return (
+            f"paged: up to {p.num_blocks} blocks of {p.block_size} {bits}tokens "
+            f"({p.num_blocks * p.bytes_per_block / 2**30:.2f} GiB; {p.capacity} held, "
+            f"grown {p.chunk_blocks} or more at a time), decode view up to "
+            f"{self.max_view_tokens} tokens ({self._view_bytes / 2**30:.2f} GiB)"
+        )
 
     def settle(self) -> None:
         """The step in flight done and decode's unflushed tokens in the pool: before the pool
@@ -162,9 +165,11 @@ class PagedModelRunner(ModelRunner):
             forward = self._forward_as_rows if VIRTUAL_ROWS else self._forward_as_windows
             flat = forward(rows, inputs)
         seqs = [s for s, x in zip(rows, inputs, strict=True) for _ in x]
-        sample_rows = [self._sample_row(s, emitted=True, ahead=j)
-                       for s, x in zip(rows, inputs, strict=True)
-                       for j in range(len(x))]  # fmt: skip
+        sample_rows = [
+            self._sample_row(s, emitted=True, ahead=j)
+            for s, x in zip(rows, inputs, strict=True)
+            for j in range(len(x))
+        ]
         constrained = grammar.constrain_drafts(flat, list(zip(rows, drafts, strict=True)))
         targets = sample(constrained, sample_rows)
         lp = logprobs.compute(flat, targets, seqs)
@@ -200,11 +205,16 @@ class PagedModelRunner(ModelRunner):
     def _forward_as_windows(self, rows: list[Sequence], inputs: list[list[int]]) -> mx.array:
         """The target's logits after each input, ``(sum of inputs, vocab)``, row by row: each
         row's inputs in one left-padded window of queries."""
-        step = PagedStep.build([s.block_ids for s in rows], [s.num_computed for s in rows],
-                               [len(x) for x in inputs], self.pool)  # fmt: skip
+        step = PagedStep.build(
+            [s.block_ids for s in rows],
+            [s.num_computed for s in rows],
+            [len(x) for x in inputs],
+            self.pool,
+        )
         with all_positions(self.model):
-            logits = self.model(verification.window(inputs),
-                                cache=PagedKVCache.for_step(self.pool, step))  # fmt: skip
+            logits = self.model(
+                verification.window(inputs), cache=PagedKVCache.for_step(self.pool, step)
+            )
         return logits.reshape(-1, logits.shape[-1])[verification.real_positions(inputs)]
 
     def _forward_as_rows(self, rows: list[Sequence], inputs: list[list[int]]) -> mx.array:
@@ -223,9 +233,13 @@ class PagedModelRunner(ModelRunner):
         return logits.reshape(-1, logits.shape[-1])
 
     def _keep(
-        self, rows: list[Sequence], inputs: list[list[int]], kept: list[list[int]],
-        seqs: list[Sequence], lp: logprobs.StepLogprobs | None,
-    ) -> list[TokenEvent]:  # fmt: skip
+        self,
+        rows: list[Sequence],
+        inputs: list[list[int]],
+        kept: list[list[int]],
+        seqs: list[Sequence],
+        lp: logprobs.StepLogprobs | None,
+    ) -> list[TokenEvent]:
         """Advance each row by its kept tokens; the last one is its next input."""
         events: list[TokenEvent] = []
         picks, start = [], 0
@@ -260,13 +274,16 @@ class PagedModelRunner(ModelRunner):
             return
         new = [end - start for _, start, end in parts]
         width = attention_shapes.queries(max(new))
-        rows = [[0] * (width - n) + seq.prefill_ids[start:end]
-                for (seq, start, end), n in zip(parts, new, strict=True)]  # fmt: skip
+        rows = [
+            [0] * (width - n) + seq.prefill_ids[start:end]
+            for (seq, start, end), n in zip(parts, new, strict=True)
+        ]
         caches = self._step_caches([s for s, _, _ in parts], [start for _, start, _ in parts], new)
         self.model(mx.array(rows), cache=caches)
 
-    def _step_caches(self, seqs: list[Sequence], starts: list[int], new: list[int],
-                     exact: bool = False) -> list[Any]:  # fmt: skip
+    def _step_caches(
+        self, seqs: list[Sequence], starts: list[int], new: list[int], exact: bool = False
+    ) -> list[Any]:
         """The caches of a forward of ``new[b]`` tokens after ``starts[b]`` for each of
         ``seqs`` (``PagedStep.build``)."""
         step = PagedStep.build([s.block_ids for s in seqs], starts, new, self.pool, exact)
@@ -301,8 +318,12 @@ class PagedModelRunner(ModelRunner):
         return caches
 
     def _decode_caches(self, rows: list[Sequence]) -> list[Any]:
-        return decode_caches(self.pool, self.tail, [s.block_ids for s in rows],  # type: ignore[return-value]
-                             [s.num_computed for s in rows])  # fmt: skip
+        return decode_caches(
+            self.pool,
+            self.tail,
+            [s.block_ids for s in rows],  # type: ignore[return-value]
+            [s.num_computed for s in rows],
+        )
 
     def _filter_cache(self, keep: list[int]) -> None:
         # Rows own no K/V but their tail; their blocks go back to the pool through the scheduler.

@@ -40,9 +40,15 @@ class WindowModelRunner(PagedModelRunner):
     speculates = False
 
     def __init__(
-        self, model: Any, eos_token_ids: set[int], pool: KVPool, windows: KVPool,
-        slabs: BlockPool, window: int, max_view_tokens: int | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        model: Any,
+        eos_token_ids: set[int],
+        pool: KVPool,
+        windows: KVPool,
+        slabs: BlockPool,
+        window: int,
+        max_view_tokens: int | None = None,
+    ) -> None:
         """``windows``: the window layers' arrays, their slab ids handed out by ``slabs``
         (which shares its budget with the allocator of ``pool``'s blocks)."""
         super().__init__(model, eos_token_ids, pool, max_view_tokens)
@@ -55,10 +61,16 @@ class WindowModelRunner(PagedModelRunner):
 
     @classmethod
     def for_model(
-        cls, model: Any, eos_token_ids: set[int], num_blocks: int, block_size: int,
-        window: int, chunk_bytes: int | None = None, fmt: KVFormat | None = None,
+        cls,
+        model: Any,
+        eos_token_ids: set[int],
+        num_blocks: int,
+        block_size: int,
+        window: int,
+        chunk_bytes: int | None = None,
+        fmt: KVFormat | None = None,
         max_view_tokens: int | None = None,
-    ) -> tuple[WindowModelRunner, BlockPool]:  # fmt: skip
+    ) -> tuple[WindowModelRunner, BlockPool]:
         """The runner for ``model`` and the allocator of its full layers' blocks, in the budget
         of ``num_blocks`` blocks of every layer: each pool's arrays grow (``chunk_bytes`` or
         more at a time) as ids past them are handed out, both paid from the budget."""
@@ -69,10 +81,14 @@ class WindowModelRunner(PagedModelRunner):
         # shrink below, and grow and shrink (``reclaim``) as the other's leave room
         chunk = min(chunk_bytes or budget.total, budget.total // 8)
         first = [max(1, chunk // c) for c in costs]
-        pool, windows = (KVPool.for_model(model, n, block_size, c, fmt, windows=w)
-                         for n, c, w in zip(ids, first, (False, True), strict=True))  # fmt: skip
-        blocks, slabs = (BlockPool(n, block_size, budget, c, kv.capacity, kv.ensure)
-                         for n, c, kv in zip(ids, costs, (pool, windows), strict=True))  # fmt: skip
+        pool, windows = (
+            KVPool.for_model(model, n, block_size, c, fmt, windows=w)
+            for n, c, w in zip(ids, first, (False, True), strict=True)
+        )
+        blocks, slabs = (
+            BlockPool(n, block_size, budget, c, kv.capacity, kv.ensure)
+            for n, c, kv in zip(ids, costs, (pool, windows), strict=True)
+        )
         runner = cls(model, eos_token_ids, pool, windows, slabs, window, max_view_tokens)
         runner.blocks = blocks
         return runner, blocks
@@ -136,9 +152,11 @@ class WindowModelRunner(PagedModelRunner):
     @property
     def kv_description(self) -> str:
         w = self.windows
-        return (f"{super().kv_description}; {len(w.keys)} of {len(self._windowed)} layers see a "
-                f"{self.window}-token window: their K/V in slabs that go back behind it "
-                f"({w.capacity} held)")  # fmt: skip
+        return (
+            f"{super().kv_description}; {len(w.keys)} of {len(self._windowed)} layers see a "
+            f"{self.window}-token window: their K/V in slabs that go back behind it "
+            f"({w.capacity} held)"
+        )
 
     # Internal helpers
 
@@ -164,8 +182,9 @@ class WindowModelRunner(PagedModelRunner):
             assert len(seq.window_ids) >= n, f"{seq.request_id} has no slab for a block it reads"
         return [seq.window_ids[:n] for seq, n in zip(seqs, blocks, strict=True)]
 
-    def _step_caches(self, seqs: list[Sequence], starts: list[int], new: list[int],
-                     exact: bool = False) -> list[Any]:  # fmt: skip
+    def _step_caches(
+        self, seqs: list[Sequence], starts: list[int], new: list[int], exact: bool = False
+    ) -> list[Any]:
         full = super()._step_caches(seqs, starts, new, exact)
         blocks = [-(-(s + n) // self.pool.block_size) for s, n in zip(starts, new, strict=True)]
         step = PagedStep.build(self._tables(seqs, blocks), starts, new, self.windows, exact)

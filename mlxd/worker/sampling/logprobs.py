@@ -47,8 +47,9 @@ class StepLogprobs:
             seq.logprobs.append((tokens[seq], chosen[i], top))
 
 
-def attach_positions(lp: StepLogprobs | None, seqs: list[Sequence],
-                     picks: list[tuple[int, int]]) -> None:  # fmt: skip
+def attach_positions(
+    lp: StepLogprobs | None, seqs: list[Sequence], picks: list[tuple[int, int]]
+) -> None:
     """Entries for a verification's kept positions: ``picks`` are (index into ``seqs``, the
     token there), in output order; ``lp`` was computed over ``seqs`` (a row once per position)."""
     if lp is None:
@@ -60,8 +61,9 @@ def attach_positions(lp: StepLogprobs | None, seqs: list[Sequence],
     for i, token in picks:
         if i in asking:
             n, k = asking[i], seqs[i].sampling.top_logprobs
-            seqs[i].logprobs.append((token, chosen[n], list(zip(ids[n][:k], values[n][:k],
-                                                                 strict=True))))  # fmt: skip
+            seqs[i].logprobs.append(
+                (token, chosen[n], list(zip(ids[n][:k], values[n][:k], strict=True)))
+            )
 
 
 def compute(logits: mx.array, tokens: mx.array, seqs: list[Sequence]) -> StepLogprobs | None:

@@ -43,5 +43,6 @@ class EmbedJob:
         """The answer once every input has its vector (little-endian float32 bytes)."""
         usage = Usage(prompt_tokens=sum(map(len, self.input_ids)), completion_tokens=0)
         dims = len(self.vectors[0]) // 4 if self.vectors else 0
-        return Embeddings(request_id=self.request_id, dimensions=dims, embeddings=self.vectors,
-                          usage=usage)  # fmt: skip
+        return Embeddings(
+            request_id=self.request_id, dimensions=dims, embeddings=self.vectors, usage=usage
+        )

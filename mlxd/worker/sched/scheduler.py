@@ -518,8 +518,11 @@ class Scheduler:
         """Whether ``num_blocks`` blocks and ``slabs`` slabs are free together (one budget)."""
         assert self.pool is not None and self.windows is not None and self.pool.budget
         grow = self.pool.growth_bytes(num_blocks) + self.windows.pool.growth_bytes(slabs)
-        return (self.pool.num_free >= num_blocks and self.windows.pool.num_free >= slabs
-                and self.pool.budget.free >= grow)  # fmt: skip
+        return (
+            self.pool.num_free >= num_blocks
+            and self.windows.pool.num_free >= slabs
+            and self.pool.budget.free >= grow
+        )
 
     def _victim(self) -> Sequence:
         """Whom to preempt: the lowest priority, then the most recent arrival."""
@@ -560,14 +563,21 @@ class Scheduler:
     def kv_report(self) -> KVReport:
         c = self.counters
         if self.pool is None or self.radix is None:  # hits of the runner's snapshots, if any
-            return KVReport(preemptions=c.preemptions, hits=c.hits, misses=c.misses,
-                            hit_tokens=c.hit_tokens)  # fmt: skip
+            return KVReport(
+                preemptions=c.preemptions, hits=c.hits, misses=c.misses, hit_tokens=c.hit_tokens
+            )
         p = self.pool
         return KVReport(
-            preemptions=c.preemptions, hits=c.hits, misses=c.misses, hit_tokens=c.hit_tokens,
-            block_size=p.block_size, blocks_total=p.num_blocks, blocks_used=p.num_used,
-            blocks_free=p.num_free, blocks_cached=self.radix.num_cached_blocks,
-        )  # fmt: skip
+            preemptions=c.preemptions,
+            hits=c.hits,
+            misses=c.misses,
+            hit_tokens=c.hit_tokens,
+            block_size=p.block_size,
+            blocks_total=p.num_blocks,
+            blocks_used=p.num_used,
+            blocks_free=p.num_free,
+            blocks_cached=self.radix.num_cached_blocks,
+        )
 
     def check_invariants(self) -> None:
         """The pool's and the prefix cache's invariants, and every live block accounted for."""

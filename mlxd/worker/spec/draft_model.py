@@ -69,12 +69,16 @@ class DraftModel:
         """``model``: loaded with mlx-lm (its head on the last position only); refused unless
         it shares the target's vocabulary and its caches can be trimmed."""
         if vocab_size != target_vocab_size:
-            raise ConfigError(f"--draft-model {path}: its vocabulary has {vocab_size} tokens, "
-                              f"the model's {target_vocab_size}: a draft model must share the "
-                              "target's vocabulary")  # fmt: skip
+            raise ConfigError(
+                f"--draft-model {path}: its vocabulary has {vocab_size} tokens, "
+                f"the model's {target_vocab_size}: a draft model must share the "
+                "target's vocabulary"
+            )
         if not can_trim_prompt_cache(make_prompt_cache(model)):
-            raise ConfigError(f"--draft-model {path}: its caches cannot be rolled back (sliding "
-                              "windows or recurrent layers)")  # fmt: skip
+            raise ConfigError(
+                f"--draft-model {path}: its caches cannot be rolled back (sliding "
+                "windows or recurrent layers)"
+            )
         self.model = model
         self._rows: dict[Sequence, _Row] = {}  # (finished rows' are dropped: ``forget``)
 
@@ -104,8 +108,10 @@ class DraftModel:
         for all rows, so one batched forward feeds them: rows further behind (a new row's
         prompt) are fed alone first; rows with fewer new tokens give back a few cached ones,
         which the batch computes again."""
-        behind = [self._sync(seq, self._rows.setdefault(seq, _Row(make_prompt_cache(self.model))))
-                  for seq in seqs]  # fmt: skip
+        behind = [
+            self._sync(seq, self._rows.setdefault(seq, _Row(make_prompt_cache(self.model))))
+            for seq in seqs
+        ]
         width = min(min(max(behind), CATCH_UP), min(_length(s) for s in seqs))
         for seq, n in zip(seqs, behind, strict=True):
             row = self._rows[seq]
@@ -121,8 +127,14 @@ class DraftModel:
         caches then hold its tokens and the first ``k - 1`` drafts."""
         rows = [self._rows[seq] for seq in seqs]
         merged = len(rows) > 1  # a lone row drafts on its own caches
-        batch = [BatchKVCache.merge([row.caches[i] for row in rows])
-                 for i in range(len(rows[0].caches))] if merged else rows[0].caches  # fmt: skip
+        batch = (
+            [
+                BatchKVCache.merge([row.caches[i] for row in rows])
+                for i in range(len(rows[0].caches))
+            ]
+            if merged
+            else rows[0].caches
+        )
         inputs = mx.array([_tokens(seq, _length(seq) - width) for seq in seqs])
         if attention_shapes.PLANNED:  # one query at a time: no attention plan per key length
             for j in range(width - 1):

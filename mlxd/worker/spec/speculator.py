@@ -150,8 +150,12 @@ class _Estimate:
 class Speculator:
     """Drafts for the rows of a batch, and the batch controller (see the module doc)."""
 
-    def __init__(self, mode: str = "ngram", clock: Callable[[], float] = time.perf_counter,
-                 drafter: Drafter | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        mode: str = "ngram",
+        clock: Callable[[], float] = time.perf_counter,
+        drafter: Drafter | None = None,
+    ) -> None:
         """``drafter``: the draft model, in mode ``draft`` (and only then)."""
         assert mode in MODES, mode
         assert (mode == "draft") == (drafter is not None), "a draft model drafts in 'draft' only"
@@ -229,8 +233,7 @@ class Speculator:
         if self.drafter is not None:
             self.drafter.forget()
 
-    def on_verified(self, rows: list[Sequence], drafts: list[list[int]],
-                    kept: list[int]) -> None:  # fmt: skip
+    def on_verified(self, rows: list[Sequence], drafts: list[list[int]], kept: list[int]) -> None:
         """``kept[i]``: tokens row ``i`` produced in a verification (its accepted drafts + 1)."""
         c = self.counters
         c.verify_steps += 1
@@ -249,8 +252,10 @@ class Speculator:
             self._new_row = _NEW_ROW * self._new_row + (1 - _NEW_ROW) * kept
         if draft:
             hits, misses = self._counts.get(seq, _PRIOR)
-            self._counts[seq] = (_DECAY * hits + kept - 1,
-                                 _DECAY * misses + (kept - 1 < len(draft)))  # fmt: skip
+            self._counts[seq] = (
+                _DECAY * hits + kept - 1,
+                _DECAY * misses + (kept - 1 < len(draft)),
+            )
 
     def _shadow(self, rows: list[Sequence]) -> None:
         """In plain steps prompt lookup still drafts, unverified, and each draft is scored

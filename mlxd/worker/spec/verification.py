@@ -34,8 +34,9 @@ def window(inputs: list[list[int]]) -> mx.array:
 def real_positions(inputs: list[list[int]]) -> mx.array:
     """Flat indices into ``(B * W)`` of every row's real positions, row by row."""
     width = attention_shapes.queries(max(len(x) for x in inputs))
-    return mx.array([b * width + j for b, x in enumerate(inputs)
-                     for j in range(width - len(x), width)])  # fmt: skip
+    return mx.array(
+        [b * width + j for b, x in enumerate(inputs) for j in range(width - len(x), width)]
+    )
 
 
 def accept(inputs: list[list[int]], targets: list[int]) -> list[list[int]]:

@@ -101,8 +101,9 @@ class StaticPool:
         self.keys = keys
         self._context: zmq.asyncio.Context | None = None
         self._clients: dict[str, WorkerClient] = {}
-        self._controls = {n: ControlClient(n, control_endpoint(e), keys=keys)
-                          for n, e in endpoints.items()}  # fmt: skip
+        self._controls = {
+            n: ControlClient(n, control_endpoint(e), keys=keys) for n, e in endpoints.items()
+        }
 
     def names(self) -> list[str]:
         return list(self.endpoints)
@@ -126,8 +127,10 @@ class StaticPool:
 
     async def load(self, name: str, wait: bool = True) -> WorkerInfo:
         self.control(name)
-        raise InvalidRequest(f"the worker for {name!r} was attached, not started by mlxd: it "
-                             "cannot be loaded or unloaded here")  # fmt: skip
+        raise InvalidRequest(
+            f"the worker for {name!r} was attached, not started by mlxd: it "
+            "cannot be loaded or unloaded here"
+        )
 
     async def unload(self, name: str, reason: str = "unloaded on request") -> WorkerInfo:
         return await self.load(name)

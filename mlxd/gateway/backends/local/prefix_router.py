@@ -6,8 +6,8 @@ and sends a prompt to the replica owning its longest remembered prefix, unless t
 much busier than the least loaded one (then load wins, and the prefix moves there). A prompt
 nobody has seen goes to the least loaded replica, ties in turn.
 
-**What is hashed.** The worker's prefix cache (``worker/prefix/radix_cache.py``) keys whole KV blocks
-of token ids. The gateway never tokenizes (it imports neither MLX nor a tokenizer), so it can
+**What is hashed.** The worker's prefix cache (``worker/prefix/radix_cache.py``) keys whole KV
+blocks of token ids. The gateway never tokenizes (it imports neither MLX nor a tokenizer), so it can
 hash token ids only for ``TokenPrompt``s; for text and chat prompts it hashes the prompt's
 characters in fixed ``CHUNK_CHARS`` chunks, each key chained on the one before (as a radix
 path is), so two prompts share exactly the keys of their common leading chunks. 64 characters
@@ -56,8 +56,9 @@ def prefix_keys(prompt: Prompt) -> list[bytes]:
     else:
         text = prompt.text if isinstance(prompt, TextPrompt) else _chat_text(prompt)
         data = text.encode("utf-8", "surrogatepass")
-        chunks = (data[i : i + CHUNK_CHARS] for i in range(0, len(data) - CHUNK_CHARS + 1,
-                                                            CHUNK_CHARS))  # fmt: skip
+        chunks = (
+            data[i : i + CHUNK_CHARS] for i in range(0, len(data) - CHUNK_CHARS + 1, CHUNK_CHARS)
+        )
     keys, previous = [], b""
     for chunk in chunks:
         previous = hashlib.blake2b(previous + chunk, digest_size=12).digest()
@@ -74,8 +75,9 @@ class PrefixRouter:
         max_keys: keys remembered; the least recently used go first.
     """
 
-    def __init__(self, num_replicas: int, balance: Balance | None = None,
-                 max_keys: int = MAX_KEYS) -> None:  # fmt: skip
+    def __init__(
+        self, num_replicas: int, balance: Balance | None = None, max_keys: int = MAX_KEYS
+    ) -> None:
         self.num_replicas = num_replicas
         self.balance = balance or Balance()
         self.max_keys = max_keys

@@ -98,8 +98,9 @@ class ReplicaSet:
         """What the model serves (every replica serves the same): asked of a ready one."""
         return await self._any().describe(timeout_s)
 
-    async def open_stream(self, gen: Generate, observer: StreamObserver | None = None
-                          ) -> RequestStream:  # fmt: skip
+    async def open_stream(
+        self, gen: Generate, observer: StreamObserver | None = None
+    ) -> RequestStream:
         """Send ``gen`` to the replica the router picks for its prompt."""
         loads = [r.load() for r in self.replicas]
         epochs = [r.epoch() for r in self.replicas]
@@ -147,8 +148,11 @@ class ReplicaSet:
 
     def _any(self, besides: WorkerClient | None = None) -> WorkerClient:
         """The least loaded ready replica's client (not ``besides``)."""
-        loads = [(load, i) for i, r in enumerate(self.replicas)
-                 if r.client is not besides and (load := r.load()) is not None]  # fmt: skip
+        loads = [
+            (load, i)
+            for i, r in enumerate(self.replicas)
+            if r.client is not besides and (load := r.load()) is not None
+        ]
         if not loads:
             raise WorkerUnavailable(f"no replica of {self.name!r} is ready")
         return self.replicas[min(loads)[1]].client

@@ -68,45 +68,64 @@ class WorkerMetrics:
     def collect(self) -> Iterator[Metric]:
         latest = self._latest
         gauges: dict[str, tuple[str, Callable[[_Snapshot], float]]] = {
-            "queue_depth": ("Requests waiting for a worker's batch.",
-                            lambda s: s.status.num_waiting),
-            "running_sequences": ("Sequences in a worker's decode batch.",
-                                  lambda s: s.status.num_running),
-            "prefilling_sequences": ("Sequences whose prompt is being prefilled.",
-                                     lambda s: s.status.num_prefilling),
-        }  # fmt: skip
+            "queue_depth": (
+                "Requests waiting for a worker's batch.",
+                lambda s: s.status.num_waiting,
+            ),
+            "running_sequences": (
+                "Sequences in a worker's decode batch.",
+                lambda s: s.status.num_running,
+            ),
+            "prefilling_sequences": (
+                "Sequences whose prompt is being prefilled.",
+                lambda s: s.status.num_prefilling,
+            ),
+        }
         for name, (doc, get) in gauges.items():
             family = GaugeMetricFamily(f"mlxd_{name}", doc, labels=["model"])
             for model, snap in latest.items():
                 family.add_metric([model], get(snap))
             yield family
-        blocks = GaugeMetricFamily("mlxd_kv_blocks", "KV pool blocks by state (used includes "
-                                   "cached blocks in use; paged cache only).",
-                                   labels=["model", "state"])  # fmt: skip
+        blocks = GaugeMetricFamily(
+            "mlxd_kv_blocks",
+            "KV pool blocks by state (used includes cached blocks in use; paged cache only).",
+            labels=["model", "state"],
+        )
         for model, snap in latest.items():
             st = snap.stats
             if st.kv_block_size:
                 for state in ("total", "used", "free", "cached"):
                     blocks.add_metric([model, state], getattr(st, f"kv_blocks_{state}"))
         yield blocks
-        kv = GaugeMetricFamily("mlxd_kv_bytes", "A worker's KV memory: used by requests in "
-                               "flight, reserved (held now; the paged pool grows in chunks and "
-                               "shrinks when idle), budget (the most it may hold; 0: no cap).",
-                               labels=["model", "state"])  # fmt: skip
+        kv = GaugeMetricFamily(
+            "mlxd_kv_bytes",
+            "A worker's KV memory: used by requests in "
+            "flight, reserved (held now; the paged pool grows in chunks and "
+            "shrinks when idle), budget (the most it may hold; 0: no cap).",
+            labels=["model", "state"],
+        )
         for model, snap in latest.items():
             mem = snap.status.memory
-            for state, value in (("used", mem.kv_bytes), ("reserved", mem.kv_reserved_bytes),
-                                 ("budget", mem.kv_budget_bytes)):  # fmt: skip
+            for state, value in (
+                ("used", mem.kv_bytes),
+                ("reserved", mem.kv_reserved_bytes),
+                ("budget", mem.kv_budget_bytes),
+            ):
                 kv.add_metric([model, state], value)
         yield kv
-        step = GaugeMetricFamily("mlxd_decode_step_seconds", "A worker's recent decode steps: "
-                                 "time from one to the next, by quantile.",
-                                 labels=["model", "quantile"])  # fmt: skip
+        step = GaugeMetricFamily(
+            "mlxd_decode_step_seconds",
+            "A worker's recent decode steps: time from one to the next, by quantile.",
+            labels=["model", "quantile"],
+        )
         for model, snap in latest.items():
             summary = snap.stats.decode_step
             if summary.num_samples:
-                for q, ms in (("0.5", summary.p50_ms), ("0.95", summary.p95_ms),
-                              ("0.99", summary.p99_ms)):  # fmt: skip
+                for q, ms in (
+                    ("0.5", summary.p50_ms),
+                    ("0.95", summary.p95_ms),
+                    ("0.99", summary.p99_ms),
+                ):
                     step.add_metric([model, q], ms / 1000.0)
         yield step
         yield from self._counters(latest)
@@ -130,17 +149,26 @@ class WorkerMetrics:
             for model, snap in latest.items():
                 family.add_metric([model], getattr(snap.stats, name))
             yield family
-        rate = GaugeMetricFamily("mlxd_prefix_cache_hit_rate",
-                                 "Hits / (hits + misses) since the worker started.",
-                                 labels=["model"])  # fmt: skip
+        rate = GaugeMetricFamily(
+            "mlxd_prefix_cache_hit_rate",
+            "Hits / (hits + misses) since the worker started.",
+            labels=["model"],
+        )
         for model, snap in latest.items():
             asked = snap.stats.prefix_cache_hits + snap.stats.prefix_cache_misses
             rate.add_metric([model], snap.stats.prefix_cache_hits / asked if asked else 0.0)
         yield rate
-        for name, doc in (("spec_acceptance_rate", "Accepted / drafted tokens since the worker "
-                           "started (speculative decoding)."),
-                          ("tokens_per_forward", "Decode tokens per row and forward since the "
-                           "worker started (1 without speculation).")):  # fmt: skip
+        for name, doc in (
+            (
+                "spec_acceptance_rate",
+                "Accepted / drafted tokens since the worker started (speculative decoding).",
+            ),
+            (
+                "tokens_per_forward",
+                "Decode tokens per row and forward since the "
+                "worker started (1 without speculation).",
+            ),
+        ):
             gauge = GaugeMetricFamily(f"mlxd_{name}", doc, labels=["model"])
             for model, snap in latest.items():
                 gauge.add_metric([model], getattr(snap.stats, name))

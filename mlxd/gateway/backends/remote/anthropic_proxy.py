@@ -18,18 +18,18 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import Response
 
-from mlxd.gateway.http.accesslog import RequestRecord
 from mlxd.gateway.backends.remote import anthropic_to_openai
 from mlxd.gateway.backends.remote.proxy import Proxy, same
 from mlxd.gateway.backends.remote.relay import (
     Done,
     RelayResponse,
-    read_sse_data,
     read_sse,
+    read_sse_data,
 )
-from mlxd.gateway.routing.router import Target
 from mlxd.gateway.backends.remote.upstream import RemoteBackend
+from mlxd.gateway.http.accesslog import RequestRecord
 from mlxd.gateway.ops.metrics import Metrics
+from mlxd.gateway.routing.router import Target
 from mlxd.protocol.messages import Usage
 
 
@@ -52,10 +52,10 @@ class AnthropicProxy(Proxy):
             path, body = "messages", {**doc, "model": target.upstream}
         response, headers, done = await self._send(record, backend, target, path, body, priority)
         if not record.stream:
-            reshape = partial(anthropic_to_openai.response, model=target.name) if translated \
-                else same  # fmt: skip
-            return await self._collect(record, backend, response, headers, timeout_s, done,
-                                       reshape)  # fmt: skip
+            reshape = (
+                partial(anthropic_to_openai.response, model=target.name) if translated else same
+            )
+            return await self._collect(record, backend, response, headers, timeout_s, done, reshape)
         if translated:
             events = anthropic_to_openai.events(read_sse_data(response), target.name)
         else:

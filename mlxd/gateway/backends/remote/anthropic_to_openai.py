@@ -32,8 +32,9 @@ def request(body: Any, upstream_model: str) -> dict[str, Any]:
         InvalidRequest: a field the OpenAI API cannot carry, or a bad Messages field.
     """
     if isinstance(body, dict) and body.get("top_k") is not None:
-        raise InvalidRequest("'top_k' cannot be sent to an OpenAI-compatible backend",
-                             param="top_k")  # fmt: skip
+        raise InvalidRequest(
+            "'top_k' cannot be sent to an OpenAI-compatible backend", param="top_k"
+        )
     chat = {k: v for k, v in to_openai_chat(body).items() if v is not None}
     chat["model"] = upstream_model
     chat["messages"] = [_wire_message(m) for m in chat["messages"]]
@@ -55,8 +56,11 @@ def response(payload: dict[str, Any], model: str) -> dict[str, Any]:
         choice = payload["choices"][0]
         message = choice["message"]
         calls = [_tool_call(c) for c in message.get("tool_calls") or ()]
-        result = ChoiceResult(text=message.get("content") or "", tool_calls=calls,
-                              finish_reason=choice.get("finish_reason") or "stop")  # fmt: skip
+        result = ChoiceResult(
+            text=message.get("content") or "",
+            tool_calls=calls,
+            finish_reason=choice.get("finish_reason") or "stop",
+        )
     except (KeyError, IndexError, TypeError, AttributeError) as exc:
         raise ValueError(f"not a chat completion: {exc!r}") from None
     return message_body(_message_id(), model, result, _usage(payload.get("usage")))
@@ -123,8 +127,11 @@ class _Blocks:
         reason = stop_reason(self.finish_reason or "stop", None, self._num_calls > 0)
         delta = {"stop_reason": reason, "stop_sequence": None}
         usage = usage_body(self._usage)
-        return [*self._close(), _event("message_delta", delta=delta, usage=usage),
-                _event("message_stop")]  # fmt: skip
+        return [
+            *self._close(),
+            _event("message_delta", delta=delta, usage=usage),
+            _event("message_stop"),
+        ]
 
     def _text(self, text: str) -> list[_Event]:
         out = [] if self._open == "text" else self._start("text", {"type": "text", "text": ""})
@@ -135,8 +142,12 @@ class _Blocks:
         function = call.get("function") or {}
         out: list[_Event] = []
         if self._open != f"call {call.get('index')}":
-            block = {"type": "tool_use", "id": _tool_use_id(call.get("id")),
-                     "name": function.get("name", ""), "input": {}}  # fmt: skip
+            block = {
+                "type": "tool_use",
+                "id": _tool_use_id(call.get("id")),
+                "name": function.get("name", ""),
+                "input": {},
+            }
             out = self._start(f"call {call.get('index')}", block)
             self._num_calls += 1
         if function.get("arguments"):
@@ -162,16 +173,19 @@ def _wire_message(message: dict[str, Any]) -> dict[str, Any]:
     calls = message.get("tool_calls")
     if not calls:
         return message
-    wired = [{**c, "function": {**c["function"], "arguments": json.dumps(c["function"]
-             ["arguments"])}} for c in calls]  # fmt: skip
+    wired = [
+        {**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"])}}
+        for c in calls
+    ]
     return {**message, "tool_calls": wired}
 
 
 def _tool_call(call: dict[str, Any]) -> ToolCall:
     function = call["function"]
     json.loads(function["arguments"])  # a tool_use block's input must be an object
-    return ToolCall(id=str(call["id"]), name=str(function["name"]),
-                    arguments=str(function["arguments"]))  # fmt: skip
+    return ToolCall(
+        id=str(call["id"]), name=str(function["name"]), arguments=str(function["arguments"])
+    )
 
 
 def _tool_use_id(call_id: Any) -> str:
@@ -181,18 +195,27 @@ def _tool_use_id(call_id: Any) -> str:
 
 def _start(model: str) -> dict[str, Any]:
     # OpenAI reports usage only at the end: message_delta carries the prompt's tokens too.
-    return {"id": _message_id(), "type": "message", "role": "assistant", "model": model,
-            "content": [], "stop_reason": None, "stop_sequence": None,
-            "usage": usage_body(Usage(prompt_tokens=0, completion_tokens=0))}  # fmt: skip
+    return {
+        "id": _message_id(),
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": usage_body(Usage(prompt_tokens=0, completion_tokens=0)),
+    }
 
 
 def _usage(usage: Any) -> Usage:
     usage = usage if isinstance(usage, dict) else {}
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    return Usage(prompt_tokens=_count(usage.get("prompt_tokens")),
-                 completion_tokens=_count(usage.get("completion_tokens")),
-                 cached_tokens=_count(cached))  # fmt: skip
+    return Usage(
+        prompt_tokens=_count(usage.get("prompt_tokens")),
+        completion_tokens=_count(usage.get("completion_tokens")),
+        cached_tokens=_count(cached),
+    )
 
 
 def _count(value: Any) -> int:

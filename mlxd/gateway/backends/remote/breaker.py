@@ -13,8 +13,12 @@ STATES = (CLOSED, HALF_OPEN, OPEN)  # the /metrics gauge's values: their index
 
 
 class Breaker:
-    def __init__(self, failures: int = 5, cooldown_s: float = 30.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self,
+        failures: int = 5,
+        cooldown_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.failures = failures
         self.cooldown_s = cooldown_s
         self.clock = clock

@@ -48,7 +48,12 @@ class BackendHealth:
         self.last_error, self.last_error_at = message, now
 
     def to_dict(self) -> dict[str, Any]:
-        return {"state": self.state, "requests": self.requests, "failures": self.failures,
-                "consecutive_failures": self.consecutive_failures,
-                "last_error": self.last_error, "last_error_at": self.last_error_at,
-                "last_ok_at": self.last_ok_at}  # fmt: skip
+        return {
+            "state": self.state,
+            "requests": self.requests,
+            "failures": self.failures,
+            "consecutive_failures": self.consecutive_failures,
+            "last_error": self.last_error,
+            "last_error_at": self.last_error_at,
+            "last_ok_at": self.last_ok_at,
+        }

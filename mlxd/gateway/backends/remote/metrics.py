@@ -27,23 +27,43 @@ class BackendMetrics:
 
     def __init__(self, metrics: Metrics) -> None:
         reg = metrics.registry
-        self.requests = Counter("mlxd_backend_requests", "Requests sent to a backend, by outcome "
-                                "(ok or an error code).", ["backend", "model", "outcome"],
-                                registry=reg)  # fmt: skip
-        self.latency = Histogram("mlxd_backend_request_seconds", "Request sent to a backend "
-                                 "until its answer ended.", ["backend"], buckets=E2E_BUCKETS,
-                                 registry=reg)  # fmt: skip
-        self.failovers = Counter("mlxd_backend_failovers", "Requests moved from a failed model "
-                                 "to its fallback.", ["from_model", "to_model"],
-                                 registry=reg)  # fmt: skip
-        self.in_flight = Gauge("mlxd_backend_requests_in_flight", "Requests sent to a backend, "
-                               "not done.", ["backend"], registry=reg)  # fmt: skip
-        self.waiting = Gauge("mlxd_backend_requests_waiting", "Requests waiting for one of a "
-                             "backend's max_concurrency slots.", ["backend"],
-                             registry=reg)  # fmt: skip
-        self.breaker = Gauge("mlxd_backend_breaker_state", "A backend's circuit breaker: 0 "
-                             "closed, 1 half-open (a probe may go), 2 open.", ["backend"],
-                             registry=reg)  # fmt: skip
+        self.requests = Counter(
+            "mlxd_backend_requests",
+            "Requests sent to a backend, by outcome (ok or an error code).",
+            ["backend", "model", "outcome"],
+            registry=reg,
+        )
+        self.latency = Histogram(
+            "mlxd_backend_request_seconds",
+            "Request sent to a backend until its answer ended.",
+            ["backend"],
+            buckets=E2E_BUCKETS,
+            registry=reg,
+        )
+        self.failovers = Counter(
+            "mlxd_backend_failovers",
+            "Requests moved from a failed model to its fallback.",
+            ["from_model", "to_model"],
+            registry=reg,
+        )
+        self.in_flight = Gauge(
+            "mlxd_backend_requests_in_flight",
+            "Requests sent to a backend, not done.",
+            ["backend"],
+            registry=reg,
+        )
+        self.waiting = Gauge(
+            "mlxd_backend_requests_waiting",
+            "Requests waiting for one of a backend's max_concurrency slots.",
+            ["backend"],
+            registry=reg,
+        )
+        self.breaker = Gauge(
+            "mlxd_backend_breaker_state",
+            "A backend's circuit breaker: 0 closed, 1 half-open (a probe may go), 2 open.",
+            ["backend"],
+            registry=reg,
+        )
 
     def watch(self, backends: Iterable[RemoteBackend]) -> None:
         """Read each backend's queue and breaker whenever ``/metrics`` is scraped."""

@@ -22,18 +22,18 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from mlxd.errors import UpstreamError
-from mlxd.gateway.http.accesslog import RequestRecord
 from mlxd.gateway.backends.remote import openai_to_anthropic
 from mlxd.gateway.backends.remote.proxy import Proxy, same
 from mlxd.gateway.backends.remote.relay import (
     Done,
     RelayResponse,
-    read_sse_data,
     read_sse,
+    read_sse_data,
 )
-from mlxd.gateway.routing.router import Target
 from mlxd.gateway.backends.remote.upstream import RemoteBackend
+from mlxd.gateway.http.accesslog import RequestRecord
 from mlxd.gateway.ops.metrics import Metrics
+from mlxd.gateway.routing.router import Target
 from mlxd.gateway.surfaces.sse import DONE, sse
 from mlxd.protocol.messages import Usage
 
@@ -62,8 +62,7 @@ class OpenAIProxy(Proxy):
         response, headers, done = await self._send(record, backend, target, path, body, priority)
         if not record.stream:
             reshape = openai_to_anthropic.response if translated else same
-            return await self._collect(record, backend, response, headers, timeout_s, done,
-                                       reshape)  # fmt: skip
+            return await self._collect(record, backend, response, headers, timeout_s, done, reshape)
         if translated:
             events = openai_to_anthropic.chunks(read_sse(response), _includes_usage(doc))
         else:
@@ -167,9 +166,11 @@ def _has_text(choice: dict[str, Any]) -> bool:
 def _usage(usage: dict[str, Any]) -> Usage:
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else 0
-    return Usage(prompt_tokens=_count(usage.get("prompt_tokens")),
-                 completion_tokens=_count(usage.get("completion_tokens")),
-                 cached_tokens=_count(cached))  # fmt: skip
+    return Usage(
+        prompt_tokens=_count(usage.get("prompt_tokens")),
+        completion_tokens=_count(usage.get("completion_tokens")),
+        cached_tokens=_count(cached),
+    )
 
 
 def _count(value: Any) -> int:

@@ -19,14 +19,40 @@ from mlxd.errors import InvalidRequest
 DEFAULT_MAX_TOKENS = 4096
 _DONE = "[DONE]"
 # OpenAI fields that need no counterpart: accepted as long as they ask for nothing.
-_NEUTRAL = {"n": 1, "logprobs": False, "presence_penalty": 0, "frequency_penalty": 0,
-            "logit_bias": {}, "response_format": {"type": "text"}}  # fmt: skip
+_NEUTRAL = {
+    "n": 1,
+    "logprobs": False,
+    "presence_penalty": 0,
+    "frequency_penalty": 0,
+    "logit_bias": {},
+    "response_format": {"type": "text"},
+}
 _MAPPED = frozenset(
-    {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
-     "stop", "stream", "stream_options", "user", "tools", "tool_choice", "parallel_tool_calls"}
-)  # fmt: skip
-_FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",
-           "tool_use": "tool_calls", "pause_turn": "stop", "refusal": "content_filter"}  # fmt: skip
+    {
+        "model",
+        "messages",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "stop",
+        "stream",
+        "stream_options",
+        "user",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+    }
+)
+_FINISH = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
+    "tool_use": "tool_calls",
+    "pause_turn": "stop",
+    "refusal": "content_filter",
+}
 
 
 def request(body: dict[str, Any], upstream_model: str) -> dict[str, Any]:
@@ -37,16 +63,20 @@ def request(body: dict[str, Any], upstream_model: str) -> dict[str, Any]:
     """
     _refuse_unmapped(body)
     system, messages = _messages(body.get("messages"))
-    out: dict[str, Any] = {"model": upstream_model, "messages": messages,
-                           "max_tokens": _max_tokens(body)}  # fmt: skip
+    out: dict[str, Any] = {
+        "model": upstream_model,
+        "messages": messages,
+        "max_tokens": _max_tokens(body),
+    }
     if system:
         out["system"] = system
     for key in ("temperature", "top_p", "top_k", "stream"):
         if body.get(key) is not None:
             out[key] = body[key]
     if isinstance(out.get("temperature"), int | float) and out["temperature"] > 1:
-        raise InvalidRequest("'temperature' above 1 cannot be sent to an Anthropic backend",
-                             param="temperature")  # fmt: skip
+        raise InvalidRequest(
+            "'temperature' above 1 cannot be sent to an Anthropic backend", param="temperature"
+        )
     stop = body.get("stop")
     if stop:
         out["stop_sequences"] = [stop] if isinstance(stop, str) else stop
@@ -71,11 +101,14 @@ def response(payload: dict[str, Any]) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else "")}
     if calls:
         message["tool_calls"] = calls
-    return {"id": f"chatcmpl-{payload.get('id', '')}", "object": "chat.completion",
-            "created": int(time.time()), "model": payload.get("model", ""),
-            "choices": [{"index": 0, "message": message, "finish_reason": finish,
-                         "logprobs": None}],
-            "usage": _usage(payload.get("usage"))}  # fmt: skip
+    return {
+        "id": f"chatcmpl-{payload.get('id', '')}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": payload.get("model", ""),
+        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+        "usage": _usage(payload.get("usage")),
+    }
 
 
 async def chunks(events: AsyncIterator[tuple[str, str]], include_usage: bool) -> AsyncIterator[str]:
@@ -113,12 +146,22 @@ class _Chunks:
     def add(self, name: str, body: dict[str, Any]) -> list[dict[str, Any]]:
         if name == "error":
             error = body.get("error") or {}
-            return [{"error": {"message": str(error.get("message", "")), "code": None,
-                               "type": str(error.get("type", "api_error"))}}]  # fmt: skip
-        handler = {"message_start": self._message_start, "message_delta": self._message_delta,
-                   "content_block_start": self._block_start,
-                   "content_block_delta": self._block_delta,
-                   "message_stop": self._message_stop}.get(name)  # fmt: skip
+            return [
+                {
+                    "error": {
+                        "message": str(error.get("message", "")),
+                        "code": None,
+                        "type": str(error.get("type", "api_error")),
+                    }
+                }
+            ]
+        handler = {
+            "message_start": self._message_start,
+            "message_delta": self._message_delta,
+            "content_block_start": self._block_start,
+            "content_block_delta": self._block_delta,
+            "message_stop": self._message_stop,
+        }.get(name)
         return handler(body) if handler is not None else []  # ping, content_block_stop
 
     def _message_start(self, body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -132,8 +175,12 @@ class _Chunks:
         if block.get("type") != "tool_use":
             return []
         index = self._calls[body.get("index", -1)] = len(self._calls)
-        call = {"index": index, "id": block.get("id"), "type": "function",
-                "function": {"name": block.get("name"), "arguments": ""}}  # fmt: skip
+        call = {
+            "index": index,
+            "id": block.get("id"),
+            "type": "function",
+            "function": {"name": block.get("name"), "arguments": ""},
+        }
         return [self._chunk({"tool_calls": [call]})]
 
     def _block_delta(self, body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -141,14 +188,18 @@ class _Chunks:
         if delta.get("type") == "text_delta":
             return [self._chunk({"content": delta.get("text", "")})]
         if delta.get("type") == "input_json_delta" and body.get("index") in self._calls:
-            call = {"index": self._calls[body["index"]],
-                    "function": {"arguments": delta.get("partial_json", "")}}  # fmt: skip
+            call = {
+                "index": self._calls[body["index"]],
+                "function": {"arguments": delta.get("partial_json", "")},
+            }
             return [self._chunk({"tool_calls": [call]})]
         return []
 
     def _message_delta(self, body: dict[str, Any]) -> list[dict[str, Any]]:
-        self._usage = {**self._usage, **{k: v for k, v in (body.get("usage") or {}).items()
-                                         if v is not None}}  # fmt: skip
+        self._usage = {
+            **self._usage,
+            **{k: v for k, v in (body.get("usage") or {}).items() if v is not None},
+        }
         reason = (body.get("delta") or {}).get("stop_reason") or "end_turn"
         return [self._chunk({}, _FINISH.get(reason, "stop"))]
 
@@ -159,8 +210,13 @@ class _Chunks:
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
-        return {"id": self._id, "object": "chat.completion.chunk", "created": int(time.time()),
-                "model": self._model, "choices": [choice]}  # fmt: skip
+        return {
+            "id": self._id,
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": self._model,
+            "choices": [choice],
+        }
 
 
 def _refuse_unmapped(body: dict[str, Any]) -> None:
@@ -191,9 +247,11 @@ def _messages(messages: Any) -> tuple[str, list[dict[str, Any]]]:
         role = message.get("role")
         if role in ("system", "developer"):
             if out:
-                raise InvalidRequest(f"'{where}': an Anthropic backend takes system messages "
-                                     "only before the conversation",
-                                     param=f"{where}.role")  # fmt: skip
+                raise InvalidRequest(
+                    f"'{where}': an Anthropic backend takes system messages "
+                    "only before the conversation",
+                    param=f"{where}.role",
+                )
             system.append(_text(message.get("content"), f"{where}.content"))
             continue
         role, blocks = _turn(message, where)
@@ -207,23 +265,29 @@ def _messages(messages: Any) -> tuple[str, list[dict[str, Any]]]:
 def _refuse_keys(message: dict[str, Any], where: str) -> None:
     for key, value in message.items():
         if key not in ("role", "content", "tool_calls", "tool_call_id") and value is not None:
-            raise InvalidRequest(f"'{where}.{key}' cannot be sent to an Anthropic backend",
-                                 param=f"{where}.{key}")  # fmt: skip
+            raise InvalidRequest(
+                f"'{where}.{key}' cannot be sent to an Anthropic backend", param=f"{where}.{key}"
+            )
 
 
 def _turn(message: dict[str, Any], where: str) -> tuple[str, list[dict[str, Any]]]:
     role, content = message.get("role"), message.get("content")
     if role == "tool":
-        result = {"type": "tool_result", "tool_use_id": str(message.get("tool_call_id")),
-                  "content": _text(content, f"{where}.content")}  # fmt: skip
+        result = {
+            "type": "tool_result",
+            "tool_use_id": str(message.get("tool_call_id")),
+            "content": _text(content, f"{where}.content"),
+        }
         return "user", [result]
     if role not in ("user", "assistant"):
         raise InvalidRequest(f"'{where}.role' {role!r} is not a chat role", param=f"{where}.role")
     text = _text(content, f"{where}.content") if content is not None else ""
     blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
     if role == "assistant":
-        blocks += [_tool_use(c, f"{where}.tool_calls[{j}]")
-                   for j, c in enumerate(message.get("tool_calls") or ())]  # fmt: skip
+        blocks += [
+            _tool_use(c, f"{where}.tool_calls[{j}]")
+            for j, c in enumerate(message.get("tool_calls") or ())
+        ]
     return role, blocks
 
 
@@ -234,8 +298,10 @@ def _text(content: Any, where: str) -> str:
         raise InvalidRequest(f"'{where}' must be a string or a list of parts", param=where)
     for j, part in enumerate(content):
         if not isinstance(part, dict) or part.get("type") != "text":
-            raise InvalidRequest(f"'{where}[{j}].type': only text parts can be sent to an "
-                                 "Anthropic backend", param=f"{where}[{j}].type")  # fmt: skip
+            raise InvalidRequest(
+                f"'{where}[{j}].type': only text parts can be sent to an Anthropic backend",
+                param=f"{where}[{j}].type",
+            )
     return "".join(str(part.get("text", "")) for part in content)
 
 
@@ -246,10 +312,16 @@ def _tool_use(call: Any, where: str) -> dict[str, Any]:
         if not isinstance(args, dict):
             raise ValueError("not an object")
     except (KeyError, TypeError, ValueError):
-        raise InvalidRequest(f"'{where}.function.arguments' must be a JSON object",
-                             param=f"{where}.function.arguments") from None  # fmt: skip
-    return {"type": "tool_use", "id": str(call.get("id")), "name": str(function.get("name")),
-            "input": args}  # fmt: skip
+        raise InvalidRequest(
+            f"'{where}.function.arguments' must be a JSON object",
+            param=f"{where}.function.arguments",
+        ) from None
+    return {
+        "type": "tool_use",
+        "id": str(call.get("id")),
+        "name": str(function.get("name")),
+        "input": args,
+    }
 
 
 def _tools(body: dict[str, Any]) -> dict[str, Any]:
@@ -266,11 +338,15 @@ def _tools(body: dict[str, Any]) -> dict[str, Any]:
 def _tool(tool: Any, where: str) -> dict[str, Any]:
     function = tool.get("function") if isinstance(tool, dict) else None
     if not isinstance(function, dict) or tool.get("type") != "function":
-        raise InvalidRequest(f"'{where}': only function tools can be sent to an Anthropic "
-                             "backend", param=f"{where}.type")  # fmt: skip
+        raise InvalidRequest(
+            f"'{where}': only function tools can be sent to an Anthropic backend",
+            param=f"{where}.type",
+        )
     if function.get("strict"):
-        raise InvalidRequest(f"'{where}.function.strict' cannot be sent to an Anthropic backend",
-                             param=f"{where}.function.strict")  # fmt: skip
+        raise InvalidRequest(
+            f"'{where}.function.strict' cannot be sent to an Anthropic backend",
+            param=f"{where}.function.strict",
+        )
     schema = function.get("parameters") or {"type": "object", "properties": {}}
     out = {"name": function.get("name"), "input_schema": schema}
     if function.get("description"):
@@ -286,8 +362,9 @@ def _tool_choice(choice: Any) -> dict[str, Any] | None:
         return {"type": "tool", "name": name}
     kinds = {"auto": "auto", "required": "any", "none": "none"}
     if choice not in kinds:
-        raise InvalidRequest("'tool_choice' must be 'auto', 'required', 'none' or a function",
-                             param="tool_choice")  # fmt: skip
+        raise InvalidRequest(
+            "'tool_choice' must be 'auto', 'required', 'none' or a function", param="tool_choice"
+        )
     return {"type": kinds[choice]}
 
 
@@ -297,9 +374,12 @@ def _usage(usage: Any) -> dict[str, Any]:
     prompt = _count(usage.get("input_tokens")) + cached
     prompt += _count(usage.get("cache_creation_input_tokens"))
     completion = _count(usage.get("output_tokens"))
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
 
 
 def _count(value: Any) -> int:
@@ -308,5 +388,8 @@ def _count(value: Any) -> int:
 
 def _tool_call(block: dict[str, Any]) -> dict[str, Any]:
     arguments = json.dumps(block.get("input", {}))
-    return {"id": block["id"], "type": "function",
-            "function": {"name": block["name"], "arguments": arguments}}  # fmt: skip
+    return {
+        "id": block["id"],
+        "type": "function",
+        "function": {"name": block["name"], "arguments": arguments},
+    }

@@ -13,12 +13,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from mlxd.errors import MlxdError, UpstreamError
-from mlxd.gateway.http.accesslog import REQUEST_ID_HEADER, RequestRecord, record_of
 from mlxd.gateway.backends.remote.metrics import BackendMetrics
-from mlxd.gateway.backends.remote.relay import BACKEND_HEADER, Done, finisher, read_json, take_priority
-from mlxd.gateway.routing.router import Target
+from mlxd.gateway.backends.remote.relay import (
+    BACKEND_HEADER,
+    Done,
+    finisher,
+    read_json,
+    take_priority,
+)
 from mlxd.gateway.backends.remote.upstream import RemoteBackend
+from mlxd.gateway.http.accesslog import REQUEST_ID_HEADER, RequestRecord, record_of
 from mlxd.gateway.ops.metrics import Metrics
+from mlxd.gateway.routing.router import Target
 
 E = TypeVar("E")
 
@@ -58,9 +64,14 @@ class Proxy:
         return record, backend, priority, doc
 
     async def _send(
-        self, record: RequestRecord, backend: RemoteBackend, target: Target, path: str,
-        body: dict[str, Any], priority: str,
-    ) -> tuple[httpx.Response, dict[str, str], Done]:  # fmt: skip
+        self,
+        record: RequestRecord,
+        backend: RemoteBackend,
+        target: Target,
+        path: str,
+        body: dict[str, Any],
+        priority: str,
+    ) -> tuple[httpx.Response, dict[str, str], Done]:
         """The backend's response, the headers of ours and its once-only finisher.
 
         Raises:
@@ -76,10 +87,15 @@ class Proxy:
         return response, headers, finisher(self.backend_metrics, backend, target, response, started)
 
     async def _collect(
-        self, record: RequestRecord, backend: RemoteBackend, response: httpx.Response,
-        headers: dict[str, str], timeout_s: float, done: Done,
+        self,
+        record: RequestRecord,
+        backend: RemoteBackend,
+        response: httpx.Response,
+        headers: dict[str, str],
+        timeout_s: float,
+        done: Done,
         reshape: Callable[[dict[str, Any]], dict[str, Any]],
-    ) -> Response:  # fmt: skip
+    ) -> Response:
         payload = await read_json(backend, response, timeout_s, done, reshape)
         self.metrics.track(record)
         self._observe(record, payload)

@@ -17,10 +17,10 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from mlxd.errors import RequestTimeout, UpstreamError, UpstreamTimeout
-from mlxd.gateway.http.accesslog import record_of
 from mlxd.gateway.backends.remote.metrics import BackendMetrics
-from mlxd.gateway.routing.router import Target
 from mlxd.gateway.backends.remote.upstream import RemoteBackend
+from mlxd.gateway.http.accesslog import record_of
+from mlxd.gateway.routing.router import Target
 from mlxd.gateway.surfaces.openai.schemas import priority_of
 
 log = logging.getLogger(__name__)

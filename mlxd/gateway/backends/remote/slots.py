@@ -25,8 +25,12 @@ class _Waiter:
 class PrioritySlots:
     """``limit`` slots; ``acquire(priority)`` waits in priority order while all are taken."""
 
-    def __init__(self, limit: int, aging_s: float = AGING_S.default,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self,
+        limit: int,
+        aging_s: float = AGING_S.default,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.free = limit
         self.aging_s = aging_s
         self.clock = clock
@@ -41,8 +45,12 @@ class PrioritySlots:
         if self.free > 0 and not self._waiters:
             self.free -= 1
             return
-        waiter = _Waiter(PRIORITIES.index(priority), next(self._order), self.clock(),
-                         asyncio.get_running_loop().create_future())  # fmt: skip
+        waiter = _Waiter(
+            PRIORITIES.index(priority),
+            next(self._order),
+            self.clock(),
+            asyncio.get_running_loop().create_future(),
+        )
         self._waiters.append(waiter)
         try:
             await waiter.granted

@@ -79,9 +79,11 @@ class RemoteBackend:
             Overloaded: the upstream said 429 (its ``Retry-After`` is kept).
         """
         if not self.breaker.allow():
-            raise UpstreamError(f"backend {self.name!r} is failing; the next try is in "
-                                f"{self.breaker.retry_in():.0f}s (circuit breaker; last error: "
-                                f"{self.health.last_error})")  # fmt: skip
+            raise UpstreamError(
+                f"backend {self.name!r} is failing; the next try is in "
+                f"{self.breaker.retry_in():.0f}s (circuit breaker; last error: "
+                f"{self.health.last_error})"
+            )
         try:
             if self._slots is not None:
                 await self._slots.acquire(priority)
@@ -121,10 +123,16 @@ class RemoteBackend:
     def describe(self) -> dict[str, Any]:
         """Name, kind, URL, limits and health, for ``/admin/overview`` (never the key)."""
         s = self.spec
-        return {"name": s.name, "kind": s.kind, "base_url": s.base_url,
-                "max_concurrency": s.max_concurrency, "timeout_s": s.timeout_s,
-                "breaker": self.breaker.current, "waiting": self.waiting,
-                **self.health.to_dict()}  # fmt: skip
+        return {
+            "name": s.name,
+            "kind": s.kind,
+            "base_url": s.base_url,
+            "max_concurrency": s.max_concurrency,
+            "timeout_s": s.timeout_s,
+            "breaker": self.breaker.current,
+            "waiting": self.waiting,
+            **self.health.to_dict(),
+        }
 
     @property
     def waiting(self) -> int:
@@ -183,8 +191,9 @@ class RemoteBackend:
             raise InvalidRequest(message, param=param)
         if status == 429:
             retry_after = _retry_after(response.headers.get("retry-after"))
-            raise Overloaded(f"backend {self.name!r} is rate limiting: {message}",
-                             retry_after=retry_after)  # fmt: skip
+            raise Overloaded(
+                f"backend {self.name!r} is rate limiting: {message}", retry_after=retry_after
+            )
         if status in (401, 403):
             raise UpstreamError(f"backend {self.name!r} refused our credentials (HTTP {status})")
         raise UpstreamError(f"backend {self.name!r} answered HTTP {status}: {message}")

@@ -16,9 +16,8 @@ from typing import Any
 import anyio
 
 from mlxd.errors import MlxdError
-from mlxd.gateway.request import EventStream
+from mlxd.gateway.request import EventStream, ParsedRequest
 from mlxd.gateway.surfaces.collect import ChoiceResult
-from mlxd.gateway.request import ParsedRequest
 from mlxd.gateway.surfaces.sse import KEEPALIVE_S, next_event
 from mlxd.gateway.tools.calls import ToolCall, ToolCallParser
 from mlxd.protocol.messages import Finished, TokenDelta, Usage
@@ -44,9 +43,17 @@ def error_type(status: int, code: str = "") -> str:
     """Anthropic's error ``type`` for an HTTP status (a full queue is ``overloaded_error``)."""
     if code in ("overloaded", "worker_unavailable"):
         return "overloaded_error"
-    types = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-             404: "not_found_error", 408: "timeout_error", 413: "request_too_large",
-             429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}  # fmt: skip
+    types = {
+        400: "invalid_request_error",
+        401: "authentication_error",
+        403: "permission_error",
+        404: "not_found_error",
+        408: "timeout_error",
+        413: "request_too_large",
+        429: "rate_limit_error",
+        503: "overloaded_error",
+        529: "overloaded_error",
+    }
     return types.get(status, "invalid_request_error" if status < 500 else "api_error")
 
 
@@ -74,10 +81,16 @@ def message_body(message_id: str, model: str, result: ChoiceResult, usage: Usage
     content: list[dict[str, Any]] = [{"type": "text", "text": result.text}] if result.text else []
     content += [_tool_use(call) for call in result.tool_calls]
     reason = stop_reason(result.finish_reason, result.stop, bool(result.tool_calls))
-    return {"id": message_id, "type": "message", "role": "assistant", "model": model,
-            "content": content, "stop_reason": reason,
-            "stop_sequence": result.stop if reason == "stop_sequence" else None,
-            "usage": usage_body(usage)}  # fmt: skip
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": reason,
+        "stop_sequence": result.stop if reason == "stop_sequence" else None,
+        "usage": usage_body(usage),
+    }
 
 
 async def message_events(
@@ -94,11 +107,21 @@ async def message_events(
         prompt = first.prompt if isinstance(first, TokenDelta) else first.usage
         prompt = prompt or Usage(prompt_tokens=0, completion_tokens=0)
         start: dict[str, Any] = {
-            "id": message_id, "type": "message", "role": "assistant", "model": parsed.model,
-            "content": [], "stop_reason": None, "stop_sequence": None,
-            "usage": usage_body(Usage(prompt_tokens=prompt.prompt_tokens, completion_tokens=0,
-                                      cached_tokens=prompt.cached_tokens)),
-        }  # fmt: skip
+            "id": message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": parsed.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": usage_body(
+                Usage(
+                    prompt_tokens=prompt.prompt_tokens,
+                    completion_tokens=0,
+                    cached_tokens=prompt.cached_tokens,
+                )
+            ),
+        }
         yield event("message_start", {"message": start})
         item: TokenDelta | Finished | None = first
         while not isinstance(item, Finished):
@@ -108,8 +131,10 @@ async def message_events(
         for frame in blocks.finish(item.text):
             yield frame
         reason = stop_reason(item.finish_reason, item.stop, blocks.num_calls > 0)
-        delta = {"stop_reason": reason,
-                 "stop_sequence": item.stop if reason == "stop_sequence" else None}  # fmt: skip
+        delta = {
+            "stop_reason": reason,
+            "stop_sequence": item.stop if reason == "stop_sequence" else None,
+        }
         yield event("message_delta", {"delta": delta, "usage": usage_body(stream.usage)})
         yield event("message_stop", {})
     except MlxdError as exc:
@@ -179,5 +204,9 @@ class _Blocks:
 
 
 def _tool_use(call: ToolCall) -> dict[str, Any]:
-    return {"type": "tool_use", "id": f"toolu_{call.id.removeprefix('call_')}", "name": call.name,
-            "input": json.loads(call.arguments)}  # fmt: skip
+    return {
+        "type": "tool_use",
+        "id": f"toolu_{call.id.removeprefix('call_')}",
+        "name": call.name,
+        "input": json.loads(call.arguments),
+    }

@@ -17,14 +17,39 @@ from mlxd.gateway.request import ParsedRequest
 from mlxd.gateway.surfaces.openai.schemas import MAX_STOP, parse_chat
 
 _FIELDS = frozenset(
-    {"model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature",
-     "top_p", "top_k", "metadata", "tools", "tool_choice", "cache_control"}
-)  # fmt: skip
+    {
+        "model",
+        "messages",
+        "max_tokens",
+        "system",
+        "stop_sequences",
+        "stream",
+        "temperature",
+        "top_p",
+        "top_k",
+        "metadata",
+        "tools",
+        "tool_choice",
+        "cache_control",
+    }
+)
 # Anthropic fields we do not serve: accepted only when absent or null ("disabled" for thinking).
 _UNSUPPORTED = frozenset(
-    {"thinking", "service_tier", "container", "mcp_servers", "context_management", "output_format",
-     "output_config", "inference_geo", "diagnostics", "speed", "user_profile_id", "workspace_id"}
-)  # fmt: skip
+    {
+        "thinking",
+        "service_tier",
+        "container",
+        "mcp_servers",
+        "context_management",
+        "output_format",
+        "output_config",
+        "inference_geo",
+        "diagnostics",
+        "speed",
+        "user_profile_id",
+        "workspace_id",
+    }
+)
 _COUNT_FIELDS = frozenset({"model", "messages", "system", "tools", "tool_choice", "cache_control"})
 
 
@@ -49,10 +74,16 @@ def to_openai_chat(body: Any) -> dict[str, Any]:
     stops = _stop_sequences(body.get("stop_sequences"))
     _metadata(body.get("metadata"))
     chat = {
-        "model": body.get("model"), "messages": to_openai_messages(body), "max_tokens": max_tokens,
-        "stream": body.get("stream"), "temperature": temperature, "top_p": body.get("top_p"),
-        "top_k": body.get("top_k"), "stop": stops or None, **_tool_fields(body),
-    }  # fmt: skip
+        "model": body.get("model"),
+        "messages": to_openai_messages(body),
+        "max_tokens": max_tokens,
+        "stream": body.get("stream"),
+        "temperature": temperature,
+        "top_p": body.get("top_p"),
+        "top_k": body.get("top_k"),
+        "stop": stops or None,
+        **_tool_fields(body),
+    }
     return chat
 
 
@@ -99,14 +130,16 @@ def _message(msg: Any, path: str) -> list[dict[str, Any]]:
         raise InvalidRequest(f"'{path}.role' must be 'user' or 'assistant'", param=f"{path}.role")
     for key in msg:
         if key not in ("role", "content"):
-            raise InvalidRequest(f"{path}.{key}: Extra inputs are not permitted",
-                                 param=f"{path}.{key}")  # fmt: skip
+            raise InvalidRequest(
+                f"{path}.{key}: Extra inputs are not permitted", param=f"{path}.{key}"
+            )
     role, content = msg["role"], msg.get("content")
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
-        raise InvalidRequest(f"'{path}.content' must be a string or a list of blocks",
-                             param=f"{path}.content")  # fmt: skip
+        raise InvalidRequest(
+            f"'{path}.content' must be a string or a list of blocks", param=f"{path}.content"
+        )
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
@@ -120,8 +153,10 @@ def _message(msg: Any, path: str) -> list[dict[str, Any]]:
         elif kind == "tool_result" and role == "user":
             results.append(_tool_result(block, where))
         else:
-            raise InvalidRequest(f"'{where}.type' {kind!r} is not supported in a {role} message",
-                                 param=f"{where}.type")  # fmt: skip
+            raise InvalidRequest(
+                f"'{where}.type' {kind!r} is not supported in a {role} message",
+                param=f"{where}.type",
+            )
     return _blocks_to_messages(role, "".join(texts), calls, results)
 
 
@@ -161,8 +196,9 @@ def _text(value: Any, path: str) -> str:
     texts = []
     for j, block in enumerate(value):
         if not isinstance(block, dict) or block.get("type") != "text":
-            raise InvalidRequest(f"'{path}[{j}]': only text blocks are supported",
-                                 param=f"{path}[{j}].type")  # fmt: skip
+            raise InvalidRequest(
+                f"'{path}[{j}]': only text blocks are supported", param=f"{path}[{j}].type"
+            )
         texts.append(_str(block, "text", f"{path}[{j}]"))
     return "".join(texts)
 
@@ -179,8 +215,10 @@ def _stop_sequences(value: Any) -> list[str]:
         return []
     ok = isinstance(value, list) and all(isinstance(s, str) and s for s in value)
     if not ok or len(value) > MAX_STOP:
-        raise InvalidRequest(f"'stop_sequences' must be a list of at most {MAX_STOP} non-empty "
-                             "strings", param="stop_sequences")  # fmt: skip
+        raise InvalidRequest(
+            f"'stop_sequences' must be a list of at most {MAX_STOP} non-empty strings",
+            param="stop_sequences",
+        )
     return list(value)
 
 
@@ -208,12 +246,14 @@ def _tool_fields(body: dict[str, Any]) -> dict[str, Any]:
 
 def _tool(tool: Any, where: str) -> dict[str, Any]:
     if not isinstance(tool, dict) or tool.get("type", "custom") != "custom":
-        raise InvalidRequest(f"'{where}': only custom tools (name, input_schema) are supported",
-                             param=where)  # fmt: skip
+        raise InvalidRequest(
+            f"'{where}': only custom tools (name, input_schema) are supported", param=where
+        )
     schema = tool.get("input_schema")
     if not isinstance(schema, dict):
-        raise InvalidRequest(f"'{where}.input_schema' must be an object",
-                             param=f"{where}.input_schema")  # fmt: skip
+        raise InvalidRequest(
+            f"'{where}.input_schema' must be an object", param=f"{where}.input_schema"
+        )
     function = {"name": _str(tool, "name", where), "parameters": schema}
     if tool.get("description") is not None:
         function["description"] = _str(tool, "description", where)
@@ -225,10 +265,12 @@ def _tool_choice(choice: Any) -> dict[str, Any]:
         return {}
     kind = choice.get("type") if isinstance(choice, dict) else None
     if kind not in ("auto", "any", "tool", "none"):
-        raise InvalidRequest("'tool_choice.type' must be 'auto', 'any', 'tool' or 'none'",
-                             param="tool_choice.type")  # fmt: skip
-    fields: dict[str, Any] = {"tool_choice": {"auto": "auto", "any": "required", "none": "none"}
-                              .get(kind)}  # fmt: skip
+        raise InvalidRequest(
+            "'tool_choice.type' must be 'auto', 'any', 'tool' or 'none'", param="tool_choice.type"
+        )
+    fields: dict[str, Any] = {
+        "tool_choice": {"auto": "auto", "any": "required", "none": "none"}.get(kind)
+    }
     if kind == "tool":
         name = _str(choice, "name", "tool_choice")
         fields["tool_choice"] = {"type": "function", "function": {"name": name}}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from mlxd.gateway.surfaces.openai.logprobs import chat_logprobs, completion_logprobs
 from mlxd.gateway.surfaces.collect import ChoiceResult
+from mlxd.gateway.surfaces.openai.logprobs import chat_logprobs, completion_logprobs
 from mlxd.protocol.messages import Usage
 
 
@@ -35,19 +35,36 @@ def chat_completion(
 ) -> dict[str, Any]:
     """A non-streamed ``chat.completion`` object."""
     return {
-        "id": completion_id, "object": "chat.completion", "created": created, "model": model,
-        "choices": [_chat_choice(i, c) for i, c in enumerate(choices)], "usage": usage_dict(usage),
-    }  # fmt: skip
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [_chat_choice(i, c) for i, c in enumerate(choices)],
+        "usage": usage_dict(usage),
+    }
 
 
 def text_completion(
     completion_id: str, model: str, created: int, choices: list[ChoiceResult], usage: Usage
 ) -> dict[str, Any]:
     """A non-streamed ``text_completion`` object."""
-    out = [{"index": i, "text": c.text, "logprobs": completion_logprobs(c.logprobs),
-            "finish_reason": c.finish_reason} for i, c in enumerate(choices)]  # fmt: skip
-    return {"id": completion_id, "object": "text_completion", "created": created, "model": model,
-            "choices": out, "usage": usage_dict(usage)}  # fmt: skip
+    out = [
+        {
+            "index": i,
+            "text": c.text,
+            "logprobs": completion_logprobs(c.logprobs),
+            "finish_reason": c.finish_reason,
+        }
+        for i, c in enumerate(choices)
+    ]
+    return {
+        "id": completion_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": out,
+        "usage": usage_dict(usage),
+    }
 
 
 def _chat_choice(index: int, choice: ChoiceResult) -> dict[str, Any]:
@@ -56,5 +73,9 @@ def _chat_choice(index: int, choice: ChoiceResult) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
     if has_calls:
         message["tool_calls"] = [call.to_openai() for call in choice.tool_calls]
-    return {"index": index, "message": message, "logprobs": chat_logprobs(choice.logprobs),
-            "finish_reason": finish_reason(choice.finish_reason, has_calls)}  # fmt: skip
+    return {
+        "index": index,
+        "message": message,
+        "logprobs": chat_logprobs(choice.logprobs),
+        "finish_reason": finish_reason(choice.finish_reason, has_calls),
+    }

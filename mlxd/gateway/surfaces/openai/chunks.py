@@ -11,8 +11,8 @@ from collections.abc import Callable
 from json.encoder import encode_basestring
 from typing import Any
 
-from mlxd.gateway.surfaces.openai.logprobs import chat_logprobs, completion_logprobs
 from mlxd.gateway.surfaces.openai.bodies import finish_reason, usage_dict
+from mlxd.gateway.surfaces.openai.logprobs import chat_logprobs, completion_logprobs
 from mlxd.gateway.surfaces.sse import sse
 from mlxd.gateway.tools.calls import ToolCall, ToolCallParser
 from mlxd.protocol.messages import Finished, TokenLogprob, Usage
@@ -75,8 +75,13 @@ class _Chunks:
     def _chunk(
         self, choice: dict[str, Any] | None, usage: dict[str, Any] | None = None
     ) -> dict[str, Any]:
-        chunk = {"id": self.completion_id, "object": self.object_name, "created": self.created,
-                 "model": self.model, "choices": [] if choice is None else [choice]}  # fmt: skip
+        chunk = {
+            "id": self.completion_id,
+            "object": self.object_name,
+            "created": self.created,
+            "model": self.model,
+            "choices": [] if choice is None else [choice],
+        }
         if self.include_usage:
             chunk["usage"] = usage
         return chunk
@@ -105,9 +110,17 @@ class ChatChunks(_Chunks):
         self._parsers = [p for p in parsers if p is not None] or None
 
     def head(self) -> list[dict[str, Any]]:
-        return [self._chunk({"index": i, "delta": {"role": "assistant", "content": ""},
-                             "logprobs": None, "finish_reason": None})
-                for i in range(self.n)]  # fmt: skip
+        return [
+            self._chunk(
+                {
+                    "index": i,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            )
+            for i in range(self.n)
+        ]
 
     def delta(
         self, index: int, text: str, logprobs: list[TokenLogprob] | None = None
@@ -137,9 +150,17 @@ class ChatChunks(_Chunks):
         return [*out, self._chunk(self._choice(index, None, reason))]
 
     def _calls(self, index: int, calls: list[ToolCall], done: int) -> list[dict[str, Any]]:
-        return [self._chunk({"index": index, "delta": {"tool_calls": [c.to_openai(done + k)]},
-                             "logprobs": None, "finish_reason": None})
-                for k, c in enumerate(calls)]  # fmt: skip
+        return [
+            self._chunk(
+                {
+                    "index": index,
+                    "delta": {"tool_calls": [c.to_openai(done + k)]},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            )
+            for k, c in enumerate(calls)
+        ]
 
     def _choice(self, index: int, text: str | None, reason: str | None) -> dict[str, Any]:
         delta = {} if text is None else {"content": text}

@@ -33,8 +33,9 @@ def parse_embeddings(body: Any, *_: str | None) -> EmbedRequest:
         raise InvalidRequest("'model' must be a non-empty string", param="model")
     encoding = body.get("encoding_format") or "float"
     if encoding not in ("float", "base64"):
-        raise InvalidRequest("'encoding_format' must be 'float' or 'base64'",
-                             param="encoding_format")  # fmt: skip
+        raise InvalidRequest(
+            "'encoding_format' must be 'float' or 'base64'", param="encoding_format"
+        )
     if body.get("dimensions") is not None:
         raise InvalidRequest("'dimensions' is not supported", param="dimensions")
     if body.get("user") is not None and not isinstance(body["user"], str):
@@ -65,8 +66,11 @@ def _inputs(value: Any) -> list[TextPrompt | TokenPrompt]:
     elif isinstance(value, list) and value and all(_is_token_id(v) for v in value):
         value = [value]
     if not isinstance(value, list) or not value:
-        raise InvalidRequest("'input' must be a string, a list of strings, a list of token ids "
-                             "or a list of token-id lists", param="input")  # fmt: skip
+        raise InvalidRequest(
+            "'input' must be a string, a list of strings, a list of token ids "
+            "or a list of token-id lists",
+            param="input",
+        )
     if len(value) > MAX_INPUTS:
         raise InvalidRequest(f"'input' must have at most {MAX_INPUTS} items", param="input")
     return [_input(v, f"input[{i}]") for i, v in enumerate(value)]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from mlxd.errors import InvalidRequest
@@ -17,7 +17,6 @@ from mlxd.gateway.tools.definitions import ToolUse, message_tool_calls, parse_to
 from mlxd.knobs import PRIORITIES
 from mlxd.protocol.messages import (
     ChatPrompt,
-    Generate,
     JsonFormat,
     Prompt,
     SamplingParams,
@@ -33,22 +32,59 @@ _MAX_INT = 2**31 - 1
 _MAX_SEED = 2**63 - 1
 
 _SAMPLING_FIELDS = frozenset(
-    {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop",
-     "seed", "presence_penalty", "frequency_penalty", "logit_bias", "user", "top_k", "min_p",
-     "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids", "priority",
-     "speculate"}
-)  # fmt: skip
+    {
+        "model",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "n",
+        "stream",
+        "stream_options",
+        "stop",
+        "seed",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "user",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "ignore_eos",
+        "min_tokens",
+        "stop_token_ids",
+        "priority",
+        "speculate",
+    }
+)
 _CHAT_FIELDS = _SAMPLING_FIELDS | {
-    "messages", "max_completion_tokens", "tools", "tool_choice", "response_format", "logprobs",
-    "top_logprobs", "parallel_tool_calls"
-}  # fmt: skip
+    "messages",
+    "max_completion_tokens",
+    "tools",
+    "tool_choice",
+    "response_format",
+    "logprobs",
+    "top_logprobs",
+    "parallel_tool_calls",
+}
 _COMPLETION_FIELDS = _SAMPLING_FIELDS | {"prompt", "echo", "suffix", "logprobs", "best_of"}
 # OpenAI fields we do not serve yet: accepted only when null or false.
 _UNSUPPORTED = frozenset(
-    {"functions", "function_call", "audio",
-     "modalities", "prediction", "service_tier", "store", "metadata", "reasoning_effort",
-     "web_search_options", "verbosity", "prompt_cache_key", "safety_identifier"}
-)  # fmt: skip
+    {
+        "functions",
+        "function_call",
+        "audio",
+        "modalities",
+        "prediction",
+        "service_tier",
+        "store",
+        "metadata",
+        "reasoning_effort",
+        "web_search_options",
+        "verbosity",
+        "prompt_cache_key",
+        "safety_identifier",
+    }
+)
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 _MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id"})
 # Keys of OpenAI's response message that clients echo back in the history: null only.
@@ -83,8 +119,9 @@ def parse_chat(
     parsed, response_format = _with_tools(parsed, tool_use, response_format)
     top = _int(body, "top_logprobs", 0, 0)
     if top > MAX_TOP_LOGPROBS:
-        raise InvalidRequest(f"'top_logprobs' must be at most {MAX_TOP_LOGPROBS}",
-                             param="top_logprobs")  # fmt: skip
+        raise InvalidRequest(
+            f"'top_logprobs' must be at most {MAX_TOP_LOGPROBS}", param="top_logprobs"
+        )
     wants = _bool(body, "logprobs", False)
     if body.get("top_logprobs") is not None and not wants:
         raise InvalidRequest("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
@@ -189,13 +226,19 @@ def _with_tools(
     parsed: ParsedRequest, tool_use: ToolUse, response_format: JsonFormat | None
 ) -> tuple[ParsedRequest, JsonFormat | None]:
     max_calls = 1 if tool_use.single_call else None
-    parsed = replace(parsed, parse_tools=tool_use.parse_calls, max_tool_calls=max_calls,
-                     forced_tool_call=tool_use.forced is not None)  # fmt: skip
+    parsed = replace(
+        parsed,
+        parse_tools=tool_use.parse_calls,
+        max_tool_calls=max_calls,
+        forced_tool_call=tool_use.forced is not None,
+    )
     if tool_use.forced is None:
         return parsed, response_format
     if response_format is not None:
-        raise InvalidRequest("A 'tool_choice' that forces a call cannot be combined with "
-                             "'response_format'", param="tool_choice")  # fmt: skip
+        raise InvalidRequest(
+            "A 'tool_choice' that forces a call cannot be combined with 'response_format'",
+            param="tool_choice",
+        )
     return parsed, tool_use.forced
 
 
@@ -227,8 +270,9 @@ def _response_format(value: Any) -> JsonFormat | None:
     _only_keys(spec, {"name", "description", "schema", "strict"}, param)
     name = _typed(spec, "name", str, "a string", f"{param}.name")
     if not name or len(name) > 64 or not name.replace("_", "").replace("-", "").isalnum():
-        raise InvalidRequest(f"'{param}.name' must be 1-64 letters, digits, _ or -",
-                             param=f"{param}.name")  # fmt: skip
+        raise InvalidRequest(
+            f"'{param}.name' must be 1-64 letters, digits, _ or -", param=f"{param}.name"
+        )
     _typed(spec, "description", str, "a string", f"{param}.description")
     _typed(spec, "strict", bool, "a boolean", f"{param}.strict")
     schema = _typed(spec, "schema", dict, "an object", f"{param}.schema")
@@ -246,8 +290,9 @@ def _include_usage(options: Any, stream: bool) -> bool:
     if options is None:
         return False
     if not stream:
-        raise InvalidRequest("'stream_options' is only allowed when 'stream' is true",
-                             param="stream_options")  # fmt: skip
+        raise InvalidRequest(
+            "'stream_options' is only allowed when 'stream' is true", param="stream_options"
+        )
     if not isinstance(options, dict):
         raise InvalidRequest("'stream_options' must be an object", param="stream_options")
     for key in options:
