@@ -19,9 +19,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from mlxd.config import ServeConfig
+from mlxd.config import HttpLimits, RequestTimeouts, ServeConfig
 from mlxd.errors import InternalError, MlxdError, Overloaded
-from mlxd.gateway.backends.local.backend import LocalBackend, LocalLimits
+from mlxd.gateway.backends.local.backend import LocalBackend
 from mlxd.gateway.backends.local.pool import WorkerPool
 from mlxd.gateway.backends.local.worker_metrics import WorkerMetrics
 from mlxd.gateway.backends.remote.remotes import Remotes
@@ -35,7 +35,7 @@ from mlxd.gateway.ops.metrics import Metrics
 from mlxd.gateway.ops.overview import Overview
 from mlxd.gateway.ops.recent import RecentRequests
 from mlxd.gateway.ops.status_page import status_page_routes
-from mlxd.gateway.pipeline import Pipeline, RequestLimits
+from mlxd.gateway.pipeline import Pipeline
 from mlxd.gateway.routing.router import Router
 
 log = logging.getLogger(__name__)
@@ -61,15 +61,10 @@ def build_app(
     workers = WorkerMetrics(pool)  # queue depth, running sequences, KV blocks, prefix cache
     metrics.add_source(workers.collect)
     environ = os.environ if environ is None else environ
-    limits = LocalLimits(config.chat_timeout_s, config.embeddings_timeout_s, config.log_prompts)
+    timeouts, http = config.piece(RequestTimeouts), config.piece(HttpLimits)
+    local = LocalBackend(pool, metrics, timeouts, http.log_prompts)
     remotes = Remotes(config.backends, metrics, environ)
-    api = Pipeline(
-        RequestLimits.of(config),
-        Router(config),
-        LocalBackend(pool, metrics, limits),
-        remotes,
-        metrics,
-    )
+    api = Pipeline(timeouts, http, Router(config), local, remotes, metrics)
     recent = RecentRequests()  # the status page's last requests (no prompts)
     backends = list(remotes.backends.values())
     remote_models = {n: r.backend for r in config.remote_models for n in (r.name, *r.aliases)}

@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from mlxd.config import ServeConfig
+from mlxd.config import HttpLimits, RequestTimeouts
 from mlxd.errors import MlxdError, Overloaded, UpstreamError, UpstreamTimeout, WorkerUnavailable
 from mlxd.gateway.backends.local.backend import LocalBackend
 from mlxd.gateway.backends.remote.relay import BACKEND_HEADER
@@ -48,33 +47,12 @@ FAILOVER_ERRORS = (WorkerUnavailable, UpstreamError, UpstreamTimeout)
 _Local = Callable[[ApiRequest], Awaitable[Response]]
 
 
-@dataclass(frozen=True, slots=True)
-class RequestLimits:
-    """What the pipeline needs of the daemon's settings: the body limit and the timeouts."""
-
-    max_body_bytes: int
-    chat_timeout_s: float
-    completion_timeout_s: float
-    embeddings_timeout_s: float
-    stream_stall_timeout_s: float
-
-    @classmethod
-    def of(cls, config: ServeConfig) -> RequestLimits:
-        """The limits of ``config``."""
-        return cls(
-            config.max_body_bytes,
-            config.chat_timeout_s,
-            config.completion_timeout_s,
-            config.embeddings_timeout_s,
-            config.stream_stall_timeout_s,
-        )
-
-
 class Pipeline:
     """The API endpoints, each a surface over the one request path.
 
     Args:
-        limits: the body limit and the timeouts.
+        timeouts: each endpoint's, and a stalled stream's.
+        http: the body limit.
         router: model name -> chain of targets.
         local: the worker pool's backend.
         remotes: the remote backends.
@@ -83,13 +61,15 @@ class Pipeline:
 
     def __init__(
         self,
-        limits: RequestLimits,
+        timeouts: RequestTimeouts,
+        http: HttpLimits,
         router: Router,
         local: LocalBackend,
         remotes: Remotes,
         metrics: Metrics,
     ) -> None:
-        self.limits = limits
+        self.timeouts = timeouts
+        self.http = http
         self.router = router
         self.local = local
         self.remotes = remotes
@@ -97,19 +77,19 @@ class Pipeline:
 
     async def chat_completions(self, http: Request) -> Response:
         """``POST /v1/chat/completions``."""
-        return await self._generate(http, openai.CHAT, self.limits.chat_timeout_s)
+        return await self._generate(http, openai.CHAT, self.timeouts.chat_timeout_s)
 
     async def completions(self, http: Request) -> Response:
         """``POST /v1/completions``."""
-        return await self._generate(http, openai.COMPLETIONS, self.limits.completion_timeout_s)
+        return await self._generate(http, openai.COMPLETIONS, self.timeouts.completion_timeout_s)
 
     async def messages(self, http: Request) -> Response:
         """``POST /v1/messages``."""
-        return await self._generate(http, anthropic.MESSAGES, self.limits.chat_timeout_s)
+        return await self._generate(http, anthropic.MESSAGES, self.timeouts.chat_timeout_s)
 
     async def embeddings(self, http: Request) -> Response:
         """``POST /v1/embeddings``: local models, or remote ones on ``openai`` backends."""
-        timeout_s = self.limits.embeddings_timeout_s
+        timeout_s = self.timeouts.embeddings_timeout_s
         request = await self._read(http, "openai", "embeddings", parse_embeddings, timeout_s)
         return await self._route(request, self._embed_locally)
 
@@ -161,7 +141,7 @@ class Pipeline:
     async def _read(
         self, http: Request, api: str, endpoint: str, parse: Parser, timeout_s: float
     ) -> ApiRequest:
-        doc = parse_json(await read_body(http, self.limits.max_body_bytes))
+        doc = parse_json(await read_body(http, self.http.max_body_bytes))
         return ApiRequest(http, record_of(http), api, endpoint, doc, timeout_s, parse)
 
     async def _route(self, request: ApiRequest, local: _Local) -> Response:
@@ -192,7 +172,7 @@ class Pipeline:
         headers = {REQUEST_ID_HEADER: request.record.request_id}
         renderer = surface.renderer(opened.parsed)
         return await answer(
-            request.http, opened, renderer, headers, self.limits.stream_stall_timeout_s
+            request.http, opened, renderer, headers, self.timeouts.stream_stall_timeout_s
         )
 
     async def _embed_locally(self, request: ApiRequest) -> Response:

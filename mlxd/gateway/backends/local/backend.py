@@ -10,9 +10,10 @@ from __future__ import annotations
 import itertools
 import secrets
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
+from mlxd.config import RequestTimeouts
 from mlxd.gateway.backends.local.choices import Choices, generates
 from mlxd.gateway.backends.local.pool import WorkerPool
 from mlxd.gateway.backends.local.workers import StreamObserver
@@ -24,34 +25,23 @@ from mlxd.protocol.messages import CountTokens, Embed, Embeddings
 MAX_REQUEST_ID_CHARS = 128
 
 
-@dataclass(frozen=True, slots=True)
-class LocalLimits:
-    """What the local backend needs of the daemon's settings.
-
-    Attributes:
-        describe_timeout_s: how long a worker may take to say its tool format.
-        embeddings_timeout_s: how long an embeddings request may take.
-        log_prompts: whether prompts go to the access log.
-    """
-
-    describe_timeout_s: float
-    embeddings_timeout_s: float
-    log_prompts: bool = False
-
-
 class LocalBackend:
     """Requests for models of the worker pool.
 
     Args:
         pool: model name -> worker client.
         metrics: where requests are counted and timed.
-        limits: timeouts and logging.
+        timeouts: how long a worker may take to describe itself (the chat timeout) or embed.
+        log_prompts: whether prompts go to the access log.
     """
 
-    def __init__(self, pool: WorkerPool, metrics: Metrics, limits: LocalLimits) -> None:
+    def __init__(
+        self, pool: WorkerPool, metrics: Metrics, timeouts: RequestTimeouts, log_prompts: bool
+    ) -> None:
         self.pool = pool
         self.metrics = metrics
-        self.limits = limits
+        self.timeouts = timeouts
+        self.log_prompts = log_prompts
         self._id_prefix = secrets.token_hex(3)
         self._id_counter = itertools.count()
 
@@ -64,7 +54,7 @@ class LocalBackend:
         parsed: ParsedRequest = request.parsed()
         worker = await self.pool.client(parsed.model)
         if parsed.parse_tools and not parsed.forced_tool_call:
-            described = await worker.describe(self.limits.describe_timeout_s)
+            described = await worker.describe(self.timeouts.chat_timeout_s)
             parsed = replace(parsed, tool_format=described.tool_parser)
         deadline = time.monotonic() + request.timeout_s
         observer = self._track(request.record, parsed)
@@ -80,7 +70,7 @@ class LocalBackend:
         # Unique on the wire even when a client reuses its X-Request-Id.
         request_id = f"{request.record.request_id[:MAX_REQUEST_ID_CHARS]}.emb{secrets.token_hex(6)}"
         msg = Embed(request_id=request_id, inputs=parsed.inputs)
-        reply = await worker.embed(msg, self.limits.embeddings_timeout_s)
+        reply = await worker.embed(msg, self.timeouts.embeddings_timeout_s)
         request.record.usage = reply.usage
         return parsed, reply
 
@@ -91,7 +81,7 @@ class LocalBackend:
         request.record.model = parsed.model
         request_id = f"{request.record.request_id[:64]}.count.{time.monotonic_ns():x}"
         msg = CountTokens(request_id=request_id, prompt=parsed.prompt)
-        reply = await worker.count_tokens(msg, self.limits.describe_timeout_s)
+        reply = await worker.count_tokens(msg, self.timeouts.chat_timeout_s)
         return reply.num_tokens
 
     def model_row(self, name: str, created: int) -> dict[str, Any]:
@@ -122,6 +112,6 @@ class LocalBackend:
 
     def _track(self, record: RequestRecord, parsed: ParsedRequest) -> StreamObserver:
         record.model, record.stream = parsed.model, parsed.stream
-        if self.limits.log_prompts:
+        if self.log_prompts:
             record.prompt = loggable_prompt(parsed.prompt)
         return self.metrics.track(record)
