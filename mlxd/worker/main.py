@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,25 +54,76 @@ def serve(config: WorkerConfig) -> int:
 
         mx.set_cache_limit(config.buffer_cache_bytes)  # before loading: loads use the cache too
     try:
-        group = worker_group.join(config)  # None: a lone worker
-        model, tokenizer, max_context = _load(config, group)
-        compute = cpu_backend.prepare(model, config.dtype)  # float32 on the CPU; GEMM probe
-        channel = _channel(config, group)
-        runner, pool, max_context = build_runner(
-            model, set(tokenizer.eos_token_ids), config, max_context
-        )
-        if group is not None:
-            sizes = [0 if pool is None else pool.num_blocks, max_context]
-            worker_group.check_same(group, sizes, "the KV pool and context")
-        drafter = _draft_model(config, runner, _vocab_size(model, tokenizer))
+        loaded = _load_all(config)
     except Exception as exc:  # noqa: BLE001 - any load failure is a startup failure
-        log.error("worker %s failed to start: %s", config.name, exc)
-        _leave_reason(config.reason_file, str(exc) or type(exc).__name__)
+        return _startup_failure(config, str(exc) or type(exc).__name__, auth)
+    engine = _engine(config, loaded)
+    channel = loaded.channel
+    try:  # pings are answered on the control thread, so a long step never looks like a hang
+        channel.bind_control(
+            config.control_endpoint or control_endpoint(config.endpoint),
+            answer=_answer_pings(engine),
+        )
+    except zmq.ZMQError as exc:
+        channel.close()
+        return _startup_failure(config, f"control socket: {exc}", auth)
+    _prepare_to_serve(config, engine, channel)
+    try:
+        engine.run()
+        _save_caches(engine)
+    finally:
+        channel.close()
         if auth is not None:
             auth.stop()
-        return STARTUP_FAILURE
+        channel.context.term()  # waits (briefly) until a shutdown's Ack is out
+    log.info("worker %s stopped", config.name)
+    return EXIT_OK
+
+
+@dataclass(slots=True)
+class _Loaded:
+    """What a worker loads before it can serve: the model and what is built on it."""
+
+    model: Any
+    tokenizer: Any
+    channel: Any
+    runner: Any
+    pool: Any
+    max_context: int
+    compute: Any
+    drafter: Any
+
+
+def _load_all(config: WorkerConfig) -> _Loaded:
+    """Load the model, join the group, open the channel, build the runner and the drafter."""
+    group = worker_group.join(config)  # None: a lone worker
+    model, tokenizer, max_context = _load(config, group)
+    compute = cpu_backend.prepare(model, config.dtype)  # float32 on the CPU; GEMM probe
+    channel = _channel(config, group)
+    runner, pool, max_context = build_runner(
+        model, set(tokenizer.eos_token_ids), config, max_context
+    )
+    if group is not None:
+        sizes = [0 if pool is None else pool.num_blocks, max_context]
+        worker_group.check_same(group, sizes, "the KV pool and context")
+    drafter = _draft_model(config, runner, _vocab_size(model, tokenizer))
+    return _Loaded(model, tokenizer, channel, runner, pool, max_context, compute, drafter)
+
+
+def _startup_failure(config: WorkerConfig, reason: str, auth: Any) -> int:
+    log.error("worker %s failed to start: %s", config.name, reason)
+    _leave_reason(config.reason_file, reason)
+    if auth is not None:
+        auth.stop()
+    return STARTUP_FAILURE
+
+
+def _engine(config: WorkerConfig, loaded: _Loaded) -> Engine:
+    """The engine on what was loaded (``build_engine``), with its control handler."""
+    runner, max_context, model = loaded.runner, loaded.max_context, loaded.model
     log.info("KV cache: %s", runner.kv_description)
-    encoder = PromptEncoder(tokenizer, _vocab_size(model, tokenizer), max_tokens=max_context)
+    vocab_size = _vocab_size(model, loaded.tokenizer)
+    encoder = PromptEncoder(loaded.tokenizer, vocab_size, max_tokens=max_context)
     log.info(
         "prompts over %s characters are refused untokenized",
         None if encoder.max_token_chars is None else encoder.max_token_chars * max_context,
@@ -79,34 +131,27 @@ def serve(config: WorkerConfig) -> int:
     engine = build_engine(
         config,
         runner,
-        pool,
+        loaded.pool,
         model=model,
         encoder=encoder,
-        channel=channel,
+        channel=loaded.channel,
         max_context=max_context,
-        clock=getattr(channel, "clock", time.monotonic),
+        clock=getattr(loaded.channel, "clock", time.monotonic),
         embedder=Embedder(model),
-        drafter=drafter,
+        drafter=loaded.drafter,
     )
     engine.control = Control(
         engine,
         model_path=config.model,
         enable_test_faults=config.enable_test_faults,
         cache_limit_bytes=config.buffer_cache_bytes,
-        compute=compute,
+        compute=loaded.compute,
     )
-    try:  # pings are answered on the control thread, so a long step never looks like a hang
-        channel.bind_control(
-            config.control_endpoint or control_endpoint(config.endpoint),
-            answer=_answer_pings(engine),
-        )
-    except zmq.ZMQError as exc:
-        log.error("worker %s failed to start: control socket: %s", config.name, exc)
-        _leave_reason(config.reason_file, f"control socket: {exc}")
-        channel.close()
-        if auth is not None:
-            auth.stop()
-        return STARTUP_FAILURE
+    return engine
+
+
+def _prepare_to_serve(config: WorkerConfig, engine: Engine, channel: Any) -> None:
+    """Signals, the group's followers, the frozen GC and the parent watch: all set to serve."""
     _install_signal_handlers(engine)
     if isinstance(channel, worker_group.GroupChannel):
         worker_group.attach(engine, channel, leader=channel.inner is not None)
@@ -121,21 +166,16 @@ def serve(config: WorkerConfig) -> int:
         config.name,
         config.model,
         config.endpoint,
-        max_context,
+        engine.max_context,
     )
-    try:
-        engine.run()
-        radix = engine.scheduler.radix
-        if radix is not None and radix.tier is not None:  # a restart finds them
-            log.info("KV disk cache: saving %d cached blocks", radix.spill())
-        save_snapshots(runner)
-    finally:
-        channel.close()
-        if auth is not None:
-            auth.stop()
-        channel.context.term()  # waits (briefly) until a shutdown's Ack is out
-    log.info("worker %s stopped", config.name)
-    return EXIT_OK
+
+
+def _save_caches(engine: Engine) -> None:
+    """What a restart finds again: the prefix cache's blocks on disk, and the snapshots."""
+    radix = engine.scheduler.radix
+    if radix is not None and radix.tier is not None:
+        log.info("KV disk cache: saving %d cached blocks", radix.spill())
+    save_snapshots(engine.runner)
 
 
 def _answer_pings(engine: Engine) -> Callable[[Message], Message | None]:
