@@ -94,9 +94,20 @@ def build_engine(
         drafter=drafter,
     )
     engine.idle_release = IdleRelease(config.cache.kv_idle_s)
-    runner.fit_scheduler(engine.scheduler)
+    fit_kv(engine.scheduler, runner)
     _attach_disk_tier(config, engine.scheduler, runner)
     return engine
+
+
+def fit_kv(scheduler: Scheduler, runner: ModelRunner) -> None:
+    """What ``runner``'s caches ask of the scheduler: a sliding-window model's slabs beside the
+    blocks in its KV ledger, the arrays' ``reclaim`` when out of room; a hybrid's prefix cache
+    keeps recurrent states (``fit_scheduler``)."""
+    from mlxd.worker.runners.window import WindowModelRunner
+
+    runner.fit_scheduler(scheduler)
+    if scheduler.kv is not None and isinstance(runner, WindowModelRunner):
+        scheduler.kv.keep_windows(runner.window_slabs(), runner.reclaim)
 
 
 def build_runner(

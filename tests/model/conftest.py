@@ -71,6 +71,7 @@ class Harness:
         state_budget: int = 1 << 30,
         **sched: Any,
     ) -> None:
+        from mlxd.worker.build import fit_kv
         from mlxd.worker.embedder import Embedder
         from mlxd.worker.engine import Engine
         from mlxd.worker.kv import layer_caches
@@ -154,7 +155,7 @@ class Harness:
             embedder=Embedder(model),
             drafter=drafter,
         )
-        runner.fit_scheduler(self.engine.scheduler)
+        fit_kv(self.engine.scheduler, runner)
         self.results: dict[str, Result] = {}
         self.steps = 0
 

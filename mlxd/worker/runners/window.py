@@ -7,9 +7,9 @@ through each row's ``block_ids`` as for any model, and the window layers' ``wind
 through its ``window_ids`` (the scratch block where a slab went back). A forward builds one
 ``PagedStep`` per pool from the same positions; the window layers' masks keep keys within the
 window (``PagedStep.window_mask``), so the slabs read past it are never seen. Decode keeps a
-tail per pool, flushed together. The scheduler takes and returns slabs; this runner only reads
-the tables. Drafts are not verified (``speculates``): the window pool would need its own
-verification tables.
+tail per pool, flushed together. The scheduler's KV ledger takes and returns slabs
+(``window_slabs()``, handed to it by the builder); this runner only reads the tables. Drafts
+are not verified (``speculates``): the window pool would need its own verification tables.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from mlxd.worker.kv.formats import KVFormat
 from mlxd.worker.kv.paged_cache import KVPool, PagedKVCache, PagedStep
 from mlxd.worker.kv.window_slabs import WindowSlabs
 from mlxd.worker.runners.paged import PagedModelRunner
-from mlxd.worker.sched.scheduler import Scheduler
 from mlxd.worker.sched.sequence import Sequence
 
 
@@ -110,13 +109,10 @@ class WindowModelRunner(PagedModelRunner):
 
     # Public API
 
-    def fit_scheduler(self, scheduler: Scheduler) -> None:
-        """The scheduler hands out this pool's slabs; its prefix cache keeps them by block."""
-        if scheduler.radix is None:
-            return
-        scheduler.windows = WindowSlabs(self.slabs, self.window, margin(self.pool.block_size))
-        scheduler.reclaim = self.reclaim
-        scheduler.radix.keep_slabs(self.slabs, scheduler.windows.span)
+    def window_slabs(self) -> WindowSlabs:
+        """The slabs of this runner's window pool, as the scheduler's KV ledger hands them out
+        (``KVLedger.keep_windows``, which the builder calls with ``reclaim``)."""
+        return WindowSlabs(self.slabs, self.window, margin(self.pool.block_size))
 
     def release_memory(self, highest_used: int) -> int:
         """Both pools shrink to the ids in use (``idle_release`` let go of the prefix cache's

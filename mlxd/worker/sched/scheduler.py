@@ -1,9 +1,10 @@
 """Admission and batching policy: which sequences prefill next, which decode, which wait.
 
-With a ``BlockPool`` the scheduler also owns KV memory: a sequence is admitted only when the
-blocks of its prompt fit (after reusing cached prefix blocks and evicting unreferenced ones),
-and when decode needs a block that is not there it preempts the lowest-priority, most recent
-sequence, which waits again and later recomputes its prompt and output so far.
+With a ``BlockPool`` the scheduler asks its ``KVLedger`` (kv_ledger.py) for KV memory: a
+sequence is admitted only when the blocks of its prompt fit (after reusing cached prefix blocks
+and evicting unreferenced ones), and when decode needs a block the ledger cannot find, the
+scheduler preempts the lowest-priority, most recent sequence, which waits again and later
+recomputes its prompt and output so far.
 
 Embeddings requests share the prompts' token budget per step (``prefill_chunk``): they wait in
 the same priority order, and a large one runs a budget of inputs per step between decode steps
@@ -26,6 +27,7 @@ from mlxd.worker.kv.window_slabs import WindowSlabs
 from mlxd.worker.prefix.radix_cache import RadixCache
 from mlxd.worker.sched.drain_rate import DrainRate
 from mlxd.worker.sched.embed_job import EmbedJob
+from mlxd.worker.sched.kv_ledger import KVLedger
 from mlxd.worker.sched.prefill_cost import PrefillCost
 from mlxd.worker.sched.sequence import Sequence, SequenceStatus
 from mlxd.worker.stats import KVReport
@@ -98,18 +100,12 @@ class Scheduler:
         # what a chunk costs the streams that wait on it (prefill_cost.py)
         self.cost = cost or PrefillCost()
         self.clock = clock
-        self.pool = pool  # None: the contiguous cache, no block accounting
-        self.radix = RadixCache(pool) if pool is not None else None
+        # KV memory: blocks, prefix cache, window slabs; None: the contiguous cache, no accounts
+        self.kv = KVLedger(pool) if pool is not None else None
         # Rows whose chunks one step's budget buys while no stream decodes: a hybrid's prefill
         # costs about its longest row's tokens, not their sum (its recurrent layers scan tokens
         # in order, all rows at once), so each of up to this many gets a whole ``prefill_chunk``.
         self.prefill_rows = 1
-        # A sliding-window model's window layers: their slabs, taken and given back here
-        # (window_slabs.py; set with the runner, ``WindowModelRunner.fit_scheduler``).
-        self.windows: WindowSlabs | None = None
-        # Out of room: the runner's arrays shrink to the ids in use, their budget freed for the
-        # other pool's (``WindowModelRunner.reclaim``); None where arrays pay for no budget.
-        self.reclaim: Callable[[], bool] | None = None
         self.counters = CacheCounters()
         self.drain = DrainRate()  # departures from ``waiting``: the 429's Retry-After
         self.waiting: list[Sequence] = []
@@ -160,7 +156,8 @@ class Scheduler:
         if stalled:  # admit none before it; if nothing else runs either, start it over
             if not chunks and not self.running:
                 self._preempt(self._victim(), cache=False)
-                self._start_over()
+                if self.kv is not None:
+                    self.kv.start_over()
             return chunks
         while budget > 0:
             chunk = self._next_queued_chunk(admit, budget)
@@ -174,23 +171,14 @@ class Scheduler:
         """Record that ``chunk`` ran; a fully prefilled sequence joins the decode batch."""
         seq = chunk.seq
         seq.num_prefilled = chunk.end
-        if self.windows is not None and self.radix is not None:
-            # the blocks computed so far and their slabs, before those behind the window go back
-            known = seq.prefill_ids[: seq.num_computed]
-            self.radix.insert(known, seq.block_ids, slabs=seq.window_ids)
-            self.windows.drop_behind(seq)
-        if seq.states and self.radix is not None and not chunk.is_last:
-            # a hybrid's snapshots go to the prefix cache as prefill takes them (nothing else
-            # bounds them), with the blocks computed so far
-            self.radix.insert(seq.prefill_ids[: seq.num_computed], seq.block_ids, seq.states)
-            seq.states = {}
+        if self.kv is not None:
+            self.kv.index_chunk(seq, chunk.is_last)
         if chunk.is_last and seq in self.prefilling:
             self.prefilling.remove(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            if self.radix is not None:  # later requests with this prefix can share it now
-                self.radix.insert(seq.prefill_ids, seq.block_ids, seq.states)
-                seq.states = {}
+            if self.kv is not None:
+                self.kv.index_prompt(seq)
             elif not seq.num_preemptions:  # the runner's own prefix cache set num_cached
                 self._count_lookup(seq.num_cached)
 
@@ -201,7 +189,8 @@ class Scheduler:
         for queue in (self.waiting, self.prefilling, self.running):
             if seq in queue:
                 queue.remove(seq)
-        self._free_blocks(seq, cache=reason != "error")
+        if self.kv is not None:
+            self.kv.free(seq, cache=reason != "error")
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
 
@@ -213,50 +202,32 @@ class Scheduler:
     def reserve_decode(self, rows: list[Sequence]) -> list[Sequence]:
         """Give every row room for the token its next decode step writes, preempting sequences
         when the pool is out of blocks. Returns the preempted sequences (they wait again)."""
-        if self.pool is None:
+        if self.kv is None:
             return []
         preempted: list[Sequence] = []
-        if self.windows is not None:
-            for seq in rows:
-                self.windows.drop_behind(seq)
-        slabs = int(self.windows is not None)
+        self.kv.drop_behind(rows)
         for seq in rows:
-            if seq in preempted or seq.num_computed < len(seq.block_ids) * self.pool.block_size:
+            if seq in preempted:
                 continue
-            while not self._make_room(1, slabs):
+            while not self.kv.grow(seq):
                 victim = self._victim()
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is seq:
                     break
-            else:
-                seq.block_ids += self.pool.allocate(1, keep=self._slab_bytes(1))
-                if self.windows is not None:
-                    self.windows.grow(seq, seq.num_computed + 1)
         return preempted
 
     def reserve_drafts(self, seq: Sequence, num_drafts: int) -> int:
         """Room for ``seq``'s next token (reserved already) and up to ``num_drafts`` draft tokens
         after it, from free blocks only: a draft never evicts a cached prefix or preempts
         anyone. Returns how many drafts fit."""
-        if self.pool is None:
-            return num_drafts
-        bs = self.pool.block_size
-        need = -(-(seq.num_computed + 1 + num_drafts) // bs) - len(seq.block_ids)
-        if need > 0:
-            got = min(need, self.pool.num_free)
-            seq.block_ids += self.pool.allocate(got) if got else []
-        return min(num_drafts, len(seq.block_ids) * bs - seq.num_computed - 1)
+        return num_drafts if self.kv is None else self.kv.reserve_drafts(seq, num_drafts)
 
     def trim(self, seq: Sequence) -> None:
         """Free ``seq``'s blocks past its computed tokens (those of rejected drafts). They
         never held an accepted token, so the prefix cache never indexed them."""
-        if self.pool is None:
-            return
-        keep = max(1, -(-seq.num_computed // self.pool.block_size))
-        if len(seq.block_ids) > keep:
-            self.pool.release(seq.block_ids[keep:])
-            del seq.block_ids[keep:]
+        if self.kv is not None:
+            self.kv.trim(seq)
 
     def preempt_one(self) -> Sequence | None:
         """Preempt the lowest-priority, most recent sequence (the runner is out of room);
@@ -269,7 +240,7 @@ class Scheduler:
 
     def flush_prefix_cache(self) -> int:
         """Drop every cached block no running sequence uses; returns how many were freed."""
-        return self.radix.evict(self.radix.num_cached_blocks) if self.radix is not None else 0
+        return self.kv.flush() if self.kv is not None else 0
 
     def find_embed(self, request_id: str, client: bytes) -> EmbedJob | None:
         for job in self.embedding:
@@ -308,6 +279,55 @@ class Scheduler:
         """Apply new limits live (validated by SchedulerConfig)."""
         self.config = replace(self.config, **changes)  # type: ignore[arg-type]
 
+    def num_live_blocks(self) -> int:
+        """Distinct blocks that sequences in flight hold (shared prefix blocks count once)."""
+        return len({b for q in (self.prefilling, self.running) for s in q for b in s.block_ids})
+
+    def kv_report(self) -> KVReport:
+        c = self.counters
+        counts = KVReport(
+            preemptions=c.preemptions, hits=c.hits, misses=c.misses, hit_tokens=c.hit_tokens
+        )
+        # without a pool, hits of the runner's snapshots, if any
+        return counts if self.kv is None else self.kv.report(counts)
+
+    def check_invariants(self) -> None:
+        """The ledger's invariants: pool, prefix cache, every live block accounted for."""
+        if self.kv is not None:
+            self.kv.check_invariants(self.prefilling + self.running, self.waiting)
+
+    # The ledger's parts, as the engine, the idle release, the builder and tests read them
+
+    @property
+    def pool(self) -> BlockPool | None:
+        """The block pool (None: the contiguous cache)."""
+        return None if self.kv is None else self.kv.pool
+
+    @property
+    def radix(self) -> RadixCache | None:
+        """The prefix cache over the pool (None without one)."""
+        return None if self.kv is None else self.kv.radix
+
+    @property
+    def windows(self) -> WindowSlabs | None:
+        """A sliding-window model's slabs (``KVLedger.keep_windows``)."""
+        return None if self.kv is None else self.kv.windows
+
+    @windows.setter
+    def windows(self, windows: WindowSlabs | None) -> None:
+        assert self.kv is not None, "window slabs need a block pool"
+        self.kv.windows = windows
+
+    @property
+    def reclaim(self) -> Callable[[], bool] | None:
+        """What shrinks the runner's arrays when out of room (``KVLedger.reclaim``)."""
+        return None if self.kv is None else self.kv.reclaim
+
+    @reclaim.setter
+    def reclaim(self, reclaim: Callable[[], bool] | None) -> None:
+        assert self.kv is not None, "reclaim needs a block pool"
+        self.kv.reclaim = reclaim
+
     # Internal helpers
 
     def _check_queue_room(self) -> None:
@@ -324,7 +344,9 @@ class Scheduler:
         best = self._best_queued(admit)
         if isinstance(best, EmbedJob):
             return self._embed_chunk(best, min(budget, self.config.prefill_chunk))
-        if best is None or self._prefix_in_flight(best):
+        if best is None or (
+            self.kv is not None and self.kv.prefix_in_flight(best, self.prefilling)
+        ):
             return None  # next step its prefix is cached: reuse it rather than compute it twice
         if not self._allocate_prompt(best):
             return None  # the best waiting request does not fit yet
@@ -358,43 +380,6 @@ class Scheduler:
             self.drop_embed(job)
         return chunk
 
-    def _prefix_in_flight(self, seq: Sequence) -> bool:
-        """Whether a sequence being prefilled starts with ``seq``'s first full block, which the
-        prefix cache does not hold yet (``n > 1`` choices, a burst of requests with one system
-        prompt): its blocks are indexed when its prompt is done, and ``seq`` can share them."""
-        if self.pool is None or self.radix is None:
-            return False
-        bs = self.pool.block_size
-        first = seq.prefill_ids[:bs]
-        if len(seq.prefill_ids) <= bs:
-            return False  # no full block to share: at least one prompt token is computed anyway
-        sharing = [o for o in self.prefilling if o.prefill_ids[:bs] == first]
-        if not sharing:
-            return False
-        if self.radix.state_budget is not None:  # a hybrid: for a prompt that came after
-            self._snapshot_for(seq, sharing[0])  # ``sharing[0]`` was admitted (``_ask_snapshots``)
-        return self.radix.match_prefix(seq.prefill_ids, max_blocks=1).shared_blocks == 0
-
-    def _ask_snapshots(self, seq: Sequence) -> None:
-        """A hybrid's shared blocks are no use without a recurrent state where a prompt parts
-        from them: ``seq``, admitted, snapshots where each waiting prompt sharing its first
-        block parts from it (those wait for it: ``_prefix_in_flight``)."""
-        assert self.pool is not None
-        first = seq.prefill_ids[: self.pool.block_size]
-        for other in self.waiting:
-            if other is not seq and other.prefill_ids[: len(first)] == first:
-                self._snapshot_for(other, seq)
-
-    def _snapshot_for(self, seq: Sequence, other: Sequence) -> None:
-        """Ask ``other``, prefilling, to snapshot its recurrent state where ``seq``'s prompt
-        parts from it, unless it has passed there already."""
-        assert self.pool is not None
-        n = min(len(seq.prefill_ids) - 1, len(other.prefill_ids))
-        shared = next((i for i in range(n) if seq.prefill_ids[i] != other.prefill_ids[i]), n)
-        boundary = shared // self.pool.block_size * self.pool.block_size
-        if boundary > other.num_prefilled:
-            other.snapshot_at.add(boundary)
-
     def _num_slots_used(self) -> int:
         return len(self.running) + len(self.prefilling)
 
@@ -404,20 +389,10 @@ class Scheduler:
         if self.running:  # streams wait on this step: a chunk within the budget's cost
             floor = min(budget, max(MIN_CHUNK, self.config.prefill_chunk // MAX_SHRINK))
             budget = max(floor, self.cost.tokens_within(budget, start))
-        end = self._window_room(seq, min(seq.num_prefill_tokens, start + budget))
+        end = min(seq.num_prefill_tokens, start + budget)
+        if self.kv is not None:  # a windowed model's slabs may cover less
+            end = self.kv.window_room(seq, end)
         return PrefillChunk(seq, start, max(start, end))
-
-    def _window_room(self, seq: Sequence, end: int) -> int:
-        """A windowed model: slabs for ``seq``'s blocks up to token ``end``, or as far as they
-        can be had; returns the end they cover."""
-        if self.windows is None:
-            return end
-        missing = self.windows.missing(seq, end)
-        if missing and not self._make_room(0, missing):
-            got = min(missing, self.windows.pool.num_free)
-            end = min(end, (len(seq.window_ids) + got) * self.windows.block_size)
-        self.windows.grow(seq, end)
-        return end
 
     def _spent(self, chunk: PrefillChunk | EmbedChunk) -> int:
         if isinstance(chunk, EmbedChunk) or not self.running:
@@ -425,60 +400,13 @@ class Scheduler:
         return math.ceil(self.cost.of(chunk.start, chunk.num_tokens))
 
     def _allocate_prompt(self, seq: Sequence) -> bool:
-        """Give ``seq`` the cached blocks of its longest cached prefix plus new blocks for the
-        rest of its prompt, if they fit. At least one token is left to prefill: its logits
-        give the first output token.
-
-        A windowed model's arrays may hold the room at ids the cache's blocks pin (a hit's
-        own, high in the arrays): when nothing else runs, the cache is dropped and the arrays
-        shrink (``_start_over``), and the prompt is computed from scratch, which the context
-        cap guarantees fits alone."""
-        if self._admit(seq):
+        """Blocks for ``seq``'s prompt (``KVLedger.admit``), its prefix-cache lookup counted."""
+        if self.kv is None:
             return True
-        if self.windows is None or self.running or self.prefilling:
+        alone = not self.running and not self.prefilling
+        if not self.kv.admit(seq, self.config.prefill_chunk, self.waiting, alone):
             return False
-        self._start_over()
-        return self._admit(seq)
-
-    def _start_over(self) -> None:
-        """Nothing runs and the head of the queue cannot proceed: every cached block and slab
-        goes, and the runner's arrays shrink to their first chunks."""
-        self.flush_prefix_cache()
-        if self.reclaim is not None:
-            self.reclaim()
-
-    def _admit(self, seq: Sequence) -> bool:
-        """``_allocate_prompt``'s one attempt."""
-        if self.pool is None or self.radix is None:
-            return True
-        tokens = seq.prefill_ids
-        match = self.radix.match_prefix(  # restore: blocks the disk tier holds come back
-            tokens, max_blocks=(len(tokens) - 1) // self.pool.block_size, restore=True
-        )
-        self.radix.lock(match.node)  # so making room cannot evict the prefix we are about to use
-        need = self.pool.blocks_for(len(tokens)) - match.num_blocks
-        hit = match.num_blocks * self.pool.block_size
-        first = min(len(tokens), hit + self.config.prefill_chunk)  # its first chunk's slabs
-        slabs = self.pool.blocks_for(first) - match.num_blocks if self.windows else 0
-        if self.windows is not None:  # held first: making room may drop the tree's slabs
-            self.windows.restore(seq, match.window, hit)
-        if not self._make_room(need, slabs):
-            if self.windows is not None:
-                self.windows.release(seq)
-            self.radix.unlock(match.node)
-            return False
-        self.pool.retain(match.block_ids)
-        seq.block_ids = match.block_ids + self.pool.allocate(need, keep=self._slab_bytes(slabs))
-        seq.prefix_node = match.node
-        seq.state_hit = match.node.state
-        if self.windows is not None:
-            self.windows.grow(seq, first)
-        seq.snapshot_at = {match.shared_blocks * self.pool.block_size} - {0}
-        if self.radix.state_budget is not None:
-            self._ask_snapshots(seq)
-        seq.num_prefilled = seq.num_computed = match.num_blocks * self.pool.block_size
         if not seq.num_preemptions:  # a resumed sequence's own blocks are not a cache hit
-            seq.num_cached = seq.num_computed
             self._count_lookup(seq.num_cached)
         return True
 
@@ -487,107 +415,20 @@ class Scheduler:
         self.counters.misses += not num_cached
         self.counters.hit_tokens += num_cached
 
-    def _make_room(self, num_blocks: int, slabs: int = 0) -> bool:
-        """Whether ``num_blocks`` blocks (and ``slabs`` window slabs) are free, evicting
-        unreferenced cached blocks (and the prefix cache's slabs) if needed."""
-        assert self.pool is not None and self.radix is not None
-        short = num_blocks - self.pool.num_free
-        if self.windows is None:
-            if short > 0:
-                self.radix.evict(short)
-            return self.pool.num_free >= num_blocks
-        reclaimed = False
-        while not self._fits(num_blocks, slabs):
-            # the pool that is short first: a freed id serves its own pool (the arrays stay)
-            blocks = max(1, num_blocks - self.pool.num_free)
-            if slabs > self.windows.pool.num_free and self.radix.drop_slabs(slabs):
-                continue
-            if self.radix.evict(blocks) or self.radix.drop_slabs(max(1, slabs)):
-                continue
-            if reclaimed or self.reclaim is None or not self.reclaim():
-                return False
-            reclaimed = True
-        return True
-
-    def _slab_bytes(self, slabs: int) -> int:
-        """What ``slabs`` more window slabs take of the budget: none where the slab arrays
-        have free room (none without windows)."""
-        return 0 if self.windows is None else self.windows.pool.growth_bytes(slabs)
-
-    def _fits(self, num_blocks: int, slabs: int) -> bool:
-        """Whether ``num_blocks`` blocks and ``slabs`` slabs are free together (one budget)."""
-        assert self.pool is not None and self.windows is not None and self.pool.budget
-        grow = self.pool.growth_bytes(num_blocks) + self.windows.pool.growth_bytes(slabs)
-        return (
-            self.pool.num_free >= num_blocks
-            and self.windows.pool.num_free >= slabs
-            and self.pool.budget.free >= grow
-        )
-
     def _victim(self) -> Sequence:
-        """Whom to preempt: the lowest priority, then the most recent arrival."""
-        return max(self.running + self.prefilling, key=lambda s: (s.priority, s.arrival))
+        """Whom to preempt among the sequences in flight (``KVLedger.victim``)."""
+        return KVLedger.victim(self.running + self.prefilling)
 
     def _preempt(self, seq: Sequence, cache: bool = True) -> None:
         """Free ``seq``'s blocks and queue it again to recompute its prompt and output so far."""
         for queue in (self.prefilling, self.running):
             if seq in queue:
                 queue.remove(seq)
-        self._free_blocks(seq, cache=cache)
+        if self.kv is not None:
+            self.kv.free(seq, cache=cache)
         seq.num_resumed = seq.num_output_tokens
         seq.num_prefilled = 0
         seq.num_preemptions += 1
         self.counters.preemptions += 1
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
-
-    def _free_blocks(self, seq: Sequence, cache: bool) -> None:
-        """Release ``seq``'s blocks; the full blocks of known tokens stay in the prefix cache."""
-        if self.pool is None or self.radix is None or not seq.block_ids:
-            return
-        if cache:  # (a windowed model's slabs with them: its next turn or its resume hits)
-            known = (seq.prompt_ids + seq.output_ids)[: seq.num_computed]
-            self.radix.insert(known, seq.block_ids, seq.states, seq.window_ids)
-        seq.states, seq.state_hit = {}, None
-        if self.windows is not None:
-            self.windows.release(seq)
-        if seq.prefix_node is not None:
-            self.radix.unlock(seq.prefix_node)
-        self.pool.release(seq.block_ids)
-        seq.block_ids, seq.prefix_node, seq.num_computed = [], None, 0
-
-    def num_live_blocks(self) -> int:
-        """Distinct blocks that sequences in flight hold (shared prefix blocks count once)."""
-        return len({b for q in (self.prefilling, self.running) for s in q for b in s.block_ids})
-
-    def kv_report(self) -> KVReport:
-        c = self.counters
-        if self.pool is None or self.radix is None:  # hits of the runner's snapshots, if any
-            return KVReport(
-                preemptions=c.preemptions, hits=c.hits, misses=c.misses, hit_tokens=c.hit_tokens
-            )
-        p = self.pool
-        return KVReport(
-            preemptions=c.preemptions,
-            hits=c.hits,
-            misses=c.misses,
-            hit_tokens=c.hit_tokens,
-            block_size=p.block_size,
-            blocks_total=p.num_blocks,
-            blocks_used=p.num_used,
-            blocks_free=p.num_free,
-            blocks_cached=self.radix.num_cached_blocks,
-        )
-
-    def check_invariants(self) -> None:
-        """The pool's and the prefix cache's invariants, and every live block accounted for."""
-        if self.pool is None or self.radix is None:
-            return
-        self.pool.check_invariants()
-        self.radix.check_invariants()
-        live = [b for q in (self.prefilling, self.running) for s in q for b in s.block_ids]
-        assert not any(s.block_ids for s in self.waiting), "a waiting sequence holds blocks"
-        if self.windows is not None:
-            self.windows.check(self.prefilling + self.running)
-            assert not any(s.window_ids for s in self.waiting), "a waiting sequence holds slabs"
-        assert all(self.pool.ref_count(b) >= live.count(b) for b in set(live))
