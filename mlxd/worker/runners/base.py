@@ -11,7 +11,6 @@ Decode is pipelined as in mlx-lm: step N+1 is built from step N's lazy tokens an
 
 from __future__ import annotations
 
-import logging
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -22,8 +21,6 @@ from mlxd.worker.sampling.logprobs import StepLogprobs
 from mlxd.worker.sampling.sampling import SampleRow, needs_history, sample
 from mlxd.worker.sched.scheduler import PrefillChunk, Scheduler
 from mlxd.worker.sched.sequence import Sequence
-
-log = logging.getLogger(__name__)
 
 TokenEvent = tuple[Sequence, int]
 
