@@ -2,8 +2,8 @@
 
     python bench/bench_extras.py MODEL_DIR [BATCH=16] [STEPS=48]
 
-Every scenario runs BATCH requests through the real ModelRunner (prefill, then timed decode
-steps); only the per-row settings differ. Prints one JSON line per scenario: median and mean
+Every scenario runs BATCH requests through the real ContiguousModelRunner (prefill, then timed
+decode steps); only the per-row settings differ. Prints one JSON line per scenario: median and mean
 step time in ms, the best of 3 interleaved rounds.
 """
 
@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from mlxd.bench.engine import load_served
 from mlxd.protocol.messages import JsonFormat, SamplingParams
-from mlxd.worker.runners.base import ModelRunner
+from mlxd.worker.runners.contiguous import ContiguousModelRunner
 from mlxd.worker.sampling.grammar import Grammar
 from mlxd.worker.sampling.tokenizer import PromptEncoder
 from mlxd.worker.sched.scheduler import PrefillChunk
@@ -28,7 +28,7 @@ LONG_STRING = JsonFormat(schema='{"type":"object","properties":{"s":{"type":"str
 
 
 def scenario(model, encoder, batch: int, steps: int, n_lp: int, n_json: int) -> dict:  # type: ignore[no-untyped-def]
-    runner = ModelRunner(model, encoder.eos_token_ids)
+    runner = ContiguousModelRunner(model, encoder.eos_token_ids)
     base = SamplingParams(temperature=1.0, max_tokens=steps + 8, ignore_eos=True)
     seqs = []
     for i in range(batch):

@@ -23,7 +23,7 @@ from mlxd.worker import build as worker_build
 from mlxd.worker import main as worker
 from mlxd.worker.engine import Engine
 from mlxd.worker.kv.paged_cache import KVPool
-from mlxd.worker.runners.base import check_model_supported
+from mlxd.worker.runners.paged import check_model_supported
 from mlxd.worker.sampling.tokenizer import PromptEncoder
 
 

@@ -33,7 +33,9 @@ from mlxd.worker.kv.block_pool import BlockPool
 from mlxd.worker.kv.formats import parts
 from mlxd.worker.prefix.disk_cache import DiskKVCache, model_identity
 from mlxd.worker.prefix.disk_tier import DiskTier
-from mlxd.worker.runners.base import ModelRunner, check_model_supported
+from mlxd.worker.runners.base import ModelRunner
+from mlxd.worker.runners.contiguous import ContiguousModelRunner
+from mlxd.worker.runners.paged import PagedModelRunner, check_model_supported
 from mlxd.worker.sampling.tokenizer import PromptEncoder
 from mlxd.worker.sched.prefill_cost import PrefillCost
 from mlxd.worker.sched.scheduler import Scheduler
@@ -133,9 +135,8 @@ def build_runner(
             )
         if why:
             return _native_runner(model, eos_token_ids, config, why), None, max_context
-        return ModelRunner(model, eos_token_ids), None, max_context
+        return ContiguousModelRunner(model, eos_token_ids), None, max_context
     from mlxd.worker.kv.paged_cache import KVPool
-    from mlxd.worker.runners.paged import PagedModelRunner
 
     bs = config.cache.block_size
     fmt = _kv_format(model, config)
@@ -336,8 +337,6 @@ def _attach_disk_tier(
 ) -> DiskTier | None:
     """The disk tier under ``$MLXD_HOME/kv-cache/<model identity>`` when ``--kv-disk-gb`` asks
     for one and the runner is paged; set as the prefix cache's tier."""
-    from mlxd.worker.runners.paged import PagedModelRunner
-
     gb = config.cache.kv_disk_gb
     if gb and _attach_snapshots(config, runner, int(gb * 2**30)):
         return None

@@ -79,11 +79,12 @@ class Harness:
         from mlxd.worker.kv.paged_cache import KVPool
         from mlxd.worker.main import _vocab_size
         from mlxd.worker.prefix.snapshot_cache import SnapshotCache
-        from mlxd.worker.runners.base import ModelRunner, check_model_supported
+        from mlxd.worker.runners.base import ModelRunner
+        from mlxd.worker.runners.contiguous import ContiguousModelRunner
         from mlxd.worker.runners.hybrid import HybridModelRunner
         from mlxd.worker.runners.native import NativeModelRunner
         from mlxd.worker.runners.output_head import last_position_only
-        from mlxd.worker.runners.paged import PagedModelRunner
+        from mlxd.worker.runners.paged import PagedModelRunner, check_model_supported
         from mlxd.worker.runners.window import WindowModelRunner
         from mlxd.worker.sampling.tokenizer import PromptEncoder
         from mlxd.worker.sched.scheduler import Scheduler
@@ -126,7 +127,7 @@ class Harness:
                 max_view_tokens,
             )
         else:
-            runner = ModelRunner(model, encoder.eos_token_ids)
+            runner = ContiguousModelRunner(model, encoder.eos_token_ids)
         # Tests of decode's mechanics count plain steps; speculation's own tests turn it on.
         sched.setdefault("speculate", "off")
         drafter = None

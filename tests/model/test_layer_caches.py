@@ -11,7 +11,7 @@ import pytest
 
 from mlxd.models.zoo import make_zoo_model
 from mlxd.worker.kv import layer_caches
-from mlxd.worker.runners.base import check_model_supported
+from mlxd.worker.runners.paged import check_model_supported
 
 pytestmark = [pytest.mark.model, pytest.mark.filterwarnings("ignore::FutureWarning")]
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from mlxd.worker.runners import paged as paged_runner
-from mlxd.worker.runners.base import check_model_supported
+from mlxd.worker.runners.paged import check_model_supported
 from tests.model.conftest import Harness, harnesses, load_model
 from tests.model.test_engine import reference_ids
 

@@ -12,7 +12,7 @@ import pytest
 from mlxd.models.maker import make_model
 from mlxd.protocol.messages import Generate, SamplingParams, TokenPrompt
 from mlxd.worker.kv import layer_caches
-from mlxd.worker.runners.base import check_model_supported
+from mlxd.worker.runners.paged import check_model_supported
 from tests.model.conftest import Harness, Result
 from tests.model.test_engine import PROMPTS, reference, reference_ids
 

@@ -201,7 +201,7 @@ def pool_gb(path: Path) -> float:
     """A KV budget of POOL_BLOCKS blocks for this model (its paged pool, or snapshot cache)."""
     from mlxd.config import STATE_SHARE, VIEW_SHARE
     from mlxd.worker.kv import layer_caches
-    from mlxd.worker.runners.base import check_model_supported
+    from mlxd.worker.runners.paged import check_model_supported
 
     model, _ = load(path)
     hybrid = layer_caches.is_hybrid(model)  # its recurrent states' share on top (2+ fit)

@@ -1,4 +1,9 @@
-"""The only hot MLX code: prefill chunks, batched decode steps, sampling.
+"""The model runner's contract: the decode batch's rows, their not-yet-read tokens, sampling.
+
+Every runner (contiguous, native, paged, hybrid, window) is a ``ModelRunner``: it owns the rows
+decoding together and the tokens sampled for them but not yet read, and shares the decode step,
+sampling (grammar masks, penalties' history, logprobs) and the reading of tokens. What differs
+is where K/V lives: each runner runs its own prefill and hands each decode step its caches.
 
 Decode is pipelined as in mlx-lm: step N+1 is built from step N's lazy tokens and handed to
 ``mx.async_eval`` before step N's tokens are read back, so host work overlaps device work.
@@ -6,109 +11,64 @@ Decode is pipelined as in mlx-lm: step N+1 is built from step N's lazy tokens an
 
 from __future__ import annotations
 
-import logging
+from abc import ABC, abstractmethod
 from typing import Any
 
 import mlx.core as mx
 
-from mlxd.worker.kv import layer_caches
-from mlxd.worker.kv.contiguous import BatchKVCache, SequenceKVCache
 from mlxd.worker.sampling import grammar, logprobs
 from mlxd.worker.sampling.logprobs import StepLogprobs
 from mlxd.worker.sampling.sampling import SampleRow, needs_history, sample
 from mlxd.worker.sched.scheduler import PrefillChunk, Scheduler
 from mlxd.worker.sched.sequence import Sequence
 
-log = logging.getLogger(__name__)
-
 TokenEvent = tuple[Sequence, int]
-# rows, first tokens, their KV, the first tokens' logprobs
-_Group = tuple[list[Sequence], mx.array, list[Any], StepLogprobs | None]
 
 
-def check_model_supported(model: Any) -> str:
-    """Why the paged KV cache cannot serve ``model`` ("" when it can).
+class ModelRunner(ABC):
+    """Owns the decode batch: its rows and their not-yet-read tokens (their KV: the subclass)."""
 
-    The pool holds one plain K/V cache per layer; a layer that masks to a sliding window on a
-    plain cache (Mistral 3) gets its window from the pool's masks. Every other layout
-    (rotating sliding-window caches, recurrent state, hybrids, shared-KV or cache-less layers,
-    cache lists) is served by the contiguous runner on the model's own mlx-lm caches
-    (``runners.native``), batched by row.
-    """
-    if not layer_caches.is_plain(model):
-        names = sorted(set(layer_caches.kinds(layer_caches.model_caches(model))))
-        return f"{', '.join(names)} layer caches"
-    if not layer_caches.batches_rows(model, compare=False):  # the pool's batches are ours
-        return "KVCache layers that cannot batch rows of different lengths"
-    return ""
-
-
-class ModelRunner:
-    """Owns the decode batch: its rows, their KV caches and their not-yet-read tokens."""
-
-    pads_prompts = True  # whole prompts prefill together, left-padded to one length
     # Decode steps that read the KV pool's blocks because decode's read view would not fit its
     # memory (the paged runner counts them; the contiguous cache has neither). A batch whose rows
     # would pad to over twice their tokens reads the blocks too, uncounted: memory would not help.
     gathered_steps = 0
     speculates = False  # has ``verify_step`` (the paged runner: docs/SPECULATION.md)
 
-    def __init__(self, model: Any, eos_token_ids: set[int], kv_note: str = "") -> None:
-        """``kv_note``: why this model decodes on the contiguous cache, for status."""
+    def __init__(self, model: Any, eos_token_ids: set[int]) -> None:
         self.model = model
-        self.kv_note = kv_note
         self.eos_token_ids = sorted(eos_token_ids)
-        self.num_layers = len(model.layers)
         self.rows: list[Sequence] = []
-        self._batch: list[Any] = self._new_caches(batch=True)
         self._pending: mx.array | None = None  # last sampled token of each row
         self._pending_lp: StepLogprobs | None = None  # their logprobs, for the rows that ask
         self._emitted: list[bool] = []  # whether that token was already handed out
         # Rows whose pending token is their prompt's last one (see ``_read_entered``).
         self._entering: set[Sequence] = set()
-        self._prefill: dict[Sequence, list[Any]] = {}
 
     # Public API
 
-    def fit_scheduler(self, scheduler: Scheduler) -> None:
+    def fit_scheduler(self, scheduler: Scheduler) -> None:  # noqa: B027 - most need nothing
         """Set what this runner needs on the scheduler that feeds it (a hybrid's prefix cache
         keeps recurrent states, a windowed model's pool has window slabs); nothing here."""
 
+    @abstractmethod
     def prefill(self, chunks: list[PrefillChunk]) -> list[TokenEvent]:
         """Run this step's prompt chunks; sequences whose prompt is done join the decode batch.
-
-        Whole prompts go through one left-padded forward (one launch, one join); a prompt split
-        across steps runs alone until its last chunk. Returns each joined sequence's first token.
-        """
-        whole = [c for c in chunks if c.start == 0 and c.is_last and self.pads_prompts]
-        groups = [self._prefill_whole(whole)] if whole else []
-        for chunk in chunks:
-            if chunk not in whole:
-                group = self._prefill_part(chunk)
-                if group is not None:
-                    groups.append(group)
-        if not groups:
-            return []
-        for _, _, caches, _ in groups:
-            self._batch = self._extend(self._batch, caches)
-        return self._join([(seqs, first, lp) for seqs, first, _, lp in groups])
+        Returns the first tokens read now (a runner may read them with the next step)."""
 
     def remove(self, seqs: set[Sequence]) -> None:
-        """Drop ``seqs`` from the batch and from prefill; frees their KV."""
-        for seq in seqs:
-            self._prefill.pop(seq, None)
+        """Drop ``seqs`` from the decode batch; frees their KV."""
         self._entering -= seqs
         keep = [i for i, s in enumerate(self.rows) if s not in seqs]
         if len(keep) == len(self.rows):
-            return  # only prefill caches (or nothing) went
+            return  # none of them was decoding
         self._filter_cache(keep)
         self.rows = [self.rows[i] for i in keep]
         self._emitted = [self._emitted[i] for i in keep]
         self._pending = self._pending[mx.array(keep)] if keep else None  # type: ignore[index]
 
     def sequences(self) -> list[Sequence]:
-        """Every sequence holding KV here: decoding rows and prompts mid-prefill."""
-        return self.rows + list(self._prefill)
+        """Every sequence holding KV here (here: the decoding rows)."""
+        return list(self.rows)
 
     def needs_sync(self) -> bool:
         """Penalties need each row's exact history, so unread tokens must be read first."""
@@ -169,22 +129,20 @@ class ModelRunner:
 
     def reset(self) -> list[Sequence]:
         """Forget the whole batch (after a failed step); returns the sequences that were in it."""
-        lost = self.rows + list(self._prefill)
-        self.rows, self._emitted, self._pending, self._prefill = [], [], None, {}
-        self._pending_lp = None
+        lost = list(self.rows)
+        self.rows, self._emitted, self._pending, self._pending_lp = [], [], None, None
         self._entering = set()
-        self._batch = self._new_caches(batch=True)
         return lost
 
     @property
+    @abstractmethod
     def kv_description(self) -> str:
-        why = f"; {self.kv_note}" if self.kv_note else ""
-        return f"contiguous (one left-padded cache per decode batch{why})"
+        """Where this runner keeps K/V, for status."""
 
     @property
+    @abstractmethod
     def kv_bytes(self) -> int:
-        single = sum(layer_caches.nbytes(cs) for cs in self._prefill.values())
-        return single + layer_caches.nbytes(self._batch)
+        """KV memory the runner's caches hold now."""
 
     @property
     def kv_reserved_bytes(self) -> int:
@@ -196,7 +154,7 @@ class ModelRunner:
         """The most KV memory the runner holds (0: no cap of its own; rows come and go)."""
         return 0
 
-    # Internal helpers (the cache hooks are what the paged runner replaces)
+    # Internal helpers (the cache hooks are what each runner implements)
 
     def _enter(self, seqs: list[Sequence]) -> None:
         """Prefilled rows join the decode batch with their prompt's last token as their next
@@ -221,70 +179,13 @@ class ModelRunner:
         self._emitted = fresh
         return out
 
+    @abstractmethod
     def _decode_cache(self, rows: list[Sequence]) -> list[Any]:
-        return self._batch  # type: ignore[return-value]
+        """The caches of a decode step of ``rows`` (each writes its next token's K/V)."""
 
+    @abstractmethod
     def _filter_cache(self, keep: list[int]) -> None:
-        for layer in self._batch:
-            layer.filter(keep)
-
-    def _new_caches(self, batch: bool) -> list[Any]:
-        """Empty caches for every layer: the decode batch's (``batch``) or one sequence's."""
-        return [BatchKVCache() if batch else SequenceKVCache() for _ in range(self.num_layers)]
-
-    def _extend(self, batch: list[Any], part: list[Any]) -> list[Any]:
-        """``batch`` with ``part``'s rows after its own."""
-        for mine, theirs in zip(batch, part, strict=True):
-            mine.extend(theirs)
-        return batch
-
-    def _to_batch(self, single: list[Any]) -> list[Any]:
-        """One prefilled sequence's caches as a batch of one row."""
-        return [BatchKVCache.from_single(c) for c in single]
-
-    def _join(
-        self, groups: list[tuple[list[Sequence], mx.array, StepLogprobs | None]]
-    ) -> list[TokenEvent]:
-        """Add prefilled rows to the decode batch; returns their first tokens."""
-        for seqs, _, _ in groups:
-            self.rows += seqs
-            self._emitted += [True] * len(seqs)
-        firsts = mx.concatenate([first.astype(mx.uint32) for _, first, _ in groups])
-        self._pending = firsts if self._pending is None else mx.concatenate([self._pending, firsts])
-        seqs = [s for group_seqs, _, _ in groups for s in group_seqs]
-        events: list[TokenEvent] = list(zip(seqs, firsts.tolist(), strict=True))  # type: ignore[arg-type]
-        for *_, lp in groups:
-            if lp is not None:
-                lp.attach(dict(events))
-        grammar.advance(events)
-        return events
-
-    def _prefill_whole(self, chunks: list[PrefillChunk]) -> _Group:
-        seqs = [c.seq for c in chunks]
-        # prefill_ids: the prompt, and the output so far when computing a sequence again
-        width = max(s.num_prefill_tokens for s in seqs)
-        pads = [width - s.num_prefill_tokens for s in seqs]
-        tokens = mx.array([[0] * p + s.prefill_ids for s, p in zip(seqs, pads, strict=True)])
-        caches = [BatchKVCache.for_prefill(pads) for _ in range(self.num_layers)]
-        if width > 1:  # the last token apart, as mlx-lm's generate feeds it (see runners.paged)
-            self.model(tokens[:, :-1], cache=caches)
-        logits = self.model(tokens[:, -1:], cache=caches)[:, -1, :]
-        first, lp = self._sample(logits, seqs, [self._sample_row(s, emitted=True) for s in seqs])
-        return seqs, first, caches, lp
-
-    def _prefill_part(self, chunk: PrefillChunk) -> _Group | None:
-        seq = chunk.seq
-        caches = self._prefill.setdefault(seq, self._new_caches(batch=False))
-        tokens = mx.array(seq.prefill_ids[chunk.start : chunk.end])[None]
-        if chunk.is_last and tokens.shape[1] > 1:  # the last token apart, as in _prefill_whole
-            self.model(tokens[:, :-1], cache=caches)
-            tokens = tokens[:, -1:]
-        logits = self.model(tokens, cache=caches)
-        if not chunk.is_last:
-            mx.eval(layer_caches.arrays(caches))  # keep the lazy graph one chunk deep
-            return None
-        first, lp = self._sample(logits[:, -1, :], [seq], [self._sample_row(seq, emitted=True)])
-        return [seq], first, self._to_batch(self._prefill.pop(seq)), lp
+        """Keep only the decode rows at ``keep`` in the caches."""
 
     @staticmethod
     def _sample(

@@ -21,15 +21,16 @@ import mlx.core as mx
 
 from mlxd.worker.kv import layer_caches
 from mlxd.worker.prefix.snapshot_cache import SnapshotCache
-from mlxd.worker.runners.base import ModelRunner, TokenEvent, _Group
+from mlxd.worker.runners.base import TokenEvent
+from mlxd.worker.runners.contiguous import ContiguousModelRunner, _Group
 from mlxd.worker.sched.scheduler import PrefillChunk
 from mlxd.worker.sched.sequence import Sequence, SequenceStatus
 
 _SNAPSHOT_ON_FINISH = ("stop", "length")  # whole outputs; cancelled or failed ones are not
 
 
-class NativeModelRunner(ModelRunner):
-    """``ModelRunner`` whose caches are the model's own; prefix hits restore snapshots."""
+class NativeModelRunner(ContiguousModelRunner):
+    """``ContiguousModelRunner`` whose caches are the model's own; prefix hits restore snapshots."""
 
     pads_prompts = False
 
@@ -59,7 +60,7 @@ class NativeModelRunner(ModelRunner):
 
     def prefill(self, chunks: list[PrefillChunk]) -> list[TokenEvent]:
         """New whole prompts with nothing cached prefill together (``_prefill_together``);
-        the others one at a time, as the base runner does."""
+        the others one at a time, as the contiguous runner does."""
         together = self._together(chunks)
         if together:
             self._prefill_together(together)
@@ -116,7 +117,7 @@ class NativeModelRunner(ModelRunner):
         rows = "" if self.batchable else ", one sequence at a time"
         return f"contiguous ({self.kv_note}; {prefix}{rows})"
 
-    # Internal helpers: the base runner's cache hooks
+    # Internal helpers: the contiguous runner's cache hooks
 
     def _new_caches(self, batch: bool) -> list[Any]:
         # The decode batch starts empty: rows join by merging their own caches.

@@ -14,7 +14,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from mlxd.worker.kv import attention_shapes
+from mlxd.worker.kv import attention_shapes, layer_caches
 from mlxd.worker.kv.decode_tail import DecodeTail, decode_caches, verify_caches
 from mlxd.worker.kv.formats import parts
 from mlxd.worker.kv.paged_cache import KVPool, PagedKVCache, PagedStep
@@ -35,6 +35,23 @@ VIRTUAL_ROWS = attention_shapes.PLANNED
 # A lone row decoding through a read view verifies on it (``_forward_on_view``); off only to
 # measure the other paths (``bench/spec_trace.py``'s ``/gather`` modes).
 VIEW_VERIFY = True
+
+
+def check_model_supported(model: Any) -> str:
+    """Why the paged KV cache cannot serve ``model`` ("" when it can).
+
+    The pool holds one plain K/V cache per layer; a layer that masks to a sliding window on a
+    plain cache (Mistral 3) gets its window from the pool's masks. Every other layout
+    (rotating sliding-window caches, recurrent state, hybrids, shared-KV or cache-less layers,
+    cache lists) is served by the contiguous runner on the model's own mlx-lm caches
+    (``runners.native``), batched by row.
+    """
+    if not layer_caches.is_plain(model):
+        names = sorted(set(layer_caches.kinds(layer_caches.model_caches(model))))
+        return f"{', '.join(names)} layer caches"
+    if not layer_caches.batches_rows(model, compare=False):  # the pool's batches are ours
+        return "KVCache layers that cannot batch rows of different lengths"
+    return ""
 
 
 class PagedModelRunner(ModelRunner):
