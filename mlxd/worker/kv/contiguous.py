@@ -81,6 +81,11 @@ class BatchKVCache:
     def batch_size(self) -> int:
         return len(self._pads)
 
+    @property
+    def state(self) -> list[mx.array]:
+        """The arrays this layer holds (``layer_caches.nbytes`` counts them)."""
+        return [a for a in (self.keys, self.values) if a is not None]
+
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         prev = self._idx
         if any(p > prev for p in self._pads):  # padding K/V are zeroed, as in paged_cache
