@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from mlxd import model_knobs
 from mlxd.errors import ConfigError
 from mlxd.knobs import (
     AGING_S,
@@ -37,6 +38,7 @@ from mlxd.knobs import (
     given,
     section,
 )
+from mlxd.model_knobs import GROUP_KNOBS, MODEL_KNOBS, model_rule
 from mlxd.serve_knobs import (
     ADMIN_KEY,
     CHAT_TIMEOUT,
@@ -170,15 +172,16 @@ class WorkerConfig:
     curve_keys: CurveKeys | None = None  # required for tcp:// endpoints (mlxd.protocol.curve)
     dtype: str = DTYPE.default  # one of DTYPES
     # Processes serving the model over mlx.distributed (worker/group.py: rank 0 starts the
-    # others on this host) and their backend (DISTRIBUTED_BACKENDS).
-    group_size: int = 1
-    distributed: str = "ring"
+    # others on this host) and their backend (DISTRIBUTED_BACKENDS): its model's knobs.
+    group_size: int = model_knobs.GROUP_SIZE.default
+    distributed: str = model_knobs.DISTRIBUTED.default
 
     def __post_init__(self) -> None:
         if not self.model:
             raise ConfigError("a worker needs a model")
         _check_knobs(self, section("worker"))
-        _check_group(self.group_size, self.distributed, "worker")
+        for knob in GROUP_KNOBS:
+            knob.check(getattr(self, knob.field), f"worker: {knob.toml}")
         for endpoint in (self.endpoint, self.control_endpoint or self.endpoint):
             if not endpoint.startswith(("ipc://", "tcp://", "inproc://")):
                 raise ConfigError(f"bad worker endpoint {endpoint!r}")
@@ -218,38 +221,33 @@ class ModelSpec:
     first request. ``kv_cache_gb`` sizes its KV cache in the memory budget. With ``endpoint``
     the worker already runs elsewhere (`mlxd worker serve --bind tcp://…`) and is attached,
     not spawned: it is pinged, never restarted, unloaded or counted in the budget.
+
+    Its settings are the knobs of model_knobs.py: their defaults and ranges come from there.
     """
 
     name: str
     path: str
-    aliases: tuple[str, ...] = ()
-    keep_alive_s: float | None = None
-    pinned: bool = False
-    preload: bool = True
-    kv_cache_gb: float | None = None
+    aliases: tuple[str, ...] = model_knobs.ALIASES.default
+    keep_alive_s: float | None = model_knobs.KEEP_ALIVE.default
+    pinned: bool = model_knobs.PINNED.default
+    preload: bool = model_knobs.PRELOAD.default
+    kv_cache_gb: float | None = model_knobs.KV_CACHE_GB.default
     endpoint: str | None = None
-    dtype: str | None = None  # one of DTYPES; None: the daemon's --dtype
-    fallbacks: tuple[str, ...] = ()  # models tried in turn when this one is unavailable
-    fallback_on_busy: bool = False  # its 429 (queue full) goes to the fallbacks too
-    replicas: int = 1  # local workers serving it (--replicas, `replicas`); routed by prefix
+    dtype: str | None = model_knobs.DTYPE.default  # one of DTYPES; None: the daemon's --dtype
+    fallbacks: tuple[str, ...] = model_knobs.FALLBACKS.default  # tried when it is unavailable
+    fallback_on_busy: bool = model_knobs.FALLBACK_ON_BUSY.default  # its 429 goes to them too
+    replicas: int = model_knobs.REPLICAS.default  # local workers serving it; routed by prefix
     replica_endpoints: tuple[str, ...] = ()  # more attached workers of it (--worker NAME= again)
-    group_size: int = 1  # processes per worker over mlx.distributed (--group-size, group_size)
-    distributed: str = "ring"  # their backend (--distributed, distributed)
+    group_size: int = model_knobs.GROUP_SIZE.default  # processes per worker (mlx.distributed)
+    distributed: str = model_knobs.DISTRIBUTED.default  # their backend
 
     def __post_init__(self) -> None:
         if not self.name or not self.path:
             raise ConfigError("every model needs a name and a path or repo id")
-        if self.replicas < 1:
-            raise ConfigError(f"model {self.name!r}: replicas must be >= 1")
         if self.replica_endpoints and self.endpoint is None:
             raise ConfigError(f"model {self.name!r}: replica endpoints need a first --worker")
-        _check_group(self.group_size, self.distributed, f"model {self.name!r}")
-        if self.dtype is not None:
-            _check_dtype(self.dtype, f"model {self.name!r}: dtype")
-        if self.keep_alive_s is not None and self.keep_alive_s < 0:
-            raise ConfigError(f"model {self.name!r}: keep_alive must be >= 0 (0 = forever)")
-        if not KV_CACHE_GB.is_valid(self.kv_cache_gb):  # the knob's rule, for one model
-            raise ConfigError(f"model {self.name!r}: kv_cache_gb must be {KV_CACHE_GB.rule}")
+        for knob in MODEL_KNOBS:
+            model_rule(knob, getattr(self, knob.field), self.name)
 
     @property
     def endpoints(self) -> tuple[str, ...]:
@@ -263,17 +261,6 @@ class ModelSpec:
 
 
 BACKEND_KINDS = ("openai", "anthropic")
-# mlx.distributed backends a worker group may use: ring (TCP; CPU, Macs over Thunderbolt IP),
-# nccl (CUDA GPUs). JACCL (RDMA over Thunderbolt 5) needs mlx.launch's setup: attach with --worker.
-DISTRIBUTED_BACKENDS = ("ring", "nccl")
-
-
-def _check_group(group_size: int, backend: str, where: str) -> None:
-    if group_size < 1:
-        raise ConfigError(f"{where}: group_size must be >= 1")
-    if backend not in DISTRIBUTED_BACKENDS:
-        raise ConfigError(f"{where}: distributed must be one of {', '.join(DISTRIBUTED_BACKENDS)}")
-
 
 RESERVED_BACKEND_NAMES = ("ollama", "local")
 
@@ -339,9 +326,9 @@ class RemoteModelSpec:
     name: str
     backend: str
     upstream_model: str = ""
-    aliases: tuple[str, ...] = ()
-    fallbacks: tuple[str, ...] = ()
-    fallback_on_busy: bool = False  # the upstream's 429 goes to the fallbacks too
+    aliases: tuple[str, ...] = model_knobs.ALIASES.default
+    fallbacks: tuple[str, ...] = model_knobs.FALLBACKS.default
+    fallback_on_busy: bool = model_knobs.FALLBACK_ON_BUSY.default  # the upstream's 429 too
 
     def __post_init__(self) -> None:
         if not self.name or not self.backend:
@@ -543,10 +530,6 @@ def _check_routes(config: ServeConfig) -> None:
                 raise ConfigError(
                     f"model {model.name!r}: fallback {fallback!r} is not another model served here"
                 )
-
-
-def _check_dtype(dtype: str, what: str) -> None:
-    DTYPE.check(dtype, what)
 
 
 def _check_knobs(config: object, knobs: tuple[Knob[object], ...]) -> None:

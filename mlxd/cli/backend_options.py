@@ -31,8 +31,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+from mlxd.cli.toml_values import no_unknown, table_values
 from mlxd.config import BackendSpec, ModelSpec, RemoteModelSpec
 from mlxd.errors import ConfigError
+from mlxd.model_knobs import ROUTE_KNOBS, TOML_SPELLINGS
 from mlxd.units import parse_duration
 
 _Spec = TypeVar("_Spec", ModelSpec, RemoteModelSpec)
@@ -47,14 +49,8 @@ BACKEND_KEYS = {
     "breaker_failures",
     "breaker_cooldown",
 }
-REMOTE_MODEL_KEYS = {
-    "backend",
-    "upstream_model",
-    "aliases",
-    "fallbacks",
-    "fallback",
-    "fallback_on_busy",
-}
+# A remote model's table: its backend and upstream name, and the knobs it shares with a local one.
+REMOTE_MODEL_KEYS = {"backend", "upstream_model", *TOML_SPELLINGS, *(k.toml for k in ROUTE_KNOBS)}
 
 
 def parse_backend_option(text: str, key_envs: dict[str, str]) -> BackendSpec:
@@ -108,7 +104,7 @@ def backend_table(name: str, table: Any, where: str) -> BackendSpec:
     """A ``[backends.NAME]`` table."""
     if not isinstance(table, dict):
         raise ConfigError(f"{where} must be a table")
-    _no_unknown(table, BACKEND_KEYS, where)
+    no_unknown(table, BACKEND_KEYS, where)
     for key in ("kind", "base_url"):
         if not isinstance(table.get(key), str):
             raise ConfigError(f"{where}: {key} (a string) is required")
@@ -138,39 +134,16 @@ def backend_table(name: str, table: Any, where: str) -> BackendSpec:
 
 def remote_model_table(name: str, table: dict[str, Any], where: str) -> RemoteModelSpec:
     """A ``[models.NAME]`` table that has ``backend``."""
-    _no_unknown(table, REMOTE_MODEL_KEYS, where)
+    no_unknown(table, REMOTE_MODEL_KEYS, where)
     backend, upstream = table.get("backend"), table.get("upstream_model", "")
     if not isinstance(backend, str) or not isinstance(upstream, str):
         raise ConfigError(f"{where}: backend and upstream_model must be strings")
-    on_busy = table.get("fallback_on_busy", False)
-    if not isinstance(on_busy, bool):
-        raise ConfigError(f"{where}: fallback_on_busy must be true or false")
     return RemoteModelSpec(
         name=name,
         backend=backend,
         upstream_model=upstream,
-        aliases=names_list(table.get("aliases", []), f"{where}: aliases"),
-        fallbacks=fallbacks_of(table, where),
-        fallback_on_busy=on_busy,
+        **table_values(ROUTE_KNOBS, table, where),
     )
-
-
-def fallbacks_of(table: dict[str, Any], where: str) -> tuple[str, ...]:
-    """A model table's ``fallbacks`` (``fallback`` is accepted too)."""
-    return names_list(table.get("fallbacks", table.get("fallback", [])), f"{where}: fallbacks")
-
-
-def names_list(value: Any, where: str) -> tuple[str, ...]:
-    """A TOML list of non-empty names."""
-    if not isinstance(value, list) or not all(isinstance(a, str) and a for a in value):
-        raise ConfigError(f"{where} must be a list of names")
-    return tuple(value)
-
-
-def _no_unknown(table: dict[str, Any], known: set[str], where: str) -> None:
-    unknown = sorted(set(table) - known)
-    if unknown:
-        raise ConfigError(f"{where}: unknown key {unknown[0]!r}; use {', '.join(sorted(known))}")
 
 
 @dataclass(frozen=True)
