@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from mlxd import model_knobs
+from mlxd import backend_knobs, model_knobs
+from mlxd.backend_knobs import BACKEND_KNOBS, backend_rule
 from mlxd.errors import ConfigError
 from mlxd.knobs import (
     AGING_S,
@@ -274,18 +275,19 @@ class BackendSpec:
     silence from the upstream (connect included) before the request fails with 504 (or fails
     over). ``max_concurrency``: requests sent at once; more wait in line, by priority.
     ``headers``: extra request headers (e.g. an organization id). After ``breaker_failures``
-    failures in a row nothing is sent for ``breaker_cooldown_s``, then one probe.
+    failures in a row nothing is sent for ``breaker_cooldown_s``, then one probe. These four
+    are the knobs of backend_knobs.py: their defaults and ranges come from there.
     """
 
     name: str
     kind: str
     base_url: str
     api_key_env: str | None = None
-    timeout_s: float = 60.0
-    max_concurrency: int | None = None
+    timeout_s: float = backend_knobs.TIMEOUT.default
+    max_concurrency: int | None = backend_knobs.MAX_CONCURRENCY.default
     headers: tuple[tuple[str, str], ...] = ()
-    breaker_failures: int = 5
-    breaker_cooldown_s: float = 30.0
+    breaker_failures: int = backend_knobs.BREAKER_FAILURES.default
+    breaker_cooldown_s: float = backend_knobs.BREAKER_COOLDOWN.default
 
     def __post_init__(self) -> None:
         where = f"backend {self.name!r}"
@@ -297,12 +299,8 @@ class BackendSpec:
             raise ConfigError(f"{where}: kind must be one of {', '.join(BACKEND_KINDS)}")
         if not self.base_url.startswith(("http://", "https://")):
             raise ConfigError(f"{where}: base_url must start with http:// or https://")
-        if self.timeout_s <= 0:
-            raise ConfigError(f"{where}: timeout must be > 0 seconds")
-        if self.max_concurrency is not None and self.max_concurrency < 1:
-            raise ConfigError(f"{where}: max_concurrency must be >= 1")
-        if self.breaker_failures < 1 or self.breaker_cooldown_s <= 0:
-            raise ConfigError(f"{where}: breaker_failures must be >= 1, breaker_cooldown > 0")
+        for knob in BACKEND_KNOBS:
+            backend_rule(knob, getattr(self, knob.field), self.name)
 
     def api_key(self, environ: Mapping[str, str]) -> str | None:
         """The key from ``environ[api_key_env]``; ``ConfigError`` if that variable is unset."""

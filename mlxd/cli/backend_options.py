@@ -31,24 +31,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+from mlxd.backend_knobs import BACKEND_KNOBS
 from mlxd.cli.toml_values import no_unknown, table_values
 from mlxd.config import BackendSpec, ModelSpec, RemoteModelSpec
 from mlxd.errors import ConfigError
 from mlxd.model_knobs import ROUTE_KNOBS, TOML_SPELLINGS
-from mlxd.units import parse_duration
 
 _Spec = TypeVar("_Spec", ModelSpec, RemoteModelSpec)
 
-BACKEND_KEYS = {
-    "kind",
-    "base_url",
-    "api_key_env",
-    "timeout",
-    "max_concurrency",
-    "headers",
-    "breaker_failures",
-    "breaker_cooldown",
-}
+# A backend's table: what it is and how it is reached, and its knobs.
+BACKEND_KEYS = {"kind", "base_url", "api_key_env", "headers", *(k.toml for k in BACKEND_KNOBS)}
 # A remote model's table: its backend and upstream name, and the knobs it shares with a local one.
 REMOTE_MODEL_KEYS = {"backend", "upstream_model", *TOML_SPELLINGS, *(k.toml for k in ROUTE_KNOBS)}
 
@@ -111,24 +103,16 @@ def backend_table(name: str, table: Any, where: str) -> BackendSpec:
     headers = table.get("headers", {})
     if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
         raise ConfigError(f"{where}: headers must be a table of strings")
-    key_env, limit = table.get("api_key_env"), table.get("max_concurrency")
+    key_env = table.get("api_key_env")
     if key_env is not None and (not isinstance(key_env, str) or not key_env.isidentifier()):
         raise ConfigError(f"{where}: api_key_env must name an environment variable")
-    failures = table.get("breaker_failures", 5)
-    for key, value in (("max_concurrency", limit), ("breaker_failures", failures)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise ConfigError(f"{where}: {key} must be an integer")
-    timeout, cooldown = table.get("timeout"), table.get("breaker_cooldown")
     return BackendSpec(
         name=name,
         kind=table["kind"],
         base_url=table["base_url"],
         api_key_env=key_env,
-        max_concurrency=limit,
-        timeout_s=60.0 if timeout is None else parse_duration(timeout),
         headers=tuple(headers.items()),
-        breaker_failures=failures,
-        breaker_cooldown_s=30.0 if cooldown is None else parse_duration(cooldown),
+        **table_values(BACKEND_KNOBS, table, where),
     )
 
 

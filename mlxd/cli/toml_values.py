@@ -10,8 +10,8 @@ from mlxd.errors import ConfigError
 from mlxd.knobs import Knob
 from mlxd.model_knobs import TOML_SPELLINGS
 
-# What TOML gives for each kind of knob, in words ("replicas must be a whole number").
-_KINDS = {int: "a whole number", str: "a string", bool: "true or false"}
+# What TOML gives for each kind of knob, in words ("replicas must be an integer").
+_KINDS = {int: "an integer", str: "a string", bool: "true or false"}
 
 
 def knob_value(knob: Knob[object], value: Any, where: str) -> object:

@@ -48,8 +48,8 @@ WRONG_TYPE = {
     "dtype": ("5", "a string"),
     "fallbacks": ("[1]", "a list of names"),
     "fallback_on_busy": ("0", "true or false"),
-    "replicas": ('"2"', "a whole number"),
-    "group_size": ("1.5", "a whole number"),
+    "replicas": ('"2"', "an integer"),
+    "group_size": ("1.5", "an integer"),
     "distributed": ("true", "a string"),
 }
 RANGED = [k for k in MODEL_KNOBS if k.minimum is not None or k.choices]
