@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from mlxd import backend_knobs, model_knobs
+from mlxd.backend_knobs import BACKEND_KNOBS, backend_rule
 from mlxd.errors import ConfigError
 from mlxd.knobs import (
     AGING_S,
@@ -37,6 +39,7 @@ from mlxd.knobs import (
     given,
     section,
 )
+from mlxd.model_knobs import GROUP_KNOBS, MODEL_KNOBS, model_rule
 from mlxd.serve_knobs import (
     ADMIN_KEY,
     CHAT_TIMEOUT,
@@ -170,15 +173,16 @@ class WorkerConfig:
     curve_keys: CurveKeys | None = None  # required for tcp:// endpoints (mlxd.protocol.curve)
     dtype: str = DTYPE.default  # one of DTYPES
     # Processes serving the model over mlx.distributed (worker/group.py: rank 0 starts the
-    # others on this host) and their backend (DISTRIBUTED_BACKENDS).
-    group_size: int = 1
-    distributed: str = "ring"
+    # others on this host) and their backend (DISTRIBUTED_BACKENDS): its model's knobs.
+    group_size: int = model_knobs.GROUP_SIZE.default
+    distributed: str = model_knobs.DISTRIBUTED.default
 
     def __post_init__(self) -> None:
         if not self.model:
             raise ConfigError("a worker needs a model")
         _check_knobs(self, section("worker"))
-        _check_group(self.group_size, self.distributed, "worker")
+        for knob in GROUP_KNOBS:
+            knob.check(getattr(self, knob.field), f"worker: {knob.toml}")
         for endpoint in (self.endpoint, self.control_endpoint or self.endpoint):
             if not endpoint.startswith(("ipc://", "tcp://", "inproc://")):
                 raise ConfigError(f"bad worker endpoint {endpoint!r}")
@@ -218,38 +222,33 @@ class ModelSpec:
     first request. ``kv_cache_gb`` sizes its KV cache in the memory budget. With ``endpoint``
     the worker already runs elsewhere (`mlxd worker serve --bind tcp://…`) and is attached,
     not spawned: it is pinged, never restarted, unloaded or counted in the budget.
+
+    Its settings are the knobs of model_knobs.py: their defaults and ranges come from there.
     """
 
     name: str
     path: str
-    aliases: tuple[str, ...] = ()
-    keep_alive_s: float | None = None
-    pinned: bool = False
-    preload: bool = True
-    kv_cache_gb: float | None = None
+    aliases: tuple[str, ...] = model_knobs.ALIASES.default
+    keep_alive_s: float | None = model_knobs.KEEP_ALIVE.default
+    pinned: bool = model_knobs.PINNED.default
+    preload: bool = model_knobs.PRELOAD.default
+    kv_cache_gb: float | None = model_knobs.KV_CACHE_GB.default
     endpoint: str | None = None
-    dtype: str | None = None  # one of DTYPES; None: the daemon's --dtype
-    fallbacks: tuple[str, ...] = ()  # models tried in turn when this one is unavailable
-    fallback_on_busy: bool = False  # its 429 (queue full) goes to the fallbacks too
-    replicas: int = 1  # local workers serving it (--replicas, `replicas`); routed by prefix
+    dtype: str | None = model_knobs.DTYPE.default  # one of DTYPES; None: the daemon's --dtype
+    fallbacks: tuple[str, ...] = model_knobs.FALLBACKS.default  # tried when it is unavailable
+    fallback_on_busy: bool = model_knobs.FALLBACK_ON_BUSY.default  # its 429 goes to them too
+    replicas: int = model_knobs.REPLICAS.default  # local workers serving it; routed by prefix
     replica_endpoints: tuple[str, ...] = ()  # more attached workers of it (--worker NAME= again)
-    group_size: int = 1  # processes per worker over mlx.distributed (--group-size, group_size)
-    distributed: str = "ring"  # their backend (--distributed, distributed)
+    group_size: int = model_knobs.GROUP_SIZE.default  # processes per worker (mlx.distributed)
+    distributed: str = model_knobs.DISTRIBUTED.default  # their backend
 
     def __post_init__(self) -> None:
         if not self.name or not self.path:
             raise ConfigError("every model needs a name and a path or repo id")
-        if self.replicas < 1:
-            raise ConfigError(f"model {self.name!r}: replicas must be >= 1")
         if self.replica_endpoints and self.endpoint is None:
             raise ConfigError(f"model {self.name!r}: replica endpoints need a first --worker")
-        _check_group(self.group_size, self.distributed, f"model {self.name!r}")
-        if self.dtype is not None:
-            _check_dtype(self.dtype, f"model {self.name!r}: dtype")
-        if self.keep_alive_s is not None and self.keep_alive_s < 0:
-            raise ConfigError(f"model {self.name!r}: keep_alive must be >= 0 (0 = forever)")
-        if not KV_CACHE_GB.is_valid(self.kv_cache_gb):  # the knob's rule, for one model
-            raise ConfigError(f"model {self.name!r}: kv_cache_gb must be {KV_CACHE_GB.rule}")
+        for knob in MODEL_KNOBS:
+            model_rule(knob, getattr(self, knob.field), self.name)
 
     @property
     def endpoints(self) -> tuple[str, ...]:
@@ -263,17 +262,6 @@ class ModelSpec:
 
 
 BACKEND_KINDS = ("openai", "anthropic")
-# mlx.distributed backends a worker group may use: ring (TCP; CPU, Macs over Thunderbolt IP),
-# nccl (CUDA GPUs). JACCL (RDMA over Thunderbolt 5) needs mlx.launch's setup: attach with --worker.
-DISTRIBUTED_BACKENDS = ("ring", "nccl")
-
-
-def _check_group(group_size: int, backend: str, where: str) -> None:
-    if group_size < 1:
-        raise ConfigError(f"{where}: group_size must be >= 1")
-    if backend not in DISTRIBUTED_BACKENDS:
-        raise ConfigError(f"{where}: distributed must be one of {', '.join(DISTRIBUTED_BACKENDS)}")
-
 
 RESERVED_BACKEND_NAMES = ("ollama", "local")
 
@@ -287,18 +275,19 @@ class BackendSpec:
     silence from the upstream (connect included) before the request fails with 504 (or fails
     over). ``max_concurrency``: requests sent at once; more wait in line, by priority.
     ``headers``: extra request headers (e.g. an organization id). After ``breaker_failures``
-    failures in a row nothing is sent for ``breaker_cooldown_s``, then one probe.
+    failures in a row nothing is sent for ``breaker_cooldown_s``, then one probe. These four
+    are the knobs of backend_knobs.py: their defaults and ranges come from there.
     """
 
     name: str
     kind: str
     base_url: str
     api_key_env: str | None = None
-    timeout_s: float = 60.0
-    max_concurrency: int | None = None
+    timeout_s: float = backend_knobs.TIMEOUT.default
+    max_concurrency: int | None = backend_knobs.MAX_CONCURRENCY.default
     headers: tuple[tuple[str, str], ...] = ()
-    breaker_failures: int = 5
-    breaker_cooldown_s: float = 30.0
+    breaker_failures: int = backend_knobs.BREAKER_FAILURES.default
+    breaker_cooldown_s: float = backend_knobs.BREAKER_COOLDOWN.default
 
     def __post_init__(self) -> None:
         where = f"backend {self.name!r}"
@@ -310,12 +299,8 @@ class BackendSpec:
             raise ConfigError(f"{where}: kind must be one of {', '.join(BACKEND_KINDS)}")
         if not self.base_url.startswith(("http://", "https://")):
             raise ConfigError(f"{where}: base_url must start with http:// or https://")
-        if self.timeout_s <= 0:
-            raise ConfigError(f"{where}: timeout must be > 0 seconds")
-        if self.max_concurrency is not None and self.max_concurrency < 1:
-            raise ConfigError(f"{where}: max_concurrency must be >= 1")
-        if self.breaker_failures < 1 or self.breaker_cooldown_s <= 0:
-            raise ConfigError(f"{where}: breaker_failures must be >= 1, breaker_cooldown > 0")
+        for knob in BACKEND_KNOBS:
+            backend_rule(knob, getattr(self, knob.field), self.name)
 
     def api_key(self, environ: Mapping[str, str]) -> str | None:
         """The key from ``environ[api_key_env]``; ``ConfigError`` if that variable is unset."""
@@ -339,9 +324,9 @@ class RemoteModelSpec:
     name: str
     backend: str
     upstream_model: str = ""
-    aliases: tuple[str, ...] = ()
-    fallbacks: tuple[str, ...] = ()
-    fallback_on_busy: bool = False  # the upstream's 429 goes to the fallbacks too
+    aliases: tuple[str, ...] = model_knobs.ALIASES.default
+    fallbacks: tuple[str, ...] = model_knobs.FALLBACKS.default
+    fallback_on_busy: bool = model_knobs.FALLBACK_ON_BUSY.default  # the upstream's 429 too
 
     def __post_init__(self) -> None:
         if not self.name or not self.backend:
@@ -543,10 +528,6 @@ def _check_routes(config: ServeConfig) -> None:
                 raise ConfigError(
                     f"model {model.name!r}: fallback {fallback!r} is not another model served here"
                 )
-
-
-def _check_dtype(dtype: str, what: str) -> None:
-    DTYPE.check(dtype, what)
 
 
 def _check_knobs(config: object, knobs: tuple[Knob[object], ...]) -> None:

@@ -8,7 +8,8 @@ the live ones (gateway/ops/admin.py, worker/control.py). So a setting cannot dri
 before, ``max_num_seqs`` was listed by hand in six places (issue #25 point 5) and the daemon's
 timeouts in four (issue #37 point 4). ``KNOBS`` are the worker's (``SchedulerConfig``,
 ``CacheConfig``, ``WorkerConfig``); serve_knobs.py has the daemon's and the gateway's
-(``ServeConfig``), in the same shape.
+(``ServeConfig``), model_knobs.py each model's (``ModelSpec``, ``[models.NAME]``) and
+backend_knobs.py each remote backend's (``[backends.NAME]``), in the same shape.
 """
 
 from __future__ import annotations
@@ -43,7 +44,10 @@ class Knob(Generic[T]):
     """
 
     field: str
-    section: str  # "scheduler" (SchedulerConfig), "cache" (CacheConfig), "worker" (both configs)
+    # "scheduler" (SchedulerConfig), "cache" (CacheConfig), "worker" (both configs), "serve"
+    # (ServeConfig, serve_knobs.py), "model" (ModelSpec, model_knobs.py), "backend" (BackendSpec,
+    # backend_knobs.py); a "model" knob has a flag only where `mlxd start` sets it for every model
+    section: str
     flag: str
     kind: type  # int, float, bool or str; the type of a set value (None: unset)
     default: T

@@ -31,30 +31,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+from mlxd.backend_knobs import BACKEND_KNOBS
+from mlxd.cli.toml_values import no_unknown, table_values
 from mlxd.config import BackendSpec, ModelSpec, RemoteModelSpec
 from mlxd.errors import ConfigError
-from mlxd.units import parse_duration
+from mlxd.model_knobs import ROUTE_KNOBS, TOML_SPELLINGS
 
 _Spec = TypeVar("_Spec", ModelSpec, RemoteModelSpec)
 
-BACKEND_KEYS = {
-    "kind",
-    "base_url",
-    "api_key_env",
-    "timeout",
-    "max_concurrency",
-    "headers",
-    "breaker_failures",
-    "breaker_cooldown",
-}
-REMOTE_MODEL_KEYS = {
-    "backend",
-    "upstream_model",
-    "aliases",
-    "fallbacks",
-    "fallback",
-    "fallback_on_busy",
-}
+# A backend's table: what it is and how it is reached, and its knobs.
+BACKEND_KEYS = {"kind", "base_url", "api_key_env", "headers", *(k.toml for k in BACKEND_KNOBS)}
+# A remote model's table: its backend and upstream name, and the knobs it shares with a local one.
+REMOTE_MODEL_KEYS = {"backend", "upstream_model", *TOML_SPELLINGS, *(k.toml for k in ROUTE_KNOBS)}
 
 
 def parse_backend_option(text: str, key_envs: dict[str, str]) -> BackendSpec:
@@ -108,69 +96,38 @@ def backend_table(name: str, table: Any, where: str) -> BackendSpec:
     """A ``[backends.NAME]`` table."""
     if not isinstance(table, dict):
         raise ConfigError(f"{where} must be a table")
-    _no_unknown(table, BACKEND_KEYS, where)
+    no_unknown(table, BACKEND_KEYS, where)
     for key in ("kind", "base_url"):
         if not isinstance(table.get(key), str):
             raise ConfigError(f"{where}: {key} (a string) is required")
     headers = table.get("headers", {})
     if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
         raise ConfigError(f"{where}: headers must be a table of strings")
-    key_env, limit = table.get("api_key_env"), table.get("max_concurrency")
+    key_env = table.get("api_key_env")
     if key_env is not None and (not isinstance(key_env, str) or not key_env.isidentifier()):
         raise ConfigError(f"{where}: api_key_env must name an environment variable")
-    failures = table.get("breaker_failures", 5)
-    for key, value in (("max_concurrency", limit), ("breaker_failures", failures)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise ConfigError(f"{where}: {key} must be an integer")
-    timeout, cooldown = table.get("timeout"), table.get("breaker_cooldown")
     return BackendSpec(
         name=name,
         kind=table["kind"],
         base_url=table["base_url"],
         api_key_env=key_env,
-        max_concurrency=limit,
-        timeout_s=60.0 if timeout is None else parse_duration(timeout),
         headers=tuple(headers.items()),
-        breaker_failures=failures,
-        breaker_cooldown_s=30.0 if cooldown is None else parse_duration(cooldown),
+        **table_values(BACKEND_KNOBS, table, where),
     )
 
 
 def remote_model_table(name: str, table: dict[str, Any], where: str) -> RemoteModelSpec:
     """A ``[models.NAME]`` table that has ``backend``."""
-    _no_unknown(table, REMOTE_MODEL_KEYS, where)
+    no_unknown(table, REMOTE_MODEL_KEYS, where)
     backend, upstream = table.get("backend"), table.get("upstream_model", "")
     if not isinstance(backend, str) or not isinstance(upstream, str):
         raise ConfigError(f"{where}: backend and upstream_model must be strings")
-    on_busy = table.get("fallback_on_busy", False)
-    if not isinstance(on_busy, bool):
-        raise ConfigError(f"{where}: fallback_on_busy must be true or false")
     return RemoteModelSpec(
         name=name,
         backend=backend,
         upstream_model=upstream,
-        aliases=names_list(table.get("aliases", []), f"{where}: aliases"),
-        fallbacks=fallbacks_of(table, where),
-        fallback_on_busy=on_busy,
+        **table_values(ROUTE_KNOBS, table, where),
     )
-
-
-def fallbacks_of(table: dict[str, Any], where: str) -> tuple[str, ...]:
-    """A model table's ``fallbacks`` (``fallback`` is accepted too)."""
-    return names_list(table.get("fallbacks", table.get("fallback", [])), f"{where}: fallbacks")
-
-
-def names_list(value: Any, where: str) -> tuple[str, ...]:
-    """A TOML list of non-empty names."""
-    if not isinstance(value, list) or not all(isinstance(a, str) and a for a in value):
-        raise ConfigError(f"{where} must be a list of names")
-    return tuple(value)
-
-
-def _no_unknown(table: dict[str, Any], known: set[str], where: str) -> None:
-    unknown = sorted(set(table) - known)
-    if unknown:
-        raise ConfigError(f"{where}: unknown key {unknown[0]!r}; use {', '.join(sorted(known))}")
 
 
 @dataclass(frozen=True)

@@ -39,31 +39,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlxd.cli.backend_options import backend_table, fallbacks_of, remote_model_table
+from mlxd.cli.backend_options import backend_table, remote_model_table
+from mlxd.cli.toml_values import knob_value, no_unknown, table_values
 from mlxd.config import BackendSpec, ModelSpec, RemoteModelSpec
 from mlxd.errors import ConfigError
 from mlxd.knobs import Knob
+from mlxd.model_knobs import MODEL_KNOBS, TOML_SPELLINGS
 from mlxd.serve_knobs import TOML_KNOBS
-from mlxd.units import parse_duration
 
 TOP_KEYS = {"models", "backends", *(k.toml for k in TOML_KNOBS)}
-_KINDS = {int: "a whole number", str: "a string", bool: "true or false"}  # TOML's, in words
-MODEL_KEYS = {
-    "path",
-    "aliases",
-    "keep_alive",
-    "pinned",
-    "preload",
-    "kv_cache_gb",
-    "dtype",
-    "fallbacks",
-    "fallback",
-    "fallback_on_busy",
-    "replicas",
-    "workers",
-    "group_size",
-    "distributed",
-}
+# A local model's table: where it is (``path``, or ``workers`` already running) and its knobs.
+MODEL_KEYS = {"path", "workers", *TOML_SPELLINGS, *(k.toml for k in MODEL_KNOBS)}
 
 
 @dataclass(frozen=True)
@@ -85,7 +71,7 @@ def read_config_file(path: Path) -> ConfigFile:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    _no_unknown(doc, TOP_KEYS, str(path))
+    no_unknown(doc, TOP_KEYS, str(path))
     models = doc.get("models", {})
     if not isinstance(models, dict):
         raise ConfigError(f"{path}: models must be tables: [models.NAME]")
@@ -113,55 +99,31 @@ def read_config_file(path: Path) -> ConfigFile:
 
 def _setting(knob: Knob[object], value: Any, where: str) -> object:
     """A top-level key's ``value`` as its knob's field takes it, checked with the knob's range."""
-    if knob.parse is not None:  # sizes and durations: text or a number
-        value = knob.parse(value)
-    elif knob.kind is float:
-        value = _number(value, where)
-    elif isinstance(value, bool) != (knob.kind is bool) or not isinstance(value, knob.kind):
-        raise ConfigError(f"{where} must be {_KINDS[knob.kind]}")
+    value = knob_value(knob, value, where)
     if not knob.is_valid(value):
         raise ConfigError(f"{where} must be {knob.bound}")
     return value
 
 
 def _model(name: str, table: Any, where: str) -> ModelSpec:
+    """A ``[models.NAME]`` table without ``backend``: its knobs' values typed here (errors name
+    the file), their ranges checked by ``ModelSpec`` (errors name the model)."""
     if not isinstance(table, dict):
         raise ConfigError(f"{where} must be a table")
-    _no_unknown(table, MODEL_KEYS, where)
+    no_unknown(table, MODEL_KEYS, where)
     endpoints = _endpoints(table.get("workers", []), where)
-    path, aliases = table.get("path", endpoints[0] if endpoints else None), table.get("aliases", [])
+    path = table.get("path", endpoints[0] if endpoints else None)
     if not isinstance(path, str) or not path:
         raise ConfigError(f"{where}: path (a local directory or a repo id) is required")
-    if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
-        raise ConfigError(f"{where}: aliases must be a list of names")
-    for key in ("pinned", "preload", "fallback_on_busy"):
-        if not isinstance(table.get(key, False), bool):
-            raise ConfigError(f"{where}: {key} must be true or false")
+    settings = table_values(MODEL_KNOBS, table, where)
     local = Path(path).expanduser()
-    keep_alive = table.get("keep_alive")
     return ModelSpec(
         name=name,
         path=str(local.resolve()) if local.exists() else path,
-        aliases=tuple(aliases),
-        keep_alive_s=None if keep_alive is None else parse_duration(keep_alive),
-        pinned=table.get("pinned", False),
-        preload=table.get("preload", True),
-        kv_cache_gb=_number(table.get("kv_cache_gb"), f"{where}: kv_cache_gb"),
-        dtype=None if table.get("dtype") is None else str(table["dtype"]),
-        fallbacks=fallbacks_of(table, where),
-        fallback_on_busy=table.get("fallback_on_busy", False),
-        replicas=_replicas(table.get("replicas", 1), where),
-        group_size=_replicas(table.get("group_size", 1), where),
-        distributed=str(table.get("distributed", "ring")),
         endpoint=endpoints[0] if endpoints else None,
         replica_endpoints=tuple(endpoints[1:]),
+        **settings,
     )
-
-
-def _replicas(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{where}: replicas and group_size must be whole numbers >= 1")
-    return value
 
 
 def _endpoints(value: Any, where: str) -> list[str]:
@@ -169,17 +131,3 @@ def _endpoints(value: Any, where: str) -> list[str]:
     if not ok or not all(e.startswith(("tcp://", "ipc://")) for e in value):
         raise ConfigError(f"{where}: workers must be a list of tcp:// or ipc:// endpoints")
     return list(value)
-
-
-def _number(value: Any, where: str) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{where} must be a number")
-    return float(value)
-
-
-def _no_unknown(table: dict[str, Any], known: set[str], where: str) -> None:
-    unknown = sorted(set(table) - known)
-    if unknown:
-        raise ConfigError(f"{where}: unknown key {unknown[0]!r}; use {', '.join(sorted(known))}")

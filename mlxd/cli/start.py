@@ -15,12 +15,14 @@ from mlxd.cli.api_keys import api_keys
 from mlxd.cli.backend_options import check_backend_keys, cli_routes
 from mlxd.cli.config_file import ConfigFile, read_config_file
 from mlxd.cli.knob_options import knob_option, with_knob_options
-from mlxd.config import DEFAULT_MODEL, DISTRIBUTED_BACKENDS, ModelSpec, ServeConfig, data_dir
+from mlxd.config import DEFAULT_MODEL, ModelSpec, ServeConfig, data_dir
 from mlxd.daemon.daemon_files import DaemonFiles, busy_message
 from mlxd.daemon.detach import detach
 from mlxd.daemon.server import check_port_free
 from mlxd.errors import ConfigError, MlxdError
 from mlxd.gateway.http.request_log import FILE_NAME
+from mlxd.knobs import given
+from mlxd.model_knobs import DISTRIBUTED, GROUP_SIZE, MODEL_OPTIONS, REPLICAS
 from mlxd.protocol import curve
 from mlxd.serve_knobs import (
     ADMIN_KEY,
@@ -65,28 +67,9 @@ from mlxd.serve_knobs import (
     "its control socket is the next port). tcp:// needs the keys from `mlxd keys`. The same "
     "NAME again adds a replica.",
 )
-@click.option(
-    "--replicas",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Workers per local model (each its own process and KV cache); requests are routed "
-    "by --routing. Default 1, or `replicas` in the model's [models.NAME] table.",
-)
-@click.option(
-    "--group-size",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Processes per local worker over mlx.distributed: tensor parallel on mlx-lm models "
-    "with shard(); rank 0 talks to the gateway (docs/ARCHITECTURE.md, scale-out). Default 1, "
-    "or `group_size` in [models.NAME].",
-)
-@click.option(
-    "--distributed",
-    type=click.Choice(DISTRIBUTED_BACKENDS),
-    default=None,
-    help="The group's mlx.distributed backend: ring (TCP; CPU, Macs) or nccl (CUDA). "
-    "Default ring, or `distributed` in [models.NAME].",
-)
+@knob_option(REPLICAS)
+@knob_option(GROUP_SIZE)
+@knob_option(DISTRIBUTED)
 @knob_option(ROUTING)
 @click.option(
     "--config",
@@ -212,7 +195,7 @@ def _config(models: tuple[str, ...], opts: dict[str, Any]) -> ServeConfig:
     )
     check_backend_keys(routes.backends, os.environ)
     local = _model_specs(routes.local_models, file, bool(attached) or bool(routes.remote_models))
-    local = _with_replicas(local, opts["replicas"], opts["group_size"], opts["distributed"])
+    local = _with_model_options(local, opts)
     # Without --request-log, `mlxd start` writes one in the data dir (ServeConfig's default: none).
     request_log = opts["request_log"] or str(data_dir() / FILE_NAME)
     return ServeConfig.from_options(
@@ -284,20 +267,12 @@ def _parse_workers(texts: tuple[str, ...]) -> tuple[ModelSpec, ...]:
     )
 
 
-def _with_replicas(
-    specs: tuple[ModelSpec, ...],
-    replicas: int | None,
-    group_size: int | None,
-    distributed: str | None,
+def _with_model_options(
+    specs: tuple[ModelSpec, ...], opts: dict[str, Any]
 ) -> tuple[ModelSpec, ...]:
-    """``--replicas``, ``--group-size`` and ``--distributed`` for every local model (they win
-    over the config file's keys)."""
-    given: dict[str, Any] = {
-        "replicas": replicas,
-        "group_size": group_size,
-        "distributed": distributed,
-    }
-    changes = {k: v for k, v in given.items() if v is not None}
+    """The model knobs' options given (``--replicas``, ``--group-size``, ``--distributed``) set
+    for every local model: they win over the config file's keys."""
+    changes = given(MODEL_OPTIONS, opts, {})
     return tuple(dataclasses.replace(s, **changes) for s in specs)
 
 
