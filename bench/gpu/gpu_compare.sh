@@ -7,7 +7,7 @@
 #   BEFORE=.before  a copy of the older tree (git archive <commit> mlxd scripts | tar -x -C .before),
 #                   carried to the machine; its own suite script runs it (scripts/ or bench/gpu/)
 #   ROUNDS=2  LEVELS=1,16,64  PREFIXES=2000  ROUND_S=120 (each suite's budget)
-#   ORDER="before after" (each round's order)  AFTER_COMMIT=<this tree's commit, for the labels>
+#   ORDER="before after" (each round's order)  LEGS="http prefix" (the suite's legs)  AFTER_COMMIT=<this tree's commit, for the labels>
 # Setup as for gpu_suite.sh (../shared/gpu/stage.sh, then .gpuA and .gpuB installs).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -25,7 +25,7 @@ for round in $(seq "$ROUNDS"); do
     tree=$([ "$side" = before ] && echo "$BEFORE" || echo .)
     commit=$([ "$side" = before ] && cat "$BEFORE/COMMIT" || echo "$AFTER_COMMIT")
     echo "== round $round: $side ($commit)" >&2
-    MLXD_COMMIT="$commit" OUT="$OUT/runs/$side$round" LEGS="http prefix" BUDGET_S="$ROUND_S" \
+    MLXD_COMMIT="$commit" OUT="$OUT/runs/$side$round" LEGS="${LEGS:-http prefix}" BUDGET_S="$ROUND_S" \
       bash "$(suite_of "$tree")" > "$OUT/runs/$side$round.log" 2>&1
   done
 done
