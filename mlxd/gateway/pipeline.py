@@ -96,8 +96,9 @@ class Pipeline:
     async def count_tokens(self, http: Request) -> Response:
         """``POST /v1/messages/count_tokens``: the prompt's tokens, without running the model."""
         try:
+            timeout_s = self.timeouts.chat_timeout_s
             request = await self._read(
-                http, "anthropic", "messages/count_tokens", _count_parser, 0.0
+                http, "anthropic", "messages/count_tokens", _count_parser, timeout_s
             )
             count = await self.local.count_tokens(request)
         except (MlxdError, HTTPException) as exc:
