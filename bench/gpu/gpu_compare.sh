@@ -7,7 +7,8 @@
 #   BEFORE=.before  a copy of the older tree (git archive <commit> mlxd scripts | tar -x -C .before),
 #                   carried to the machine; its own suite script runs it (scripts/ or bench/gpu/)
 #   ROUNDS=2  LEVELS=1,16,64  PREFIXES=2000  ROUND_S=120 (each suite's budget)
-#   ORDER="before after" (each round's order)  LEGS="http prefix" (the suite's legs)  AFTER_COMMIT=<this tree's commit, for the labels>
+#   ORDER="before after" (each round's order)  LEGS="http prefix" (the suite's legs)
+#   AFTER_COMMIT=<this tree's commit, for the labels>
 # Setup as for gpu_suite.sh (../shared/gpu/stage.sh, then .gpuA and .gpuB installs).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
