@@ -121,7 +121,7 @@ def test_loopback_sees_the_models_without_a_key(page: Page, shared_daemon: Daemo
     figures = page.inner_text(f"{CARD} .figures")
     assert "weights" in figures and "running rows" in figures and "decode step" in figures
     assert "No cloud backends" in page.inner_text("#backends")
-    assert page.inner_text("#health") == "ok"  # /health's report, as the page shows it
+    assert page.inner_text("#health") == "health: ok"  # /health's report, as the page shows it
     assert page.get_attribute("#health", "class") == "ok"
 
 

@@ -130,7 +130,9 @@ function renderHealth(health) {
   const el = document.getElementById("health");
   if (!health) { el.textContent = ""; return; }
   const failed = health.failed.map((f) => f.model ?? f.backend);
-  el.textContent = failed.length ? `${health.status}: not ready: ${failed.join(", ")}` : health.status;
+  el.textContent = failed.length
+    ? `health: ${health.status} (not ready: ${failed.join(", ")})`
+    : `health: ${health.status}`;
   el.className = health.status === "ok" ? "ok" : "bad";
 }
 
