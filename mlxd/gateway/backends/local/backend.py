@@ -58,7 +58,7 @@ class LocalBackend:
             parsed = replace(parsed, tool_format=described.tool_parser)
         deadline = time.monotonic() + request.timeout_s
         observer = self._track(request.record, parsed)
-        base = parsed.to_generate(self._wire_id(request.record), request.timeout_s)
+        base = parsed.to_generate(self._wire_id(request.record, ""), request.timeout_s)
         stream = await Choices.open(worker, generates(base, parsed.n), observer)
         return Opened(parsed, stream, deadline)
 
@@ -67,9 +67,7 @@ class LocalBackend:
         parsed: EmbedRequest = request.parsed()
         worker = await self.pool.client(parsed.model)
         request.record.model = parsed.model
-        # Unique on the wire even when a client reuses its X-Request-Id.
-        request_id = f"{request.record.request_id[:MAX_REQUEST_ID_CHARS]}.emb{secrets.token_hex(6)}"
-        msg = Embed(request_id=request_id, inputs=parsed.inputs)
+        msg = Embed(request_id=self._wire_id(request.record, "emb"), inputs=parsed.inputs)
         reply = await worker.embed(msg, self.timeouts.embeddings_timeout_s)
         request.record.usage = reply.usage
         return parsed, reply
@@ -79,8 +77,7 @@ class LocalBackend:
         parsed: Any = request.parsed()
         worker = await self.pool.client(parsed.model)
         request.record.model = parsed.model
-        request_id = f"{request.record.request_id[:64]}.count.{time.monotonic_ns():x}"
-        msg = CountTokens(request_id=request_id, prompt=parsed.prompt)
+        msg = CountTokens(request_id=self._wire_id(request.record, "count"), prompt=parsed.prompt)
         reply = await worker.count_tokens(msg, self.timeouts.chat_timeout_s)
         return reply.num_tokens
 
@@ -104,10 +101,11 @@ class LocalBackend:
 
     # Internal helpers
 
-    def _wire_id(self, record: RequestRecord) -> str:
-        """The unique id on the wire: the client's ``X-Request-Id`` (or the one made for it)
-        and a counter, since clients may reuse theirs."""
-        unique = f"{self._id_prefix}{next(self._id_counter):x}"
+    def _wire_id(self, record: RequestRecord, kind: str) -> str:
+        """The unique id on the wire of one generation, embedding (``emb``) or count (``count``):
+        the client's ``X-Request-Id`` (or the one made for it) and a counter, since clients may
+        reuse theirs."""
+        unique = f"{kind}{self._id_prefix}{next(self._id_counter):x}"
         return f"{record.request_id[:MAX_REQUEST_ID_CHARS]}.{unique}"
 
     def _track(self, record: RequestRecord, parsed: ParsedRequest) -> StreamObserver:

@@ -28,16 +28,16 @@ class CompletionRenderer:
         self.created = int(time.time())
         self._chunks = chunks
         self._body = body
-        self._model = parsed.model
 
     def frames(self, opened: Opened, first: TokenDelta | Finished) -> AsyncGenerator[bytes, None]:
         """SSE chunks from ``first`` on, then ``[DONE]``."""
-        fmt = self._chunks(self.id, self._model, self.created, opened.parsed)
+        fmt = self._chunks(self.id, opened.parsed.model, self.created, opened.parsed)
         return chunk_frames(opened.stream, first, fmt, opened.deadline)
 
     def body(self, opened: Opened, results: list[ChoiceResult]) -> dict[str, Any]:
         """The whole ``chat.completion`` or ``text_completion``."""
-        return self._body(self.id, self._model, self.created, results, opened.stream.usage)
+        model, usage = opened.parsed.model, opened.stream.usage
+        return self._body(self.id, model, self.created, results, usage)
 
 
 def _chat_chunks(completion_id: str, model: str, created: int, p: ParsedRequest) -> ChunkFormat:
