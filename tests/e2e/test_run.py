@@ -43,18 +43,26 @@ def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 class Terminal:
-    """A tmux server of our own running one command in a 200x50 pane."""
+    """A tmux server of our own running one command in a 200x50 pane.
+
+    The pane keeps 100,000 lines of history and `text` reads all of it: a random model's answer
+    can be hundreds of short lines, which would scroll an earlier turn's marks out of a short
+    capture.
+    """
 
     def __init__(self, command: list[str]) -> None:
         self.socket = f"mlxd-test-{os.getpid()}-{time.monotonic_ns()}"
         line = " ".join(f"'{a}'" for a in command) + "; echo EXITED=$?; sleep 60"
-        self._tmux("new-session", "-d", "-x", "200", "-y", "50", f"cd {os.getcwd()} && {line}")
+        self._tmux(
+            *("start-server", ";", "set-option", "-g", "history-limit", "100000", ";"),
+            *("new-session", "-d", "-x", "200", "-y", "50", f"cd {os.getcwd()} && {line}"),
+        )
 
     def send(self, *keys: str) -> None:
         self._tmux("send-keys", *keys)
 
     def text(self) -> str:
-        return self._tmux("capture-pane", "-p", "-S", "-200").stdout
+        return self._tmux("capture-pane", "-p", "-S", "-").stdout
 
     def wait_for(self, needle: str, count: int = 1, timeout: float = 60) -> str:
         deadline = time.monotonic() + timeout
