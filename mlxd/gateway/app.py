@@ -85,6 +85,10 @@ def build_app(
         Route("/v1/messages", api.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", api.count_tokens, methods=["POST"]),
         Route("/v1/embeddings", api.embeddings, methods=["POST"]),
+        Route("/v1/responses", api.responses, methods=["POST"]),
+        Route("/v1/responses/{response_id}", api.stored.retrieve, methods=["GET"]),
+        Route("/v1/responses/{response_id}", api.stored.delete, methods=["DELETE"]),
+        Route("/v1/responses/{response_id}/input_items", api.stored.input_items, methods=["GET"]),
         *admin_routes(pool, config.admin_key),
     ]
 

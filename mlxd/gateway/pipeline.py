@@ -40,6 +40,8 @@ from mlxd.gateway.surfaces.base import Surface, answer
 from mlxd.gateway.surfaces.openai import surface as openai
 from mlxd.gateway.surfaces.openai.embeddings import embeddings_body, parse_embeddings
 from mlxd.gateway.surfaces.openai.schemas import parse_json
+from mlxd.gateway.surfaces.responses.store import ResponseStore
+from mlxd.gateway.surfaces.responses.surface import StoredResponses, responses_surface
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +76,8 @@ class Pipeline:
         self.local = local
         self.remotes = remotes
         self.metrics = metrics
+        self.stored = StoredResponses(ResponseStore())
+        self._responses = responses_surface(self.stored.store)
 
     async def chat_completions(self, http: Request) -> Response:
         """``POST /v1/chat/completions``."""
@@ -86,6 +90,10 @@ class Pipeline:
     async def messages(self, http: Request) -> Response:
         """``POST /v1/messages``."""
         return await self._generate(http, anthropic.MESSAGES, self.timeouts.chat_timeout_s)
+
+    async def responses(self, http: Request) -> Response:
+        """``POST /v1/responses``."""
+        return await self._generate(http, self._responses, self.timeouts.chat_timeout_s)
 
     async def embeddings(self, http: Request) -> Response:
         """``POST /v1/embeddings``: local models, or remote ones on ``openai`` backends."""
@@ -171,6 +179,8 @@ class Pipeline:
     async def _generate_locally(self, request: ApiRequest, surface: Surface) -> Response:
         opened = await self.local.open(request)
         headers = {REQUEST_ID_HEADER: request.record.request_id}
+        if surface.headers is not None:
+            headers.update(surface.headers(opened.parsed))
         renderer = surface.renderer(opened.parsed)
         return await answer(
             request.http, opened, renderer, headers, self.timeouts.stream_stall_timeout_s

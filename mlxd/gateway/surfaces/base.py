@@ -56,6 +56,7 @@ class Surface:
         parse: body, ``X-Priority`` and the key's tier -> ``ParsedRequest``.
         renderer: a new response's ``Renderer`` for a parsed request.
         render_error: the API's error shape; ``None`` for the app's (OpenAI's) handler.
+        headers: extra headers of a local answer, from its parsed request.
     """
 
     api: str
@@ -63,6 +64,7 @@ class Surface:
     parse: Parser
     renderer: Callable[[Any], Renderer]
     render_error: ErrorRenderer | None = None
+    headers: Callable[[Any], dict[str, str]] | None = None
 
 
 async def answer(

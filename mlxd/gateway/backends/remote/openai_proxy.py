@@ -40,6 +40,7 @@ from mlxd.protocol.messages import Usage
 log = logging.getLogger(__name__)
 
 _DONE_DATA = "[DONE]"
+_RESPONSE_ENDS = ("response.completed", "response.incomplete", "response.failed")
 
 
 class OpenAIProxy(Proxy):
@@ -67,6 +68,8 @@ class OpenAIProxy(Proxy):
             events = openai_to_anthropic.chunks(read_sse(response), _includes_usage(doc))
         else:
             events = read_sse_data(response)
+        if path == "responses":  # its stream ends after its last event, with no [DONE]
+            events = _done_after_last_response_event(events)
         return await self._relay(record, backend, events, headers, done)
 
     # Internal helpers
@@ -131,6 +134,19 @@ class OpenAIProxy(Proxy):
             return sse(chunk)
         self._observe(record, chunk)
         return sse({**chunk, "model": record.model} if "model" in chunk else chunk)
+
+
+async def _done_after_last_response_event(events: AsyncIterator[str]) -> AsyncIterator[str]:
+    last = ""
+    async for data in events:
+        yield data
+        last = data
+    try:
+        kind = json.loads(last).get("type")
+    except (ValueError, AttributeError):
+        return
+    if kind in _RESPONSE_ENDS:
+        yield _DONE_DATA
 
 
 def _includes_usage(doc: dict[str, Any]) -> bool:

@@ -59,6 +59,12 @@ class Remotes:
                 f"anthropic, which has no {what}",
                 param="model",
             )
+        if request.api == "responses" and kind == "anthropic":
+            raise InvalidRequest(
+                f"model {target.name!r} is served by backend {target.backend!r} of kind "
+                "anthropic: the Responses API reaches only openai-kind backends for now",
+                param="model",
+            )
         if request.api == "anthropic":
             return await self._anthropic.serve(http, target, doc, request.timeout_s)
         return await self._openai.serve(http, target, endpoint, doc, request.timeout_s)
