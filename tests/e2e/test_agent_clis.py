@@ -1,0 +1,91 @@
+"""Agent CLIs that people point at mlxd, run as a user runs them against a real daemon.
+
+The CLIs come from npm (`scripts/install --test` puts them in .tools/npm); where they are
+absent the tests skip and say why. Each CLI's first request is a long agent prompt (Codex's is
+about 8k tokens), so each test serves a tiny random model with a long context.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import Daemon, start_daemon, stop_daemon
+
+pytestmark = [pytest.mark.e2e]
+
+NPM_BIN = Path(__file__).resolve().parents[2] / ".tools" / "npm" / "node_modules" / ".bin"
+CLI_TIMEOUT_S = 90
+
+
+def npm_cli(name: str) -> Path:
+    """The npm-installed CLI ``name``; the test skips when it is not installed."""
+    path = NPM_BIN / name
+    if not path.exists():
+        pytest.skip(f"{name} is not installed: `scripts/install --test` puts it in {NPM_BIN}")
+    return path
+
+
+# Codex CLI (@openai/codex): the Responses API
+
+
+@pytest.fixture(scope="module")
+def codex_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """A daemon on a tiny random model with a 16k context whose answers end soon: a token in
+    25 is an end of sequence (``eos_token_id``), so Codex gets a short, finished answer
+    (``response.completed``) instead of thousands of random tokens."""
+    from mlxd.models.maker import write_model
+    from mlxd.models.presets import model_config
+
+    config = model_config("qwen3", "tiny")
+    config["max_position_embeddings"] = 16_384
+    config["eos_token_id"] = list(range(2, config["vocab_size"], 25))
+    model = write_model(tmp_path_factory.mktemp("models") / "codex", config, progress=print)
+    d = start_daemon(model, "--max-context", "16384")
+    yield d
+    if d.proc.poll() is None:
+        stop_daemon(d)
+
+
+def codex_home(tmp: Path, daemon: Daemon) -> Path:
+    """A CODEX_HOME whose config.toml sends the model ``tiny`` to the daemon's Responses API."""
+    home = tmp / "codex-home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        f'model = "{daemon.model}"\n'
+        'model_provider = "mlxd"\n\n'
+        "[model_providers.mlxd]\n"
+        'name = "mlxd"\n'
+        f'base_url = "{daemon.base_url}/v1"\n'
+        'wire_api = "responses"\n'
+        'env_key = "MLXD_CODEX_KEY"\n'
+    )
+    return home
+
+
+def test_codex_exec_answers(codex_daemon: Daemon, tmp_path: Path) -> None:
+    codex = npm_cli("codex")
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {
+        **os.environ,
+        "CODEX_HOME": str(codex_home(tmp_path, codex_daemon)),
+        "MLXD_CODEX_KEY": "unused",
+        "NO_COLOR": "1",
+    }
+    args = ["exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox"]
+    done = subprocess.run(
+        [str(codex), *args, "--color", "never", "-C", str(work), "Say hello"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip(), done.stderr[-3000:]  # the agent's last message
+    assert "provider: mlxd" in done.stderr and "tokens used" in done.stderr
