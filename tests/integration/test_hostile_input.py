@@ -60,6 +60,7 @@ def test_openapi_document_lists_endpoints_and_models(http: httpx.Client) -> None
         "/v1/models",
         "/v1/messages",
         "/v1/messages/count_tokens",
+        "/v1/responses",
     } <= set(doc["paths"])
     body = doc["paths"][CHAT]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert body["properties"]["model"]["enum"] == [MODEL]

@@ -185,6 +185,50 @@ _COUNT_TOKENS = {
     "required": ["model", "messages"],
     "additionalProperties": False,
 }
+_RESPONSE_ITEM = {
+    "type": "object",
+    "properties": {
+        "type": {
+            "enum": [
+                "message",
+                "function_call",
+                "function_call_output",
+                "custom_tool_call",
+                "custom_tool_call_output",
+                "reasoning",
+            ]
+        },
+        "role": {"enum": ["system", "developer", "user", "assistant"]},
+        "content": {"anyOf": [_STR, {"type": "array", "items": {"type": "object"}}]},
+        "call_id": _STR,
+        "name": _STR,
+        "arguments": _STR,
+        "input": _STR,
+        "output": _STR,
+    },
+}
+_RESPONSES = {
+    "type": "object",
+    "properties": {
+        "model": _STR,
+        "input": {"anyOf": [_STR, {"type": "array", "items": _RESPONSE_ITEM, "minItems": 1}]},
+        "instructions": _nullable(_STR),
+        "max_output_tokens": _nullable({**_INT, "minimum": 1}),
+        "temperature": _nullable({**_NUM, "minimum": 0, "maximum": 2}),
+        "top_p": _nullable({**_NUM, "exclusiveMinimum": 0, "maximum": 1}),
+        "seed": _nullable(_INT),
+        "stream": _nullable(_BOOL),
+        "store": _nullable(_BOOL),
+        "previous_response_id": _nullable(_STR),
+        "tools": _nullable({"type": "array", "items": {"type": "object"}}),
+        "tool_choice": {"anyOf": [{"enum": ["none", "auto", "required"]}, {"type": "object"}]},
+        "parallel_tool_calls": _nullable(_BOOL),
+        "text": _nullable({"type": "object"}),
+        "metadata": _nullable({"type": "object", "additionalProperties": _STR}),
+        "user": _nullable(_STR),
+    },
+    "required": ["model", "input"],
+}
 _TOKENS = {"type": "array", "items": {**_INT, "minimum": 0}, "minItems": 1}
 _EMBEDDINGS = {
     "type": "object",
@@ -276,6 +320,7 @@ def document(models: list[str]) -> dict[str, Any]:
     embeddings = {**_EMBEDDINGS, "properties": {**_EMBEDDINGS["properties"], "model": model}}  # type: ignore[dict-item]
     messages = {**_MESSAGES, "properties": {**_MESSAGES["properties"], "model": model}}  # type: ignore[dict-item]
     count = {**_COUNT_TOKENS, "properties": {**_ANTHROPIC_PROMPT, "model": model}}
+    responses = {**_RESPONSES, "properties": {**_RESPONSES["properties"], "model": model}}  # type: ignore[dict-item]
     return {
         "openapi": "3.1.0",
         "info": {"title": "mlxd", "version": __version__},
@@ -294,6 +339,7 @@ def document(models: list[str]) -> dict[str, Any]:
             "/v1/embeddings": _post("Embeddings", embeddings),
             "/v1/messages": _post("Anthropic Messages (Anthropic-shaped errors)", messages),
             "/v1/messages/count_tokens": _post("Anthropic token count", count),
+            "/v1/responses": _post("OpenAI Responses API", responses),
         },
         "components": {
             "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},

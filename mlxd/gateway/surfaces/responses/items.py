@@ -176,7 +176,7 @@ def _tool_call(item: dict[str, Any], where: str) -> dict[str, Any]:
     else:
         try:  # templates such as Qwen's apply tojson to the arguments: an object, not a string
             arguments = json.loads(item["arguments"] or "{}")
-        except ValueError:
+        except (ValueError, RecursionError):
             raise InvalidRequest(
                 f"'{where}.arguments' is not valid JSON", param=f"{where}.arguments"
             ) from None
