@@ -12,7 +12,6 @@ null or false.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -22,8 +21,6 @@ from mlxd.gateway.surfaces.openai.schemas import parse_chat
 from mlxd.gateway.surfaces.responses.items import call_ids, input_items, to_messages
 from mlxd.gateway.surfaces.responses.store import ResponseStore
 from mlxd.gateway.surfaces.responses.tools import chat_tool_choice, chat_tools
-
-log = logging.getLogger(__name__)
 
 # Read and served (or checked and echoed).
 _FIELDS = frozenset(

@@ -65,9 +65,9 @@ def responses_surface(store: ResponseStore) -> Surface:
     return Surface("responses", "responses", parse, renderer, headers=dropped_tools_header)
 
 
-def dropped_tools_header(parsed: Any) -> dict[str, str]:
+def dropped_tools_header(parsed: ResponsesRequest) -> dict[str, str]:
     """``x-mlxd-dropped-tools: web_search,namespace`` when tools were not offered."""
-    dropped = getattr(getattr(parsed, "spec", None), "dropped_tools", ())
+    dropped = parsed.spec.dropped_tools
     return {DROPPED_TOOLS_HEADER: ",".join(dropped)} if dropped else {}
 
 
