@@ -208,3 +208,18 @@ def test_the_store_is_bounded_by_count_and_bytes() -> None:
         store.get("huge")
     store.delete("big2")
     assert len(store) == 0 and store.bytes == 0
+
+
+@pytest.mark.parametrize(
+    ("reasoning", "thinking"),
+    [
+        (None, None),
+        ({"summary": "auto"}, None),
+        ({"effort": "none"}, False),
+        ({"effort": "low"}, True),
+    ],
+)
+def test_reasoning_effort_is_the_templates_thinking_switch(
+    reasoning: Any, thinking: bool | None
+) -> None:
+    assert parse({"input": "hi", "reasoning": reasoning}).prompt.thinking is thinking

@@ -12,7 +12,7 @@ null or false.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from mlxd.errors import InvalidRequest
@@ -21,6 +21,7 @@ from mlxd.gateway.surfaces.openai.schemas import parse_chat
 from mlxd.gateway.surfaces.responses.items import call_ids, input_items, to_messages
 from mlxd.gateway.surfaces.responses.store import ResponseStore
 from mlxd.gateway.surfaces.responses.tools import chat_tool_choice, chat_tools
+from mlxd.protocol.messages import ChatPrompt
 
 # Read and served (or checked and echoed).
 _FIELDS = frozenset(
@@ -162,6 +163,7 @@ def parse_responses(
         input_items=items,
         history=history,
     )
+    parsed = _with_thinking(parsed, body.get("reasoning"))
     return _responses_request(parsed, spec, _max_tool_calls(body))
 
 
@@ -267,6 +269,15 @@ def _reasoning(value: Any) -> None:
             f"'reasoning.effort' must be one of {', '.join(str(e) for e in _EFFORTS[1:])}",
             param="reasoning.effort",
         )
+
+
+def _with_thinking(parsed: ParsedRequest, reasoning: dict[str, Any] | None) -> ParsedRequest:
+    """``reasoning.effort`` as the chat template's thinking switch: ``none`` off, any other
+    effort on, absent the template's default (a template without the switch ignores it)."""
+    effort = None if reasoning is None else reasoning.get("effort")
+    if effort is None or not isinstance(parsed.prompt, ChatPrompt):
+        return parsed
+    return replace(parsed, prompt=replace(parsed.prompt, thinking=effort != "none"))
 
 
 def _bool(body: dict[str, Any], key: str, default: bool) -> bool:
