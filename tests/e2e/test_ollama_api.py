@@ -14,10 +14,10 @@ import httpx
 import jsonschema
 import numpy as np
 import ollama
+import openai
 import pytest
 
 from tests.e2e.conftest import Daemon, free_port, start_daemon, stop_daemon
-from tests.e2e.test_openai_api import client as openai_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
@@ -62,8 +62,34 @@ def daemon(tiny_model: Path, ollama_port: int) -> Iterator[Daemon]:
         stop_daemon(d)
 
 
-def client(daemon: Daemon) -> ollama.Client:
-    return ollama.Client(host=daemon.base_url, timeout=60)
+_CLIENTS: dict[str, ollama.Client] = {}
+_OPENAI: dict[str, openai.OpenAI] = {}
+
+
+def client(daemon: Daemon | str) -> ollama.Client:
+    host = daemon if isinstance(daemon, str) else daemon.base_url
+    if host not in _CLIENTS:
+        _CLIENTS[host] = ollama.Client(host=host, timeout=60)
+    return _CLIENTS[host]
+
+
+def openai_client(daemon: Daemon) -> openai.OpenAI:
+    if daemon.base_url not in _OPENAI:
+        _OPENAI[daemon.base_url] = openai.OpenAI(
+            base_url=f"{daemon.base_url}/v1", api_key="unused", max_retries=0
+        )
+    return _OPENAI[daemon.base_url]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    for c in _CLIENTS.values():
+        c._client.close()
+    for o in _OPENAI.values():
+        o.close()
+    _CLIENTS.clear()
+    _OPENAI.clear()
 
 
 def _names(daemon: Daemon, route: str) -> list[str]:
@@ -240,7 +266,7 @@ def test_keep_alive_zero_unloads_and_a_bare_request_loads(daemon: Daemon) -> Non
 
 
 def test_the_ollama_port_serves_the_same_api(daemon: Daemon, ollama_port: int) -> None:
-    other = ollama.Client(host=f"http://127.0.0.1:{ollama_port}", timeout=60)
+    other = client(f"http://127.0.0.1:{ollama_port}")
     assert [m.model for m in other.list().models] == ["tiny:latest"]
     ours = other.chat(model="tiny", messages=HELLO, options=GREEDY)
     assert (

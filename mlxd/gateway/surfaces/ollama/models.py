@@ -3,8 +3,8 @@ mlxd refuses (``/api/pull``, ``push``, ``create``, ``copy``, ``delete``).
 
 Models are listed under their Ollama names (``names.display``). ``digest`` is a hash of the
 name, an id for clients that key on it, not of the weights. ``size`` is the weights' size as
-the memory budget counts it. ``/api/show`` loads nothing: the context length and the model's
-config come from its worker when it is loaded.
+the memory budget counts it. ``/api/show`` loads nothing: the family and sizes come from the
+model directory's ``config.json``, the context length from its worker when it is loaded.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ class OllamaModels:
         except MlxdError as exc:
             return render_error(http, exc)
         pong = await self.describe(local) if info.state in LOADED else None
-        return JSONResponse(_show_body(name, pong))
+        return JSONResponse(_show_body(name, info.path, pong))
 
     async def version(self, http: Request) -> Response:
         """``GET /api/version``."""
@@ -125,7 +125,7 @@ class OllamaModels:
             "modified_at": _iso(datetime.now(UTC)),
             "size": info.weights_bytes,
             "digest": _digest(name),
-            "details": _details(None),
+            "details": _details(info.path),
         }
 
     def _loaded_row(self, name: str, info: Any, pong: Pong | None) -> dict[str, Any]:
@@ -133,7 +133,6 @@ class OllamaModels:
         row.pop("modified_at")
         left = info.keep_alive_s - (info.idle_s or 0.0)
         expires = FOREVER if info.keep_alive_s <= 0 else datetime.now(UTC) + timedelta(seconds=left)
-        row["details"] = _details(pong)
         row["size"] = info.memory_bytes
         row["size_vram"] = info.memory_bytes
         row["expires_at"] = _iso(expires)
@@ -152,8 +151,8 @@ def _show_name(body: Any) -> str:
     return name
 
 
-def _show_body(name: str, pong: Pong | None) -> dict[str, Any]:
-    config = _config(pong)
+def _show_body(name: str, path: str, pong: Pong | None) -> dict[str, Any]:
+    config = _config(path)
     arch = str(config.get("model_type") or "unknown")
     info: dict[str, Any] = {"general.architecture": arch}
     if pong is not None:
@@ -162,31 +161,31 @@ def _show_body(name: str, pong: Pong | None) -> dict[str, Any]:
         if key in config:
             info[f"{arch}.{key}"] = config[key]
     return {
-        "modelfile": f"# served by mlxd\nFROM {pong.model if pong else display(name)}\n",
+        "modelfile": f"# served by mlxd\nFROM {path or display(name)}\n",
         "parameters": "",
         "template": "{{ .Prompt }}",  # mlxd renders the model's own (Jinja) chat template
-        "details": _details(pong),
+        "details": _details(path),
         "model_info": info,
         "capabilities": CAPABILITIES,
         "modified_at": _iso(datetime.now(UTC)),
     }
 
 
-def _config(pong: Pong | None) -> dict[str, Any]:
-    """The model's config.json when its worker serves a directory (cheap: one small file)."""
-    if pong is None:
+def _config(path: str) -> dict[str, Any]:
+    """The model's config.json when it is a directory (cheap: one small file)."""
+    if not path:
         return {}
     try:
-        data = json.loads((Path(pong.model) / "config.json").read_text())
+        data = json.loads((Path(path) / "config.json").read_text())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
 
 
-def _details(pong: Pong | None) -> dict[str, Any]:
-    config = _config(pong)
+def _details(path: str) -> dict[str, Any]:
+    config = _config(path)
     family = str(config.get("model_type", ""))
-    gguf = pong is not None and pong.model.endswith(".gguf")
+    gguf = path.endswith(".gguf") or path.startswith("ollama:")
     return {
         "parent_model": "",
         "format": "gguf" if gguf else "safetensors",
@@ -207,7 +206,7 @@ def _quantization(config: dict[str, Any]) -> str:
 def _remote_row(name: str) -> dict[str, Any]:
     shown = display(name)
     row = {"name": shown, "model": shown, "size": 0, "digest": _digest(name)}
-    return {**row, "modified_at": _iso(datetime.now(UTC)), "details": _details(None)}
+    return {**row, "modified_at": _iso(datetime.now(UTC)), "details": _details("")}
 
 
 def _digest(name: str) -> str:
