@@ -117,7 +117,6 @@ OLLAMA_PORT: Knob[int | None] = Knob(
     "work unchanged. Default: only --port (which serves /api/* too).",
     minimum=0,
     maximum=65535,
-    toml="ollama_port",
 )
 LOG_PROMPTS: Knob[bool] = Knob(
     "log_prompts",

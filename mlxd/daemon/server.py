@@ -56,9 +56,9 @@ def serve(config: ServeConfig, log_level: str, progress: Callable[[str], None]) 
         access_log=False,
         timeout_graceful_shutdown=1,
     )
-    more = (
-        [] if config.ollama_port is None else [quiet_server(_ollama_config(app, config, log_level))]
-    )
+    more = []  # --ollama-port: the same app on a second port
+    if config.ollama_port is not None:
+        more.append(quiet_server(_ollama_config(app, config, config.ollama_port, log_level)))
     try:
         run_both(server, quiet_server(admin_config), sock, more)
     finally:
@@ -149,14 +149,14 @@ def _tcp_config(app: Any, config: ServeConfig, log_level: str) -> Any:
     )
 
 
-def _ollama_config(app: Any, config: ServeConfig, log_level: str) -> Any:
+def _ollama_config(app: Any, config: ServeConfig, port: int, log_level: str) -> Any:
     """The ``--ollama-port`` listener: the same app (the TCP server runs its lifespan)."""
     import uvicorn
 
     return uvicorn.Config(
         app,
         host=config.host,
-        port=config.ollama_port,
+        port=port,
         log_level=log_level,
         lifespan="off",
         timeout_keep_alive=KEEP_ALIVE_S,
