@@ -16,8 +16,12 @@ import numpy as np
 import ollama
 import openai
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
-from tests.e2e.conftest import Daemon, free_port, start_daemon, stop_daemon
+from tests.e2e.conftest import Daemon, free_port, serving, start_daemon, stop_daemon
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
@@ -54,12 +58,33 @@ def ollama_port() -> int:
     return free_port()
 
 
+UPSTREAM_CALLS: list[str] = []
+
+
+async def _upstream(request: Request) -> Response:
+    UPSTREAM_CALLS.append(request.url.path)
+    return JSONResponse({"error": {"message": "should not be reached"}}, 500)
+
+
 @pytest.fixture(scope="module")
 def daemon(tiny_model: Path, ollama_port: int) -> Iterator[Daemon]:
-    d = start_daemon(tiny_model, "--max-context", "512", "--ollama-port", str(ollama_port))
-    yield d
-    if d.proc.poll() is None:
-        stop_daemon(d)
+    # A remote model (backend "up") beside the local one: the Ollama API refuses it for now.
+    app = Starlette(routes=[Route("/{path:path}", _upstream, methods=["GET", "POST"])])
+    with serving(app) as url:
+        d = start_daemon(
+            tiny_model,
+            "--max-context",
+            "512",
+            "--ollama-port",
+            str(ollama_port),
+            "--backend",
+            f"up=openai:{url}",
+            "--model",
+            "gpt=up:tiny",
+        )
+        yield d
+        if d.proc.poll() is None:
+            stop_daemon(d)
 
 
 _CLIENTS: dict[str, ollama.Client] = {}
@@ -227,8 +252,8 @@ def test_embed_equals_openai_embeddings(daemon: Daemon) -> None:
 
 def test_list_names_are_what_chat_accepts(daemon: Daemon) -> None:
     names = _names(daemon, "list")
-    assert names == ["tiny:latest"]
-    for name in (*names, "tiny"):
+    assert names == ["tiny:latest", "gpt:latest"]
+    for name in (names[0], "tiny"):
         assert client(daemon).chat(model=name, messages=HELLO, options=GREEDY).done
 
 
@@ -267,7 +292,7 @@ def test_keep_alive_zero_unloads_and_a_bare_request_loads(daemon: Daemon) -> Non
 
 def test_the_ollama_port_serves_the_same_api(daemon: Daemon, ollama_port: int) -> None:
     other = client(f"http://127.0.0.1:{ollama_port}")
-    assert [m.model for m in other.list().models] == ["tiny:latest"]
+    assert [m.model for m in other.list().models] == ["tiny:latest", "gpt:latest"]
     ours = other.chat(model="tiny", messages=HELLO, options=GREEDY)
     assert (
         ours.message.content
@@ -334,6 +359,25 @@ def test_oversized_body_is_413_and_the_daemon_keeps_serving(daemon: Daemon) -> N
         client(daemon).chat(model="missing:7b", messages=HELLO)
     assert info.value.status_code == 404
     assert client(daemon).chat(model="tiny", messages=HELLO, options=GREEDY).done
+
+
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [
+        ("chat", {"model": "gpt", "messages": HELLO}),
+        ("generate", {"model": "gpt:latest", "prompt": "x"}),
+        ("embed", {"model": "gpt", "input": "x"}),
+        ("generate", {"model": "gpt"}),
+    ],
+)
+def test_a_remote_model_is_a_clear_400_for_now(daemon: Daemon, route: str, body: Any) -> None:
+    resp = httpx.post(f"{daemon.base_url}/api/{route}", json=body, timeout=30)
+    assert (
+        resp.status_code == 400
+        and "remote" in resp.json()["error"]
+        or "local models only" in resp.json()["error"]
+    )
+    assert UPSTREAM_CALLS == []
 
 
 def _wait_until(check: Any, timeout: float = 30) -> None:
