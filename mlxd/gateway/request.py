@@ -18,6 +18,7 @@ from starlette.requests import Request
 from mlxd.gateway.http.accesslog import RequestRecord
 from mlxd.gateway.tools.calls import ToolCallParser
 from mlxd.gateway.tools.formats import tool_format
+from mlxd.gateway.tools.reasoning import ReasoningSplitter
 from mlxd.protocol.messages import (
     ChatPrompt,
     Finished,
@@ -105,6 +106,12 @@ class ParsedRequest:
     max_tool_calls: int | None = None  # 1 when parallel_tool_calls is false
     forced_tool_call: bool = False  # the output is one call's JSON body (tool_choice)
     tool_format: str | None = None  # the worker's tool parser (mlx-lm's name); None: JSON
+    reasoning: bool = False  # split thinking text out of the answer (where the model marks it)
+
+    def new_reasoning_splitter(self) -> ReasoningSplitter | None:
+        """A splitter for one choice's thinking and answer; ``None`` when not split. It learns
+        the model's markers from the choice's first ``TokenDelta`` (``splitter.delta``)."""
+        return ReasoningSplitter() if self.reasoning else None
 
     def new_tool_parser(self) -> ToolCallParser | None:
         """A parser for one choice's tool calls; ``None`` when calls are not parsed."""

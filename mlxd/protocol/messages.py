@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-PROTOCOL_VERSION = b"mlxd/4"  # mlxd/4: Error.retry_after_s (mlxd/3: Pong.failing...)
+PROTOCOL_VERSION = b"mlxd/5"  # mlxd/5: thinking (mlxd/4: Error.retry_after_s...)
 
 
 # Prompts: a tagged union, so the worker never guesses which field is set.
@@ -20,11 +20,14 @@ class ChatPrompt:
     """A chat rendered by the worker with the model's chat template.
 
     ``messages`` are OpenAI-shaped dicts (role, content, and optionally name, tool_calls...).
+    ``thinking`` is the template's thinking switch (``enable_thinking``): None leaves the
+    template's default; a template without the switch ignores it.
     """
 
     TAG: ClassVar[str] = "chat"
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None = None
+    thinking: bool | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +79,9 @@ class SamplingParams:
     top_logprobs: int = 0  # and this many most likely alternatives (0..20)
     response_format: JsonFormat | None = None  # enforced by constrained decoding
     speculate: bool = True  # False: never draft tokens for this request (docs/SPECULATION.md)
+    # At most this many tokens inside thinking: then the worker samples the end marker (a model
+    # whose marker is one token; max_tokens bounds the rest). None: no budget of its own.
+    thinking_budget: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -180,13 +186,24 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Thinking:
+    """How a model's output marks its thinking: the text that opens and closes it, and whether
+    the output starts inside it (the rendered prompt opened it, so no opening tag comes)."""
+
+    start: str
+    end: str
+    inside: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
 class TokenDelta:
     """New output of one request: the text that is now final and the token ids behind it.
 
     ``logprobs`` is set when the request asked for them: one entry per id in ``token_ids``.
     ``prompt`` is set on a request's first delta only: its prompt and cached tokens (and
     ``completion_tokens`` 0), so a stream can report them before it ends (Anthropic's
-    ``message_start``).
+    ``message_start``). ``thinking`` is set on the first delta only, for a model whose
+    tokenizer marks thinking (``None``: it does not; all output is the answer).
     """
 
     TAG: ClassVar[str] = "token_delta"
@@ -195,6 +212,7 @@ class TokenDelta:
     token_ids: list[int]
     logprobs: list[TokenLogprob] | None = None
     prompt: Usage | None = None
+    thinking: Thinking | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

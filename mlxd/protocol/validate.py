@@ -61,6 +61,11 @@ def check_sampling(p: SamplingParams) -> None:
             "values must be in [-100, 100]",
         ),
         (p.min_tokens >= 0, "min_tokens", "must be >= 0"),
+        (
+            p.thinking_budget is None or p.thinking_budget >= 0,
+            "thinking_budget",
+            "must be >= 0",
+        ),
         (all(t >= 0 for t in p.stop_token_ids), "stop_token_ids", "must be >= 0"),
         (
             0 <= p.top_logprobs <= MAX_TOP_LOGPROBS,

@@ -7,6 +7,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from mlxd.errors import (
@@ -45,6 +46,7 @@ from mlxd.worker.idle_release import IdleRelease
 from mlxd.worker.runners.base import ModelRunner, TokenEvent
 from mlxd.worker.sampling.detokenizer import OutputText
 from mlxd.worker.sampling.grammar import Grammar, valid_drafts
+from mlxd.worker.sampling.thinking import ThinkingBudget
 from mlxd.worker.sampling.tokenizer import PromptEncoder
 from mlxd.worker.sched.oom_backoff import OomBackoff
 from mlxd.worker.sched.scheduler import EmbedChunk, PrefillChunk, Scheduler
@@ -283,7 +285,18 @@ class Engine:
         if msg.sampling.response_format is not None:
             vocab = self.encoder.token_vocab("response_format")
             seq.grammar = Grammar.compile(msg.sampling.response_format, vocab)
+        self._mark_thinking(seq)
         return seq
+
+    def _mark_thinking(self, seq: Sequence) -> None:
+        """How ``seq``'s output marks thinking, and its budget when it asks for one (a budget
+        follows every token in order, so such a request does not draft)."""
+        seq.thinking = self.encoder.thinking(seq.prompt_ids)
+        budget, ids = seq.sampling.thinking_budget, self.encoder.think_ids
+        if seq.thinking is None or budget is None or ids is None:
+            return
+        seq.budget = ThinkingBudget(ids[0], ids[1], budget, seq.thinking.inside)
+        seq.sampling = replace(seq.sampling, speculate=False)
 
     def _prefill(self, chunks: list[PrefillChunk]) -> None:
         try:
@@ -401,6 +414,8 @@ class Engine:
     def _add_token(self, seq: Sequence, token: int) -> None:
         p = seq.sampling
         seq.output_ids.append(token)
+        if seq.budget is not None:
+            seq.budget.follow(token)
         n = seq.num_output_tokens
         may_stop = n > p.min_tokens
         if may_stop and token in p.stop_token_ids:
@@ -419,8 +434,9 @@ class Engine:
         ids = seq.output_ids[seq.num_sent_tokens :]
         if not ids and not seq.text:
             return
-        prompt = None
+        prompt, thinking = None, None
         if seq.num_sent_tokens == 0:  # the first delta says what the prompt cost
+            thinking = seq.thinking
             prompt = Usage(
                 prompt_tokens=seq.num_prompt_tokens,
                 completion_tokens=0,
@@ -432,6 +448,7 @@ class Engine:
             token_ids=ids,
             logprobs=self._logprobs(seq),
             prompt=prompt,
+            thinking=thinking,
         )
         self._outbox.setdefault(seq.client, []).append(delta)
         seq.text = ""

@@ -30,6 +30,7 @@ from mlxd.protocol.messages import (
     Message,
     SamplingParams,
     TextPrompt,
+    Thinking,
     TokenDelta,
     TokenLogprob,
     TokenPrompt,
@@ -53,6 +54,7 @@ class Result:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     embeddings: Embeddings | None = None
     steps_to_embeddings: int | None = None
+    thinking: Thinking | None = None  # the first delta's
 
 
 class Harness:
@@ -228,6 +230,7 @@ class Harness:
         if isinstance(msg, TokenDelta):
             if res.steps_to_first_token is None:
                 res.steps_to_first_token = self.steps
+                res.thinking = msg.thinking
             res.text += msg.text
             res.token_ids += msg.token_ids
             res.logprobs += msg.logprobs or []

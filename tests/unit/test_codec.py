@@ -19,6 +19,7 @@ from mlxd.protocol.messages import (
     Pong,
     SamplingParams,
     TextPrompt,
+    Thinking,
     TokenDelta,
     TokenLogprob,
     TokenPrompt,
@@ -38,6 +39,11 @@ MESSAGES = [
         timeout_s=2.0,
     ),
     Generate(request_id="r2", prompt=TextPrompt(text="héllo 世界"), sampling=SamplingParams()),
+    Generate(
+        request_id="r5",
+        prompt=ChatPrompt(messages=[{"role": "user", "content": "hi"}], thinking=False),
+        sampling=SamplingParams(thinking_budget=1024),
+    ),
     Generate(request_id="r3", prompt=TokenPrompt(token_ids=[1, 2, 3]), sampling=SAMPLING),
     Cancel(request_id="r1"),
     Embed(request_id="e", inputs=[TextPrompt(text="a"), TokenPrompt(token_ids=[1, 2])]),
@@ -45,6 +51,13 @@ MESSAGES = [
     Ping(request_id="p"),
     Pong(request_id="p", model="m", max_context=4096),
     TokenDelta(request_id="r1", text="é", token_ids=[5, 6]),
+    TokenDelta(
+        request_id="r1",
+        text="<think>",
+        token_ids=[5],
+        prompt=USAGE,
+        thinking=Thinking(start="<think>", end="</think>", inside=True),
+    ),
     TokenDelta(
         request_id="r1",
         text="é",

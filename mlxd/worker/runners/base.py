@@ -71,8 +71,11 @@ class ModelRunner(ABC):
         return list(self.rows)
 
     def needs_sync(self) -> bool:
-        """Penalties need each row's exact history, so unread tokens must be read first."""
-        return not all(self._emitted) and any(needs_history(s.sampling) for s in self.rows)
+        """Penalties need each row's exact history, and a row one token from its thinking
+        budget its exact state, so unread tokens must be read first."""
+        return not all(self._emitted) and any(
+            needs_history(s.sampling) or (s.budget is not None and s.budget.near) for s in self.rows
+        )
 
     def sync(self) -> list[TokenEvent]:
         """Read the unread tokens now, without launching a step."""
@@ -205,6 +208,7 @@ class ModelRunner(ABC):
         history: list[int] = []
         if needs_history(p):
             history = seq.prompt_ids + seq.output_ids
+        due = seq.budget is not None and seq.budget.due and emitted
         return SampleRow(
             params=p,
             seed=seq.seed,
@@ -212,6 +216,7 @@ class ModelRunner(ABC):
             history=history,
             output=seq.output_ids if history else (),
             block_ids=blocked,
+            force_id=seq.budget.end_id if due else None,
         )
 
     @staticmethod

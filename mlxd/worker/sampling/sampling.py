@@ -30,6 +30,7 @@ class SampleRow:
     history: Seq[int] = ()  # prompt + output so far, only when penalties need it
     output: Seq[int] = ()
     block_ids: Seq[int] = ()  # token ids this step must not produce (eos before min_tokens)
+    force_id: int | None = None  # the token this step must produce (a spent thinking budget)
 
 
 def needs_history(p: SamplingParams) -> bool:
@@ -39,6 +40,18 @@ def needs_history(p: SamplingParams) -> bool:
 
 def sample(logits: mx.array, rows: list[SampleRow]) -> mx.array:
     """Pick one token per row of ``logits`` (B, V); returns a lazy (B,) uint32 array."""
+    tokens = _sample(logits, rows)
+    if all(r.force_id is None for r in rows):
+        return tokens
+    forced = mx.array([r.force_id is not None for r in rows])
+    ids = mx.array([r.force_id or 0 for r in rows], dtype=tokens.dtype)
+    return mx.where(forced, ids, tokens)
+
+
+# Internal helpers
+
+
+def _sample(logits: mx.array, rows: list[SampleRow]) -> mx.array:
     logits = _apply_processors(logits.astype(mx.float32), rows)
     greedy_tokens = mx.argmax(logits, axis=-1)
     temps = [r.params.temperature for r in rows]
@@ -52,9 +65,6 @@ def sample(logits: mx.array, rows: list[SampleRow]) -> mx.array:
     noise = _gumbel_rows(_keys(rows), logprobs)
     sampled = mx.argmax(logprobs + noise, axis=-1)
     return mx.where(is_greedy, greedy_tokens, sampled)
-
-
-# Internal helpers
 
 
 def _keys(rows: list[SampleRow]) -> mx.array:

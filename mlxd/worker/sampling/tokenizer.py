@@ -6,7 +6,7 @@ import functools
 from typing import Any
 
 from mlxd.errors import InvalidRequest
-from mlxd.protocol.messages import ChatPrompt, Prompt, TextPrompt, TokenPrompt
+from mlxd.protocol.messages import ChatPrompt, Prompt, TextPrompt, Thinking, TokenPrompt
 
 
 class PromptEncoder:
@@ -37,6 +37,27 @@ class PromptEncoder:
         """The name of mlx-lm's tool parser module for this tokenizer (e.g. "json_tools")."""
         parse = getattr(self.tokenizer, "tool_parser", None)
         return None if parse is None else str(parse.__module__).rsplit(".", 1)[-1]
+
+    @property
+    def think_ids(self) -> tuple[int, int] | None:
+        """The thinking start and end markers' token ids, when each is one token (else None)."""
+        start = getattr(self.tokenizer, "think_start_tokens", None)
+        end = getattr(self.tokenizer, "think_end_tokens", None)
+        if start is None or end is None or len(start) != 1 or len(end) != 1:
+            return None
+        return start[0], end[0]
+
+    def thinking(self, prompt_ids: list[int]) -> Thinking | None:
+        """How the output of ``prompt_ids`` marks thinking; None for a model without markers.
+
+        The output starts inside thinking when the prompt's last start marker follows its last
+        end marker (a generation prompt that opens ``<think>``), as mlx-lm's server decides.
+        """
+        tok = self.tokenizer
+        if not getattr(tok, "has_thinking", False):
+            return None  # no markers in the vocabulary, or an mlx-lm without thinking support
+        inside = tok.rfind_think_start(prompt_ids) > tok.rfind_think_end(prompt_ids)
+        return Thinking(start=tok.think_start, end=tok.think_end, inside=inside)
 
     def new_detokenizer(self) -> Any:
         return self.tokenizer.detokenizer
@@ -84,12 +105,15 @@ class PromptEncoder:
         return list(ids)
 
     def _encode_chat(self, prompt: ChatPrompt) -> list[int]:
+        # The switch only when the client set it: mlx-lm's wrapper (and the template) default.
+        switch = {} if prompt.thinking is None else {"enable_thinking": prompt.thinking}
         try:
             text = self.tokenizer.apply_chat_template(
                 prompt.messages,
                 tools=prompt.tools,
                 add_generation_prompt=True,
                 tokenize=False,
+                **switch,
             )
         except Exception as exc:  # noqa: BLE001 - Jinja raises anything; the request is bad
             raise InvalidRequest(

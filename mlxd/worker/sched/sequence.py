@@ -67,6 +67,8 @@ class Sequence:
     # (token id, logprob, top alternatives) per output token not sent yet, if the request asks
     logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
     grammar: Any = None  # a grammar.Grammar when the output must match a response_format
+    thinking: Any = None  # messages.Thinking: how the output marks thinking (the first delta's)
+    budget: Any = None  # a thinking.ThinkingBudget when the request caps its thinking
 
     @property
     def num_prompt_tokens(self) -> int:
