@@ -230,6 +230,27 @@ def test_tools_reach_the_template_and_tool_history_round_trips(daemon: Daemon) -
     assert resp.prompt_eval_count > shorter.prompt_eval_count + 10  # type: ignore[operator]
 
 
+THINKING_PROMPT = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n"
+
+
+def test_think_returns_thinking_apart(daemon: Daemon) -> None:
+    # A raw prompt that opens <think>: the output starts inside thinking (the worker says so).
+    opts = {"temperature": 0, "num_predict": 16}
+    inline = client(daemon).generate(model="tiny", prompt=THINKING_PROMPT, raw=True, options=opts)
+    split = client(daemon).generate(
+        model="tiny", prompt=THINKING_PROMPT, raw=True, think=True, options=opts
+    )
+    assert split.thinking and split.thinking.strip() in inline.response
+    assert "<think>" not in (split.thinking + split.response)
+    streamed = list(
+        client(daemon).generate(
+            model="tiny", prompt=THINKING_PROMPT, raw=True, think=True, options=opts, stream=True
+        )
+    )
+    assert "".join(c.thinking or "" for c in streamed) == split.thinking
+    assert "".join(c.response for c in streamed) == split.response
+
+
 # Embeddings
 
 

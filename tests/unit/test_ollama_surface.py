@@ -24,7 +24,15 @@ from mlxd.gateway.surfaces.ollama.schemas import (
 )
 from mlxd.gateway.surfaces.ollama.stream import ndjson_lines
 from mlxd.gateway.surfaces.ollama.timing import TimedStream, Timing
-from mlxd.protocol.messages import ChatPrompt, Finished, JsonFormat, TextPrompt, TokenDelta, Usage
+from mlxd.protocol.messages import (
+    ChatPrompt,
+    Finished,
+    JsonFormat,
+    TextPrompt,
+    Thinking,
+    TokenDelta,
+    Usage,
+)
 
 # Options
 
@@ -169,6 +177,18 @@ def test_chat_with_tool_history() -> None:
     assert parsed.parse_tools and parsed.prompt.tools and not parsed.stream
     assert parsed.sampling.response_format == JsonFormat()
     assert parsed.keep_alive_s == 0 and parsed.think is True
+    assert parsed.prompt.thinking is True and parsed.reasoning  # the switch, and split
+    assert assistant["reasoning_content"] == "hm"  # replayed where the template has a place
+
+
+@pytest.mark.parametrize(
+    ("think", "switch"), [(None, None), (False, False), (True, True), ("low", True)]
+)
+def test_think_sets_the_template_switch(think: Any, switch: bool | None) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "think": think}
+    for parsed in (parse_chat(body), parse_generate({"model": "m", "prompt": "x", "think": think})):
+        assert isinstance(parsed, OllamaRequest) and isinstance(parsed.prompt, ChatPrompt)
+        assert parsed.prompt.thinking is switch and parsed.reasoning is (think is not None)
 
 
 def test_chat_streams_by_default_and_a_schema_is_passed_on() -> None:
@@ -292,6 +312,30 @@ def test_ndjson_chat_lines_split_tool_calls() -> None:
     assert (last["prompt_eval_count"], last["eval_count"]) == (9, 4)
     assert last["load_duration"] == 100_000_000 and last["total_duration"] >= 500_000_000
     assert all(line["done"] is False for line in lines[:-1])
+
+
+def test_ndjson_thinking_goes_apart() -> None:
+    parsed = parse_chat(
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "think": True}
+    )
+    assert isinstance(parsed, OllamaRequest)
+    marks = Thinking(start="<think>", end="</think>", inside=True)
+    first = TokenDelta(request_id="r", text="hmm ", token_ids=[1], thinking=marks)
+    rest = [TokenDelta(request_id="r", text=t, token_ids=[1]) for t in ("ok</th", "ink>\n\nHi")]
+    end = Finished(
+        request_id="r", finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=3)
+    )
+    script = _Script([*rest, end])
+    now = time.perf_counter()
+    stream = TimedStream(script, Timing(now, 0.0, now))  # type: ignore[arg-type]
+    opened = Opened(parsed, stream, time.monotonic() + 10)  # type: ignore[arg-type]
+
+    async def run() -> list[bytes]:
+        return [line async for line in ndjson_lines(opened, first, ChatShape(), "m")]
+
+    lines = [json.loads(x) for x in b"".join(asyncio.run(run())).splitlines()]
+    assert "".join(x["message"].get("thinking", "") for x in lines) == "hmm ok"
+    assert "".join(x["message"]["content"] for x in lines) == "Hi"
 
 
 def test_ndjson_generate_lines() -> None:

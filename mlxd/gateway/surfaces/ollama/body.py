@@ -27,28 +27,38 @@ def tool_call(call: ToolCall) -> dict[str, Any]:
 
 
 class ChatShape:
-    """``/api/chat``: text and tool calls go in ``message``."""
+    """``/api/chat``: text, thinking and tool calls go in ``message``."""
 
-    def part(self, model: str, text: str, calls: list[ToolCall]) -> dict[str, Any]:
+    def part(
+        self, model: str, text: str, calls: list[ToolCall], thinking: str = ""
+    ) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": text}
+        if thinking:
+            message["thinking"] = thinking
         if calls:
             message["tool_calls"] = [tool_call(c) for c in calls]
         return {"model": model, "created_at": created_at(), "message": message, "done": False}
 
 
 class GenerateShape:
-    """``/api/generate``: text goes in ``response`` (it parses no tool calls)."""
+    """``/api/generate``: text goes in ``response``, thinking in ``thinking`` (it parses no
+    tool calls)."""
 
-    def part(self, model: str, text: str, calls: list[ToolCall]) -> dict[str, Any]:
-        return {"model": model, "created_at": created_at(), "response": text, "done": False}
+    def part(
+        self, model: str, text: str, calls: list[ToolCall], thinking: str = ""
+    ) -> dict[str, Any]:
+        out = {"model": model, "created_at": created_at(), "response": text, "done": False}
+        return {**out, "thinking": thinking} if thinking else out
 
 
 Shape = ChatShape | GenerateShape
 
 
-def last(shape: Shape, model: str, result: ChoiceResult, fields: dict[str, int]) -> dict[str, Any]:
+def last(
+    shape: Shape, model: str, result: ChoiceResult, fields: dict[str, int], thinking: str = ""
+) -> dict[str, Any]:
     """The final object: the text (all of it, unstreamed), ``done``, the reason and durations."""
-    out = shape.part(model, result.text, result.tool_calls)
+    out = shape.part(model, result.text, result.tool_calls, thinking)
     return {**out, "done": True, "done_reason": result.finish_reason, **fields}
 
 

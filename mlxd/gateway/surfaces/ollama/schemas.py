@@ -33,6 +33,9 @@ class OllamaRequest(ParsedRequest):
         keep_alive_s: how long the model stays loaded after this request; 0 unloads it after
             the answer, negative keeps it loaded; ``None``: the server's keep-alive.
         think: the ``think`` field as sent (``True``/``False``/a level; ``None``: not sent).
+            Sent, it sets the template's thinking switch and thinking text comes back apart,
+            in ``thinking``; unsent, the template's default holds and the text stays inline,
+            as Ollama does.
     """
 
     keep_alive_s: float | None = None
@@ -59,7 +62,8 @@ def parse_chat(body: Any, *_: str | None) -> OllamaRequest | ModelOnly:
         return ModelOnly(model, keep_alive)
     tool_use = parse_tool_use({"tools": body.get("tools")})
     msgs = [_message(m, f"messages[{i}]") for i, m in enumerate(messages)]
-    prompt = ChatPrompt(messages=msgs, tools=tool_use.tools)
+    think = _think(body.get("think"))
+    prompt = ChatPrompt(messages=msgs, tools=tool_use.tools, thinking=_switch(think))
     parsed = _parsed(body, model, prompt, keep_alive)
     return replace(parsed, parse_tools=tool_use.parse_calls)
 
@@ -86,7 +90,8 @@ def parse_generate(body: Any, *_: str | None) -> OllamaRequest | ModelOnly:
         prompt = TextPrompt(text=text)
     else:
         system_msgs = [{"role": "system", "content": system}] if system else []
-        prompt = ChatPrompt(messages=[*system_msgs, {"role": "user", "content": text}])
+        messages = [*system_msgs, {"role": "user", "content": text}]
+        prompt = ChatPrompt(messages=messages, thinking=_switch(_think(body.get("think"))))
     return _parsed(body, model, prompt, keep_alive)
 
 
@@ -136,13 +141,15 @@ def _parsed(
     fmt = _format(body.get("format"))
     if fmt is not None:
         sampling = replace(sampling, response_format=fmt)
+    think = _think(body.get("think"))
     return OllamaRequest(
         model=model,
         prompt=prompt,
         sampling=sampling,
         stream=_stream(body),
+        reasoning=think is not None,
         keep_alive_s=keep_alive,
-        think=_think(body.get("think")),
+        think=think,
     )
 
 
@@ -167,6 +174,11 @@ def _think(value: Any) -> bool | str | None:
     raise InvalidRequest("'think' must be a boolean or 'high', 'medium' or 'low'", param="think")
 
 
+def _switch(think: bool | str | None) -> bool | None:
+    """The template's thinking switch: a level (``"high"``...) switches it on."""
+    return think if think is None or isinstance(think, bool) else True
+
+
 def _message(msg: Any, path: str) -> dict[str, Any]:
     if not isinstance(msg, dict):
         raise InvalidRequest(f"'{path}' must be an object", param=path)
@@ -176,6 +188,9 @@ def _message(msg: Any, path: str) -> dict[str, Any]:
     _no_images(msg.get("images"), f"{path}.images")
     content = _typed(msg, "content", str, "a string", f"{path}.content") or ""
     out: dict[str, Any] = {"role": role, "content": content}
+    thinking = _typed(msg, "thinking", str, "a string", f"{path}.thinking")
+    if thinking and role == "assistant":
+        out["reasoning_content"] = thinking  # where templates (Qwen3's) replay it
     name = _typed(msg, "tool_name", str, "a string", f"{path}.tool_name")
     if name:
         out["name"] = name  # the tool that answered, where a template shows it

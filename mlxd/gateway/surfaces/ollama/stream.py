@@ -1,8 +1,10 @@
 """NDJSON streaming: one JSON object per line (``application/x-ndjson``), Ollama's stream.
 
 A line per batch of text (events already waiting go out together), a line per tool call, then
-the last line with ``done: true`` and the durations. An error after the headers went out is a
-``{"error": "..."}`` line, as Ollama writes it. Whatever ends the stream cancels the request.
+the last line with ``done: true`` and the durations. With ``think`` sent, thinking text goes in
+its own field (``message.thinking``, or ``thinking`` on generate), split by the reasoning
+splitter before tool calls are looked for in the answer. An error after the headers went out is
+an ``{"error": "..."}`` line, as Ollama writes it. Whatever ends the stream cancels the request.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from mlxd.gateway.surfaces.ollama.body import Shape, last, line
 from mlxd.gateway.surfaces.ollama.timing import timing_of
 from mlxd.gateway.surfaces.sse import next_event
 from mlxd.gateway.tools.calls import ToolCall, ToolCallParser
+from mlxd.gateway.tools.reasoning import ReasoningSplitter, Split
 from mlxd.protocol.messages import Finished, TokenDelta
 
 log = logging.getLogger(__name__)
@@ -26,11 +29,53 @@ log = logging.getLogger(__name__)
 MEDIA_TYPE = "application/x-ndjson"
 
 
+class _Lines:
+    """One answer's lines: its shape, model name, tool parser and reasoning splitter."""
+
+    def __init__(self, opened: Opened, shape: Shape, model: str) -> None:
+        self.opened = opened
+        self.shape = shape
+        self.model = model
+        self.parser: ToolCallParser | None = opened.parsed.new_tool_parser()
+        self.splitter: ReasoningSplitter | None = opened.parsed.new_reasoning_splitter()
+
+    def add(self, events: list[TokenDelta | Finished]) -> bytes:
+        """The line for new events (none when they hold nothing to show)."""
+        splits = [self._split(e) for e in events]
+        return self._part("".join(s.reasoning for s in splits), "".join(s.answer for s in splits))
+
+    def end(self, finished: Finished) -> bytes:
+        """The rest of the text, then the last line."""
+        rest = self.splitter.finish() if self.splitter is not None else Split()
+        head = self._part(rest.reasoning, rest.answer)
+        result = ChoiceResult(finish_reason=finished.finish_reason)
+        if self.parser is not None:
+            result.text, result.tool_calls = self.parser.finish()
+        stream = self.opened.stream
+        fields = timing_of(stream).fields(stream.usage)
+        return head + line(last(self.shape, self.model, result, fields))
+
+    def _split(self, event: TokenDelta | Finished) -> Split:
+        if self.splitter is None:
+            return Split(answer=event.text)
+        if isinstance(event, TokenDelta):
+            return self.splitter.delta(event)
+        return self.splitter.feed(event.text)
+
+    def _part(self, thinking: str, text: str) -> bytes:
+        calls: list[ToolCall] = []
+        if self.parser is not None:
+            text, calls = self.parser.feed(text)
+        if not text and not calls and not thinking:
+            return b""
+        return line(self.shape.part(self.model, text, calls, thinking))
+
+
 async def ndjson_lines(
     opened: Opened, first: TokenDelta | Finished, shape: Shape, model: str
 ) -> AsyncGenerator[bytes, None]:
     """The stream's lines from its already received ``first`` event on."""
-    stream, parser = opened.stream, opened.parsed.new_tool_parser()
+    stream, lines = opened.stream, _Lines(opened, shape, model)
     try:
         event: TokenDelta | Finished = first
         while True:
@@ -38,12 +83,11 @@ async def ndjson_lines(
             while not isinstance(event, Finished) and (ready := stream.next_ready()) is not None:
                 event = ready
                 events.append(event)
-            text = "".join(e.text for e in events)
-            if isinstance(event, Finished):
-                yield _end(opened, shape, model, parser, text, event)
-                return
-            if out := _part(shape, model, parser, text):
+            if out := lines.add(events):
                 yield out
+            if isinstance(event, Finished):
+                yield lines.end(event)
+                return
             found = await next_event(stream, opened.deadline)
             assert found is not None  # no keepalive was asked for
             event = found
@@ -53,28 +97,3 @@ async def ndjson_lines(
     finally:
         with anyio.CancelScope(shield=True):
             await stream.cancel()
-
-
-def _part(shape: Shape, model: str, parser: ToolCallParser | None, text: str) -> bytes:
-    calls: list[ToolCall] = []
-    if parser is not None:
-        text, calls = parser.feed(text)
-    if not text and not calls:
-        return b""
-    return line(shape.part(model, text, calls))
-
-
-def _end(
-    opened: Opened,
-    shape: Shape,
-    model: str,
-    parser: ToolCallParser | None,
-    text: str,
-    finished: Finished,
-) -> bytes:
-    head = _part(shape, model, parser, text)
-    result = ChoiceResult(finish_reason=finished.finish_reason)
-    if parser is not None:
-        result.text, result.tool_calls = parser.finish()
-    fields = timing_of(opened.stream).fields(opened.stream.usage)
-    return head + line(last(shape, model, result, fields))

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 
 from mlxd.gateway.request import EventStream
-from mlxd.protocol.messages import Finished, TokenDelta, Usage
+from mlxd.protocol.messages import Finished, Thinking, TokenDelta, Usage
 
 
 @dataclass(slots=True)
@@ -50,25 +50,32 @@ class Timing:
 
 
 class TimedStream:
-    """An ``EventStream`` that notes its events' times in a ``Timing``."""
+    """An ``EventStream`` that notes its events' times in a ``Timing``, and how the output
+    marks thinking (the first delta says; ``collect`` drops it, the whole answer needs it)."""
 
     def __init__(self, stream: EventStream, timing: Timing) -> None:
         self.inner = stream
         self.timing = timing
         self.request_id = stream.request_id
+        self.marks: Thinking | None = None
 
     def __aiter__(self) -> TimedStream:
         return self
 
     async def __anext__(self) -> TokenDelta | Finished:
         event = await anext(self.inner)
-        self.timing.note(event)
+        self._note(event)
         return event
 
     def next_ready(self) -> TokenDelta | Finished | None:
         event = self.inner.next_ready()
-        self.timing.note(event)
+        self._note(event)
         return event
+
+    def _note(self, event: TokenDelta | Finished | None) -> None:
+        self.timing.note(event)
+        if isinstance(event, TokenDelta) and event.thinking is not None:
+            self.marks = event.thinking
 
     @property
     def num_choices(self) -> int:
@@ -95,6 +102,11 @@ def timing_of(stream: EventStream) -> Timing:
         return stream.timing
     now = time.perf_counter()
     return Timing(now, 0.0, now, now, now)
+
+
+def marks_of(stream: EventStream) -> Thinking | None:
+    """How the stream's output marks thinking, if its first delta said."""
+    return stream.marks if isinstance(stream, TimedStream) else None
 
 
 def elapsed_ns(start: float) -> int:
