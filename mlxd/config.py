@@ -54,6 +54,7 @@ from mlxd.serve_knobs import (
     MAX_BODY_BYTES,
     MAX_CRASHES,
     MAX_MEMORY,
+    OLLAMA_PORT,
     PORT,
     REQUEST_LOG,
     REQUEST_LOG_SIZE,
@@ -440,6 +441,7 @@ class ServeConfig:
     models: tuple[ModelSpec, ...]
     host: str = HOST.default
     port: int = PORT.default
+    ollama_port: int | None = OLLAMA_PORT.default  # a second listener, for Ollama's clients
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     # A request still unanswered after this long gets 408 and is cancelled in its worker.

@@ -107,6 +107,17 @@ HOST: Knob[str] = Knob("host", "serve", "--host", str, "127.0.0.1", "Address to 
 PORT: Knob[int] = Knob(
     "port", "serve", "--port", int, 8000, "Port to listen on.", minimum=0, maximum=65535
 )
+OLLAMA_PORT: Knob[int | None] = Knob(
+    "ollama_port",
+    "serve",
+    "--ollama-port",
+    int,
+    None,
+    "Also serve the API on this port (on --host), e.g. 11434, Ollama's, so Ollama clients "
+    "work unchanged. Default: only --port (which serves /api/* too).",
+    minimum=0,
+    maximum=65535,
+)
 LOG_PROMPTS: Knob[bool] = Knob(
     "log_prompts",
     "serve",
@@ -242,6 +253,7 @@ _SERVE = (
     KEEP_ALIVE,
     HOST,
     PORT,
+    OLLAMA_PORT,
     LOG_PROMPTS,
     REQUEST_LOG,
     REQUEST_LOG_SIZE,

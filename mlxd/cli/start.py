@@ -38,6 +38,7 @@ from mlxd.serve_knobs import (
     MAX_BODY_BYTES,
     MAX_CRASHES,
     MAX_MEMORY,
+    OLLAMA_PORT,
     PORT,
     REQUEST_LOG,
     REQUEST_LOG_SIZE,
@@ -89,6 +90,7 @@ from mlxd.serve_knobs import (
 @click.option("--claim-data-dir", is_flag=True, hidden=True)  # set by --detach for its child
 @knob_option(HOST)
 @knob_option(PORT)
+@knob_option(OLLAMA_PORT)
 @click.option(
     "--log-level",
     default="info",
@@ -163,6 +165,8 @@ def start_command(models: tuple[str, ...], log_level: str, **opts: Any) -> None:
             raise ConfigError(busy_message(files.directory, running))
         config = _config(models, opts)
         check_port_free(config.host, config.port)
+        if config.ollama_port is not None:
+            check_port_free(config.host, config.ollama_port)
         from mlxd.models import sources  # GGUF files and ollama: names: converted once, here
 
         sources.prepare(config.models, config.dtype, _progress)

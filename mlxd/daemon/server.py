@@ -56,8 +56,11 @@ def serve(config: ServeConfig, log_level: str, progress: Callable[[str], None]) 
         access_log=False,
         timeout_graceful_shutdown=1,
     )
+    more = []  # --ollama-port: the same app on a second port
+    if config.ollama_port is not None:
+        more.append(quiet_server(_ollama_config(app, config, config.ollama_port, log_level)))
     try:
-        run_both(server, quiet_server(admin_config), sock)
+        run_both(server, quiet_server(admin_config), sock, more)
     finally:
         admin.close()
     return 0 if server.started else STARTUP_FAILURE
@@ -74,22 +77,25 @@ def check_port_free(host: str, port: int) -> None:
             raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
 
 
-def run_both(server: Any, admin: Any, sock: socket.socket) -> None:
+def run_both(server: Any, admin: Any, sock: socket.socket, more: list[Any] | None = None) -> None:
     """Run uvicorn ``server`` (TCP, with the lifespan) and ``admin`` (the same app, on ``sock``)
-    in one event loop. ``admin`` starts once the app has started and stops when ``server`` does;
-    ``server`` alone handles SIGINT/SIGTERM (see ``quiet_server``)."""
+    in one event loop, with ``more`` listeners of the app (``--ollama-port``). The others start
+    once the app has started and stop when ``server`` does; ``server`` alone handles
+    SIGINT/SIGTERM (see ``quiet_server``)."""
 
     async def both() -> None:
         main = asyncio.ensure_future(server.serve())
         while not server.started and not main.done():
             await asyncio.sleep(0.05)
-        side = asyncio.ensure_future(admin.serve(sockets=[sock])) if server.started else None
+        sides = [admin, *(more or [])] if server.started else []
+        tasks = [asyncio.ensure_future(admin.serve(sockets=[sock]))] if sides else []
+        tasks += [asyncio.ensure_future(m.serve()) for m in sides[1:]]
         try:
             await main
         finally:
-            if side is not None:
-                admin.should_exit = True
-                await side
+            for side in sides:
+                side.should_exit = True
+            await asyncio.gather(*tasks)
 
     with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:
         runner.run(both())
@@ -138,6 +144,21 @@ def _tcp_config(app: Any, config: ServeConfig, log_level: str) -> Any:
         log_level=log_level,
         lifespan="on",
         timeout_graceful_shutdown=grace,
+        timeout_keep_alive=KEEP_ALIVE_S,
+        access_log=False,
+    )
+
+
+def _ollama_config(app: Any, config: ServeConfig, port: int, log_level: str) -> Any:
+    """The ``--ollama-port`` listener: the same app (the TCP server runs its lifespan)."""
+    import uvicorn
+
+    return uvicorn.Config(
+        app,
+        host=config.host,
+        port=port,
+        log_level=log_level,
+        lifespan="off",
         timeout_keep_alive=KEEP_ALIVE_S,
         access_log=False,
     )

@@ -75,6 +75,7 @@ class WorkerProcess:
             uptime_s=now - self.started_at if self.state == "ready" else None,
             idle_s=now - self.last_used if idle else None,
             gpus=self.gpus,
+            path="" if self.attached else self.spec.path,
         )
 
     def spawn(self, cmd: list[str], env: dict[str, str] | None = None) -> None:

@@ -11,6 +11,7 @@ import math
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -37,6 +38,7 @@ from mlxd.gateway.ops.recent import RecentRequests
 from mlxd.gateway.ops.status_page import status_page_routes
 from mlxd.gateway.pipeline import Pipeline
 from mlxd.gateway.routing.router import Router
+from mlxd.gateway.surfaces.ollama.models import REFUSED, OllamaModels
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +91,7 @@ def build_app(
         Route("/v1/responses/{response_id}", api.stored.retrieve, methods=["GET"]),
         Route("/v1/responses/{response_id}", api.stored.delete, methods=["DELETE"]),
         Route("/v1/responses/{response_id}/input_items", api.stored.input_items, methods=["GET"]),
+        *ollama_routes(api, pool),
         *admin_routes(pool, config.admin_key),
     ]
 
@@ -112,6 +115,33 @@ def build_app(
     return Starlette(
         routes=routes, middleware=middleware, lifespan=lifespan, exception_handlers=handlers
     )
+
+
+def ollama_routes(api: Pipeline, pool: WorkerPool) -> list[Route]:
+    """The Ollama API (``/api/*``): generation and embeddings through the pipeline, the model
+    listings, and the model-management routes mlxd refuses."""
+    remote = [t.name for t in api.router.remote]
+    timeout_s = api.timeouts.chat_timeout_s
+
+    async def describe(name: str) -> Any:
+        client = await pool.client(name)  # only asked of loaded models: loads nothing
+        return await client.describe(timeout_s)
+
+    models = OllamaModels(pool, remote, describe, api.http.max_body_bytes)
+    return [
+        Route("/api/chat", api.ollama_chat, methods=["POST"]),
+        Route("/api/generate", api.ollama_generate, methods=["POST"]),
+        Route("/api/embed", api.ollama_embed, methods=["POST"]),
+        Route("/api/embeddings", api.ollama_embeddings, methods=["POST"]),
+        Route("/api/tags", models.tags, methods=["GET"]),
+        Route("/api/ps", models.ps, methods=["GET"]),
+        Route("/api/show", models.show, methods=["POST"]),
+        Route("/api/version", models.version, methods=["GET"]),
+        *(
+            Route(f"/api/{what}", models.refused(what), methods=["POST", "DELETE"])
+            for what in REFUSED
+        ),
+    ]
 
 
 def _both(

@@ -84,7 +84,10 @@ async def answer(
                 await stream.cancel()
                 return Response(status_code=CLIENT_CLOSED_REQUEST, headers=headers)
             frames = renderer.frames(opened, first)
-            return EventStreamResponse(stream, frames, headers, stall_timeout_s=stall_timeout_s)
+            media_type = getattr(renderer, "media_type", None)  # NDJSON for Ollama's
+            return EventStreamResponse(
+                stream, frames, headers, stall_timeout_s=stall_timeout_s, media_type=media_type
+            )
         results = await collect_while_connected(http, stream, opened.deadline)
     except BaseException:
         with anyio.CancelScope(shield=True):

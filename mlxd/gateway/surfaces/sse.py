@@ -170,6 +170,7 @@ class EventStreamResponse(StreamingResponse):
         events: the SSE frames (``chunk_frames``, or the Anthropic surface's).
         headers: extra response headers (``X-Request-Id``).
         stall_timeout_s: a send blocked this long (the client reads nothing) cuts the stream.
+        media_type: another stream's type (``application/x-ndjson`` for Ollama's lines).
     """
 
     media_type = "text/event-stream"
@@ -180,7 +181,10 @@ class EventStreamResponse(StreamingResponse):
         events: AsyncGenerator[bytes, None],
         headers: Mapping[str, str] | None = None,
         stall_timeout_s: float = STALL_TIMEOUT_S,
+        media_type: str | None = None,
     ) -> None:
+        if media_type is not None:
+            self.media_type = media_type
         self._events = events
         self._stream = stream
         self._stall_timeout_s = stall_timeout_s

@@ -49,6 +49,7 @@ class WorkerInfo:
     uptime_s: float | None = None
     idle_s: float | None = None
     gpus: str = ""  # the CUDA GPUs it was placed on (mlxd.gpus; "" where there is no choice)
+    path: str = ""  # what it loads (a directory, repo id, GGUF file; "" for attached workers)
     # One entry per replica when several workers serve the model (--replicas, several
     # --worker NAME=...): the fields above then sum or summarise them.
     replica_rows: list[ReplicaInfo] = field(default_factory=list)

@@ -48,6 +48,12 @@ class Remotes:
         """
         kind = self.backends[target.backend].spec.kind
         endpoint, http, doc = request.endpoint, request.http, request.doc
+        if request.api not in ("openai", "anthropic"):  # the Ollama API: local models for now
+            raise InvalidRequest(
+                f"model {target.name!r} is served by backend {target.backend!r}: the "
+                f"{request.api} API serves local models only (use /v1/chat/completions)",
+                param="model",
+            )
         if endpoint in ("completions", "embeddings") and kind == "anthropic":
             what = (
                 "text completions: use /v1/chat/completions"
