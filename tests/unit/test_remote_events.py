@@ -4,6 +4,7 @@ request's own tool parser splits out with the upstream's ids."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -288,3 +289,64 @@ def test_the_gateways_tool_format_is_not_a_models() -> None:
     assert parser is not None
     text = '<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>'
     assert split_tool_calls(text, parser) == (text, [])
+
+
+def _split(parsed: Any, events: list[Event]) -> tuple[str, str]:
+    splitter = parsed.new_reasoning_splitter()
+    reasoning, answer = [], []
+    for event in events:
+        if isinstance(event, TokenDelta):
+            piece = splitter.delta(event)
+            reasoning.append(piece.reasoning)
+            answer.append(piece.answer)
+    rest = splitter.finish()
+    return "".join(reasoning) + rest.reasoning, "".join(answer) + rest.answer
+
+
+def test_upstream_reasoning_reaches_a_surface_that_splits_it() -> None:
+    """Anthropic thinking blocks and OpenAI-style reasoning_content come out as reasoning for
+    the surface's splitter (and only then): text with a model's own <think> stays answer."""
+    parsed = replace(_chat(), reasoning=True)
+    ant = AnthropicReader("r", "ant", str, reasoning=True)
+    events: list[Event] = []
+    for name, body in [
+        ("message_start", {"message": {"usage": {"input_tokens": 4}}}),
+        (
+            "content_block_start",
+            {"index": 0, "content_block": {"type": "thinking", "thinking": ""}},
+        ),
+        (
+            "content_block_delta",
+            {"index": 0, "delta": {"type": "thinking_delta", "thinking": "Hm"}},
+        ),
+        (
+            "content_block_delta",
+            {"index": 0, "delta": {"type": "signature_delta", "signature": "s"}},
+        ),
+        ("content_block_start", {"index": 1, "content_block": {"type": "text", "text": ""}}),
+        ("content_block_delta", {"index": 1, "delta": {"type": "text_delta", "text": "<think>x"}}),
+        ("message_delta", {"delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 3}}),
+        ("message_stop", {}),
+    ]:
+        events += ant.event(name, {"type": name, **body})
+    first = events[0]
+    assert isinstance(first, TokenDelta) and first.prompt is not None and first.thinking
+    assert _split(parsed, events) == ("Hm", "<think>x")
+    oai = OpenAIReader("r", 1, "up", str, reasoning=True)
+    chunks = [
+        _choice({"reasoning_content": "Let me"}),
+        _choice({"reasoning_content": " see."}),
+        _choice({"content": "Four."}, "stop"),
+    ]
+    assert _split(parsed, _openai_stream(oai, chunks)) == ("Let me see.", "Four.")
+    plain = _openai_stream(OpenAIReader("r", 1, "up", str), chunks)  # the surface splits none
+    assert [e.text for e in plain if isinstance(e, TokenDelta)] == ["Four."]
+
+
+def test_a_thinking_switch_goes_to_an_anthropic_backend() -> None:
+    prompt = _chat().prompt
+    on = replace(_chat(), prompt=replace(prompt, thinking=True))
+    assert anthropic_body(on, "x")["thinking"] == {"type": "enabled", "budget_tokens": 1024}
+    off = replace(_chat(), prompt=replace(prompt, thinking=False))
+    assert anthropic_body(off, "x")["thinking"] == {"type": "disabled"}
+    assert "thinking" not in anthropic_body(_chat(), "x")

@@ -19,6 +19,7 @@ from mlxd.gateway.tools.definitions import forced_tool_name
 from mlxd.protocol.messages import ChatPrompt, JsonFormat, SamplingParams, TextPrompt
 
 DEFAULT_MAX_TOKENS = 4096  # Anthropic requires max_tokens: asked for when the client set none
+MIN_THINKING_BUDGET = 1024  # the Messages API's least thinking.budget_tokens
 # mlxd's sampling extensions: (field, its default). Neither API carries them.
 _EXTENSIONS: tuple[tuple[str, Any], ...] = (
     ("min_p", 0.0),
@@ -152,9 +153,19 @@ def anthropic_body(parsed: ParsedRequest, model: str) -> dict[str, Any]:
         "top_k": s.top_k or None,
         "stop_sequences": s.stop or None,
         "metadata": None if parsed.user is None else {"user_id": parsed.user},
+        "thinking": _anthropic_thinking(prompt.thinking, s.thinking_budget),
     }
     body |= {k: v for k, v in fields.items() if v is not None}
     return body | _anthropic_tools(parsed, prompt)
+
+
+def _anthropic_thinking(thinking: bool | None, budget: int | None) -> dict[str, Any] | None:
+    # The Messages API's least budget is 1024 tokens; None leaves the model's default (off).
+    if thinking is None:
+        return None
+    if not thinking:
+        return {"type": "disabled"}
+    return {"type": "enabled", "budget_tokens": max(MIN_THINKING_BUDGET, budget or 0)}
 
 
 def _refuse_anthropic_sampling(parsed: ParsedRequest) -> None:

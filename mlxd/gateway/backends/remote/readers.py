@@ -5,23 +5,31 @@ Each choice's text becomes ``TokenDelta`` events and its end one ``Finished`` (u
 finish reason as the local backend says it: ``stop``, ``length``, ``content_filter``). The
 upstream's structured tool calls become event text in the gateway's own tool format
 (``tools.formats.UPSTREAM_TOOLS``, ids kept), which the request's tool parser splits out as
-it does a local model's calls. Upstream reasoning (Anthropic ``thinking`` blocks, OpenAI
-``reasoning_content``) is not passed on. Readers are plain objects (no I/O): ``source`` feeds
-them.
+it does a local model's calls. Upstream reasoning (Anthropic ``thinking`` blocks, OpenAI-style
+``reasoning_content`` / ``reasoning``) goes the same way when the surface splits reasoning
+(``ParsedRequest.reasoning``): between the gateway's own thinking markers (``UPSTREAM_THINKING``,
+named on each choice's first delta as a thinking model's worker names its own), which the
+surface's ``ReasoningSplitter`` cuts out; otherwise it is not passed on. Readers are plain
+objects (no I/O): ``source`` feeds them.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from mlxd.errors import UpstreamError
 from mlxd.gateway.tools.formats import upstream_call_text
-from mlxd.protocol.messages import Finished, TokenDelta, Usage
+from mlxd.protocol.messages import Finished, Thinking, TokenDelta, Usage
 
 Event = TokenDelta | Finished
+_TOKEN = secrets.token_hex(8)  # no upstream text can hold the markers
+UPSTREAM_THINKING = Thinking(
+    start=f"\x1emlxd-think-{_TOKEN}\x1e", end=f"\x1e/mlxd-think-{_TOKEN}\x1e"
+)
 _OPENAI_FINISH = {"length": "length", "content_filter": "content_filter"}  # others: stop
 _ANTHROPIC_FINISH = {"max_tokens": "length", "refusal": "content_filter"}  # others: stop
 
@@ -46,15 +54,42 @@ class _Call:
 
 
 class _Reader:
-    """What both readers share: the choices' request ids, the events they build."""
+    """What both readers share: the choices' request ids, the events they build, and whether
+    each choice is in its reasoning (``reasoning``: pass it on, marked)."""
 
-    def __init__(self, request_id: str, n: int, backend: str, redact: Callable[[str], str]):
+    def __init__(
+        self,
+        request_id: str,
+        n: int,
+        backend: str,
+        redact: Callable[[str], str],
+        reasoning: bool = False,
+    ):
         self.backend = backend
         self._ids = [request_id] if n == 1 else [f"{request_id}-{i}" for i in range(n)]
         self._redact = redact
+        self._reasoning = reasoning
+        self._started = [False] * n  # the choice's first delta went out
+        self._thinking = [False] * n  # the choice's reasoning is open
 
     def _delta(self, index: int, text: str, prompt: Usage | None = None) -> TokenDelta:
-        return TokenDelta(request_id=self._id(index), text=text, token_ids=[], prompt=prompt)
+        marks = UPSTREAM_THINKING if self._reasoning and not self._started[index] else None
+        self._started[index] = True
+        if self._thinking[index]:  # the answer (or a call) ends the reasoning before it
+            self._thinking[index] = False
+            text = UPSTREAM_THINKING.end + text
+        return TokenDelta(
+            request_id=self._id(index), text=text, token_ids=[], prompt=prompt, thinking=marks
+        )
+
+    def _reason(self, index: int, text: Any, prompt: Usage | None = None) -> list[Event]:
+        if not self._reasoning or not isinstance(text, str) or not text:
+            return []
+        opening = "" if self._thinking[index] else UPSTREAM_THINKING.start
+        self._thinking[index] = False  # more reasoning: _delta must not close it
+        delta = self._delta(index, opening + text, prompt)
+        self._thinking[index] = True
+        return [delta]
 
     def _finished(self, index: int, reason: str, usage: Usage, stop: str | None) -> Finished:
         return Finished(request_id=self._id(index), finish_reason=reason, usage=usage, stop=stop)
@@ -81,8 +116,15 @@ class OpenAIReader(_Reader):
     for the end of the stream, since the usage (``stream_options.include_usage``) comes last.
     """
 
-    def __init__(self, request_id: str, n: int, backend: str, redact: Callable[[str], str]):
-        super().__init__(request_id, n, backend, redact)
+    def __init__(
+        self,
+        request_id: str,
+        n: int,
+        backend: str,
+        redact: Callable[[str], str],
+        reasoning: bool = False,
+    ):
+        super().__init__(request_id, n, backend, redact, reasoning)
         self._calls: list[dict[int, _Call]] = [{} for _ in range(n)]
         self._reasons: list[str | None] = [None] * n
         self._usage = Usage(prompt_tokens=0, completion_tokens=0)
@@ -126,8 +168,9 @@ class OpenAIReader(_Reader):
         index = choice.get("index", 0)
         self._id(index)
         delta = choice.get("delta") or {}
-        text = delta.get("content") or choice.get("text")  # reasoning_content: not passed on
-        out: list[Event] = [self._delta(index, text)] if isinstance(text, str) and text else []
+        out = self._reason(index, delta.get("reasoning_content") or delta.get("reasoning"))
+        text = delta.get("content") or choice.get("text")
+        out += [self._delta(index, text)] if isinstance(text, str) and text else []
         for call in delta.get("tool_calls") or ():
             self._add_call(index, call)
         if choice.get("finish_reason"):
@@ -160,12 +203,14 @@ class AnthropicReader(_Reader):
     worker's does; each ``tool_use`` block goes out when it stops.
     """
 
-    def __init__(self, request_id: str, backend: str, redact: Callable[[str], str]):
-        super().__init__(request_id, 1, backend, redact)
+    def __init__(
+        self, request_id: str, backend: str, redact: Callable[[str], str], reasoning: bool = False
+    ):
+        super().__init__(request_id, 1, backend, redact, reasoning)
         self._usage: dict[str, Any] = {}
         self._call: _Call | None = None
         self._sent_prompt = False
-        self._reason: str | None = None
+        self._stop_reason: str | None = None
         self._stop: str | None = None
         self.finished = False
 
@@ -219,13 +264,16 @@ class AnthropicReader(_Reader):
             arguments = [json.dumps(given, ensure_ascii=False)] if given else []
             self._call = _Call(str(block.get("id") or ""), str(block.get("name") or ""), arguments)
             return []
-        text = block.get("text") if block.get("type") == "text" else None
-        return self._text(text) if isinstance(text, str) else []  # thinking: not passed on
+        if block.get("type") == "thinking":
+            return self._think(block.get("thinking"))
+        return self._text(block.get("text")) if block.get("type") == "text" else []
 
     def _block_delta(self, body: dict[str, Any]) -> list[Event]:
         delta = body.get("delta") or {}
         if delta.get("type") == "text_delta":
             return self._text(delta.get("text"))
+        if delta.get("type") == "thinking_delta":
+            return self._think(delta.get("thinking"))
         if delta.get("type") == "input_json_delta" and self._call is not None:
             self._call.arguments.append(str(delta.get("partial_json") or ""))
         return []
@@ -236,25 +284,33 @@ class AnthropicReader(_Reader):
 
     def _message_delta(self, body: dict[str, Any]) -> list[Event]:
         delta = body.get("delta") or {}
-        self._reason = delta.get("stop_reason") or self._reason
+        self._stop_reason = delta.get("stop_reason") or self._stop_reason
         self._stop = delta.get("stop_sequence") or self._stop
         self._merge_usage(body.get("usage"))
         return []
 
     def _message_stop(self, body: dict[str, Any]) -> list[Event]:
         self.finished = True
-        reason = _ANTHROPIC_FINISH.get(self._reason or "end_turn", "stop")
-        stop = self._stop if self._reason == "stop_sequence" else None
+        reason = _ANTHROPIC_FINISH.get(self._stop_reason or "end_turn", "stop")
+        stop = self._stop if self._stop_reason == "stop_sequence" else None
         return [self._finished(0, reason, _anthropic_usage(self._usage), stop)]
 
     def _text(self, text: Any) -> list[Event]:
         if not isinstance(text, str) or not text:
             return []
-        prompt = None
-        if not self._sent_prompt:
-            self._sent_prompt = True
-            prompt = _no_completion(_anthropic_usage(self._usage))
-        return [self._delta(0, text, prompt)]
+        return [self._delta(0, text, self._prompt())]
+
+    def _think(self, text: Any) -> list[Event]:
+        if not self._reasoning or not isinstance(text, str) or not text:
+            return []  # not passed on: the surface does not split reasoning
+        return self._reason(0, text, self._prompt())
+
+    def _prompt(self) -> Usage | None:
+        """The prompt's usage, for the first delta only (``message_start`` came before it)."""
+        if self._sent_prompt:
+            return None
+        self._sent_prompt = True
+        return _no_completion(_anthropic_usage(self._usage))
 
     def _merge_usage(self, usage: Any) -> None:
         if isinstance(usage, dict):

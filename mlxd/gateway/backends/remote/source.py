@@ -83,7 +83,7 @@ class EventSource:
             self.backend_metrics.done(backend.name, target.name, exc.code)
             raise
         done = finisher(self.backend_metrics, backend, target, response, started)
-        events = _events(response, backend, record.request_id, parsed.n)
+        events = _events(response, backend, record.request_id, parsed)
         stream = UpstreamEvents(
             record.request_id, parsed.n, events, done, self.metrics.track(record)
         )
@@ -197,26 +197,25 @@ class UpstreamEvents:
 
 
 async def _events(
-    response: httpx.Response, backend: RemoteBackend, request_id: str, n: int
+    response: httpx.Response, backend: RemoteBackend, request_id: str, parsed: ParsedRequest
 ) -> AsyncGenerator[list[Event], None]:
     """The events of ``response``, read by its backend kind's reader (streamed or whole);
     every failure as the ``MlxdError`` a client would see."""
     streamed = response.headers.get("content-type", "").startswith("text/event-stream")
-    anthropic = backend.spec.kind == "anthropic"
+    name, redact, reasoning = backend.name, backend.redact, parsed.reasoning
+    reader: AnthropicReader | OpenAIReader = (
+        AnthropicReader(request_id, name, redact, reasoning)
+        if backend.spec.kind == "anthropic"
+        else OpenAIReader(request_id, parsed.n, name, redact, reasoning)
+    )
     try:
         if not streamed:
-            body = _json(await response.aread(), backend.name)
-            reader: AnthropicReader | OpenAIReader = (
-                AnthropicReader(request_id, backend.name, backend.redact)
-                if anthropic
-                else OpenAIReader(request_id, n, backend.name, backend.redact)
-            )
-            yield reader.whole(body)
+            yield reader.whole(_json(await response.aread(), backend.name))
             return
         items = (
-            _anthropic_events(response, AnthropicReader(request_id, backend.name, backend.redact))
-            if anthropic
-            else _openai_events(response, OpenAIReader(request_id, n, backend.name, backend.redact))
+            _anthropic_events(response, reader)
+            if isinstance(reader, AnthropicReader)
+            else _openai_events(response, reader)
         )
         async for events in items:
             yield events
