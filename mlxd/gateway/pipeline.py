@@ -2,9 +2,10 @@
 
 Every API endpoint comes here. Its surface's body is read and decoded once into an
 ``ApiRequest``; the router (``routing.router``) turns its model into a chain of targets (itself,
-then its fallbacks); each target is served by the local backend (the worker pool, answered in
-the surface's shape by ``surfaces.base.answer``) or by a remote one (relayed in the client's
-API), until one answers.
+then its fallbacks); each target is served until one answers: by the local backend (the worker
+pool) or a remote backend of another API, both opened as the internal event stream and
+answered in the surface's shape by ``surfaces.base.answer``; or by a remote backend of the
+client's own API, which relays the request as sent.
 
 A target fails over to the next when it is unavailable before anything reached the client: a
 local worker that is down or failed (``WorkerUnavailable``), a backend that refused the
@@ -41,7 +42,7 @@ from mlxd.gateway.backends.remote.remotes import Remotes
 from mlxd.gateway.http.accesslog import REQUEST_ID_HEADER, record_of
 from mlxd.gateway.http.body import read_body
 from mlxd.gateway.ops.metrics import Metrics
-from mlxd.gateway.request import ApiRequest, Parser
+from mlxd.gateway.request import ApiRequest, Opened, Parser
 from mlxd.gateway.routing.router import LOCAL, Router, Target
 from mlxd.gateway.surfaces.anthropic import surface as anthropic
 from mlxd.gateway.surfaces.anthropic.schemas import parse_count_tokens
@@ -172,7 +173,7 @@ class Pipeline:
         try:
             parse = surface.parse
             request = await self._read(http, surface.api, surface.endpoint, parse, timeout_s)
-            return await self._route(request, lambda r: self._generate_locally(r, surface))
+            return await self._route(request, lambda r: self._generate_locally(r, surface), surface)
         except (MlxdError, HTTPException) as exc:
             if surface.render_error is None:
                 raise
@@ -184,14 +185,16 @@ class Pipeline:
         doc = parse_json(await read_body(http, self.http.max_body_bytes))
         return ApiRequest(http, record_of(http), api, endpoint, doc, timeout_s, parse)
 
-    async def _route(self, request: ApiRequest, local: _Local) -> Response:
+    async def _route(
+        self, request: ApiRequest, local: _Local, surface: Surface | None = None
+    ) -> Response:
         name = request.model
         chain = self.router.chain(name) if self.router.is_active and name is not None else []
         if not chain:  # not ours to route: the local backend answers (and explains)
             return await local(request)
         for target, fallback in zip(chain, [*chain[1:], None], strict=True):
             try:
-                return await self._serve(request, target, local)
+                return await self._serve(request, target, local, surface)
             except (*FAILOVER_ERRORS, Overloaded) as exc:
                 busy = isinstance(exc, Overloaded)
                 if fallback is None or (busy and not self.router.fails_over_when_busy(target)):
@@ -199,16 +202,27 @@ class Pipeline:
                 self._fail_over(request, target, fallback, exc.message)
         raise AssertionError("a chain is never empty")
 
-    async def _serve(self, request: ApiRequest, target: Target, local: _Local) -> Response:
+    async def _serve(
+        self, request: ApiRequest, target: Target, local: _Local, surface: Surface | None
+    ) -> Response:
         if not target.is_local:
-            return await self.remotes.serve(request, target)
+            if surface is None or self.remotes.passes_through(request, target):
+                return await self.remotes.serve(request, target)
+            opened = await self.remotes.open(request, target)
+            response = await self._answer(request, opened, surface)
+            response.headers[BACKEND_HEADER] = target.backend
+            return response
         request.record.backend = LOCAL
         response = await local(request.for_model(target.name))
         response.headers[BACKEND_HEADER] = LOCAL
         return response
 
     async def _generate_locally(self, request: ApiRequest, surface: Surface) -> Response:
-        opened = await self.local.open(request)
+        return await self._answer(request, await self.local.open(request), surface)
+
+    async def _answer(self, request: ApiRequest, opened: Opened, surface: Surface) -> Response:
+        """An opened request's answer (a local worker's or a remote backend's events), in its
+        surface's shape."""
         headers = {REQUEST_ID_HEADER: request.record.request_id}
         if surface.headers is not None:
             headers.update(surface.headers(opened.parsed))

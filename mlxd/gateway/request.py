@@ -107,6 +107,7 @@ class ParsedRequest:
     forced_tool_call: bool = False  # the output is one call's JSON body (tool_choice)
     tool_format: str | None = None  # the worker's tool parser (mlx-lm's name); None: JSON
     reasoning: bool = False  # split thinking text out of the answer (where the model marks it)
+    user: str | None = None  # the end user's id (OpenAI ``user``), for a remote backend
 
     def new_reasoning_splitter(self) -> ReasoningSplitter | None:
         """A splitter for one choice's thinking and answer; ``None`` when not split. It learns

@@ -1,17 +1,21 @@
-"""Translation between the APIs (docs/BACKENDS.md): an OpenAI client on an `anthropic` backend
-and an Anthropic client on an `openai` backend, with the official clients. The upstreams are a
-second real mlxd (it speaks both APIs) and, for tool calls (the tiny random model never makes
-one), a scripted app answering in each API's own format."""
+"""Requests to a backend of another API (docs/BACKENDS.md): an OpenAI client on an `anthropic`
+backend and an Anthropic client on an `openai` backend, with the official clients. They go
+through the event path (the backend kind's request, its answer read as internal events, the
+client's surface rendering them). The upstreams are a second real mlxd (it speaks both APIs;
+its forced tool calls are real ones) and a scripted app answering in each API's own format with
+free tool calls (which the tiny random model never makes)."""
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anthropic
+import httpx
 import openai
 import pytest
 from starlette.applications import Starlette
@@ -19,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.e2e.conftest import Daemon, serving, start_daemon, stop_daemon
+from tests.e2e.conftest import Daemon, free_port, serving, start_daemon, stop_daemon
 
 SYSTEM = "You are terse."
 MESSAGES = [{"role": "user", "content": "hello there"}]
@@ -214,6 +218,18 @@ def setup(
         f"soai=openai:{url}",
         "--model",
         "sgpt=soai:tools",
+        "--backend",
+        f"dead=openai:http://127.0.0.1:{free_port()}/v1",
+        "--model",
+        "deadgpt=dead:tiny",
+        "--fallback",
+        "deadgpt=gpt",
+        "--backend",
+        f"deadant=anthropic:http://127.0.0.1:{free_port()}/v1",
+        "--model",
+        "deadclaude=deadant:tiny",
+        "--fallback",
+        "deadclaude=claude",
     )
     yield Setup(front, upstream, made)
     if front.proc.poll() is None:
@@ -323,14 +339,14 @@ def test_chat_refuses_what_anthropic_cannot_do(
     with setup.openai() as client, pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(**body)
     assert info.value.body["param"] == param  # type: ignore[index]
-    assert param in info.value.message
+    assert param.removesuffix(".type") in info.value.message  # the content part, as locally
 
 
 @pytest.mark.parametrize(
     ("reason", "finish"),
     [
-        ("end_turn", "stop"),
-        ("stop_sequence", "stop"),
+        ("end_turn", "tool_calls"),  # a choice that made calls ends in tool_calls, as locally
+        ("stop_sequence", "tool_calls"),
         ("max_tokens", "length"),
         ("tool_use", "tool_calls"),
     ],
@@ -403,7 +419,7 @@ def test_chat_streamed_tool_call_from_an_anthropic_backend(setup: Setup) -> None
     assert "".join(d.content or "" for d in deltas) == "Let me look."
     calls = [t for d in deltas for t in d.tool_calls or ()]
     assert calls[0].id == "toolu_1" and calls[0].function.name == "get_weather"  # type: ignore[union-attr]
-    assert {t.index for t in calls} == {0} and {t.id for t in calls[1:]} == {None}
+    assert [t.index for t in calls] == [0]  # each call whole, once complete, as locally
     assert json.loads("".join(t.function.arguments or "" for t in calls)) == PARIS  # type: ignore[union-attr]
     assert chunks[-2].choices[0].finish_reason == "tool_calls"
     assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens == 18
@@ -547,3 +563,153 @@ def test_messages_streamed_tool_call_from_an_openai_backend(setup: Setup) -> Non
     assert use.type == "tool_use" and use.id == "toolu_1" and use.input == PARIS
     assert final.stop_reason == "tool_use"
     assert (final.usage.input_tokens, final.usage.output_tokens) == (11, 7)
+
+
+# The event path with real upstreams: tool-call ids, usage, failover, a client leaving
+
+UNIT = {
+    "type": "object",
+    "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["unit"],
+    "additionalProperties": False,
+}
+THERMOMETER = {"name": "get_temperature", "description": "The temperature", "parameters": UNIT}
+
+
+def _direct_tool_use(setup: Setup) -> anthropic.types.Message:
+    """The upstream mlxd's own forced tool call for the same conversation."""
+    tool = {"name": "get_temperature", "description": "The temperature", "input_schema": UNIT}
+    with setup.anthropic(setup.upstream.base_url) as client:
+        return client.messages.create(
+            model="tiny",
+            max_tokens=60,
+            messages=MESSAGES,  # type: ignore[arg-type]
+            tools=[tool],  # type: ignore[list-item]
+            tool_choice={"type": "any"},
+            extra_body={"temperature": 0},
+        )
+
+
+def _tool_request(stream: bool) -> dict[str, Any]:
+    return {
+        "model": "claude",
+        "messages": MESSAGES,
+        "tools": [{"type": "function", "function": THERMOMETER}],
+        "tool_choice": "required",
+        "max_tokens": 60,
+        "temperature": 0,
+        "stream": stream,
+        **({"stream_options": {"include_usage": True}} if stream else {}),
+    }
+
+
+def test_tool_calls_from_a_real_anthropic_upstream_keep_its_ids(setup: Setup) -> None:
+    """The upstream mlxd's forced call comes back with its own ``toolu_`` id (the front would
+    mint ``call_`` ids for calls it parsed itself), and the next turn sends it back up."""
+    with setup.openai() as client:
+        answer = client.chat.completions.create(**_tool_request(stream=False))
+    direct = _direct_tool_use(setup)
+    (call,) = answer.choices[0].message.tool_calls or []
+    (use,) = direct.content
+    assert use.type == "tool_use" and call.function.name == use.name == "get_temperature"  # type: ignore[union-attr]
+    assert call.id.startswith("toolu_") and len(call.id) == len(use.id)
+    assert json.loads(call.function.arguments) == use.input  # type: ignore[union-attr]
+    assert answer.choices[0].finish_reason == "tool_calls" and direct.stop_reason == "tool_use"
+    assert answer.usage is not None and answer.usage.completion_tokens == direct.usage.output_tokens
+    history = [
+        *MESSAGES,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "21"},
+    ]
+    with setup.openai() as client:
+        after = client.chat.completions.create(
+            model="claude",
+            messages=history,  # type: ignore[arg-type]
+            tools=[{"type": "function", "function": THERMOMETER}],  # type: ignore[list-item]
+            max_tokens=4,
+        )
+    assert after.choices[0].finish_reason == "length" and after.usage is not None
+
+
+def test_streamed_tool_call_and_usage_from_a_real_anthropic_upstream(setup: Setup) -> None:
+    with setup.openai() as client:
+        chunks = list(client.chat.completions.create(**_tool_request(stream=True)))
+    direct = _direct_tool_use(setup)
+    (use,) = direct.content
+    calls = [t for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or ()]
+    (call,) = calls
+    assert call.id is not None and call.id.startswith("toolu_")
+    assert json.loads(call.function.arguments or "") == use.input  # type: ignore[union-attr]
+    assert chunks[-2].choices[0].finish_reason == "tool_calls"
+    usage = chunks[-1].usage
+    prompt = direct.usage.input_tokens + (direct.usage.cache_read_input_tokens or 0)
+    assert chunks[-1].choices == [] and usage is not None
+    assert (usage.prompt_tokens, usage.completion_tokens) == (prompt, direct.usage.output_tokens)
+    metrics = httpx.get(f"{setup.front.base_url}/metrics").text
+    assert 'mlxd_backend_requests_total{backend="ant",model="claude",outcome="ok"}' in metrics
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_messages_fail_over_from_a_dead_upstream_to_a_live_one(setup: Setup, stream: bool) -> None:
+    """``deadgpt``'s backend refuses connections: the request goes to ``gpt``, both of another
+    API than the client's."""
+    args: dict[str, Any] = {
+        "model": "deadgpt",
+        "max_tokens": 8,
+        "system": SYSTEM,
+        "messages": MESSAGES,
+        "extra_body": {"temperature": 0},
+    }
+    with setup.anthropic() as client:
+        if stream:
+            with client.messages.stream(**args) as events:
+                text = "".join(events.text_stream)
+                final = events.get_final_message()
+        else:
+            raw = client.messages.with_raw_response.create(**args)
+            final = raw.parse()
+            text = final.content[0].text  # type: ignore[union-attr]
+            assert raw.headers["x-mlxd-backend"] == "up"
+    assert final.model == "gpt" and text == _direct_chat(setup).choices[0].message.content
+    assert final.usage.output_tokens == 8
+    metrics = httpx.get(f"{setup.front.base_url}/metrics").text
+    assert 'mlxd_backend_failovers_total{from_model="deadgpt",to_model="gpt"}' in metrics
+
+
+def test_chat_fails_over_from_a_dead_anthropic_upstream(setup: Setup) -> None:
+    messages = [{"role": "system", "content": SYSTEM}, *MESSAGES]
+    with setup.openai() as client:
+        raw = client.chat.completions.with_raw_response.create(
+            model="deadclaude", messages=messages, max_tokens=8, temperature=0
+        )  # type: ignore[arg-type]
+    answer = raw.parse()
+    assert answer.model == "claude" and raw.headers["x-mlxd-backend"] == "ant"
+    direct = _direct_message(setup, system=SYSTEM)
+    assert answer.choices[0].message.content == direct.content[0].text  # type: ignore[union-attr]
+
+
+def test_a_client_leaving_cancels_the_upstream_request(setup: Setup) -> None:
+    """An Anthropic client of ``gpt`` (an ``openai`` backend) goes away after the first text:
+    the front closes the upstream stream, and the upstream mlxd cancels the request far short
+    of its tokens."""
+    stats = "/admin/models/tiny/stats"
+    before = setup.upstream.admin_get(stats).json()
+    body = {
+        "model": "gpt",
+        "max_tokens": 400,
+        "messages": MESSAGES,
+        "stream": True,
+        "temperature": 0,
+    }
+    url = f"{setup.front.base_url}/v1/messages"
+    with httpx.stream("POST", url, json=body, timeout=30) as r:
+        assert r.status_code == 200
+        next(line for line in r.iter_lines() if "content_block_delta" in line)
+    deadline = time.monotonic() + 15
+    while (after := setup.upstream.admin_get(stats).json())["requests_cancelled"] == before[
+        "requests_cancelled"
+    ]:
+        assert time.monotonic() < deadline, "the upstream request was never cancelled"
+        time.sleep(0.2)
+    assert after["requests_cancelled"] == before["requests_cancelled"] + 1
+    assert after["output_tokens"] - before["output_tokens"] < 200

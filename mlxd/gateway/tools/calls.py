@@ -46,11 +46,11 @@ def parse_calls(
     except (ValueError, SyntaxError, TypeError, KeyError, IndexError, AttributeError):
         return None  # mlx-lm's parsers raise these on text that is not a call
     items = data if isinstance(data, list) else [data]
-    calls = [_call(item) for item in items]
+    calls = [_call(item, fmt.keeps_ids) for item in items]
     return None if not calls or None in calls else calls  # type: ignore[return-value]
 
 
-def _call(data: Any) -> ToolCall | None:
+def _call(data: Any, keeps_id: bool = False) -> ToolCall | None:
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
         return None
     args = data.get("arguments", data.get("parameters", {}))
@@ -61,7 +61,9 @@ def _call(data: Any) -> ToolCall | None:
             return None
     else:
         args = json.dumps(args, ensure_ascii=False)
-    return ToolCall(id=new_call_id(), name=data["name"], arguments=args)
+    given = data.get("id") if keeps_id else None
+    call_id = given if isinstance(given, str) and given else new_call_id()
+    return ToolCall(id=call_id, name=data["name"], arguments=args)
 
 
 def new_call_id() -> str:

@@ -71,6 +71,14 @@ def message_tool_calls(value: Any, path: str) -> list[dict[str, Any]]:
     return out
 
 
+def forced_tool_name(forced: JsonFormat | None) -> str | None:
+    """The function a forcing constraint (``_forced_call``'s) names, or ``None`` when it allows
+    any of the tools: what a remote backend is asked for instead of the constraint."""
+    schema = json.loads(forced.schema) if forced is not None and forced.schema else {}
+    name = schema.get("properties", {}).get("name", {}).get("const")
+    return name if isinstance(name, str) else None
+
+
 def _tools(value: Any) -> list[dict[str, Any]] | None:
     if value is None:
         return None

@@ -13,6 +13,7 @@ import functools
 import importlib.util
 import json
 import logging
+import secrets
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,12 +31,14 @@ Parse = Callable[[str, list[dict[str, Any]] | None], Any]
 
 @dataclass(frozen=True, slots=True)
 class ToolFormat:
-    """How one model family writes tool calls. ``end`` is empty when a call runs to the end."""
+    """How one model family writes tool calls. ``end`` is empty when a call runs to the end;
+    ``keeps_ids``: a call's ``id`` in the text is its id (only the gateway's own format)."""
 
     name: str
     start: str
     end: str
     parse: Parse
+    keeps_ids: bool = False
 
 
 def _parse_json(text: str, tools: list[dict[str, Any]] | None = None) -> Any:
@@ -43,6 +46,20 @@ def _parse_json(text: str, tools: list[dict[str, Any]] | None = None) -> Any:
 
 
 JSON_TOOLS = ToolFormat("json_tools", "<tool_call>", "</tool_call>", _parse_json)
+_TOKEN = secrets.token_hex(8)
+UPSTREAM_TOOLS = ToolFormat(
+    "mlxd_upstream",
+    f"\x1emlxd-call-{_TOKEN}\x1e",
+    f"\x1e/mlxd-call-{_TOKEN}\x1e",
+    _parse_json,
+    keeps_ids=True,
+)
+
+
+def upstream_call_text(call_id: str, name: str, arguments: str) -> str:
+    """A remote backend's tool call as event text in ``UPSTREAM_TOOLS`` (``arguments``: JSON)."""
+    body = json.dumps({"id": call_id, "name": name, "arguments": arguments}, ensure_ascii=False)
+    return f"{UPSTREAM_TOOLS.start}{body}{UPSTREAM_TOOLS.end}"
 
 
 @functools.cache
@@ -50,6 +67,8 @@ def tool_format(name: str | None) -> ToolFormat:
     """The format called ``name`` (mlx-lm's parser module name); JSON when unknown or None."""
     if name is None or name == JSON_TOOLS.name:
         return JSON_TOOLS
+    if name == UPSTREAM_TOOLS.name:
+        return UPSTREAM_TOOLS
     module = _load(name)
     if module is None:
         log.warning("no tool parser %r in mlx-lm: parsing tool calls as JSON", name)

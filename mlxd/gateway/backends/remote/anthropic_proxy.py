@@ -1,4 +1,5 @@
-"""Relays ``/v1/messages`` to an ``anthropic``-kind backend (the Messages API), streaming and not.
+"""Relays ``/v1/messages`` to an ``anthropic``-kind backend (the Messages API) as the client sent
+it, streaming and not (other APIs reach it through ``source``).
 
 The same contract as ``openai_proxy``: ``model`` swapped both ways, a stream committed only once
 its first event arrived (so earlier failures can fail over), a later failure ending the stream
@@ -10,7 +11,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
-from functools import partial
 from typing import Any
 
 import anyio
@@ -18,14 +18,8 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import Response
 
-from mlxd.gateway.backends.remote import anthropic_to_openai
 from mlxd.gateway.backends.remote.proxy import Proxy, same
-from mlxd.gateway.backends.remote.relay import (
-    Done,
-    RelayResponse,
-    read_sse,
-    read_sse_data,
-)
+from mlxd.gateway.backends.remote.relay import Done, RelayResponse, read_sse
 from mlxd.gateway.backends.remote.upstream import RemoteBackend
 from mlxd.gateway.http.accesslog import RequestRecord
 from mlxd.gateway.ops.metrics import Metrics
@@ -45,22 +39,13 @@ class AnthropicProxy(Proxy):
             MlxdError: the backend failed before anything was sent to the client.
         """
         record, backend, priority, doc = self._begin(request, target, doc)
-        translated = backend.spec.kind == "openai"
-        if translated:
-            path, body = "chat/completions", anthropic_to_openai.request(doc, target.upstream)
-        else:
-            path, body = "messages", {**doc, "model": target.upstream}
-        response, headers, done = await self._send(record, backend, target, path, body, priority)
+        body = {**doc, "model": target.upstream}
+        response, headers, done = await self._send(
+            record, backend, target, "messages", body, priority
+        )
         if not record.stream:
-            reshape = (
-                partial(anthropic_to_openai.response, model=target.name) if translated else same
-            )
-            return await self._collect(record, backend, response, headers, timeout_s, done, reshape)
-        if translated:
-            events = anthropic_to_openai.events(read_sse_data(response), target.name)
-        else:
-            events = read_sse(response)
-        return await self._relay(record, backend, events, headers, done)
+            return await self._collect(record, backend, response, headers, timeout_s, done, same)
+        return await self._relay(record, backend, read_sse(response), headers, done)
 
     # Internal helpers
 

@@ -1,9 +1,10 @@
-"""Relays ``/v1/chat/completions`` and ``/v1/completions`` to an OpenAI-compatible backend.
+"""Relays ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/embeddings`` to an
+OpenAI-compatible backend, as the client sent them (other APIs reach it through ``source``).
 
 The body goes upstream as the client sent it, with ``model`` set to the upstream's name; the
 answer comes back with ``model`` set to the name the client knows. A stream is committed only
 once its first event arrived, so a backend that fails before that can still be failed over
-(``dispatch``); after it, a failure ends the stream with an ``{"error": ...}`` event. The
+(``Pipeline._route``); after it, a failure ends the stream with an ``{"error": ...}`` event. The
 request's record gets the backend, the usage and the time to first token, so the access log,
 rate limits and per-model metrics treat remote models as local ones.
 """
@@ -22,14 +23,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from mlxd.errors import UpstreamError
-from mlxd.gateway.backends.remote import openai_to_anthropic
 from mlxd.gateway.backends.remote.proxy import Proxy, same
-from mlxd.gateway.backends.remote.relay import (
-    Done,
-    RelayResponse,
-    read_sse,
-    read_sse_data,
-)
+from mlxd.gateway.backends.remote.relay import Done, RelayResponse, read_sse_data
 from mlxd.gateway.backends.remote.upstream import RemoteBackend
 from mlxd.gateway.http.accesslog import RequestRecord
 from mlxd.gateway.ops.metrics import Metrics
@@ -40,7 +35,6 @@ from mlxd.protocol.messages import Usage
 log = logging.getLogger(__name__)
 
 _DONE_DATA = "[DONE]"
-_RESPONSE_ENDS = ("response.completed", "response.incomplete", "response.failed")
 
 
 class OpenAIProxy(Proxy):
@@ -55,22 +49,11 @@ class OpenAIProxy(Proxy):
             MlxdError: the backend failed before anything was sent to the client.
         """
         record, backend, priority, doc = self._begin(request, target, doc)
-        translated = backend.spec.kind == "anthropic"  # only chat/completions gets here
-        if translated:
-            path, body = "messages", openai_to_anthropic.request(doc, target.upstream)
-        else:
-            body = {**doc, "model": target.upstream}
+        body = {**doc, "model": target.upstream}
         response, headers, done = await self._send(record, backend, target, path, body, priority)
         if not record.stream:
-            reshape = openai_to_anthropic.response if translated else same
-            return await self._collect(record, backend, response, headers, timeout_s, done, reshape)
-        if translated:
-            events = openai_to_anthropic.chunks(read_sse(response), _includes_usage(doc))
-        else:
-            events = read_sse_data(response)
-        if path == "responses":  # its stream ends after its last event, with no [DONE]
-            events = _done_after_last_response_event(events)
-        return await self._relay(record, backend, events, headers, done)
+            return await self._collect(record, backend, response, headers, timeout_s, done, same)
+        return await self._relay(record, backend, read_sse_data(response), headers, done)
 
     # Internal helpers
 
@@ -134,24 +117,6 @@ class OpenAIProxy(Proxy):
             return sse(chunk)
         self._observe(record, chunk)
         return sse({**chunk, "model": record.model} if "model" in chunk else chunk)
-
-
-async def _done_after_last_response_event(events: AsyncIterator[str]) -> AsyncIterator[str]:
-    last = ""
-    async for data in events:
-        yield data
-        last = data
-    try:
-        kind = json.loads(last).get("type")
-    except (ValueError, AttributeError):
-        return
-    if kind in _RESPONSE_ENDS:
-        yield _DONE_DATA
-
-
-def _includes_usage(doc: dict[str, Any]) -> bool:
-    options = doc.get("stream_options")
-    return isinstance(options, dict) and options.get("include_usage") is True
 
 
 def _observe_body(record: RequestRecord, chunk: dict[str, Any], metrics: Metrics) -> None:

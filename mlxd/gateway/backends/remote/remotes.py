@@ -1,6 +1,8 @@
-"""The remote backends together: one HTTP client per configured backend, their metrics, and the
-proxy of each API that relays a request to a backend of either kind (translating where the
-client's API and the backend's differ)."""
+"""The remote backends together: one HTTP client per configured backend, their metrics, and
+the two ways a request reaches one. A request in the backend's own API is relayed as the client
+sent it (``serve``: every upstream field kept); any other (another API, or a surface with no
+native upstream) is opened as an internal event stream (``open``) that the request's surface
+renders, as it renders a local worker's."""
 
 from __future__ import annotations
 
@@ -15,10 +17,16 @@ from mlxd.errors import InvalidRequest
 from mlxd.gateway.backends.remote.anthropic_proxy import AnthropicProxy
 from mlxd.gateway.backends.remote.metrics import BackendMetrics
 from mlxd.gateway.backends.remote.openai_proxy import OpenAIProxy
+from mlxd.gateway.backends.remote.source import EventSource
 from mlxd.gateway.backends.remote.upstream import RemoteBackend
 from mlxd.gateway.ops.metrics import Metrics
-from mlxd.gateway.request import ApiRequest
+from mlxd.gateway.request import ApiRequest, Opened
 from mlxd.gateway.routing.router import Target
+
+# The client API each backend kind speaks natively: requests in it are relayed as sent. The
+# Responses API goes through the event path on every backend, so that its stored responses
+# (``previous_response_id``) mean the same whichever backend answered.
+NATIVE_API = {"openai": "openai", "anthropic": "anthropic"}
 
 
 class Remotes:
@@ -38,42 +46,35 @@ class Remotes:
         self.metrics.watch(self.backends.values())
         self._openai = OpenAIProxy(self.backends, metrics, self.metrics)
         self._anthropic = AnthropicProxy(self.backends, metrics, self.metrics)
+        self._source = EventSource(self.backends, metrics, self.metrics)
         self.created = int(time.time())
 
+    def passes_through(self, request: ApiRequest, target: Target) -> bool:
+        """Whether ``request`` is in the API of ``target``'s backend (``serve`` relays it)."""
+        return NATIVE_API.get(request.api) == self.backends[target.backend].spec.kind
+
     async def serve(self, request: ApiRequest, target: Target) -> Response:
-        """Relay ``request`` to ``target``'s backend, in the client's API.
+        """Relay ``request`` to ``target``'s backend as sent (``passes_through``, or
+        embeddings, which are refused by an ``anthropic`` backend).
 
         Raises:
             MlxdError: the request cannot go there, or the backend failed before answering.
         """
-        kind = self.backends[target.backend].spec.kind
+        self._check_endpoint(request, target)
         endpoint, http, doc = request.endpoint, request.http, request.doc
-        if request.api not in ("openai", "anthropic"):  # the Ollama API: local models for now
-            raise InvalidRequest(
-                f"model {target.name!r} is served by backend {target.backend!r}: the "
-                f"{request.api} API serves local models only (use /v1/chat/completions)",
-                param="model",
-            )
-        if endpoint in ("completions", "embeddings") and kind == "anthropic":
-            what = (
-                "text completions: use /v1/chat/completions"
-                if endpoint == "completions"
-                else "embeddings"
-            )
-            raise InvalidRequest(
-                f"model {target.name!r} is served by backend {target.backend!r} of kind "
-                f"anthropic, which has no {what}",
-                param="model",
-            )
-        if request.api == "responses" and kind == "anthropic":
-            raise InvalidRequest(
-                f"model {target.name!r} is served by backend {target.backend!r} of kind "
-                "anthropic: the Responses API reaches only openai-kind backends for now",
-                param="model",
-            )
         if request.api == "anthropic":
             return await self._anthropic.serve(http, target, doc, request.timeout_s)
         return await self._openai.serve(http, target, endpoint, doc, request.timeout_s)
+
+    async def open(self, request: ApiRequest, target: Target) -> Opened:
+        """Send ``request`` to ``target``'s backend in the backend's API; its answer as the
+        internal event stream (``source``).
+
+        Raises:
+            MlxdError: the request cannot go there, or the backend failed before answering.
+        """
+        self._check_endpoint(request, target)
+        return await self._source.open(request, target)
 
     def model_row(self, target: Target) -> dict[str, Any]:
         """A remote model's ``/v1/models`` entry."""
@@ -96,3 +97,19 @@ class Remotes:
         """Close every backend's connections."""
         for backend in self.backends.values():
             await backend.close()
+
+    def _check_endpoint(self, request: ApiRequest, target: Target) -> None:
+        if self.backends[target.backend].spec.kind != "anthropic":
+            return
+        if request.endpoint not in ("completions", "embeddings"):
+            return
+        what = (
+            "text completions: use /v1/chat/completions"
+            if request.endpoint == "completions"
+            else "embeddings"
+        )
+        raise InvalidRequest(
+            f"model {target.name!r} is served by backend {target.backend!r} of kind "
+            f"anthropic, which has no {what}",
+            param="model",
+        )

@@ -62,8 +62,7 @@ def parse_messages(
 
 def to_openai_chat(body: Any) -> dict[str, Any]:
     """A Messages body, its Anthropic fields checked, as an OpenAI chat request body (absent
-    fields as ``None``; tool-call ``arguments`` as objects). The local path and the
-    ``openai``-backend translation both start here."""
+    fields as ``None``; tool-call ``arguments`` as objects), which ``parse_messages`` parses."""
     body = _check_fields(body, _FIELDS)
     max_tokens = body.get("max_tokens")
     if type(max_tokens) is not int or max_tokens < 1:
@@ -72,7 +71,7 @@ def to_openai_chat(body: Any) -> dict[str, Any]:
     if isinstance(temperature, int | float) and not 0 <= temperature <= 1:
         raise InvalidRequest("'temperature' must be in [0, 1]", param="temperature")
     stops = _stop_sequences(body.get("stop_sequences"))
-    _metadata(body.get("metadata"))
+    metadata = _metadata(body.get("metadata"))
     chat = {
         "model": body.get("model"),
         "messages": to_openai_messages(body),
@@ -82,6 +81,7 @@ def to_openai_chat(body: Any) -> dict[str, Any]:
         "top_p": body.get("top_p"),
         "top_k": body.get("top_k"),
         "stop": stops or None,
+        "user": metadata.get("user_id"),
         **_tool_fields(body),
     }
     return chat
@@ -222,13 +222,14 @@ def _stop_sequences(value: Any) -> list[str]:
     return list(value)
 
 
-def _metadata(value: Any) -> None:
+def _metadata(value: Any) -> dict[str, Any]:
     if value is None:
-        return
+        return {}
     if not isinstance(value, dict) or set(value) - {"user_id"}:
         raise InvalidRequest("'metadata' may only hold 'user_id'", param="metadata")
     if not isinstance(value.get("user_id"), str | None):
         raise InvalidRequest("'metadata.user_id' must be a string", param="metadata.user_id")
+    return dict(value)
 
 
 def _tool_fields(body: dict[str, Any]) -> dict[str, Any]:

@@ -179,7 +179,7 @@ def _parsed(
     n = _int(body, "n", 1, 1)
     if n > MAX_N:
         raise InvalidRequest(f"'n' must be at most {MAX_N}", param="n")
-    _typed(body, "user", str, "a string")
+    user = _typed(body, "user", str, "a string")
     stream = _bool(body, "stream", False)
     return ParsedRequest(
         model=model,
@@ -189,6 +189,7 @@ def _parsed(
         include_usage=_include_usage(body.get("stream_options"), stream),
         priority=priority_of(body, header_priority, tier),
         n=n,
+        user=user,
     )
 
 
