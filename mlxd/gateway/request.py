@@ -107,6 +107,9 @@ class ParsedRequest:
     forced_tool_call: bool = False  # the output is one call's JSON body (tool_choice)
     tool_format: str | None = None  # the worker's tool parser (mlx-lm's name); None: JSON
     reasoning: bool = False  # split thinking text out of the answer (where the model marks it)
+    # What the surface's response repeats about how the request was read (Anthropic's
+    # ``context_management`` report).
+    echo: dict[str, Any] = field(default_factory=dict)
 
     def new_reasoning_splitter(self) -> ReasoningSplitter | None:
         """A splitter for one choice's thinking and answer; ``None`` when not split. It learns

@@ -170,6 +170,8 @@ class _Blocks:
 
 def _wire_message(message: dict[str, Any]) -> dict[str, Any]:
     # The local path keeps tool-call arguments as objects; on the wire they are JSON text.
+    # Replayed thinking stays here: OpenAI's API has no field for it.
+    message = {k: v for k, v in message.items() if k != "reasoning_content"}
     calls = message.get("tool_calls")
     if not calls:
         return message
