@@ -189,14 +189,18 @@ def _switched(prompt: Any, enabled: bool | None) -> Any:
 
 
 def _message(msg: Any, path: str, keep_thinking: bool = True) -> list[dict[str, Any]]:
-    if not isinstance(msg, dict) or msg.get("role") not in ("user", "assistant"):
-        raise InvalidRequest(f"'{path}.role' must be 'user' or 'assistant'", param=f"{path}.role")
+    if not isinstance(msg, dict) or msg.get("role") not in ("user", "assistant", "system"):
+        raise InvalidRequest(
+            f"'{path}.role' must be 'user', 'assistant' or 'system'", param=f"{path}.role"
+        )
     for key in msg:
         if key not in ("role", "content"):
             raise InvalidRequest(
                 f"{path}.{key}: Extra inputs are not permitted", param=f"{path}.{key}"
             )
     role, content = msg["role"], msg.get("content")
+    if role == "system":  # Claude Code's mid-conversation system text (its environment)
+        return [{"role": "system", "content": _text(content, f"{path}.content")}]
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):

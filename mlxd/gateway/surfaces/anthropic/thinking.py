@@ -38,7 +38,7 @@ def parse_thinking(value: Any) -> ThinkingSwitch:
     kind = value.get("type") if isinstance(value, dict) else None
     if kind == "disabled":
         return ThinkingSwitch(enabled=False)
-    if kind == "adaptive":
+    if kind == "adaptive":  # its ``display`` (summarized, omitted) is not applied: text is shown
         return ThinkingSwitch(enabled=True)
     if kind != "enabled":
         raise InvalidRequest(

@@ -103,3 +103,12 @@ def test_count_tokens_renders_with_the_switch() -> None:
 
 def test_signature_is_a_digest_of_the_text() -> None:
     assert signature("a") == signature("a") != signature("b")
+
+
+def test_a_system_message_mid_conversation_stays_in_place() -> None:
+    # Claude Code sends its environment as a system message after the first user turn.
+    doc = body()
+    env = {"role": "system", "content": [{"type": "text", "text": "# Environment"}]}
+    doc["messages"].insert(1, env)
+    parsed = parse_messages(doc)
+    assert parsed.prompt.messages[1] == {"role": "system", "content": "# Environment"}  # type: ignore[union-attr]
