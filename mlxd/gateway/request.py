@@ -108,6 +108,9 @@ class ParsedRequest:
     tool_format: str | None = None  # the worker's tool parser (mlx-lm's name); None: JSON
     reasoning: bool = False  # split thinking text out of the answer (where the model marks it)
     user: str | None = None  # the end user's id (OpenAI ``user``), for a remote backend
+    # What the surface's response repeats about how the request was read (Anthropic's
+    # ``context_management`` report).
+    echo: dict[str, Any] = field(default_factory=dict)
 
     def new_reasoning_splitter(self) -> ReasoningSplitter | None:
         """A splitter for one choice's thinking and answer; ``None`` when not split. It learns

@@ -13,6 +13,9 @@ tick, coalescing some ticks into ``Events``. Words in the prompt change the scri
 - ``SEEDED``: reply ``seed <n> .`` with the request's seed (which choice got which seed).
 - ``CACHED:<n>``: report ``n`` cached prompt tokens in the usage.
 - ``JSONCALL``: reply ``JSON_CALL``, a call's bare JSON body (what a forced tool_choice gets).
+- ``THINK``: reply ``THINK_REPLY`` in 3-character pieces (markers split across deltas), its first
+  delta naming the ``<think>`` markers, as a thinking model's worker does; ``THINKOPEN``: the
+  same without the opening marker, the first delta saying the output starts inside thinking.
 - ``TOOLCALL``: reply ``TOOL_REPLY`` (text, then a ``<tool_call>``; one more call per further
   ``TOOLCALL``) in 5-character pieces, so the tags arrive split across deltas.
 
@@ -58,6 +61,7 @@ from mlxd.protocol.messages import (
     Pong,
     Prompt,
     TextPrompt,
+    Thinking,
     TokenCount,
     TokenDelta,
     TokenPrompt,
@@ -72,6 +76,9 @@ TOOL_REPLY = (
     'Let me check. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
     "</tool_call>"
 )
+THINK_REPLY = "<think>\nLet me see.\n</think>\n\nHello there."
+THINKING = "Let me see."  # THINK_REPLY's thinking text and answer, split
+THOUGHT_ANSWER = "Hello there."
 SLOW_PIECES = 400
 FLOOD_PIECES = 5000
 MIDERROR_AFTER = 2
@@ -96,6 +103,7 @@ class _Active:
     matched_stop: str | None = None
     emitted: list[str] = field(default_factory=list)
     ticks: int = 0
+    thinking: Thinking | None = None
 
 
 class ScriptedWorker:
@@ -265,6 +273,12 @@ class ScriptedWorker:
         if "TOOLCALL" in text:  # one call per mention
             reply = TOOL_REPLY + TOOL_REPLY[len("Let me check. ") :] * (text.count("TOOLCALL") - 1)
             pieces = [reply[i : i + 5] for i in range(0, len(reply), 5)]
+        thinking = None
+        if "THINK" in text:
+            inside = "THINKOPEN" in text
+            reply = THINK_REPLY.removeprefix("<think>") if inside else THINK_REPLY
+            pieces = [reply[i : i + 3] for i in range(0, len(reply), 3)]
+            thinking = Thinking(start="<think>", end="</think>", inside=inside)
         limit = gen.sampling.max_tokens or len(pieces)
         self._active[gen.request_id] = _Active(
             client=client,
@@ -277,6 +291,7 @@ class ScriptedWorker:
             error_code=trigger.group(2) if trigger else None,
             cached_tokens=int(cached.group(1)) if (cached := _CACHED.search(text)) else 0,
             stop=gen.sampling.stop,
+            thinking=thinking,
         )
 
     def _tick(self, now: float) -> None:
@@ -304,8 +319,9 @@ class ScriptedWorker:
                 piece, active.matched_stop = piece[: piece.index(hit)], hit
                 active.pieces.clear()
             active.emitted.append(piece)
-            prompt = None
+            prompt, thinking = None, None
             if len(active.emitted) == 1:  # as the worker does: the first delta has the prompt's
+                thinking = active.thinking
                 prompt = Usage(
                     prompt_tokens=active.prompt_tokens,
                     completion_tokens=0,
@@ -313,7 +329,11 @@ class ScriptedWorker:
                 )
             events.append(
                 TokenDelta(
-                    request_id=rid, text=piece, token_ids=[len(active.emitted)], prompt=prompt
+                    request_id=rid,
+                    text=piece,
+                    token_ids=[len(active.emitted)],
+                    prompt=prompt,
+                    thinking=thinking,
                 )
             )
         if not active.pieces and active.error_code is None:

@@ -180,9 +180,9 @@ BAD = [
             "model": MODEL,
             "max_tokens": 5,
             "messages": HELLO,
-            "thinking": {"type": "enabled", "budget_tokens": 1024},
+            "thinking": {"type": "sometimes"},
         },
-        "thinking",
+        "thinking.type",
     ),
     (
         {
@@ -194,7 +194,7 @@ BAD = [
     ),
     ({"model": MODEL, "max_tokens": 5, "messages": HELLO, "stop_sequences": "x"}, "stop_sequences"),
     ({"model": MODEL, "max_tokens": 5, "messages": HELLO, "frobnicate": 1}, "frobnicate"),
-    ({"model": MODEL, "max_tokens": 5, "messages": HELLO, "service_tier": "auto"}, "service_tier"),
+    ({"model": MODEL, "max_tokens": 5, "messages": HELLO, "container": "c1"}, "container"),
     (
         {
             "model": MODEL,

@@ -70,3 +70,21 @@ def test_message_names_reach_the_template(client: openai.OpenAI, worker: Scripte
     generate = worker.wait_generate("named.")
     assert generate is not None
     assert generate.prompt.messages == named  # type: ignore[union-attr]
+
+
+def test_reasoning_content_reaches_the_template(
+    client: openai.OpenAI, worker: ScriptedWorker
+) -> None:
+    history = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello", "reasoning_content": "greet back"},
+        {"role": "user", "content": "again"},
+    ]
+    client.chat.completions.create(
+        model=MODEL,
+        messages=history,  # type: ignore[arg-type]
+        extra_headers={"X-Request-Id": "reasoned"},
+    )
+    generate = worker.wait_generate("reasoned.")
+    assert generate is not None
+    assert generate.prompt.messages == history  # type: ignore[union-attr]

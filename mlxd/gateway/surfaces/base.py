@@ -27,6 +27,7 @@ from mlxd.gateway.surfaces.collect import (
 )
 from mlxd.gateway.surfaces.sse import EventStreamResponse
 from mlxd.gateway.tools.calls import split_tool_calls
+from mlxd.gateway.tools.reasoning import split_reasoning
 from mlxd.protocol.messages import Finished, TokenDelta
 
 
@@ -97,6 +98,9 @@ async def answer(
         await stream.cancel()
         return Response(status_code=CLIENT_CLOSED_REQUEST, headers=headers)
     for result in results:
+        if opened.parsed.reasoning:
+            split = split_reasoning(result.text, result.thinking)
+            result.reasoning, result.text = split.reasoning, split.answer
         if (parser := opened.parsed.new_tool_parser()) is not None:
             result.text, result.tool_calls = split_tool_calls(result.text, parser)
     return JSONResponse(renderer.body(opened, results), 200, headers)

@@ -13,20 +13,23 @@ from starlette.requests import Request
 from mlxd.gateway.request import EventStream
 from mlxd.gateway.surfaces.sse import next_event
 from mlxd.gateway.tools.calls import ToolCall
-from mlxd.protocol.messages import Finished, TokenDelta, TokenLogprob
+from mlxd.protocol.messages import Finished, Thinking, TokenDelta, TokenLogprob
 
 _T = TypeVar("_T")
 
 
 @dataclass(slots=True)
 class ChoiceResult:
-    """One collected choice: its text, how it ended, its logprobs and parsed tool calls."""
+    """One collected choice: its text, how it ended, its logprobs and parsed tool calls, and
+    its thinking text once split out (``ParsedRequest.reasoning``)."""
 
     text: str = ""
     finish_reason: str = "stop"
     logprobs: list[TokenLogprob] | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)
     stop: str | None = None  # the stop string that ended it, if one did
+    reasoning: str = ""
+    thinking: Thinking | None = None  # how the output marks thinking (the first delta's)
 
 
 async def collect_while_connected(
@@ -62,10 +65,18 @@ async def collect(stream: EventStream, deadline: float) -> list[ChoiceResult]:
             )
             if stream.is_done:
                 return results
-        elif event.logprobs is not None:
-            if results[i].logprobs is None:
-                results[i].logprobs = []
-            results[i].logprobs.extend(event.logprobs)  # type: ignore[union-attr]
+        else:
+            _add_delta(results[i], event)
+
+
+def _add_delta(result: ChoiceResult, delta: TokenDelta) -> None:
+    """What a delta adds besides its text: the thinking markers (first delta), logprobs."""
+    if delta.thinking is not None:
+        result.thinking = delta.thinking
+    if delta.logprobs is not None:
+        if result.logprobs is None:
+            result.logprobs = []
+        result.logprobs.extend(delta.logprobs)
 
 
 async def _unless_disconnected(request: Request, work: Awaitable[_T]) -> _T | None:

@@ -92,6 +92,13 @@ class ReasoningSplitter:
             out.append(text)
 
 
+def split_reasoning(text: str, marks: Thinking | None) -> Split:
+    """A whole output split at once (a collected, non-streamed answer)."""
+    splitter = ReasoningSplitter(marks)
+    first, last = splitter.feed(text), splitter.finish()
+    return Split(first.reasoning + last.reasoning, first.answer + last.answer)
+
+
 def _held_back(text: str, marker: str, *, whitespace: bool) -> int:
     """How many characters at the end of ``text`` must wait: a proper prefix of ``marker``,
     and (inside thinking) the whitespace before it, which is dropped if the marker follows."""

@@ -96,8 +96,9 @@ def _openai_sampling(parsed: ParsedRequest) -> dict[str, Any]:
 
 def _openai_message(message: dict[str, Any]) -> dict[str, Any]:
     # The parsed prompt keeps tool-call arguments as objects (for chat templates); on the wire
-    # they are JSON text.
-    out = {k: v for k, v in message.items() if k != "tool_calls"}
+    # they are JSON text. Replayed thinking (``reasoning_content``) stays here: OpenAI's API has
+    # no field for it.
+    out = {k: v for k, v in message.items() if k not in ("tool_calls", "reasoning_content")}
     calls = message.get("tool_calls")
     if calls:
         out["tool_calls"] = [_openai_call(c) for c in calls]

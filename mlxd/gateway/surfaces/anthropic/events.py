@@ -3,7 +3,9 @@
 Streaming follows Anthropic's order: ``message_start``, then per content block
 ``content_block_start``, ``content_block_delta``*, ``content_block_stop`` (a ``ping`` after the
 first block starts, and as keepalive), then ``message_delta`` (stop reason, usage) and
-``message_stop``. An error after the headers went out is an ``error`` event.
+``message_stop``. An error after the headers went out is an ``error`` event. Thinking text (split
+out by the request's reasoning splitter) streams as ``thinking`` blocks: ``thinking_delta``s,
+then one ``signature_delta`` before the block stops.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import anyio
 
 from mlxd.errors import MlxdError
 from mlxd.gateway.request import EventStream, ParsedRequest
+from mlxd.gateway.surfaces.anthropic.thinking import signature
 from mlxd.gateway.surfaces.collect import ChoiceResult
 from mlxd.gateway.surfaces.sse import KEEPALIVE_S, next_event
 from mlxd.gateway.tools.calls import ToolCall, ToolCallParser
+from mlxd.gateway.tools.reasoning import Split
 from mlxd.protocol.messages import Finished, TokenDelta, Usage
 
 log = logging.getLogger(__name__)
@@ -76,9 +80,20 @@ def stop_reason(finish_reason: str, stop: str | None, has_calls: bool) -> str:
     return "stop_sequence" if stop is not None else "end_turn"
 
 
-def message_body(message_id: str, model: str, result: ChoiceResult, usage: Usage) -> dict[str, Any]:
-    """A non-streamed ``message`` object."""
-    content: list[dict[str, Any]] = [{"type": "text", "text": result.text}] if result.text else []
+def message_body(
+    message_id: str,
+    model: str,
+    result: ChoiceResult,
+    usage: Usage,
+    echo: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A non-streamed ``message`` object; ``echo``: fields reporting how the request was read
+    (``context_management``)."""
+    content: list[dict[str, Any]] = []
+    if result.reasoning:
+        content.append(_thinking_block(result.reasoning))
+    if result.text:
+        content.append({"type": "text", "text": result.text})
     content += [_tool_use(call) for call in result.tool_calls]
     reason = stop_reason(result.finish_reason, result.stop, bool(result.tool_calls))
     return {
@@ -90,6 +105,7 @@ def message_body(message_id: str, model: str, result: ChoiceResult, usage: Usage
         "stop_reason": reason,
         "stop_sequence": result.stop if reason == "stop_sequence" else None,
         "usage": usage_body(usage),
+        **(echo or {}),
     }
 
 
@@ -125,7 +141,7 @@ async def message_events(
         yield event("message_start", {"message": start})
         item: TokenDelta | Finished | None = first
         while not isinstance(item, Finished):
-            for frame in [PING] if item is None else blocks.add(item.text):
+            for frame in [PING] if item is None else blocks.add(item):
                 yield frame
             item = await next_event(stream, deadline, KEEPALIVE_S)
         for frame in blocks.finish(item.text):
@@ -135,7 +151,8 @@ async def message_events(
             "stop_reason": reason,
             "stop_sequence": item.stop if reason == "stop_sequence" else None,
         }
-        yield event("message_delta", {"delta": delta, "usage": usage_body(stream.usage)})
+        usage = usage_body(stream.usage)
+        yield event("message_delta", {"delta": delta, "usage": usage, **parsed.echo})
         yield event("message_stop", {})
     except MlxdError as exc:
         log.warning("request %s failed mid-stream: %s", stream.request_id, exc.message)
@@ -146,36 +163,60 @@ async def message_events(
 
 
 class _Blocks:
-    """Content blocks as they stream: a text block opens on text, each tool call is a block."""
+    """Content blocks as they stream: a thinking block opens on thinking text, a text block on
+    answer text, and each tool call is a block."""
 
     def __init__(self, parsed: ParsedRequest) -> None:
         self._parser = parsed.new_tool_parser() or ToolCallParser()
         self._parse = parsed.parse_tools
+        self._splitter = parsed.new_reasoning_splitter()
         self._index = -1  # of the last block started
-        self._is_open = False
-        self._text_open = False
+        self._open_kind: str | None = None  # "thinking", "text" or "tool_use" while one is open
+        self._thought: list[str] = []  # the open thinking block's text, for its signature
         self.num_calls = 0
 
-    def add(self, text: str) -> list[bytes]:
-        if not self._parse:
-            return self._text(text)
-        content, calls = self._parser.feed(text)
-        return self._text(content) + self._calls(calls)
+    def add(self, delta: TokenDelta) -> list[bytes]:
+        split = self._splitter.delta(delta) if self._splitter else Split(answer=delta.text)
+        return self._split(split)
 
     def finish(self, text: str) -> list[bytes]:
-        frames = self.add(text) if text else []
+        frames: list[bytes] = []
+        if self._splitter is not None:
+            frames += self._split(self._splitter.feed(text)) + self._split(self._splitter.finish())
+        elif text:
+            frames += self._answer(text)
         if self._parse:
             content, calls = self._parser.finish()
             frames += self._text(content) + self._calls(calls)
         return frames + self._close()
 
+    def _split(self, split: Split) -> list[bytes]:
+        return self._thinking(split.reasoning) + self._answer(split.answer)
+
+    def _answer(self, text: str) -> list[bytes]:
+        if not self._parse:
+            return self._text(text)
+        content, calls = self._parser.feed(text)
+        return self._text(content) + self._calls(calls)
+
+    def _thinking(self, text: str) -> list[bytes]:
+        if not text:
+            return []
+        frames = []
+        if self._open_kind != "thinking":
+            frames = self._close() + self._open(
+                {"type": "thinking", "thinking": "", "signature": ""}
+            )
+        self._thought.append(text)
+        delta = {"type": "thinking_delta", "thinking": text}
+        return [*frames, event("content_block_delta", {"index": self._index, "delta": delta})]
+
     def _text(self, text: str) -> list[bytes]:
         if not text:
             return []
         frames = []
-        if not self._text_open:
-            frames = self._open({"type": "text", "text": ""})
-            self._text_open = True
+        if self._open_kind != "text":
+            frames = self._close() + self._open({"type": "text", "text": ""})
         delta = {"type": "text_delta", "text": text}
         return [*frames, event("content_block_delta", {"index": self._index, "delta": delta})]
 
@@ -192,15 +233,24 @@ class _Blocks:
 
     def _open(self, block: dict[str, Any]) -> list[bytes]:
         self._index += 1
-        self._is_open = True
+        self._open_kind = block["type"]
         frames = [event("content_block_start", {"index": self._index, "content_block": block})]
         return frames + [PING] if self._index == 0 else frames
 
     def _close(self) -> list[bytes]:
-        if not self._is_open:
+        if self._open_kind is None:
             return []
-        self._is_open = self._text_open = False
-        return [event("content_block_stop", {"index": self._index})]
+        frames = []
+        if self._open_kind == "thinking":
+            delta = {"type": "signature_delta", "signature": signature("".join(self._thought))}
+            frames.append(event("content_block_delta", {"index": self._index, "delta": delta}))
+            self._thought = []
+        self._open_kind = None
+        return [*frames, event("content_block_stop", {"index": self._index})]
+
+
+def _thinking_block(text: str) -> dict[str, Any]:
+    return {"type": "thinking", "thinking": text, "signature": signature(text)}
 
 
 def _tool_use(call: ToolCall) -> dict[str, Any]:

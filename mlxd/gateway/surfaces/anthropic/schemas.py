@@ -3,18 +3,26 @@
 Anthropic's own fields are checked here, with Anthropic's names in errors (``system``,
 ``messages[1].content[0].tool_use_id``, ``stop_sequences``...); the translated body then goes
 through ``schemas.parse_chat``, whose checks of the shared fields (``model``, ``temperature``,
-``top_p``, ``top_k``, ``stream``) keep the same names. Fields we do not serve are a 400.
-``cache_control`` (top level or on blocks) is accepted: the worker's prefix cache reuses
-prompt prefixes on its own, so the hint needs no action.
+``top_p``, ``top_k``, ``stream``) keep the same names.
+
+One rule for fields mlxd does not act on (docs/API.md): a field that only tunes how the server
+runs the request (``_SERVER_SIDE``: ``cache_control``, ``service_tier``, ``metadata``...) is
+accepted and ignored; a field whose effect would change the answer (``_UNSUPPORTED``: a
+``container``, ``mcp_servers``, structured output) is a 400 naming it unless null; and a field
+mlxd does not know is a 400 too, as Anthropic's API answers, since ignoring it might change the
+answer. ``thinking`` and ``context_management`` are served (``thinking.py``).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from mlxd.errors import InvalidRequest
 from mlxd.gateway.request import ParsedRequest
+from mlxd.gateway.surfaces.anthropic import thinking
 from mlxd.gateway.surfaces.openai.schemas import MAX_STOP, parse_chat
+from mlxd.protocol.messages import ChatPrompt
 
 _FIELDS = frozenset(
     {
@@ -31,18 +39,16 @@ _FIELDS = frozenset(
         "tools",
         "tool_choice",
         "cache_control",
+        "thinking",
+        "context_management",
+        "output_config",
     }
 )
-# Anthropic fields we do not serve: accepted only when absent or null ("disabled" for thinking).
-_UNSUPPORTED = frozenset(
+# Fields that only tune how Anthropic's servers run a request (prompt caching, capacity tier,
+# region, speed, accounting): accepted and ignored.
+_SERVER_SIDE = frozenset(
     {
-        "thinking",
         "service_tier",
-        "container",
-        "mcp_servers",
-        "context_management",
-        "output_format",
-        "output_config",
         "inference_geo",
         "diagnostics",
         "speed",
@@ -50,14 +56,47 @@ _UNSUPPORTED = frozenset(
         "workspace_id",
     }
 )
-_COUNT_FIELDS = frozenset({"model", "messages", "system", "tools", "tool_choice", "cache_control"})
+# Fields mlxd does not serve whose effect would change the answer: accepted only when null.
+_UNSUPPORTED = frozenset({"container", "mcp_servers", "output_format"})
+_COUNT_FIELDS = frozenset(
+    {
+        "model",
+        "messages",
+        "system",
+        "tools",
+        "tool_choice",
+        "cache_control",
+        "thinking",
+        "context_management",
+        "output_config",
+    }
+)
 
 
 def parse_messages(
     body: Any, header_priority: str | None = None, tier: str | None = None
 ) -> ParsedRequest:
-    """Validate a Messages body; ``header_priority`` and ``tier`` as for ``parse_chat``."""
-    return parse_chat(to_openai_chat(body), header_priority, tier)
+    """Validate a Messages body; ``header_priority`` and ``tier`` as for ``parse_chat``.
+    Thinking is split out of the answer (where the model marks it) whatever ``thinking`` says:
+    a model that thinks anyway shows it as thinking blocks, not as text."""
+    parsed = parse_chat(to_openai_chat(body), header_priority, tier)
+    switch = thinking.parse_thinking(body.get("thinking"))
+    sampling = replace(parsed.sampling, thinking_budget=switch.budget_tokens)
+    edits = thinking.applied_edits(cleared_thinking_turns(body))
+    return replace(
+        parsed,
+        prompt=_switched(parsed.prompt, switch.enabled),
+        sampling=sampling,
+        reasoning=True,
+        echo={"context_management": edits} if edits else {},
+    )
+
+
+def cleared_thinking_turns(body: dict[str, Any]) -> int | None:
+    """How many assistant turns' thinking ``context_management`` drops (None: no such edit)."""
+    clear = thinking.parse_context_management(body.get("context_management"))
+    messages = body.get("messages")
+    return None if clear is None else clear.cleared(messages if isinstance(messages, list) else [])
 
 
 def to_openai_chat(body: Any) -> dict[str, Any]:
@@ -88,15 +127,19 @@ def to_openai_chat(body: Any) -> dict[str, Any]:
 
 
 def parse_count_tokens(body: Any) -> ParsedRequest:
-    """Validate a ``/v1/messages/count_tokens`` body (no sampling fields)."""
+    """Validate a ``/v1/messages/count_tokens`` body (no sampling fields); the prompt is
+    rendered with the thinking switch, as the same ``messages`` request would be."""
     body = _check_fields(body, _COUNT_FIELDS)
     chat = {"model": body.get("model"), "messages": to_openai_messages(body), **_tool_fields(body)}
-    return parse_chat(chat)
+    parsed = parse_chat(chat)
+    switch = thinking.parse_thinking(body.get("thinking"))
+    return replace(parsed, prompt=_switched(parsed.prompt, switch.enabled))
 
 
 def to_openai_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     """``system`` and ``messages`` as OpenAI-shaped messages for the chat template: tool_use
-    blocks become ``tool_calls``, tool_result blocks become ``tool`` messages."""
+    blocks become ``tool_calls``, tool_result blocks become ``tool`` messages, thinking blocks
+    the assistant message's ``reasoning_content`` (unless ``context_management`` clears them)."""
     out = []
     system = body.get("system")
     if system is not None:
@@ -104,8 +147,9 @@ def to_openai_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("'messages' must be a non-empty list", param="messages")
+    cleared = set(thinking.thinking_turns(messages)[: cleared_thinking_turns(body) or 0])
     for i, msg in enumerate(messages):
-        out += _message(msg, f"messages[{i}]")
+        out += _message(msg, f"messages[{i}]", keep_thinking=i not in cleared)
     return out
 
 
@@ -117,23 +161,46 @@ def _check_fields(body: Any, allowed: frozenset[str]) -> dict[str, Any]:
         raise InvalidRequest("The request body must be a JSON object")
     for key, value in body.items():
         if key in _UNSUPPORTED:
-            disabled = isinstance(value, dict) and value.get("type") == "disabled"
-            if value is not None and not disabled:
+            if value is not None:
                 raise InvalidRequest(f"'{key}' is not supported by this server", param=key)
-        elif key not in allowed:
+        elif key not in allowed and key not in _SERVER_SIDE:
             raise InvalidRequest(f"{key}: Extra inputs are not permitted", param=key)
+    _output_config(body.get("output_config"))
     return body
 
 
-def _message(msg: Any, path: str) -> list[dict[str, Any]]:
-    if not isinstance(msg, dict) or msg.get("role") not in ("user", "assistant"):
-        raise InvalidRequest(f"'{path}.role' must be 'user' or 'assistant'", param=f"{path}.role")
+def _output_config(value: Any) -> None:
+    """``output_config``: ``effort`` only tunes how much the model thinks (ignored); a
+    ``format`` would change the answer (400)."""
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise InvalidRequest("'output_config' must be an object", param="output_config")
+    for key, item in value.items():
+        if key != "effort" and item is not None:
+            raise InvalidRequest(
+                f"'output_config.{key}' is not supported by this server",
+                param=f"output_config.{key}",
+            )
+
+
+def _switched(prompt: Any, enabled: bool | None) -> Any:
+    return replace(prompt, thinking=enabled) if isinstance(prompt, ChatPrompt) else prompt
+
+
+def _message(msg: Any, path: str, keep_thinking: bool = True) -> list[dict[str, Any]]:
+    if not isinstance(msg, dict) or msg.get("role") not in ("user", "assistant", "system"):
+        raise InvalidRequest(
+            f"'{path}.role' must be 'user', 'assistant' or 'system'", param=f"{path}.role"
+        )
     for key in msg:
         if key not in ("role", "content"):
             raise InvalidRequest(
                 f"{path}.{key}: Extra inputs are not permitted", param=f"{path}.{key}"
             )
     role, content = msg["role"], msg.get("content")
+    if role == "system":  # Claude Code's mid-conversation system text (its environment)
+        return [{"role": "system", "content": _text(content, f"{path}.content")}]
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
@@ -143,11 +210,14 @@ def _message(msg: Any, path: str) -> list[dict[str, Any]]:
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
+    reasoning: list[str] = []
     for j, block in enumerate(content):
         where = f"{path}.content[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
             texts.append(_str(block, "text", where))
+        elif kind in thinking.THINKING_BLOCKS and role == "assistant":
+            reasoning.append(_thinking_text(block, where) if keep_thinking else "")
         elif kind == "tool_use" and role == "assistant":
             calls.append(_tool_use(block, where))
         elif kind == "tool_result" and role == "user":
@@ -157,7 +227,10 @@ def _message(msg: Any, path: str) -> list[dict[str, Any]]:
                 f"'{where}.type' {kind!r} is not supported in a {role} message",
                 param=f"{where}.type",
             )
-    return _blocks_to_messages(role, "".join(texts), calls, results)
+    out = _blocks_to_messages(role, "".join(texts), calls, results)
+    if "".join(reasoning):
+        out[-1]["reasoning_content"] = "\n\n".join(r for r in reasoning if r)
+    return out
 
 
 def _blocks_to_messages(
@@ -169,6 +242,14 @@ def _blocks_to_messages(
     elif text or not results:
         out.append({"role": role, "content": text})
     return out
+
+
+def _thinking_text(block: dict[str, Any], where: str) -> str:
+    """A replayed thinking block's text; a redacted one (encrypted by Anthropic) has none
+    that a local model could read. Signatures are not checked."""
+    if block["type"] == "redacted_thinking":
+        return ""
+    return _str(block, "thinking", where)
 
 
 def _tool_use(block: dict[str, Any], where: str) -> dict[str, Any]:

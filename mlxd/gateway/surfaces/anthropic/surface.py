@@ -37,7 +37,8 @@ class MessageRenderer:
 
     def body(self, opened: Opened, results: list[ChoiceResult]) -> dict[str, Any]:
         """The whole ``message``."""
-        return message_body(self.id, opened.parsed.model, results[0], opened.stream.usage)
+        parsed = opened.parsed
+        return message_body(self.id, parsed.model, results[0], opened.stream.usage, parsed.echo)
 
 
 def render_error(request: Request, exc: MlxdError | HTTPException) -> Response:

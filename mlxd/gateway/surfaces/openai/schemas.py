@@ -86,7 +86,11 @@ _UNSUPPORTED = frozenset(
     }
 )
 _ROLES = ("system", "developer", "user", "assistant", "tool")
-_MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id"})
+# reasoning_content: an assistant turn's thinking sent back (DeepSeek's and vLLM's name), for a
+# template with a place for it (Qwen3); others ignore it.
+_MESSAGE_KEYS = frozenset(
+    {"role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content"}
+)
 # Keys of OpenAI's response message that clients echo back in the history: null only.
 _NULL_MESSAGE_KEYS = frozenset({"refusal", "annotations", "audio", "function_call"})
 
@@ -343,7 +347,7 @@ def _message(msg: Any, path: str) -> dict[str, Any]:
             f"'{path}.role' must be one of {', '.join(_ROLES)}", param=f"{path}.role"
         )
     out: dict[str, Any] = {"role": role, "content": _content(msg.get("content"), path)}
-    for key in ("name", "tool_call_id"):
+    for key in ("name", "tool_call_id", "reasoning_content"):
         value = _typed(msg, key, str, "a string", f"{path}.{key}")
         if value is not None:
             out[key] = value
