@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 
 from mlxd.gateway.request import EventStream
-from mlxd.protocol.messages import Finished, Thinking, TokenDelta, Usage
+from mlxd.protocol.messages import Finished, TokenDelta, Usage
 
 
 @dataclass(slots=True)
@@ -50,14 +50,12 @@ class Timing:
 
 
 class TimedStream:
-    """An ``EventStream`` that notes its events' times in a ``Timing``, and how the output
-    marks thinking (the first delta says; ``collect`` drops it, the whole answer needs it)."""
+    """An ``EventStream`` that notes its events' times in a ``Timing``."""
 
     def __init__(self, stream: EventStream, timing: Timing) -> None:
         self.inner = stream
         self.timing = timing
         self.request_id = stream.request_id
-        self.marks: Thinking | None = None
 
     def __aiter__(self) -> TimedStream:
         return self
@@ -74,8 +72,6 @@ class TimedStream:
 
     def _note(self, event: TokenDelta | Finished | None) -> None:
         self.timing.note(event)
-        if isinstance(event, TokenDelta) and event.thinking is not None:
-            self.marks = event.thinking
 
     @property
     def num_choices(self) -> int:
@@ -102,11 +98,6 @@ def timing_of(stream: EventStream) -> Timing:
         return stream.timing
     now = time.perf_counter()
     return Timing(now, 0.0, now, now, now)
-
-
-def marks_of(stream: EventStream) -> Thinking | None:
-    """How the stream's output marks thinking, if its first delta said."""
-    return stream.marks if isinstance(stream, TimedStream) else None
 
 
 def elapsed_ns(start: float) -> int:
