@@ -22,7 +22,7 @@ from mlxd.gateway.surfaces.ollama import schemas
 from mlxd.gateway.surfaces.ollama.body import ChatShape, GenerateShape, Shape, last
 from mlxd.gateway.surfaces.ollama.names import display
 from mlxd.gateway.surfaces.ollama.stream import MEDIA_TYPE, ndjson_lines
-from mlxd.gateway.surfaces.ollama.timing import marks_of, timing_of
+from mlxd.gateway.surfaces.ollama.timing import timing_of
 from mlxd.protocol.messages import Finished, TokenDelta
 
 API = "ollama"
@@ -43,13 +43,8 @@ class OllamaRenderer:
     def body(self, opened: Opened, results: list[ChoiceResult]) -> dict[str, Any]:
         """The whole answer: the final object with all the text, thinking and tool calls."""
         fields = timing_of(opened.stream).fields(opened.stream.usage)
-        result, thinking = results[0], ""
-        splitter = opened.parsed.new_reasoning_splitter()
-        if splitter is not None:  # tool calls were split out first (``answer``)
-            splitter.begin(marks_of(opened.stream))
-            fed, rest = splitter.feed(result.text), splitter.finish()
-            result.text, thinking = fed.answer + rest.answer, fed.reasoning + rest.reasoning
-        return last(self.shape, display(opened.parsed.model), result, fields, thinking)
+        result = results[0]  # thinking split out (``think``) before tool calls (``answer``)
+        return last(self.shape, display(opened.parsed.model), result, fields, result.reasoning)
 
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
