@@ -6,7 +6,7 @@ thinking is not a call."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import openai
@@ -172,3 +172,13 @@ def test_a_malformed_reasoning_item_is_a_400(oai: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         oai.responses.create(model=MODEL, input=bad)
     assert "input[0].content[0].text" in str(caught.value)
+
+
+def test_the_store_bounds_are_settings(make_gateway: Callable[..., Gateway]) -> None:
+    small = make_gateway(max_stored_responses=1)
+    with openai.OpenAI(base_url=f"{small.url}/v1", api_key="x", max_retries=0) as client:
+        first = client.responses.create(model=MODEL, input="hello")
+        second = client.responses.create(model=MODEL, input="hello")
+        assert client.responses.retrieve(second.id).id == second.id
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(first.id)  # evicted by the second
