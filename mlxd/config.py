@@ -54,6 +54,7 @@ from mlxd.serve_knobs import (
     MAX_BODY_BYTES,
     MAX_CRASHES,
     MAX_MEMORY,
+    MAX_STORED_RESPONSES,
     OLLAMA_PORT,
     PORT,
     REQUEST_LOG,
@@ -62,6 +63,7 @@ from mlxd.serve_knobs import (
     ROUTING,
     SERVE_KNOBS,
     STEP_TIMEOUT,
+    STORED_RESPONSES_SIZE,
     STREAM_STALL_TIMEOUT,
 )
 
@@ -409,10 +411,13 @@ class RequestTimeouts:
 
 @dataclass(frozen=True, slots=True)
 class HttpLimits:
-    """What the gateway accepts of a request body, and whether it logs prompts."""
+    """What the gateway accepts of a request body, whether it logs prompts, and how many
+    Responses API responses it keeps (``store: true``)."""
 
     max_body_bytes: int = MAX_BODY_BYTES.default  # larger bodies get 413 before they are read
     log_prompts: bool = LOG_PROMPTS.default  # prompts go in the access log
+    max_stored_responses: int = MAX_STORED_RESPONSES.default  # the least recently used go first
+    max_stored_bytes: int = STORED_RESPONSES_SIZE.default  # their JSON size, all together
 
     def __post_init__(self) -> None:
         _check_serve_knobs(self)
@@ -451,6 +456,8 @@ class ServeConfig:
     worker_start_timeout_s: float = 300.0  # no option: a model's load may take this long
     max_context: int | None = MAX_CONTEXT.default
     max_body_bytes: int = MAX_BODY_BYTES.default
+    max_stored_responses: int = MAX_STORED_RESPONSES.default  # Responses API store: true
+    max_stored_bytes: int = STORED_RESPONSES_SIZE.default
     api_keys: tuple[ApiKey, ...] = ()
     log_prompts: bool = LOG_PROMPTS.default
     admin_key: str | None = field(default=ADMIN_KEY.default, repr=False)  # guards /admin/*

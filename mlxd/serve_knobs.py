@@ -246,6 +246,33 @@ MAX_BODY_BYTES: Knob[int] = Knob(
     minimum=1024,
     click_range=True,
 )
+MAX_STORED_RESPONSES: Knob[int] = Knob(
+    "max_stored_responses",
+    "serve",
+    "--max-stored-responses",
+    int,
+    1000,
+    "How many Responses API responses (store: true) are kept for previous_response_id and "
+    "retrieval; the least recently used go first, and an evicted id is a 404.",
+    minimum=1,
+    click_range=True,
+    toml="max_stored_responses",
+)
+STORED_RESPONSES_SIZE: Knob[int] = Knob(
+    "max_stored_bytes",
+    "serve",
+    "--stored-responses-size",
+    int,
+    256 * 2**20,
+    "How much memory the kept Responses API responses may hold together (their JSON size).",
+    minimum=4096,
+    unit=" bytes",
+    dest="stored_responses_size",
+    metavar="SIZE",
+    parse=parse_memory,
+    text_default="256MB",
+    toml="stored_responses_size",
+)
 
 _SERVE = (
     ROUTING,
@@ -269,6 +296,8 @@ _SERVE = (
     COMPLETION_TIMEOUT,
     EMBEDDINGS_TIMEOUT,
     MAX_BODY_BYTES,
+    MAX_STORED_RESPONSES,
+    STORED_RESPONSES_SIZE,
 )
 SERVE_KNOBS: tuple[Knob[object], ...] = _SERVE  # type: ignore[assignment]
 # What the top of a `mlxd start --config` file may set, beside [models.*] and [backends.*].

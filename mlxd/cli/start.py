@@ -38,6 +38,7 @@ from mlxd.serve_knobs import (
     MAX_BODY_BYTES,
     MAX_CRASHES,
     MAX_MEMORY,
+    MAX_STORED_RESPONSES,
     OLLAMA_PORT,
     PORT,
     REQUEST_LOG,
@@ -45,6 +46,7 @@ from mlxd.serve_knobs import (
     RESTART_BACKOFF,
     ROUTING,
     STEP_TIMEOUT,
+    STORED_RESPONSES_SIZE,
     STREAM_STALL_TIMEOUT,
 )
 
@@ -128,6 +130,8 @@ from mlxd.serve_knobs import (
 @knob_option(COMPLETION_TIMEOUT)
 @knob_option(EMBEDDINGS_TIMEOUT)
 @knob_option(MAX_BODY_BYTES)
+@knob_option(MAX_STORED_RESPONSES)
+@knob_option(STORED_RESPONSES_SIZE)
 @click.option(
     "--backend",
     "backends",

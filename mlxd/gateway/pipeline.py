@@ -92,7 +92,9 @@ class Pipeline:
         self.local = local
         self.remotes = remotes
         self.metrics = metrics
-        self.stored = StoredResponses(ResponseStore())
+        self.stored = StoredResponses(
+            ResponseStore(http.max_stored_responses, http.max_stored_bytes)
+        )
         self._responses = responses_surface(self.stored.store)
 
     async def chat_completions(self, http: Request) -> Response:

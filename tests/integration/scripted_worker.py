@@ -16,6 +16,8 @@ tick, coalescing some ticks into ``Events``. Words in the prompt change the scri
 - ``THINK``: reply ``THINK_REPLY`` in 3-character pieces (markers split across deltas), its first
   delta naming the ``<think>`` markers, as a thinking model's worker does; ``THINKOPEN``: the
   same without the opening marker, the first delta saying the output starts inside thinking.
+  ``THINKCALL``: ``THINK_CALL_REPLY`` the same way: a ``<tool_call>`` written inside thinking,
+  then an answer with a call of its own.
 - ``TOOLCALL``: reply ``TOOL_REPLY`` (text, then a ``<tool_call>``; one more call per further
   ``TOOLCALL``) in 5-character pieces, so the tags arrive split across deltas.
 
@@ -78,6 +80,10 @@ TOOL_REPLY = (
 )
 THINK_REPLY = "<think>\nLet me see.\n</think>\n\nHello there."
 THINKING = "Let me see."  # THINK_REPLY's thinking text and answer, split
+THINK_CALL_THOUGHT = (
+    'Maybe <tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call> first? No.'
+)
+THINK_CALL_REPLY = f"<think>\n{THINK_CALL_THOUGHT}\n</think>\n\n{TOOL_REPLY}"
 THOUGHT_ANSWER = "Hello there."
 SLOW_PIECES = 400
 FLOOD_PIECES = 5000
@@ -276,7 +282,8 @@ class ScriptedWorker:
         thinking = None
         if "THINK" in text:
             inside = "THINKOPEN" in text
-            reply = THINK_REPLY.removeprefix("<think>") if inside else THINK_REPLY
+            reply = THINK_CALL_REPLY if "THINKCALL" in text else THINK_REPLY
+            reply = reply.removeprefix("<think>") if inside else reply
             pieces = [reply[i : i + 3] for i in range(0, len(reply), 3)]
             thinking = Thinking(start="<think>", end="</think>", inside=inside)
         limit = gen.sampling.max_tokens or len(pieces)

@@ -109,7 +109,7 @@ def test_unknown_fields_are_refused_by_name(field: str) -> None:
     refused(schemas.parse_completion, completion(**{field: 1}), field)
 
 
-@pytest.mark.parametrize("field", ["functions", "audio", "store", "reasoning_effort"])
+@pytest.mark.parametrize("field", ["functions", "audio", "store", "verbosity"])
 def test_unsupported_fields_pass_only_when_null_or_false(field: str) -> None:
     schemas.parse_chat(chat(**{field: None}))
     schemas.parse_chat(chat(**{field: False}))

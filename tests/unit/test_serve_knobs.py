@@ -115,6 +115,8 @@ def test_config_file_top_keys_are_the_tables() -> None:
         "chat_timeout",
         "completion_timeout",
         "embeddings_timeout",
+        "max_stored_responses",
+        "stored_responses_size",
     }
 
 

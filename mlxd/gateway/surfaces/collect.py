@@ -13,6 +13,7 @@ from starlette.requests import Request
 from mlxd.gateway.request import EventStream
 from mlxd.gateway.surfaces.sse import next_event
 from mlxd.gateway.tools.calls import ToolCall
+from mlxd.gateway.tools.reasoning import ReasoningSplitter
 from mlxd.protocol.messages import Finished, Thinking, TokenDelta, TokenLogprob
 
 _T = TypeVar("_T")
@@ -30,6 +31,7 @@ class ChoiceResult:
     stop: str | None = None  # the stop string that ended it, if one did
     reasoning: str = ""
     thinking: Thinking | None = None  # how the output marks thinking (the first delta's)
+    reasoning_tokens: int = 0  # output tokens inside thinking (``ReasoningSplitter.tokens``)
 
 
 async def collect_while_connected(
@@ -51,6 +53,7 @@ async def collect(stream: EventStream, deadline: float) -> list[ChoiceResult]:
     """Every choice of ``stream``, in choice order, once all have finished."""
     results = [ChoiceResult() for _ in range(stream.num_choices)]
     parts: list[list[str]] = [[] for _ in range(stream.num_choices)]
+    counters = [ReasoningSplitter() for _ in results]  # the thinking's tokens, per choice
     while True:
         event = await next_event(stream, deadline)
         assert event is not None  # no keepalive was asked for
@@ -63,10 +66,12 @@ async def collect(stream: EventStream, deadline: float) -> list[ChoiceResult]:
                 event.finish_reason,
                 event.stop,
             )
+            result.reasoning_tokens = counters[i].tokens
             if stream.is_done:
                 return results
         else:
             _add_delta(results[i], event)
+            counters[i].delta(event)
 
 
 def _add_delta(result: ChoiceResult, delta: TokenDelta) -> None:

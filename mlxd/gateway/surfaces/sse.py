@@ -49,6 +49,11 @@ class ChunkFormat(Protocol):
         cannot make it directly (text held back for tool calls): then ``delta`` is used."""
         ...
 
+    def token_delta(self, index: int, delta: TokenDelta) -> list[dict[str, Any]]:
+        """The chunks for a worker delta of choice ``index`` that ``text_frame`` did not make
+        (its logprobs; its thinking markers, token ids and text where thinking is split)."""
+        ...
+
     def finish(self, index: int, finished: Finished) -> list[dict[str, Any]]:
         """The last chunks of choice ``index``: remaining text and its ``finish_reason``."""
         ...
@@ -157,9 +162,7 @@ def _frames(
         frame = fmt.text_frame(stream.index(event), event.text)
         if frame is not None:
             return [frame]
-    if event.text or event.logprobs:
-        return [sse(c) for c in fmt.delta(stream.index(event), event.text, event.logprobs)]
-    return []
+    return [sse(c) for c in fmt.token_delta(stream.index(event), event)]
 
 
 class EventStreamResponse(StreamingResponse):

@@ -6,6 +6,11 @@ template whose generation prompt already opens ``<think>`` makes the output star
 thinking, with no opening marker (``Thinking.inside``). Text that may be the start of a marker
 is held back until the next piece shows whether it is one, so a marker split across deltas is
 never shown. Whitespace around the markers (Qwen3's ``<think>\\n``, ``</think>\\n\\n``) is dropped.
+
+``ReasoningSplitter.tokens`` counts the output tokens of the thinking (``reasoning_tokens`` in
+the OpenAI APIs' usage): those of every delta from the start of the output through the one that
+closes thinking, when the output thinks at all (a delta that holds back a piece of the opening
+marker counts once the marker is seen whole).
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ class ReasoningSplitter:
         self.inside = False
         self._held = ""  # text that may begin a marker, or whitespace that may precede one
         self._trim = False  # drop the whitespace that follows a marker
+        self.tokens = 0  # output tokens inside thinking (the markers' included)
+        self._pending = 0  # tokens before the answer began, not yet known to be thinking
         self.begin(marks)
 
     # Public API
@@ -45,7 +52,12 @@ class ReasoningSplitter:
         """Split one worker delta; its ``thinking`` (the first delta's) sets the markers."""
         if delta.thinking is not None and self.marks is None:
             self.begin(delta.thinking)
-        return self.feed(delta.text)
+        was_inside = self.inside
+        split = self.feed(delta.text)
+        self._count(len(delta.token_ids), was_inside or self.inside or bool(split.reasoning))
+        if split.answer:
+            self._pending = -1  # the answer began: nothing after it is thinking
+        return split
 
     def feed(self, text: str) -> Split:
         """Split ``text``, the next piece of the output."""
@@ -67,6 +79,14 @@ class ReasoningSplitter:
         return Split(answer=held)
 
     # Internal helpers
+
+    def _count(self, n: int, thinking: bool) -> None:
+        """Count ``n`` tokens of a delta that was (or may have been) part of thinking."""
+        if thinking:
+            self.tokens += n + max(self._pending, 0)
+            self._pending = 0
+        elif self.marks is not None and self._pending >= 0:
+            self._pending += n
 
     def _step(self, text: str, reasoning: list[str], answer: list[str]) -> str:
         """Emit ``text`` up to the next marker (switching state past it); returns the rest."""

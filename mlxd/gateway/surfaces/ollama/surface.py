@@ -43,9 +43,8 @@ class OllamaRenderer:
     def body(self, opened: Opened, results: list[ChoiceResult]) -> dict[str, Any]:
         """The whole answer: the final object with all the text, thinking and tool calls."""
         fields = timing_of(opened.stream).fields(opened.stream.usage)
-        result = results[0]  # thinking and tool calls were split out by ``answer``
-        thinking = result.reasoning
-        return last(self.shape, display(opened.parsed.model), result, fields, thinking)
+        result = results[0]  # thinking split out (``think``) before tool calls (``answer``)
+        return last(self.shape, display(opened.parsed.model), result, fields, result.reasoning)
 
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> Response:

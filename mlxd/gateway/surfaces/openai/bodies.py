@@ -15,14 +15,18 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(12)}"
 
 
-def usage_dict(usage: Usage) -> dict[str, Any]:
-    """The OpenAI ``usage`` object."""
-    return {
+def usage_dict(usage: Usage, reasoning_tokens: int | None = None) -> dict[str, Any]:
+    """The OpenAI ``usage`` object; ``reasoning_tokens`` (where thinking is split out): the
+    completion tokens inside thinking."""
+    out: dict[str, Any] = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
     }
+    if reasoning_tokens is not None:
+        out["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return out
 
 
 def finish_reason(reason: str, has_tool_calls: bool) -> str:
@@ -31,16 +35,23 @@ def finish_reason(reason: str, has_tool_calls: bool) -> str:
 
 
 def chat_completion(
-    completion_id: str, model: str, created: int, choices: list[ChoiceResult], usage: Usage
+    completion_id: str,
+    model: str,
+    created: int,
+    choices: list[ChoiceResult],
+    usage: Usage,
+    reasoning: bool = False,
 ) -> dict[str, Any]:
-    """A non-streamed ``chat.completion`` object."""
+    """A non-streamed ``chat.completion`` object; ``reasoning``: thinking was split out (each
+    message's ``reasoning_content``, null when it has none; ``reasoning_tokens`` counted)."""
+    thinking = sum(c.reasoning_tokens for c in choices) if reasoning else None
     return {
         "id": completion_id,
         "object": "chat.completion",
         "created": created,
         "model": model,
-        "choices": [_chat_choice(i, c) for i, c in enumerate(choices)],
-        "usage": usage_dict(usage),
+        "choices": [_chat_choice(i, c, reasoning) for i, c in enumerate(choices)],
+        "usage": usage_dict(usage, thinking),
     }
 
 
@@ -67,10 +78,12 @@ def text_completion(
     }
 
 
-def _chat_choice(index: int, choice: ChoiceResult) -> dict[str, Any]:
+def _chat_choice(index: int, choice: ChoiceResult, reasoning: bool = False) -> dict[str, Any]:
     has_calls = bool(choice.tool_calls)
     content = None if has_calls and not choice.text.strip() else choice.text
     message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+    if reasoning:
+        message["reasoning_content"] = choice.reasoning or None
     if has_calls:
         message["tool_calls"] = [call.to_openai() for call in choice.tool_calls]
     return {

@@ -15,7 +15,8 @@ from mlxd.gateway.surfaces.openai.bodies import finish_reason, usage_dict
 from mlxd.gateway.surfaces.openai.logprobs import chat_logprobs, completion_logprobs
 from mlxd.gateway.surfaces.sse import sse
 from mlxd.gateway.tools.calls import ToolCall, ToolCallParser
-from mlxd.protocol.messages import Finished, TokenLogprob, Usage
+from mlxd.gateway.tools.reasoning import ReasoningSplitter, Split
+from mlxd.protocol.messages import Finished, TokenDelta, TokenLogprob, Usage
 
 _MARK = "mlxd-text-mark-5f0c"  # where a chunk's text goes in a frame template
 
@@ -42,6 +43,11 @@ class _Chunks:
         choice = self._choice(index, text, None)
         choice["logprobs"] = self._logprobs(index, logprobs)
         return [self._chunk(choice)]
+
+    def token_delta(self, index: int, delta: TokenDelta) -> list[dict[str, Any]]:
+        if not delta.text and not delta.logprobs:
+            return []
+        return self.delta(index, delta.text, delta.logprobs)
 
     def _plain_delta(self, index: int, text: str) -> dict[str, Any]:
         return _Chunks.delta(self, index, text)[0]
@@ -91,7 +97,10 @@ class ChatChunks(_Chunks):
     """Builds ``chat.completion.chunk`` objects; each choice's first carries ``delta.role``.
 
     With ``new_parser`` (tools were given), text inside the model's tool-call markers is held
-    back and sent as ``delta.tool_calls`` once each call is complete.
+    back and sent as ``delta.tool_calls`` once each call is complete. With ``new_splitter``
+    (the request splits thinking), thinking text goes out as ``delta.reasoning_content``, split
+    first, so tool calls are looked for in the answer only, and ``usage`` counts
+    ``completion_tokens_details.reasoning_tokens``.
     """
 
     object_name = "chat.completion.chunk"
@@ -104,10 +113,13 @@ class ChatChunks(_Chunks):
         n: int = 1,
         include_usage: bool = False,
         new_parser: Callable[[], ToolCallParser | None] | None = None,
+        new_splitter: Callable[[], ReasoningSplitter | None] | None = None,
     ) -> None:
         super().__init__(completion_id, model, created, n, include_usage)
         parsers = [new_parser() for _ in range(n)] if new_parser is not None else []
         self._parsers = [p for p in parsers if p is not None] or None
+        splitters = [new_splitter() for _ in range(n)] if new_splitter is not None else []
+        self._splitters = [s for s in splitters if s is not None] or None
 
     def head(self) -> list[dict[str, Any]]:
         return [
@@ -133,11 +145,24 @@ class ChatChunks(_Chunks):
         out = super().delta(index, content, logprobs) if content or logprobs else []
         return out + self._calls(index, calls, done)
 
+    def token_delta(self, index: int, delta: TokenDelta) -> list[dict[str, Any]]:
+        if self._splitters is None:
+            return super().token_delta(index, delta)
+        split = self._splitters[index].delta(delta)
+        return self._split(index, split, delta.logprobs)
+
     def text_frame(self, index: int, text: str) -> bytes | None:
-        return None if self._parsers is not None else super().text_frame(index, text)
+        if self._parsers is not None or self._splitters is not None:
+            return None
+        return super().text_frame(index, text)
 
     def finish(self, index: int, finished: Finished) -> list[dict[str, Any]]:
-        out = self.delta(index, finished.text) if finished.text else []
+        if self._splitters is not None:
+            splitter = self._splitters[index]
+            out = self._split(index, splitter.feed(finished.text))
+            out += self._split(index, splitter.finish())
+        else:
+            out = self.delta(index, finished.text) if finished.text else []
         has_calls = False
         if self._parsers is not None:
             parser = self._parsers[index]
@@ -148,6 +173,28 @@ class ChatChunks(_Chunks):
             has_calls = parser.num_calls > 0
         reason = finish_reason(finished.finish_reason, has_calls)
         return [*out, self._chunk(self._choice(index, None, reason))]
+
+    def tail(self, usage: Usage) -> list[dict[str, Any]]:
+        if not self.include_usage or self._splitters is None:
+            return super().tail(usage)
+        thinking = sum(s.tokens for s in self._splitters)
+        return [self._chunk(None, usage=usage_dict(usage, thinking))]
+
+    def _split(
+        self, index: int, split: Split, logprobs: list[TokenLogprob] | None = None
+    ) -> list[dict[str, Any]]:
+        """Thinking first (``delta.reasoning_content``), then the answer (and its calls)."""
+        out = []
+        if split.reasoning:
+            delta = {"reasoning_content": split.reasoning}
+            out.append(
+                self._chunk(
+                    {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+                )
+            )
+        if split.answer or logprobs:
+            out += self.delta(index, split.answer, logprobs)
+        return out
 
     def _calls(self, index: int, calls: list[ToolCall], done: int) -> list[dict[str, Any]]:
         return [

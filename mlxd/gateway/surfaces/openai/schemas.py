@@ -57,6 +57,7 @@ _SAMPLING_FIELDS = frozenset(
     }
 )
 _CHAT_FIELDS = _SAMPLING_FIELDS | {
+    "reasoning_effort",  # chat only: the thinking switch, and thinking split out
     "messages",
     "max_completion_tokens",
     "tools",
@@ -86,6 +87,7 @@ _UNSUPPORTED = frozenset(
     }
 )
 _ROLES = ("system", "developer", "user", "assistant", "tool")
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 # reasoning_content: an assistant turn's thinking sent back (DeepSeek's and vLLM's name), for a
 # template with a place for it (Qwen3); others ignore it.
 _MESSAGE_KEYS = frozenset(
@@ -130,6 +132,7 @@ def parse_chat(
     if body.get("top_logprobs") is not None and not wants:
         raise InvalidRequest("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
     parsed = _with_logprobs(parsed, wants, top)
+    parsed = _with_reasoning_effort(parsed, body.get("reasoning_effort"))
     if response_format is None:
         return parsed
     return replace(parsed, sampling=replace(parsed.sampling, response_format=response_format))
@@ -162,7 +165,7 @@ def _check_fields(body: Any, allowed: frozenset[str]) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object")
     for key, value in body.items():
-        if key in _UNSUPPORTED:
+        if key in _UNSUPPORTED and key not in allowed:
             if value is not None and value is not False:
                 raise InvalidRequest(f"'{key}' is not supported by this server yet", param=key)
         elif key not in allowed:
@@ -195,6 +198,23 @@ def _parsed(
         n=n,
         user=user,
     )
+
+
+def _with_reasoning_effort(parsed: ParsedRequest, effort: Any) -> ParsedRequest:
+    """``reasoning_effort``: the chat template's thinking switch (``none`` off, any other effort
+    on), and the thinking split out of the answer as ``reasoning_content``. A request without
+    it is served as before: the template's default, thinking left in ``content``."""
+    if effort is None:
+        return parsed
+    if effort not in REASONING_EFFORTS:
+        raise InvalidRequest(
+            f"'reasoning_effort' must be one of {', '.join(REASONING_EFFORTS)}",
+            param="reasoning_effort",
+        )
+    prompt = parsed.prompt
+    if isinstance(prompt, ChatPrompt):
+        prompt = replace(prompt, thinking=effort != "none")
+    return replace(parsed, prompt=prompt, reasoning=True)
 
 
 def _sampling(body: dict[str, Any], max_tokens: int | None) -> SamplingParams:

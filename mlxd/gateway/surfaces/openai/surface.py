@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncGenerator, Callable
+from functools import partial
 from typing import Any
 
 from mlxd.gateway.request import Opened, ParsedRequest
@@ -41,7 +42,15 @@ class CompletionRenderer:
 
 
 def _chat_chunks(completion_id: str, model: str, created: int, p: ParsedRequest) -> ChunkFormat:
-    return ChatChunks(completion_id, model, created, p.n, p.include_usage, p.new_tool_parser)
+    return ChatChunks(
+        completion_id,
+        model,
+        created,
+        p.n,
+        p.include_usage,
+        p.new_tool_parser,
+        p.new_reasoning_splitter,
+    )
 
 
 def _text_chunks(completion_id: str, model: str, created: int, p: ParsedRequest) -> ChunkFormat:
@@ -49,7 +58,8 @@ def _text_chunks(completion_id: str, model: str, created: int, p: ParsedRequest)
 
 
 def _chat_renderer(parsed: ParsedRequest) -> CompletionRenderer:
-    return CompletionRenderer(parsed, "chatcmpl", _chat_chunks, bodies.chat_completion)
+    body = partial(bodies.chat_completion, reasoning=parsed.reasoning)
+    return CompletionRenderer(parsed, "chatcmpl", _chat_chunks, body)
 
 
 def _text_renderer(parsed: ParsedRequest) -> CompletionRenderer:

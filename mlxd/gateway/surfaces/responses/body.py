@@ -16,13 +16,14 @@ from mlxd.gateway.tools.calls import ToolCall
 from mlxd.protocol.messages import Usage
 
 
-def usage_body(usage: Usage) -> dict[str, Any]:
-    """The Responses ``usage``: ``cached_tokens`` are the prompt tokens the prefix cache served."""
+def usage_body(usage: Usage, reasoning_tokens: int = 0) -> dict[str, Any]:
+    """The Responses ``usage``: ``cached_tokens`` are the prompt tokens the prefix cache served,
+    ``reasoning_tokens`` the output tokens inside thinking."""
     return {
         "input_tokens": usage.prompt_tokens,
         "input_tokens_details": {"cached_tokens": usage.cached_tokens},
         "output_tokens": usage.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
     }
 
@@ -30,6 +31,19 @@ def usage_body(usage: Usage) -> dict[str, Any]:
 def text_part(text: str) -> dict[str, Any]:
     """An ``output_text`` content part."""
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def reasoning_part(text: str) -> dict[str, Any]:
+    """A ``reasoning_text`` content part."""
+    return {"type": "reasoning_text", "text": text}
+
+
+def reasoning_item(item_id: str, text: str | None, status: str = "completed") -> dict[str, Any]:
+    """A ``reasoning`` item holding the model's thinking as ``reasoning_text`` (OpenAI's
+    convention for open-weight models: no summary, no encrypted content); ``None`` text: no
+    content part yet."""
+    content = [] if text is None else [reasoning_part(text)]
+    return {"id": item_id, "type": "reasoning", "status": status, "summary": [], "content": content}
 
 
 def message_item(item_id: str, text: str | None, status: str = "completed") -> dict[str, Any]:
@@ -79,9 +93,14 @@ def custom_input(arguments: str) -> str:
     return text if isinstance(text, str) else arguments
 
 
-def output_items(text: str, calls: list[ToolCall], custom: frozenset[str]) -> list[dict[str, Any]]:
-    """A whole answer's output items: its text (unless blank beside calls), then its calls."""
-    items = [] if calls and not text.strip() else [message_item(new_item_id("message"), text)]
+def output_items(
+    text: str, calls: list[ToolCall], custom: frozenset[str], reasoning: str = ""
+) -> list[dict[str, Any]]:
+    """A whole answer's output items: its thinking (if any), its text (unless blank beside
+    calls), then its calls."""
+    items = [reasoning_item(new_item_id("reasoning"), reasoning)] if reasoning else []
+    if not (calls and not text.strip()):
+        items.append(message_item(new_item_id("message"), text))
     return items + [call_item(call_item_id(c, custom), c, custom) for c in calls]
 
 
@@ -118,6 +137,7 @@ class ResponseShell:
         usage: Usage | None = None,
         incomplete: dict[str, Any] | None = None,
         error: dict[str, Any] | None = None,
+        reasoning_tokens: int = 0,
     ) -> dict[str, Any]:
         """The ``response`` object as it stands."""
         spec = self.parsed.spec
@@ -133,15 +153,19 @@ class ResponseShell:
             "output": output,
             **spec.echo,
             "store": spec.store,
-            "usage": None if usage is None else usage_body(usage),
+            "usage": None if usage is None else usage_body(usage, reasoning_tokens),
         }
 
     def finish(
-        self, output: list[dict[str, Any]], usage: Usage, finish_reason: str
+        self,
+        output: list[dict[str, Any]],
+        usage: Usage,
+        finish_reason: str,
+        reasoning_tokens: int = 0,
     ) -> dict[str, Any]:
         """The finished response object, kept in the store if the request asked."""
         status, incomplete = status_of(finish_reason)
-        response = self.object(status, output, usage, incomplete)
+        response = self.object(status, output, usage, incomplete, None, reasoning_tokens)
         response["completed_at"] = int(time.time())
         spec = self.parsed.spec
         if spec.store:

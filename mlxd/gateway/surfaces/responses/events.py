@@ -1,7 +1,10 @@
 """Responses streaming: the typed SSE events of one response, in the order the OpenAI SDK parses.
 
 ``response.created`` and ``response.in_progress``; then per output item
-``response.output_item.added``, its content (a message: ``response.content_part.added``,
+``response.output_item.added``, its content (the model's thinking, a reasoning item:
+``response.content_part.added``, ``response.reasoning_text.delta``*,
+``response.reasoning_text.done``, ``response.content_part.done``; a message:
+``response.content_part.added``,
 ``response.output_text.delta``*, ``response.output_text.done``, ``response.content_part.done``;
 a function call: ``response.function_call_arguments.delta`` and ``.done``; a custom tool call:
 ``response.custom_tool_call_input.delta`` and ``.done``) and ``response.output_item.done``;
@@ -27,12 +30,15 @@ from mlxd.gateway.surfaces.responses.body import (
     call_item_id,
     custom_input,
     message_item,
+    reasoning_item,
+    reasoning_part,
     text_part,
 )
 from mlxd.gateway.surfaces.responses.items import new_item_id
 from mlxd.gateway.surfaces.responses.schemas import ResponsesRequest
 from mlxd.gateway.surfaces.sse import KEEPALIVE, KEEPALIVE_S, next_event
 from mlxd.gateway.tools.calls import ToolCall
+from mlxd.gateway.tools.reasoning import Split
 from mlxd.protocol.messages import Finished, TokenDelta
 
 log = logging.getLogger(__name__)
@@ -63,12 +69,12 @@ async def response_events(
         yield event("response.in_progress", response=shell.object("in_progress", []))
         item: TokenDelta | Finished | None = first
         while not isinstance(item, Finished):
-            frames = [KEEPALIVE] if item is None else output.add(item.text)
+            frames = [KEEPALIVE] if item is None else output.add(item)
             if frames:
                 yield b"".join(frames)
             item = await next_event(stream, deadline, KEEPALIVE_S)
         frames = output.finish(item.text)
-        final = shell.finish(output.items, stream.usage, item.finish_reason)
+        final = shell.finish(output.items, stream.usage, item.finish_reason, output.tokens)
         kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
         yield b"".join([*frames, event(kind, response=final)])
     except MlxdError as exc:
@@ -82,8 +88,10 @@ async def response_events(
 
 
 class Output:
-    """A response's output items as they stream: a message opens on text that is not blank
-    (blank text beside tool calls is dropped, as in a whole answer), each tool call is an item.
+    """A response's output items as they stream: a reasoning item opens on thinking text (split
+    out first, so a tool call written while thinking is not a call), a message on answer text
+    that is not blank (blank text beside tool calls is dropped, as in a whole answer), and each
+    tool call is an item.
 
     Args:
         parsed: the request (its tool parser, its custom tools).
@@ -92,6 +100,9 @@ class Output:
 
     def __init__(self, parsed: ResponsesRequest, event: Sequence) -> None:
         self._parser = parsed.new_tool_parser()
+        self._splitter = parsed.new_reasoning_splitter()
+        self._reasoning: dict[str, Any] | None = None  # the open reasoning item
+        self._thought: list[str] = []  # its text so far
         self._custom = parsed.spec.custom_tools
         self._event = event
         self.items: list[dict[str, Any]] = []  # finished, in output order
@@ -100,25 +111,82 @@ class Output:
         self._blank = ""  # blank text not yet shown
         self._num_calls = 0
 
-    def add(self, text: str) -> list[bytes]:
-        """The events of new output text."""
-        if self._parser is None:
-            return self._add_text(text)
-        content, calls = self._parser.feed(text)
-        return self._add_text(content) + self._add_calls(calls)
+    @property
+    def tokens(self) -> int:
+        """The output tokens inside thinking so far (``reasoning_tokens``)."""
+        return 0 if self._splitter is None else self._splitter.tokens
+
+    def add(self, delta: TokenDelta) -> list[bytes]:
+        """The events of a new delta of the output."""
+        if self._splitter is None:
+            return self._answer(delta.text)
+        return self._split(self._splitter.delta(delta))
 
     def finish(self, text: str) -> list[bytes]:
         """The events of the output's last text, closing every open item."""
-        frames = self.add(text) if text else []
+        if self._splitter is None:
+            frames = self._answer(text)
+        else:
+            frames = self._split(self._splitter.feed(text)) + self._split(self._splitter.finish())
+        frames += self._close_reasoning()
         if self._parser is not None:
             content, calls = self._parser.finish()
             frames += self._add_text(content) + self._add_calls(calls)
-        if not self.items and self._message is None:  # nothing but blank text (or nothing)
+        answered = any(item["type"] != "reasoning" for item in self.items)
+        if not answered and self._message is None:  # nothing but blank text (or nothing)
             frames += self._open_message()
             frames += self._delta(self._blank) if self._blank else []
         return frames + self._close_message()
 
     # Internal helpers
+
+    def _split(self, split: Split) -> list[bytes]:
+        return self._think(split.reasoning) + self._answer(split.answer)
+
+    def _answer(self, text: str) -> list[bytes]:
+        """Answer text: it ends the thinking before it; tool calls are looked for in it only."""
+        if not text:
+            return []
+        frames = self._close_reasoning()
+        if self._parser is None:
+            return frames + self._add_text(text)
+        content, calls = self._parser.feed(text)
+        return frames + self._add_text(content) + self._add_calls(calls)
+
+    def _think(self, text: str) -> list[bytes]:
+        if not text:
+            return []
+        frames: list[bytes] = []
+        where = {"output_index": len(self.items), "content_index": 0}
+        if self._reasoning is None:
+            self._reasoning = reasoning_item(new_item_id("reasoning"), None, "in_progress")
+            self._thought = []
+            added = self._event(
+                "response.output_item.added", output_index=len(self.items), item=self._reasoning
+            )
+            part = reasoning_part("")
+            item_id = self._reasoning["id"]
+            opened = self._event("response.content_part.added", item_id=item_id, **where, part=part)
+            frames = [added, opened]
+        self._thought.append(text)
+        item_id = self._reasoning["id"]
+        delta = self._event("response.reasoning_text.delta", item_id=item_id, **where, delta=text)
+        return [*frames, delta]
+
+    def _close_reasoning(self) -> list[bytes]:
+        if self._reasoning is None:
+            return []
+        text = "".join(self._thought)
+        item = reasoning_item(self._reasoning["id"], text)
+        where = {"item_id": item["id"], "output_index": len(self.items), "content_index": 0}
+        frames = [
+            self._event("response.reasoning_text.done", **where, text=text),
+            self._event("response.content_part.done", **where, part=reasoning_part(text)),
+            self._event("response.output_item.done", output_index=len(self.items), item=item),
+        ]
+        self.items.append(item)
+        self._reasoning = None
+        return frames
 
     def _add_text(self, text: str) -> list[bytes]:
         if self._message is None and not (self._blank + text).strip():

@@ -4,7 +4,9 @@ Input and output items share one mapping to the chat messages the template rende
 ``message`` is a message (``developer`` as ``system``), a ``function_call`` or
 ``custom_tool_call`` is a tool call of the assistant message before it (ids kept), a
 ``function_call_output`` or ``custom_tool_call_output`` is a ``tool`` message, and a
-``reasoning`` item is dropped (the chat templates here have no place for it). So a client that
+``reasoning`` item's ``reasoning_text`` is the ``reasoning_content`` of the assistant turn that
+follows it (a template with a place for it, such as Qwen3's, renders it; others drop it, as
+they drop a reasoning item without text: a summary or encrypted content). So a client that
 sends a response's output back as input (``store: false``, as Codex does) renders the same
 prompt as one that continues it with ``previous_response_id``, and the prefix cache hits both.
 """
@@ -23,11 +25,16 @@ _TEXT_PARTS = {"input_text": "text", "output_text": "text", "refusal": "refusal"
 _MEDIA_PARTS = ("input_image", "input_file", "input_audio")
 _CALLS = ("function_call", "custom_tool_call")
 _OUTPUTS = ("function_call_output", "custom_tool_call_output")
-_ID_PREFIX = {"message": "msg", "function_call": "fc", "custom_tool_call": "ctc"}
+_ID_PREFIX = {
+    "message": "msg",
+    "function_call": "fc",
+    "custom_tool_call": "ctc",
+    "reasoning": "rs",
+}
 
 
 def new_item_id(kind: str) -> str:
-    """A fresh item id (``msg_...``, ``fc_...``, ``ctc_...``)."""
+    """A fresh item id (``msg_...``, ``fc_...``, ``ctc_...``, ``rs_...``)."""
     return f"{_ID_PREFIX.get(kind, 'item')}_{secrets.token_hex(12)}"
 
 
@@ -48,8 +55,12 @@ def to_messages(items: list[dict[str, Any]], calls: set[str]) -> list[dict[str, 
     """Checked items as chat messages. ``calls`` holds the call ids of the conversation so far;
     this adds the items' own. A tool output whose call is not among them is a 400."""
     out: list[dict[str, Any]] = []
+    thought: list[str] = []  # reasoning text waiting for the assistant turn it precedes
     for i, item in enumerate(items):
         kind = item["type"]
+        if kind == "reasoning":
+            thought += [reasoning_text(item)]
+            continue
         if kind == "message":
             out.append({"role": _role(item["role"]), "content": _text(item["content"])})
         elif kind in _CALLS:
@@ -62,7 +73,15 @@ def to_messages(items: list[dict[str, Any]], calls: set[str]) -> list[dict[str, 
                     param=f"input[{i}].call_id",
                 )
             out.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
+        thought = _with_reasoning(out[-1], thought)
     return out
+
+
+def reasoning_text(item: dict[str, Any]) -> str:
+    """A reasoning item's thinking text: its ``reasoning_text`` parts (a summary is not the
+    thinking, and encrypted content is OpenAI's)."""
+    parts = item.get("content") or []
+    return "".join(p["text"] for p in parts if p.get("type") == "reasoning_text")
 
 
 def call_ids(messages: list[dict[str, Any]]) -> set[str]:
@@ -149,7 +168,21 @@ def _call_output(item: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def _reasoning(item: dict[str, Any], where: str) -> dict[str, Any]:
-    return item  # accepted as sent back; not rendered
+    """Accepted as sent back (``summary``, ``encrypted_content`` unread); its
+    ``reasoning_text`` parts must hold text."""
+    content = item.get("content")
+    if content is None:
+        return item
+    if not isinstance(content, list):
+        raise InvalidRequest(f"'{where}.content' must be a list", param=f"{where}.content")
+    for j, part in enumerate(content):
+        if not isinstance(part, dict):
+            raise InvalidRequest(
+                f"'{where}.content[{j}]' must be an object", param=f"{where}.content[{j}]"
+            )
+        if part.get("type") == "reasoning_text":
+            _str(part, "text", f"{where}.content[{j}]")
+    return item
 
 
 def _str(obj: dict[str, Any], key: str, where: str) -> str:
@@ -182,6 +215,15 @@ def _tool_call(item: dict[str, Any], where: str) -> dict[str, Any]:
             ) from None
     function = {"name": item["name"], "arguments": arguments}
     return {"id": item["call_id"], "type": "function", "function": function}
+
+
+def _with_reasoning(message: dict[str, Any], thought: list[str]) -> list[str]:
+    """Reasoning items' text joins the assistant turn after them (another turn drops it);
+    returns what still waits (nothing)."""
+    text = "\n\n".join(t for t in thought if t)
+    if text and message["role"] == "assistant" and "reasoning_content" not in message:
+        message["reasoning_content"] = text
+    return []
 
 
 def _add_call(out: list[dict[str, Any]], call: dict[str, Any]) -> None:

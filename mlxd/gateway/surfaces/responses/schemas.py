@@ -163,7 +163,9 @@ def parse_responses(
         input_items=items,
         history=history,
     )
-    parsed = _with_thinking(parsed, body.get("reasoning"))
+    # Thinking is always split out, as reasoning items: a model that thinks whatever the
+    # switch says (or without one) shows it apart from the answer, as the API does.
+    parsed = replace(_with_thinking(parsed, body.get("reasoning")), reasoning=True)
     return _responses_request(parsed, spec, _max_tool_calls(body))
 
 

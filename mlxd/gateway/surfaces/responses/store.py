@@ -15,11 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlxd.errors import MlxdError
+from mlxd.serve_knobs import MAX_STORED_RESPONSES, STORED_RESPONSES_SIZE
 
 log = logging.getLogger(__name__)
-
-MAX_STORED_RESPONSES = 1000
-MAX_STORED_BYTES = 256 * 2**20
 
 
 class ResponseNotFound(MlxdError):
@@ -52,12 +50,15 @@ class ResponseStore:
     """The stored responses of this gateway.
 
     Args:
-        max_responses: how many are kept at most.
-        max_bytes: how many bytes they may hold together; a larger response is not kept.
+        max_responses: how many are kept at most (``--max-stored-responses``).
+        max_bytes: how many bytes they may hold together; a larger response is not kept
+            (``--stored-responses-size``).
     """
 
     def __init__(
-        self, max_responses: int = MAX_STORED_RESPONSES, max_bytes: int = MAX_STORED_BYTES
+        self,
+        max_responses: int = MAX_STORED_RESPONSES.default,
+        max_bytes: int = STORED_RESPONSES_SIZE.default,
     ) -> None:
         self.max_responses = max_responses
         self.max_bytes = max_bytes

@@ -43,8 +43,9 @@ class ResponseRenderer:
         """The whole ``response`` object."""
         result = results[0]
         custom = self.shell.parsed.spec.custom_tools
-        output = output_items(result.text, result.tool_calls, custom)
-        return self.shell.finish(output, opened.stream.usage, result.finish_reason)
+        output = output_items(result.text, result.tool_calls, custom, result.reasoning)
+        usage, reason = opened.stream.usage, result.finish_reason
+        return self.shell.finish(output, usage, reason, result.reasoning_tokens)
 
 
 def responses_surface(store: ResponseStore) -> Surface:
