@@ -210,7 +210,10 @@ class Pipeline:
         if not target.is_local:
             if surface is None or self.remotes.passes_through(request, target):
                 return await self.remotes.serve(request, target)
+            sent = time.perf_counter()
             opened = await self.remotes.open(request, target)
+            if surface.api == ollama.API:  # Ollama's durations, measured as for a local model
+                opened.stream = TimedStream(opened.stream, Timing(request.record.start, 0.0, sent))
             response = await self._answer(request, opened, surface)
             response.headers[BACKEND_HEADER] = target.backend
             return response
@@ -249,7 +252,7 @@ class Pipeline:
             request = self._ollama_named(request)
             if isinstance(parsed := request.parsed(), ModelOnly):
                 return await self._ollama_model_only(request, parsed, surface is ollama.CHAT)
-            return await self._route(request, lambda r: self._ollama_locally(r, surface))
+            return await self._route(request, lambda r: self._ollama_locally(r, surface), surface)
         except (MlxdError, HTTPException) as exc:
             return ollama.render_error(http, exc)
 

@@ -108,6 +108,10 @@ class ParsedRequest:
     tool_format: str | None = None  # the worker's tool parser (mlx-lm's name); None: JSON
     reasoning: bool = False  # split thinking text out of the answer (where the model marks it)
     user: str | None = None  # the end user's id (OpenAI ``user``), for a remote backend
+    # Sampling fields the surface filled in with its own defaults (Ollama's temperature 0.8,
+    # top_k 40, top_p 0.9), the client not having sent them: a remote backend is not sent
+    # them (its own defaults hold) and never refuses the request for them.
+    defaulted: frozenset[str] = frozenset()
     # What the surface's response repeats about how the request was read (Anthropic's
     # ``context_management`` report).
     echo: dict[str, Any] = field(default_factory=dict)

@@ -16,12 +16,8 @@ import numpy as np
 import ollama
 import openai
 import pytest
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
-from tests.e2e.conftest import Daemon, free_port, serving, start_daemon, stop_daemon
+from tests.e2e.conftest import Daemon, free_port, start_daemon, stop_daemon
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
@@ -58,33 +54,24 @@ def ollama_port() -> int:
     return free_port()
 
 
-UPSTREAM_CALLS: list[str] = []
-
-
-async def _upstream(request: Request) -> Response:
-    UPSTREAM_CALLS.append(request.url.path)
-    return JSONResponse({"error": {"message": "should not be reached"}}, 500)
-
-
 @pytest.fixture(scope="module")
-def daemon(tiny_model: Path, ollama_port: int) -> Iterator[Daemon]:
-    # A remote model (backend "up") beside the local one: the Ollama API refuses it for now.
-    app = Starlette(routes=[Route("/{path:path}", _upstream, methods=["GET", "POST"])])
-    with serving(app) as url:
-        d = start_daemon(
-            tiny_model,
-            "--max-context",
-            "512",
-            "--ollama-port",
-            str(ollama_port),
-            "--backend",
-            f"up=openai:{url}",
-            "--model",
-            "gpt=up:tiny",
-        )
-        yield d
-        if d.proc.poll() is None:
-            stop_daemon(d)
+def daemon(tiny_model: Path, ollama_port: int, shared_daemon: Daemon) -> Iterator[Daemon]:
+    # A remote model beside the local one: "gpt", the session's daemon behind an openai backend
+    # (tests/e2e/test_cross_surfaces.py serves the Ollama API through both backend kinds).
+    d = start_daemon(
+        tiny_model,
+        "--max-context",
+        "512",
+        "--ollama-port",
+        str(ollama_port),
+        "--backend",
+        f"up=openai:{shared_daemon.base_url}/v1",
+        "--model",
+        "gpt=up:tiny",
+    )
+    yield d
+    if d.proc.poll() is None:
+        stop_daemon(d)
 
 
 _CLIENTS: dict[str, ollama.Client] = {}
@@ -274,7 +261,7 @@ def test_embed_equals_openai_embeddings(daemon: Daemon) -> None:
 def test_list_names_are_what_chat_accepts(daemon: Daemon) -> None:
     names = _names(daemon, "list")
     assert names == ["tiny:latest", "gpt:latest"]
-    for name in (names[0], "tiny"):
+    for name in (*names, "tiny", "gpt"):
         assert client(daemon).chat(model=name, messages=HELLO, options=GREEDY).done
 
 
@@ -382,21 +369,12 @@ def test_oversized_body_is_413_and_the_daemon_keeps_serving(daemon: Daemon) -> N
     assert client(daemon).chat(model="tiny", messages=HELLO, options=GREEDY).done
 
 
-@pytest.mark.parametrize(
-    ("route", "body"),
-    [
-        ("chat", {"model": "gpt", "messages": HELLO}),
-        ("generate", {"model": "gpt:latest", "prompt": "x"}),
-        ("embed", {"model": "gpt", "input": "x"}),
-        ("generate", {"model": "gpt"}),
-    ],
-)
-def test_a_remote_model_is_a_clear_400_for_now(daemon: Daemon, route: str, body: Any) -> None:
-    resp = httpx.post(f"{daemon.base_url}/api/{route}", json=body, timeout=30)
-    assert resp.status_code == 400, resp.text
-    error = resp.json()["error"]
-    assert "remote" in error or "local models only" in error
-    assert UPSTREAM_CALLS == []
+def test_a_remote_model_answers_as_its_upstream(daemon: Daemon) -> None:
+    # the upstream serves the same weights: the same greedy answer as the local model
+    local = client(daemon).chat(model="tiny", messages=HELLO, options=GREEDY)
+    remote = client(daemon).chat(model="gpt:latest", messages=HELLO, options=GREEDY)
+    assert remote.model == "gpt:latest" and remote.eval_count == local.eval_count
+    assert remote.message.content == local.message.content
 
 
 def _wait_until(check: Any, timeout: float = 30) -> None:

@@ -326,7 +326,8 @@ def test_bad_input_is_an_openai_error_and_the_daemon_keeps_serving(
     assert ok.status_code == 200
 
 
-# Through a remote backend: a second mlxd (the shared daemon) behind an `openai`-kind backend.
+# Through remote backends: a second mlxd (the shared daemon) behind an `openai`-kind and an
+# `anthropic`-kind backend (tests/e2e/test_cross_surfaces.py has more).
 
 
 @pytest.fixture(scope="module")
@@ -350,30 +351,40 @@ def front(tiny_model: Path, shared_daemon: Daemon) -> Iterator[Daemon]:
         stop_daemon(d)
 
 
-def test_an_openai_backend_serves_responses_natively(front: Daemon, daemon: Daemon) -> None:
+@pytest.mark.parametrize(("model", "backend"), [("remote", "up"), ("claude", "ant")])
+def test_remote_backends_serve_responses_through_the_event_path(
+    front: Daemon, daemon: Daemon, model: str, backend: str
+) -> None:
+    # the upstream serves the same weights: the same greedy text as the local model's
     c = client(front)
     local = client(daemon).responses.create(
         model="tiny", input=QUESTION, max_output_tokens=6, temperature=0
     )
     raw = c.responses.with_raw_response.create(
-        model="remote", input=QUESTION, max_output_tokens=6, temperature=0
+        model=model, input=QUESTION, max_output_tokens=6, temperature=0
     )
     remote = raw.parse()
-    assert raw.headers["x-mlxd-backend"] == "up" and remote.model == "remote"
+    assert raw.headers["x-mlxd-backend"] == backend and remote.model == model
     assert remote.output_text == local.output_text
-    with c.responses.stream(
-        model="remote", input="a person", text=JSON_FORMAT, max_output_tokens=100
-    ) as stream:
+    with c.responses.stream(model=model, input="a person", max_output_tokens=4) as stream:
         types = [e.type for e in stream]
-        final = stream.get_final_response()
-    assert types[0] == "response.created" and types[-1] == "response.completed"
-    # the upstream stored it: the continuation goes there too
+    assert types[0] == "response.created" and types[-1] == "response.incomplete"
+    # the front stored it (the upstream never saw a Responses request): continuation works
     more = c.responses.create(
-        model="remote", input="more", previous_response_id=final.id, max_output_tokens=2
+        model=model, input="more", previous_response_id=remote.id, max_output_tokens=2
     )
-    assert more.usage and final.usage and more.usage.input_tokens > final.usage.input_tokens
+    assert more.usage and remote.usage and more.usage.input_tokens > remote.usage.input_tokens
+    assert httpx.get(f"{daemon.base_url}/v1/responses/{remote.id}").status_code == 404
 
 
-def test_an_anthropic_backend_refuses_responses_clearly(front: Daemon) -> None:
-    with pytest.raises(openai.BadRequestError, match="anthropic"):
-        client(front).responses.create(model="claude", input="hi", max_output_tokens=2)
+def test_json_output_reaches_an_openai_backend_and_is_refused_by_an_anthropic_one(
+    front: Daemon,
+) -> None:
+    answer = client(front).responses.create(
+        model="remote", input="a person", text=JSON_FORMAT, max_output_tokens=100
+    )
+    jsonschema.validate(json.loads(answer.output_text), SCHEMA)
+    with pytest.raises(openai.BadRequestError, match="anthropic|Anthropic"):
+        client(front).responses.create(
+            model="claude", input="a person", text=JSON_FORMAT, max_output_tokens=100
+        )

@@ -14,6 +14,7 @@ from mlxd.gateway.backends.remote.bodies import anthropic_body, openai_chat_body
 from mlxd.gateway.backends.remote.readers import AnthropicReader, Event, OpenAIReader
 from mlxd.gateway.backends.remote.source import _rendered
 from mlxd.gateway.surfaces.anthropic.schemas import parse_messages
+from mlxd.gateway.surfaces.ollama.schemas import parse_chat as parse_ollama_chat
 from mlxd.gateway.surfaces.openai.schemas import parse_chat, parse_completion
 from mlxd.gateway.tools.calls import ToolCall, split_tool_calls
 from mlxd.protocol.messages import Finished, TokenDelta, Usage
@@ -131,6 +132,22 @@ def test_an_anthropic_clients_top_k_is_refused_by_an_openai_backend() -> None:
     assert anthropic_body(parsed, "x")["top_k"] == 5
     with pytest.raises(InvalidRequest) as info:
         upstream_request(parsed, "openai", "x")
+    assert info.value.param == "top_k"
+
+
+def test_ollamas_own_defaults_are_not_sent_but_a_sent_option_is() -> None:
+    # Ollama's temperature 0.8, top_k 40, top_p 0.9 are the surface's, not the client's
+    chat = {"model": "m", "messages": HISTORY[1:2]}
+    parsed = parse_ollama_chat(chat)
+    assert parsed.sampling.top_k == 40
+    for kind in ("openai", "anthropic"):
+        body = upstream_request(parsed, kind, "x")[1]
+        assert not {"temperature", "top_p", "top_k"} & set(body), kind
+    sent = parse_ollama_chat({**chat, "options": {"temperature": 0.5, "top_k": 5}})
+    body = anthropic_body(sent, "x")
+    assert (body["temperature"], body["top_k"], "top_p" in body) == (0.5, 5, False)
+    with pytest.raises(InvalidRequest) as info:
+        upstream_request(sent, "openai", "x")
     assert info.value.param == "top_k"
 
 

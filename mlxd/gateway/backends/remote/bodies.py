@@ -4,13 +4,16 @@ whatever API the client spoke (OpenAI chat, Anthropic messages, Responses, Ollam
 The prompt's messages are OpenAI-shaped (``tool_calls`` with object ``arguments``, ``tool``
 messages); the sampling parameters map to the kind's fields. Defaults are not sent (a sampling
 value equal to its default is indistinguishable from one not given, and some APIs refuse
-``temperature`` with ``top_p``). What the backend's API cannot carry is a 400 naming the field
-(``param``), never dropped.
+``temperature`` with ``top_p``), nor are the defaults a surface filled in itself
+(``ParsedRequest.defaulted``: Ollama's top_k 40 the client never sent): the upstream's own
+defaults hold. What the backend's API cannot carry, when the client sent it, is a 400 naming
+the field (``param``), never dropped.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from mlxd.errors import InvalidRequest
@@ -18,6 +21,7 @@ from mlxd.gateway.request import ParsedRequest
 from mlxd.gateway.tools.definitions import forced_tool_name
 from mlxd.protocol.messages import ChatPrompt, JsonFormat, SamplingParams, TextPrompt
 
+_NEUTRAL = SamplingParams()  # each sampling field's neutral value: as if not given
 DEFAULT_MAX_TOKENS = 4096  # Anthropic requires max_tokens: asked for when the client set none
 MIN_THINKING_BUDGET = 1024  # the Messages API's least thinking.budget_tokens
 # mlxd's sampling extensions: (field, its default). Neither API carries them.
@@ -74,7 +78,7 @@ def openai_completion_body(parsed: ParsedRequest, model: str) -> dict[str, Any]:
 
 
 def _openai_sampling(parsed: ParsedRequest) -> dict[str, Any]:
-    s = parsed.sampling
+    s = _sent(parsed)
     _refuse_extensions(s, "an OpenAI-compatible", ("top_k", 0))
     out: dict[str, Any] = {"stream": parsed.stream}
     if parsed.stream:
@@ -138,7 +142,7 @@ def _openai_tools(parsed: ParsedRequest, prompt: ChatPrompt) -> dict[str, Any]:
 def anthropic_body(parsed: ParsedRequest, model: str) -> dict[str, Any]:
     """A Messages API (``/v1/messages``) body."""
     prompt = _chat_prompt(parsed)
-    s = parsed.sampling
+    s = _sent(parsed)
     _refuse_anthropic_sampling(parsed)
     system, messages = _anthropic_messages(prompt.messages)
     body: dict[str, Any] = {
@@ -170,7 +174,7 @@ def _anthropic_thinking(thinking: bool | None, budget: int | None) -> dict[str, 
 
 
 def _refuse_anthropic_sampling(parsed: ParsedRequest) -> None:
-    s = parsed.sampling
+    s = _sent(parsed)
     _refuse_extensions(s, "an Anthropic", *_OPENAI_ONLY)
     if parsed.n != 1:
         _refuse("n", "an Anthropic")
@@ -253,6 +257,13 @@ def _anthropic_tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
 
 
 # Both
+
+
+def _sent(parsed: ParsedRequest) -> SamplingParams:
+    """The sampling the client asked for: the surface's own defaults back to neutral."""
+    if not parsed.defaulted:
+        return parsed.sampling
+    return replace(parsed.sampling, **{k: getattr(_NEUTRAL, k) for k in parsed.defaulted})
 
 
 def _chat_prompt(parsed: ParsedRequest) -> ChatPrompt:

@@ -61,6 +61,12 @@ class Remotes:
             MlxdError: the request cannot go there, or the backend failed before answering.
         """
         self._check_endpoint(request, target)
+        if request.api not in NATIVE_API:  # an API no backend speaks, with no event path
+            raise InvalidRequest(
+                f"model {target.name!r} is served by backend {target.backend!r}: "
+                f"{request.api} {request.endpoint} serves local models only",
+                param="model",
+            )
         endpoint, http, doc = request.endpoint, request.http, request.doc
         if request.api == "anthropic":
             return await self._anthropic.serve(http, target, doc, request.timeout_s)

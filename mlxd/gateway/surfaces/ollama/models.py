@@ -60,7 +60,7 @@ class OllamaModels:
 
     Args:
         pool: the local models.
-        remote: the remote models' names (listed; they answer a 400 on /api/chat for now).
+        remote: the remote models' names (listed; /api/chat and /api/generate serve them).
         describe: a loaded model's ``Pong`` (its path and context), ``None`` if not loaded.
         max_body_bytes: the body limit of ``/api/show``.
     """

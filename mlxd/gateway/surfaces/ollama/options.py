@@ -3,8 +3,12 @@ the runner options (``num_gpu``, ``num_thread``, ``mirostat``...) ignored, as Ol
 ones a model's runner does not use.
 
 Defaults are Ollama's (temperature 0.8, top_k 40, top_p 0.9), not OpenAI's, so an app sees the
-sampling it saw on Ollama. ``repeat_penalty`` is applied only when sent: Ollama's 1.1 default
-penalises a 64-token window, which mlxd's penalty (over the whole output) is not.
+sampling it saw on Ollama, on a local model. ``defaulted`` names the ones the client left to
+them: a remote backend is not sent those (its own defaults hold; an OpenAI-compatible API has no
+``top_k``), while an option the client did send and the backend cannot take is a 400 naming it.
+
+``repeat_penalty`` is applied only when sent: Ollama's 1.1 default penalises a 64-token window,
+which mlxd's penalty (over the whole output) is not.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ DEFAULT_TEMPERATURE = 0.8
 DEFAULT_TOP_K = 40
 DEFAULT_TOP_P = 0.9
 MAX_STOP = 16
+# The options whose default is Ollama's, not the neutral one (also the SamplingParams fields).
+SURFACE_DEFAULTS = ("temperature", "top_p", "top_k")
 _MAX_INT = 2**31 - 1
 _MAX_SEED = 2**63 - 1
 
@@ -83,6 +89,12 @@ def sampling_params(options: Any) -> SamplingParams:
         seed=_seed(options),
         stop=_stop(options.get("stop")),
     )
+
+
+def defaulted(options: Any) -> frozenset[str]:
+    """The sampling fields ``options`` leaves to Ollama's defaults (``SURFACE_DEFAULTS``)."""
+    sent = options if isinstance(options, dict) else {}
+    return frozenset(k for k in SURFACE_DEFAULTS if sent.get(k) is None)
 
 
 def check_num_ctx(options: Any) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from mlxd.errors import InvalidRequest
 from mlxd.gateway.request import ParsedRequest
-from mlxd.gateway.surfaces.ollama.options import check_num_ctx, sampling_params
+from mlxd.gateway.surfaces.ollama.options import check_num_ctx, defaulted, sampling_params
 from mlxd.gateway.tools.definitions import message_tool_calls, parse_tool_use
 from mlxd.protocol.messages import ChatPrompt, JsonFormat, Prompt, TextPrompt
 
@@ -148,6 +148,7 @@ def _parsed(
         sampling=sampling,
         stream=_stream(body),
         reasoning=think is not None,
+        defaulted=defaulted(options),
         keep_alive_s=keep_alive,
         think=think,
     )
