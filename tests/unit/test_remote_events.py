@@ -367,3 +367,14 @@ def test_a_thinking_switch_goes_to_an_anthropic_backend() -> None:
     off = replace(_chat(), prompt=replace(prompt, thinking=False))
     assert anthropic_body(off, "x")["thinking"] == {"type": "disabled"}
     assert "thinking" not in anthropic_body(_chat(), "x")
+
+
+def test_a_relayed_anthropic_stream_counts_cached_prompt_tokens() -> None:
+    # Anthropic's input_tokens leaves out the cache's tokens: the access log's prompt_tokens
+    # counts them (as the event path does), and message_delta's output keeps the input count.
+    from mlxd.gateway.backends.remote.anthropic_proxy import _usage
+
+    start = {"input_tokens": 4, "cache_read_input_tokens": 60, "output_tokens": 1}
+    after_start = _usage(start, None)
+    final = _usage({"output_tokens": 9}, after_start)
+    assert (final.prompt_tokens, final.cached_tokens, final.completion_tokens) == (64, 60, 9)

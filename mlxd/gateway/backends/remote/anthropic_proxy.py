@@ -19,12 +19,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from mlxd.gateway.backends.remote.proxy import Proxy, same
+from mlxd.gateway.backends.remote.readers import anthropic_usage
 from mlxd.gateway.backends.remote.relay import Done, RelayResponse, read_sse
 from mlxd.gateway.backends.remote.upstream import RemoteBackend
 from mlxd.gateway.http.accesslog import RequestRecord
 from mlxd.gateway.ops.metrics import Metrics
 from mlxd.gateway.routing.router import Target
 from mlxd.protocol.messages import Usage
+
+_INPUT_KEYS = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
 
 
 class AnthropicProxy(Proxy):
@@ -128,16 +131,15 @@ def _observe_body(record: RequestRecord, body: Any, metrics: Metrics) -> None:
 
 
 def _usage(usage: dict[str, Any], before: Usage | None) -> Usage:
-    # A stream's message_start has input tokens, its message_delta the output so far.
-    def count(key: str, old: int) -> int:
-        value = usage.get(key)
-        return value if isinstance(value, int) and value >= 0 else old
-
-    prompt = before.prompt_tokens if before else 0
-    completion = before.completion_tokens if before else 0
-    cached = count("cache_read_input_tokens", before.cached_tokens if before else 0)
+    """``usage`` over what the stream said ``before``: message_start has the input (and cache)
+    tokens, each message_delta the output so far; a count an event leaves out is kept."""
+    now = anthropic_usage(usage)
+    if before is None:
+        return now
+    prompt = now if any(k in usage for k in _INPUT_KEYS) else before
+    completion = now if "output_tokens" in usage else before
     return Usage(
-        prompt_tokens=count("input_tokens", prompt),
-        completion_tokens=count("output_tokens", completion),
-        cached_tokens=cached,
+        prompt_tokens=prompt.prompt_tokens,
+        completion_tokens=completion.completion_tokens,
+        cached_tokens=prompt.cached_tokens,
     )

@@ -24,13 +24,13 @@ from starlette.responses import Response
 
 from mlxd.errors import UpstreamError
 from mlxd.gateway.backends.remote.proxy import Proxy, same
+from mlxd.gateway.backends.remote.readers import openai_usage
 from mlxd.gateway.backends.remote.relay import Done, RelayResponse, read_sse_data
 from mlxd.gateway.backends.remote.upstream import RemoteBackend
 from mlxd.gateway.http.accesslog import RequestRecord
 from mlxd.gateway.ops.metrics import Metrics
 from mlxd.gateway.routing.router import Target
 from mlxd.gateway.surfaces.sse import DONE, sse
-from mlxd.protocol.messages import Usage
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ def _observe_body(record: RequestRecord, chunk: dict[str, Any], metrics: Metrics
                 metrics.ttft.labels(record.model).observe(record.first_token_at - record.start)
     usage = chunk.get("usage")
     if isinstance(usage, dict):
-        record.usage = _usage(usage)
+        record.usage = openai_usage(usage)
 
 
 def _has_text(choice: dict[str, Any]) -> bool:
@@ -142,17 +142,3 @@ def _has_text(choice: dict[str, Any]) -> bool:
     if not isinstance(source, dict):
         return False
     return bool(source.get("content") or source.get("text") or source.get("tool_calls"))
-
-
-def _usage(usage: dict[str, Any]) -> Usage:
-    details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else 0
-    return Usage(
-        prompt_tokens=_count(usage.get("prompt_tokens")),
-        completion_tokens=_count(usage.get("completion_tokens")),
-        cached_tokens=_count(cached),
-    )
-
-
-def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0

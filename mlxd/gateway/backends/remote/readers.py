@@ -136,7 +136,7 @@ class OpenAIReader(_Reader):
         if chunk.get("error"):
             raise self._failed(chunk["error"])
         if isinstance(chunk.get("usage"), dict):
-            self._usage = _openai_usage(chunk["usage"])
+            self._usage = openai_usage(chunk["usage"])
         out: list[Event] = []
         for choice in chunk.get("choices") or ():
             out += self._choice(choice)
@@ -293,7 +293,7 @@ class AnthropicReader(_Reader):
         self.finished = True
         reason = _ANTHROPIC_FINISH.get(self._stop_reason or "end_turn", "stop")
         stop = self._stop if self._stop_reason == "stop_sequence" else None
-        return [self._finished(0, reason, _anthropic_usage(self._usage), stop)]
+        return [self._finished(0, reason, anthropic_usage(self._usage), stop)]
 
     def _text(self, text: Any) -> list[Event]:
         if not isinstance(text, str) or not text:
@@ -310,14 +310,15 @@ class AnthropicReader(_Reader):
         if self._sent_prompt:
             return None
         self._sent_prompt = True
-        return _no_completion(_anthropic_usage(self._usage))
+        return _no_completion(anthropic_usage(self._usage))
 
     def _merge_usage(self, usage: Any) -> None:
         if isinstance(usage, dict):
             self._usage |= {k: v for k, v in usage.items() if v is not None}
 
 
-def _openai_usage(usage: dict[str, Any]) -> Usage:
+def openai_usage(usage: dict[str, Any]) -> Usage:
+    """An OpenAI ``usage`` object as ``Usage`` (counts that are missing or invalid: 0)."""
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else 0
     return Usage(
@@ -327,8 +328,9 @@ def _openai_usage(usage: dict[str, Any]) -> Usage:
     )
 
 
-def _anthropic_usage(usage: dict[str, Any]) -> Usage:
-    # Anthropic's input_tokens excludes the tokens read from or written to its cache.
+def anthropic_usage(usage: dict[str, Any]) -> Usage:
+    """An Anthropic ``usage`` object as ``Usage``: its ``input_tokens`` excludes the tokens read
+    from or written to its cache, which ``prompt_tokens`` counts."""
     cached = _count(usage.get("cache_read_input_tokens"))
     written = _count(usage.get("cache_creation_input_tokens"))
     return Usage(
