@@ -256,7 +256,9 @@ class Engine:
 
     def _on_cancel(self, client: bytes, msg: Cancel) -> None:
         self.embeddings.cancel(msg.request_id, client)
-        waiting = [p for p in self._preparing if p[0] == client and p[1].request_id == msg.request_id]
+        waiting = [
+            p for p in self._preparing if p[0] == client and p[1].request_id == msg.request_id
+        ]
         for pending in waiting:  # still preparing: it never reaches the scheduler
             pending[2].cancel()
             self._preparing.remove(pending)

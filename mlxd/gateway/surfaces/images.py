@@ -54,9 +54,7 @@ class ImageParts:
 
     def add_bytes(self, data: bytes, where: str) -> None:
         if len(self.images) >= self.max_images:
-            raise InvalidRequest(
-                f"at most {self.max_images} images per request", param=where
-            )
+            raise InvalidRequest(f"at most {self.max_images} images per request", param=where)
         if len(data) > self.max_bytes:
             raise InvalidRequest(
                 f"'{where}' is {len(data)} bytes; at most {self.max_bytes} per image", param=where

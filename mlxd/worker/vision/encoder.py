@@ -74,7 +74,9 @@ class ImageEncoder:
         The future raises ``InvalidRequest`` for bytes that are no image this model takes."""
         return self.pool.submit(self._prepare, text, images)
 
-    def embeddings(self, tokens: mx.array, parts: list[tuple[Sequence, int, int]]) -> mx.array | None:
+    def embeddings(
+        self, tokens: mx.array, parts: list[tuple[Sequence, int, int]]
+    ) -> mx.array | None:
         """The input embeddings of a left-padded prefill forward of ``tokens`` (B, W), whose
         row ``b`` holds ``parts[b]``'s sequence's prefill positions ``start .. end``, with
         image features at their placeholders; None when no row reaches an image."""

@@ -49,7 +49,7 @@ class TextModel(nn.Module):
         return self.language_model.model  # type: ignore[no-any-return]
 
     @property
-    def lm_head(self) -> nn.Module | None:
+    def lm_head(self) -> Any:
         return getattr(self.language_model, "lm_head", None)
 
     @property

@@ -13,9 +13,9 @@ from typing import Any
 
 from mlxd.errors import InvalidRequest
 from mlxd.gateway.request import ParsedRequest
+from mlxd.gateway.surfaces.images import ImageParts
 from mlxd.gateway.tools.definitions import ToolUse, message_tool_calls, parse_tool_use
 from mlxd.knobs import PRIORITIES
-from mlxd.gateway.surfaces.images import ImageParts
 from mlxd.protocol.messages import (
     ChatPrompt,
     JsonFormat,
@@ -362,9 +362,7 @@ def _message(msg: Any, path: str, images: ImageParts) -> dict[str, Any]:
     return out
 
 
-def _content(
-    value: Any, path: str, images: ImageParts | None
-) -> str | list[dict[str, Any]] | None:
+def _content(value: Any, path: str, images: ImageParts | None) -> str | list[dict[str, Any]] | None:
     """A message's content: its text, or with images (a user's ``image_url`` parts) its parts
     in order, each image as ``{"type": "image"}`` (its bytes go to ``images``)."""
     if value is None or isinstance(value, str):
@@ -384,7 +382,9 @@ def _content(
             parts.append({"type": "text", "text": text})
         else:
             what = "text and image_url" if images is not None else "text"
-            raise InvalidRequest(f"'{where}': only {what} parts are supported", param=f"{where}.type")
+            raise InvalidRequest(
+                f"'{where}': only {what} parts are supported", param=f"{where}.type"
+            )
     if all(p["type"] == "text" for p in parts):
         return "".join(p["text"] for p in parts)
     return parts
