@@ -274,6 +274,26 @@ STORED_RESPONSES_SIZE: Knob[int] = Knob(
     toml="stored_responses_size",
 )
 
+# Images in requests (gateway/surfaces/images.py). Not options yet: the parsers use the defaults.
+MAX_IMAGES: Knob[int] = Knob(
+    "max_images",
+    "serve",
+    "--max-images",
+    int,
+    8,
+    "Most images one request may carry; more get 400.",
+    minimum=1,
+)
+MAX_IMAGE_BYTES: Knob[int] = Knob(
+    "max_image_bytes",
+    "serve",
+    "--max-image-bytes",
+    int,
+    10 * 1024 * 1024,
+    "Largest image (encoded bytes) a request may carry; bigger ones get 400.",
+    minimum=1024,
+)
+
 _SERVE = (
     ROUTING,
     MAX_MEMORY,

@@ -25,7 +25,9 @@ class _ConfigFailure(click.ClickException):
     "--arch",
     default="qwen3",
     show_default=True,
-    help="qwen3, llama, qwen2, mistral, mamba (state-space) or lfm2 (hybrid).",
+    help="qwen3, llama, qwen2, mistral, mamba (state-space), lfm2 (hybrid), or llava (a "
+    "vision-language model; needs mlxd[vision]; --size, --dtype, --quantize and "
+    "--sliding-window are ignored).",
 )
 @click.option(
     "--size",
@@ -74,9 +76,13 @@ def make_model_command(
         raise click.ClickException(f"{out_dir} already exists (use --force to overwrite)")
     # Imported here so `mlxd --help` does not pay for MLX.
     from mlxd.models.maker import make_model
+    from mlxd.models.vlm_maker import VLM_ARCHS, make_vlm
     from mlxd.models.zoo import make_zoo_model
 
     try:
+        if arch in VLM_ARCHS:
+            make_vlm(out_dir, arch=arch, seed=seed, overwrite=force)
+            return
         if zoo:
             make_zoo_model(out_dir, arch, seed=seed, overwrite=force)
             return

@@ -16,18 +16,31 @@ PROTOCOL_VERSION = b"mlxd/5"  # mlxd/5: thinking (mlxd/4: Error.retry_after_s...
 
 
 @dataclass(frozen=True, kw_only=True)
+class ImageData:
+    """One image of a chat, as the client sent it: the encoded file (PNG, JPEG...) and its
+    content digest (hex), which keys its placeholder tokens in the prefix cache. Bytes, never a
+    URL: the gateway fetched or decoded it."""
+
+    data: bytes
+    digest: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class ChatPrompt:
     """A chat rendered by the worker with the model's chat template.
 
     ``messages`` are OpenAI-shaped dicts (role, content, and optionally name, tool_calls...).
     ``thinking`` is the template's thinking switch (``enable_thinking``): None leaves the
-    template's default; a template without the switch ignores it.
+    template's default; a template without the switch ignores it. ``images``: each
+    ``{"type": "image"}`` content part's image, in the order the parts appear.
     """
 
     TAG: ClassVar[str] = "chat"
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None = None
     thinking: bool | None = None
+    # The images of ``messages``' ``{"type": "image"}`` parts, in order (None: text only).
+    images: list[ImageData] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -43,6 +43,7 @@ from mlxd.worker.sched.scheduler import Scheduler
 if TYPE_CHECKING:
     from mlxd.worker.kv.formats import KVFormat
     from mlxd.worker.spec.speculator import Drafter
+    from mlxd.worker.vision.encoder import ImageEncoder
 
 log = logging.getLogger("mlxd.worker")
 
@@ -77,9 +78,11 @@ def build_engine(
     clock: Callable[[], float] = time.monotonic,
     embedder: Embedder | None = None,
     drafter: Drafter | None = None,
+    vision: ImageEncoder | None = None,
 ) -> Engine:
     """The engine on ``runner`` (from ``build_runner``): its scheduler on ``pool``, the idle
-    release of ``--kv-idle-s``, and the prefix cache's disk tier with ``--kv-disk-gb``."""
+    release of ``--kv-idle-s``, and the prefix cache's disk tier with ``--kv-disk-gb``;
+    ``vision``: a VLM's image encoder."""
     engine = Engine(
         name=config.name,
         runner=runner,
@@ -94,6 +97,7 @@ def build_engine(
         max_context=max_context,
         embedder=embedder,
         drafter=drafter,
+        vision=vision,
     )
     engine.idle_release = IdleRelease(config.cache.kv_idle_s)
     fit_kv(engine.scheduler, runner)

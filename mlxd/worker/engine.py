@@ -23,6 +23,7 @@ from mlxd.errors import (
 from mlxd.protocol.channel import WorkerChannel
 from mlxd.protocol.messages import (
     Cancel,
+    ChatPrompt,
     CountTokens,
     Embed,
     Error,
@@ -55,7 +56,10 @@ from mlxd.worker.spec.speculator import Drafter, Speculator, resolve
 from mlxd.worker.stats import Stats
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     from mlxd.worker.control import Control
+    from mlxd.worker.vision.encoder import ImageEncoder, Prepared
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +93,11 @@ class Engine:
         clock: Callable[[], float] | None = None,
         embedder: Embedder | None = None,
         drafter: Drafter | None = None,
+        vision: ImageEncoder | None = None,
     ) -> None:
         """``drafter``: the draft model of ``--speculate draft`` (unused where the runner
-        cannot speculate)."""
+        cannot speculate); ``vision``: a VLM's image encoder (None: the model takes no images).
+        """
         self.name = name
         self.runner = runner
         self.scheduler = scheduler
@@ -99,6 +105,9 @@ class Engine:
         self.channel = channel
         self.max_context = max_context
         self.embedder = embedder
+        self.vision = vision
+        # Image requests whose images are being prepared off this thread (``vision``).
+        self._preparing: list[tuple[bytes, Generate, Future[Prepared]]] = []
         # One clock for arrival times and for aging: by default, the scheduler's.
         self.clock = clock or scheduler.clock
         self.should_exit = False
@@ -141,8 +150,11 @@ class Engine:
         while not self.should_exit:
             self._loop_at = time.monotonic()
             busy = self.scheduler.has_work() and not self.paused
-            for client, msg in self.channel.recv_ready(timeout_ms=0 if busy else 50):
+            wait = 0 if busy else 5 if self._preparing else 50
+            for client, msg in self.channel.recv_ready(timeout_ms=wait):
                 self.dispatch(client, msg)
+            if self._preparing:
+                self._admit_prepared()
             if self.control is not None:
                 self.control.poll()
             if self.scheduler.has_work() and not self.paused:
@@ -203,6 +215,9 @@ class Engine:
                 raise WorkerUnavailable(f"the worker for {self.name!r} is draining")
             if self.scheduler.find(msg.request_id, client) is not None:
                 raise InvalidRequest(f"request id {msg.request_id!r} is already in flight")
+            if isinstance(msg.prompt, ChatPrompt) and msg.prompt.images:
+                self._prepare_images(client, msg)
+                return
             seq = self._new_sequence(client, msg)
             self.scheduler.add(seq)
             self.stats.on_admit(seq)
@@ -210,8 +225,43 @@ class Engine:
             self.stats.on_refuse(exc)
             self._send_error(client, msg.request_id, exc)
 
+    def _prepare_images(self, client: bytes, msg: Generate) -> None:
+        """Render the chat and hand it with its images to the encoder's threads; the request
+        joins the scheduler once they are ready (``_admit_prepared``)."""
+        assert isinstance(msg.prompt, ChatPrompt) and msg.prompt.images
+        if self.vision is None:
+            raise InvalidRequest(
+                f"model {self.name!r} does not take images (a text-only model)", param="messages"
+            )
+        check_sampling(msg.sampling)
+        check_priority(msg.priority)
+        text = self.encoder.render_chat(msg.prompt)
+        self._preparing.append((client, msg, self.vision.prepare(text, msg.prompt.images)))
+
+    def _admit_prepared(self) -> None:
+        """Requests whose images are ready join the scheduler; a bad image fails its own."""
+        ready = [p for p in self._preparing if p[2].done()]
+        self._preparing = [p for p in self._preparing if not p[2].done()]
+        for client, msg, future in ready:
+            try:
+                seq = self._new_sequence(client, msg, future.result())
+                self.scheduler.add(seq)
+                self.stats.on_admit(seq)
+            except MlxdError as exc:
+                self.stats.on_refuse(exc)
+                self._send_error(client, msg.request_id, exc)
+            except Exception as exc:  # noqa: BLE001 - a processor's own failure fails one request
+                log.exception("preparing the images of %s failed", msg.request_id)
+                self._send_error(client, msg.request_id, InvalidRequest(f"bad image: {exc}"))
+
     def _on_cancel(self, client: bytes, msg: Cancel) -> None:
         self.embeddings.cancel(msg.request_id, client)
+        waiting = [
+            p for p in self._preparing if p[0] == client and p[1].request_id == msg.request_id
+        ]
+        for pending in waiting:  # still preparing: it never reaches the scheduler
+            pending[2].cancel()
+            self._preparing.remove(pending)
         seq = self.scheduler.find(msg.request_id, client)
         if seq is not None:
             self.scheduler.finish(seq, "cancelled")  # nothing more is ever sent for it
@@ -248,10 +298,13 @@ class Engine:
 
     # Internal helpers
 
-    def _new_sequence(self, client: bytes, msg: Generate) -> Sequence:
+    def _new_sequence(
+        self, client: bytes, msg: Generate, prepared: Prepared | None = None
+    ) -> Sequence:
+        """``prepared``: an image request's ids, images and keys (``vision.encoder``)."""
         check_sampling(msg.sampling)
         check_priority(msg.priority)
-        prompt_ids = self.encoder.encode(msg.prompt)
+        prompt_ids = self.encoder.encode(msg.prompt) if prepared is None else prepared.prompt_ids
         room = self.max_context - len(prompt_ids)
         if room < 1:
             raise InvalidRequest(
@@ -279,6 +332,8 @@ class Engine:
             deadline=now + msg.timeout_s if msg.timeout_s else None,
             seed=seed,
         )
+        if prepared is not None:
+            seq.images, seq.prompt_keys = prepared.images, prepared.keys
         seq.detok = OutputText(self.encoder.new_detokenizer(), msg.sampling.stop)
         if msg.sampling.logprobs:
             self.encoder.token_vocab("logprobs")  # token bytes: fail now, not mid-stream
@@ -309,6 +364,8 @@ class Engine:
             return
         for chunk in chunks:
             self.scheduler.complete_chunk(chunk)
+            if chunk.is_last and self.vision is not None:
+                self.vision.done_with(chunk.seq)
         self._accept(firsts)  # a sequence done at its first token is retired at step end
 
     def _reserve(self) -> None:

@@ -92,12 +92,13 @@ class _Loaded:
     max_context: int
     compute: Any
     drafter: Any
+    vision: Any = None  # a VLM's image encoder (worker/vision/encoder.py)
 
 
 def _load_all(config: WorkerConfig) -> _Loaded:
     """Load the model, join the group, open the channel, build the runner and the drafter."""
     group = worker_group.join(config)  # None: a lone worker
-    model, tokenizer, max_context = _load(config, group)
+    model, tokenizer, max_context, vision = _load(config, group)
     compute = cpu_backend.prepare(model, config.dtype)  # float32 on the CPU; GEMM probe
     channel = _channel(config, group)
     runner, pool, max_context = build_runner(
@@ -107,7 +108,9 @@ def _load_all(config: WorkerConfig) -> _Loaded:
         sizes = [0 if pool is None else pool.num_blocks, max_context]
         worker_group.check_same(group, sizes, "the KV pool and context")
     drafter = _draft_model(config, runner, _vocab_size(model, tokenizer))
-    return _Loaded(model, tokenizer, channel, runner, pool, max_context, compute, drafter)
+    if vision is not None:
+        _attach_vision(config, runner, vision)
+    return _Loaded(model, tokenizer, channel, runner, pool, max_context, compute, drafter, vision)
 
 
 def _startup_failure(config: WorkerConfig, reason: str, auth: Any) -> int:
@@ -139,6 +142,7 @@ def _engine(config: WorkerConfig, loaded: _Loaded) -> Engine:
         clock=getattr(loaded.channel, "clock", time.monotonic),
         embedder=Embedder(model),
         drafter=loaded.drafter,
+        vision=loaded.runner.vision,
     )
     engine.control = Control(
         engine,
@@ -193,12 +197,58 @@ def _channel(config: WorkerConfig, group: Any) -> WorkerChannel:
     return worker_group.GroupChannel(group, inner, worker_group.GroupClock())  # type: ignore[return-value]
 
 
-def _load(config: WorkerConfig, group: Any = None) -> tuple[Any, Any, int]:
+def _load(config: WorkerConfig, group: Any = None) -> tuple[Any, Any, int, Any]:
+    """The model, its tokenizer, its context and, for a VLM, its image encoder."""
     started = time.monotonic()
-    model, tokenizer = _load_model(config.model, config.dtype, group)
+    vision = None
+    if (path := _vlm_path(config.model)) is not None:
+        model, tokenizer, vision = _load_vlm(path, group)
+    else:
+        model, tokenizer = _load_model(config.model, config.dtype, group)
     max_context = config.max_context or _model_context(model)
     log.info("loaded %s in %.1f s", config.model, time.monotonic() - started)
-    return model, tokenizer, max_context
+    return model, tokenizer, max_context, vision
+
+
+def _vlm_path(source: str) -> str | None:
+    """``source``'s directory when it is a vision-language checkpoint (None otherwise)."""
+    if not Path(source).is_dir() or not (Path(source) / "config.json").is_file():
+        return None
+    from mlxd.worker.vision.model import is_vlm
+
+    return source if is_vlm(source) else None
+
+
+def _load_vlm(path: str, group: Any) -> tuple[Any, Any, Any]:
+    """A VLM through mlx-vlm (the ``vision`` extra): its language model for the runners, the
+    tokenizer, and the image encoder beside them."""
+    import importlib.util
+
+    if importlib.util.find_spec("mlx_vlm") is None:
+        raise ConfigError(f"{path} is a vision-language model: pip install 'mlxd[vision]'")
+    if group is not None:
+        raise ConfigError("a vision-language model cannot be sharded across a worker group yet")
+    from mlxd.worker.vision.encoder import ImageEncoder
+    from mlxd.worker.vision.model import load_vlm
+
+    log.info("loading %s (vision-language, mlx-vlm) ...", path)
+    model, tokenizer, (vlm, processor) = load_vlm(path)
+    if quantized := batch_as_rows(model):
+        log.info("%d quantized layers take each batch as rows of one matrix", len(quantized))
+    last_position_only(model.language_model)
+    return model, tokenizer, ImageEncoder(vlm, processor, model)
+
+
+def _attach_vision(config: WorkerConfig, runner: ModelRunner, vision: Any) -> None:
+    """The image encoder on a runner that splices features into prefill (the paged one on
+    plain K/V); on another the VLM serves text and refuses images."""
+    from mlxd.worker.runners.hybrid import HybridModelRunner
+    from mlxd.worker.runners.paged import PagedModelRunner
+
+    if isinstance(runner, PagedModelRunner) and not isinstance(runner, HybridModelRunner):
+        runner.vision = vision
+        return
+    log.warning("%s: images need the paged KV runner (%s); text only", config.name, runner)
 
 
 def _load_model(source: str, dtype: str, group: Any = None) -> tuple[Any, Any]:

@@ -139,7 +139,15 @@ def test_model_is_a_required_string(model: Any) -> None:
         ([{"role": "user"}], "messages[0].content"),
         ([{"role": "user", "content": "x", "extra": 1}], "messages[0].extra"),
         ([{"role": "user", "content": "x", "refusal": "no"}], "messages[0].refusal"),
-        ([{"role": "user", "content": [{"type": "image_url"}]}], "messages[0].content[0].type"),
+        ([{"role": "user", "content": [{"type": "input_audio"}]}], "messages[0].content[0].type"),
+        (
+            [{"role": "user", "content": [{"type": "image_url"}]}],
+            "messages[0].content[0].image_url",
+        ),
+        (
+            [{"role": "assistant", "content": [{"type": "image_url"}]}],
+            "messages[0].content[0].type",  # images come from the user only
+        ),
         ([{"role": "user", "content": "x", "name": 3}], "messages[0].name"),
     ],
 )

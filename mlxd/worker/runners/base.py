@@ -33,6 +33,8 @@ class ModelRunner(ABC):
     # would pad to over twice their tokens reads the blocks too, uncounted: memory would not help.
     gathered_steps = 0
     speculates = False  # has ``verify_step`` (the paged runner: docs/SPECULATION.md)
+    # A VLM's image encoder (vision.encoder.ImageEncoder): prefill splices image features in.
+    vision: Any = None
 
     def __init__(self, model: Any, eos_token_ids: set[int]) -> None:
         self.model = model

@@ -296,7 +296,12 @@ class PagedModelRunner(ModelRunner):
             for (seq, start, end), n in zip(parts, new, strict=True)
         ]
         caches = self._step_caches([s for s, _, _ in parts], [start for _, start, _ in parts], new)
-        self.model(mx.array(rows), cache=caches)
+        tokens = mx.array(rows)
+        embeds = None if self.vision is None else self.vision.embeddings(tokens, parts)
+        if embeds is None:
+            self.model(tokens, cache=caches)
+        else:  # a VLM prompt's images: their features at their placeholders
+            self.model(tokens, cache=caches, input_embeddings=embeds)
 
     def _step_caches(
         self, seqs: list[Sequence], starts: list[int], new: list[int], exact: bool = False

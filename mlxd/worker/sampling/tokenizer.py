@@ -105,6 +105,12 @@ class PromptEncoder:
         return list(ids)
 
     def _encode_chat(self, prompt: ChatPrompt) -> list[int]:
+        text = self.render_chat(prompt)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def render_chat(self, prompt: ChatPrompt) -> str:
+        """``prompt`` through the chat template, as text (a VLM's processor tokenizes it with
+        its images); ``InvalidRequest`` when the template refuses it or it is far too long."""
         # The switch only when the client set it: mlx-lm's wrapper (and the template) default.
         switch = {} if prompt.thinking is None else {"enable_thinking": prompt.thinking}
         try:
@@ -120,7 +126,7 @@ class PromptEncoder:
                 f"cannot apply the chat template: {exc}", param="messages"
             ) from None
         self._check_length(text, "messages")
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return str(text)
 
     def _check_length(self, text: str, param: str) -> None:
         longest = self.max_token_chars

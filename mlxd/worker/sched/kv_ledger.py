@@ -141,7 +141,7 @@ class KVLedger:
         if not seq.block_ids:
             return
         if cache:
-            known = (seq.prompt_ids + seq.output_ids)[: seq.num_computed]
+            known = seq.known_keys[: seq.num_computed]
             self.radix.insert(known, seq.block_ids, seq.states, seq.window_ids)
         seq.states, seq.state_hit = {}, None
         if self.windows is not None:
@@ -156,16 +156,16 @@ class KVLedger:
         slabs go to the prefix cache before those behind the window go back; a hybrid's
         snapshots go there as prefill takes them (nothing else bounds them)."""
         if self.windows is not None:
-            known = seq.prefill_ids[: seq.num_computed]
+            known = seq.prefill_keys[: seq.num_computed]
             self.radix.insert(known, seq.block_ids, slabs=seq.window_ids)
             self.windows.drop_behind(seq)
         if seq.states and not is_last:
-            self.radix.insert(seq.prefill_ids[: seq.num_computed], seq.block_ids, seq.states)
+            self.radix.insert(seq.prefill_keys[: seq.num_computed], seq.block_ids, seq.states)
             seq.states = {}
 
     def index_prompt(self, seq: Sequence) -> None:
         """``seq``'s prompt is done: later requests with this prefix can share its blocks."""
-        self.radix.insert(seq.prefill_ids, seq.block_ids, seq.states)
+        self.radix.insert(seq.prefill_keys, seq.block_ids, seq.states)
         seq.states = {}
 
     def prefix_in_flight(self, seq: Sequence, prefilling: list[Sequence]) -> bool:
@@ -173,15 +173,15 @@ class KVLedger:
         prefix cache does not hold yet (``n > 1`` choices, a burst of requests with one system
         prompt): its blocks are indexed when its prompt is done, and ``seq`` can share them."""
         bs = self.pool.block_size
-        first = seq.prefill_ids[:bs]
-        if len(seq.prefill_ids) <= bs:
+        first = seq.prefill_keys[:bs]
+        if len(seq.prefill_keys) <= bs:
             return False  # no full block to share: at least one prompt token is computed anyway
-        sharing = [o for o in prefilling if o.prefill_ids[:bs] == first]
+        sharing = [o for o in prefilling if o.prefill_keys[:bs] == first]
         if not sharing:
             return False
         if self.radix.state_budget is not None:  # a hybrid: for a prompt that came after
             self._snapshot_for(seq, sharing[0])  # ``sharing[0]`` was admitted (``_ask_snapshots``)
-        return self.radix.match_prefix(seq.prefill_ids, max_blocks=1).shared_blocks == 0
+        return self.radix.match_prefix(seq.prefill_keys, max_blocks=1).shared_blocks == 0
 
     def start_over(self) -> None:
         """Nothing runs and the head of the queue cannot proceed: every cached block and slab
@@ -222,7 +222,7 @@ class KVLedger:
 
     def _admit(self, seq: Sequence, first_chunk: int, waiting: list[Sequence]) -> bool:
         """``admit``'s one attempt."""
-        tokens = seq.prefill_ids
+        tokens = seq.prefill_keys
         match = self.radix.match_prefix(  # restore: blocks the disk tier holds come back
             tokens, max_blocks=(len(tokens) - 1) // self.pool.block_size, restore=True
         )
@@ -256,16 +256,16 @@ class KVLedger:
         """A hybrid's shared blocks are no use without a recurrent state where a prompt parts
         from them: ``seq``, admitted, snapshots where each waiting prompt sharing its first
         block parts from it (those wait for it: ``prefix_in_flight``)."""
-        first = seq.prefill_ids[: self.pool.block_size]
+        first = seq.prefill_keys[: self.pool.block_size]
         for other in waiting:
-            if other is not seq and other.prefill_ids[: len(first)] == first:
+            if other is not seq and other.prefill_keys[: len(first)] == first:
                 self._snapshot_for(other, seq)
 
     def _snapshot_for(self, seq: Sequence, other: Sequence) -> None:
         """Ask ``other``, prefilling, to snapshot its recurrent state where ``seq``'s prompt
         parts from it, unless it has passed there already."""
-        n = min(len(seq.prefill_ids) - 1, len(other.prefill_ids))
-        shared = next((i for i in range(n) if seq.prefill_ids[i] != other.prefill_ids[i]), n)
+        n = min(len(seq.prefill_keys) - 1, len(other.prefill_keys))
+        shared = next((i for i in range(n) if seq.prefill_keys[i] != other.prefill_keys[i]), n)
         boundary = shared // self.pool.block_size * self.pool.block_size
         if boundary > other.num_prefilled:
             other.snapshot_at.add(boundary)

@@ -69,6 +69,10 @@ class Sequence:
     grammar: Any = None  # a grammar.Grammar when the output must match a response_format
     thinking: Any = None  # messages.Thinking: how the output marks thinking (the first delta's)
     budget: Any = None  # a thinking.ThinkingBudget when the request caps its thinking
+    # A VLM prompt's images (vision.encoder.PromptImages) and its prefix-cache keys: its ids
+    # with each image's placeholders keyed by the image's digest (None: the ids themselves).
+    images: Any = None
+    prompt_keys: list[int] | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -84,6 +88,19 @@ class Sequence:
         if not self.num_resumed:
             return self.prompt_ids
         return self.prompt_ids + self.output_ids[: self.num_resumed]
+
+    @property
+    def prefill_keys(self) -> list[int]:
+        """``prefill_ids`` as the prefix cache keys them (an image's placeholders by its digest)."""
+        if self.prompt_keys is None:
+            return self.prefill_ids
+        return self.prompt_keys + self.output_ids[: self.num_resumed]
+
+    @property
+    def known_keys(self) -> list[int]:
+        """The prompt and the output so far, as the prefix cache keys them."""
+        prompt = self.prompt_ids if self.prompt_keys is None else self.prompt_keys
+        return prompt + self.output_ids
 
     @property
     def num_prefill_tokens(self) -> int:

@@ -13,6 +13,7 @@ from typing import Any
 
 from mlxd.errors import InvalidRequest
 from mlxd.gateway.request import ParsedRequest
+from mlxd.gateway.surfaces.images import ImageParts
 from mlxd.gateway.tools.definitions import ToolUse, message_tool_calls, parse_tool_use
 from mlxd.knobs import PRIORITIES
 from mlxd.protocol.messages import (
@@ -120,7 +121,9 @@ def parse_chat(
     max_tokens = _positive_int(body, "max_tokens")  # deprecated by OpenAI; the newer name wins
     max_tokens = _positive_int(body, "max_completion_tokens") or max_tokens
     tool_use = parse_tool_use(body)
-    prompt = ChatPrompt(messages=_messages(body), tools=tool_use.tools)
+    images = ImageParts()
+    messages = _messages(body, images)
+    prompt = ChatPrompt(messages=messages, tools=tool_use.tools, images=images.images or None)
     parsed = _parsed(body, prompt, max_tokens, header_priority, tier)
     parsed, response_format = _with_tools(parsed, tool_use, response_format)
     top = _int(body, "top_logprobs", 0, 0)
@@ -346,14 +349,14 @@ def priority_of(body: dict[str, Any], header: str | None, tier: str | None) -> s
 # Internal helpers: prompts
 
 
-def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+def _messages(body: dict[str, Any], images: ImageParts) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("'messages' must be a non-empty list", param="messages")
-    return [_message(m, f"messages[{i}]") for i, m in enumerate(messages)]
+    return [_message(m, f"messages[{i}]", images) for i, m in enumerate(messages)]
 
 
-def _message(msg: Any, path: str) -> dict[str, Any]:
+def _message(msg: Any, path: str, images: ImageParts) -> dict[str, Any]:
     if not isinstance(msg, dict):
         raise InvalidRequest(f"'{path}' must be an object", param=path)
     for key, value in msg.items():
@@ -366,7 +369,8 @@ def _message(msg: Any, path: str) -> dict[str, Any]:
         raise InvalidRequest(
             f"'{path}.role' must be one of {', '.join(_ROLES)}", param=f"{path}.role"
         )
-    out: dict[str, Any] = {"role": role, "content": _content(msg.get("content"), path)}
+    content = _content(msg.get("content"), path, images if role == "user" else None)
+    out: dict[str, Any] = {"role": role, "content": content}
     for key in ("name", "tool_call_id", "reasoning_content"):
         value = _typed(msg, key, str, "a string", f"{path}.{key}")
         if value is not None:
@@ -378,19 +382,39 @@ def _message(msg: Any, path: str) -> dict[str, Any]:
     return out
 
 
-def _content(value: Any, path: str) -> str | None:
+def _content(value: Any, path: str, images: ImageParts | None) -> str | list[dict[str, Any]] | None:
+    """A message's content: its text, or with images (a user's ``image_url`` parts) its parts
+    in order, each image as ``{"type": "image"}`` (its bytes go to ``images``)."""
     if value is None or isinstance(value, str):
         return value
     path = f"{path}.content"
     if not isinstance(value, list):
-        raise InvalidRequest(f"'{path}' must be a string or a list of text parts", param=path)
-    texts = []
+        raise InvalidRequest(f"'{path}' must be a string or a list of parts", param=path)
+    parts: list[dict[str, Any]] = []
     for j, part in enumerate(value):
         where = f"{path}[{j}]"
-        if not isinstance(part, dict) or part.get("type") != "text":
-            raise InvalidRequest(f"'{where}': only text parts are supported", param=f"{where}.type")
-        texts.append(_typed(part, "text", str, "a string", f"{where}.text") or "")
-    return "".join(texts)
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "image_url" and images is not None:
+            images.add_url(_image_url(part, where), f"{where}.image_url.url")
+            parts.append({"type": "image"})
+        elif kind == "text":
+            text = _typed(part, "text", str, "a string", f"{where}.text") or ""
+            parts.append({"type": "text", "text": text})
+        else:
+            what = "text and image_url" if images is not None else "text"
+            raise InvalidRequest(
+                f"'{where}': only {what} parts are supported", param=f"{where}.type"
+            )
+    if all(p["type"] == "text" for p in parts):
+        return "".join(p["text"] for p in parts)
+    return parts
+
+
+def _image_url(part: dict[str, Any], where: str) -> object:
+    spec = part.get("image_url")
+    if not isinstance(spec, dict):
+        raise InvalidRequest(f"'{where}.image_url' must be an object", param=f"{where}.image_url")
+    return spec.get("url")
 
 
 def _completion_prompt(value: Any) -> TextPrompt | TokenPrompt:

@@ -1,0 +1,217 @@
+"""The vision-language model maker: a tiny mlx-vlm checkpoint with seeded random weights.
+
+A made VLM is what a downloaded one is to mlx-vlm's ``load``: ``config.json`` with a
+``text_config`` and a ``vision_config``, the weights, the tokenizer (the text maker's, with the
+family's image token in place of a reserved one) and the processor's own files
+(``preprocessor_config.json``, ``processor_config.json``), all written offline. Needs the
+``vision`` extra (mlx-vlm), imported only here and in the worker's vision package.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from mlxd.errors import ConfigError
+from mlxd.models.maker import Progress, _init_weights, _install, _print_stderr, _sibling
+from mlxd.models.presets import TINY_SHAPE
+from mlxd.models.tokenizer_maker import (
+    CHAT_TEMPLATE,
+    EOS_TOKEN_ID,
+    PAD_TOKEN_ID,
+    RESERVED_TOKEN,
+    TRAINED_VOCAB_SIZE,
+    make_tokenizer,
+)
+
+VLM_ARCHS = ("llava",)
+IMAGE_TOKEN = "<image>"
+# One reserved id past the trained vocabulary becomes the image token; the rest stay reserved.
+VLM_VOCAB_SIZE = TRAINED_VOCAB_SIZE + 64
+IMAGE_TOKEN_ID = TRAINED_VOCAB_SIZE
+# 112 x 112 pixels in 14-pixel patches: 64 image tokens, two KV blocks of the default size.
+IMAGE_SIZE = 112
+PATCH_SIZE = 14
+# CLIP's normalization (the processor's; any fixed values would do for random weights).
+_CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
+_CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
+# The chat template's content macro, which gains image parts (rendered as the image token).
+_TEXT_PART = "{%- if part.type == 'text' -%}{{- part.text -}}{%- endif -%}"
+_IMAGE_PART = (
+    "{%- if part.type == 'text' -%}{{- part.text -}}"
+    "{%- elif part.type in ['image', 'image_url'] -%}{{- '" + IMAGE_TOKEN + "' -}}{%- endif -%}"
+)
+
+
+# Public API
+
+
+def make_vlm(
+    out_dir: Path,
+    *,
+    arch: str = "llava",
+    seed: int = 0,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> Path:
+    """Write a tiny mlx-vlm model directory of family ``arch`` with seeded random weights.
+
+    Raises:
+        ConfigError: Unknown family, ``out_dir`` exists, or mlx-vlm is not installed.
+    """
+    if arch not in VLM_ARCHS:
+        raise ConfigError(f"unknown vision family {arch!r}; valid: {', '.join(VLM_ARCHS)}")
+    _require_mlx_vlm()
+    report = progress or _print_stderr
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not overwrite:
+        raise ConfigError(f"{out_dir} already exists (use --force to overwrite)")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp_dir = _sibling(out_dir, "tmp")
+    tmp_dir.mkdir()
+    try:
+        _build_llava(tmp_dir, seed, report)
+        _install(tmp_dir, out_dir)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    report(f"made {arch} vision model in {out_dir}")
+    return out_dir
+
+
+def llava_config() -> dict[str, Any]:
+    """LLaVA 1.5's layout at the tiny shape: a CLIP tower, a two-layer projector, Llama."""
+    text = {
+        **{k: v for k, v in TINY_SHAPE.items() if k != "head_dim"},  # llava derives it
+        "model_type": "llama",
+        "vocab_size": VLM_VOCAB_SIZE,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10_000.0,
+        "tie_word_embeddings": False,
+    }
+    vision = {
+        "model_type": "clip_vision_model",
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "intermediate_size": 64,
+        "num_attention_heads": 2,
+        "image_size": IMAGE_SIZE,
+        "patch_size": PATCH_SIZE,
+        "projection_dim": 32,
+        "num_channels": 3,
+        "layer_norm_eps": 1e-5,
+    }
+    return {
+        "model_type": "llava",
+        "architectures": ["LlavaForConditionalGeneration"],
+        "image_token_index": IMAGE_TOKEN_ID,
+        "vision_feature_select_strategy": "default",
+        "vision_feature_layer": -2,
+        "vocab_size": VLM_VOCAB_SIZE,
+        "eos_token_id": EOS_TOKEN_ID,
+        "pad_token_id": PAD_TOKEN_ID,
+        "max_position_embeddings": text["max_position_embeddings"],
+        "torch_dtype": "float32",
+        "transformers_version": "5.0.0",
+        "text_config": text,
+        "vision_config": vision,
+    }
+
+
+# Internal helpers
+
+
+def _require_mlx_vlm() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("mlx_vlm") is None:
+        raise ConfigError("vision models need mlx-vlm: pip install 'mlxd[vision]'")
+
+
+def _build_llava(out_dir: Path, seed: int, report: Progress) -> None:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import save_model
+    from mlx_vlm.models import llava
+
+    config = llava_config()
+    report(f"training tokenizer (vocab {VLM_VOCAB_SIZE})")
+    make_tokenizer(
+        out_dir, vocab_size=VLM_VOCAB_SIZE, model_max_length=config["max_position_embeddings"]
+    )
+    _add_image_token(out_dir)
+    model = llava.Model(_model_config(llava, config))
+    num_params = sum(p.size for _, p in tree_flatten(model.parameters()))
+    report(f"initialising {num_params / 1e6:.2f}M random float32 weights (seed {seed})")
+    _init_weights(model, seed, mx.float32, max(0.02, config["text_config"]["hidden_size"] ** -0.5))
+    save_model(out_dir, model, donate_model=True)
+    _write_json(out_dir / "config.json", config)
+    _write_json(out_dir / "preprocessor_config.json", _clip_preprocessor())
+    _write_json(
+        out_dir / "processor_config.json",
+        {
+            "processor_class": "LlavaProcessor",
+            "patch_size": PATCH_SIZE,
+            "vision_feature_select_strategy": "default",
+            "num_additional_image_tokens": 1,  # CLIP's class token, dropped by "default"
+            "image_token": IMAGE_TOKEN,
+        },
+    )
+
+
+def _model_config(family: Any, config: dict[str, Any]) -> Any:
+    """The family's ``ModelConfig`` with its text and vision configs built, as mlx-vlm's
+    ``load`` builds them (``from_dict`` leaves nested configs as dicts)."""
+    from mlx_vlm.utils import update_module_configs
+
+    model_config = family.ModelConfig.from_dict(config)
+    return update_module_configs(model_config, family, config, ["text", "vision"])
+
+
+def _add_image_token(out_dir: Path) -> None:
+    """The first reserved token becomes the image token: special, never split."""
+    path = out_dir / "tokenizer.json"
+    spec = json.loads(path.read_text(encoding="utf-8"))
+    vocab = spec["model"]["vocab"]
+    assert vocab.pop(RESERVED_TOKEN.format(0)) == IMAGE_TOKEN_ID
+    vocab[IMAGE_TOKEN] = IMAGE_TOKEN_ID
+    spec["added_tokens"].append(
+        {
+            "id": IMAGE_TOKEN_ID,
+            "content": IMAGE_TOKEN,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+    )
+    path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
+    config_path = out_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    assert _TEXT_PART in CHAT_TEMPLATE
+    config["chat_template"] = CHAT_TEMPLATE.replace(_TEXT_PART, _IMAGE_PART)
+    config["processor_class"] = "LlavaProcessor"
+    _write_json(config_path, config)
+
+
+def _clip_preprocessor() -> dict[str, Any]:
+    return {
+        "image_processor_type": "CLIPImageProcessor",
+        "do_resize": True,
+        "size": {"shortest_edge": IMAGE_SIZE},
+        "do_center_crop": True,
+        "crop_size": {"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": _CLIP_MEAN,
+        "image_std": _CLIP_STD,
+        "do_convert_rgb": True,
+        "resample": 3,
+    }
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2), encoding="utf-8")

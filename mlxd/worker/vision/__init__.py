@@ -1,0 +1,1 @@
+"""Vision-language models: images in chat prompts, served on the text models' fast path."""

@@ -1,0 +1,74 @@
+"""A vision-language checkpoint loaded through mlx-vlm, its language model shaped for the runners.
+
+The runners drive an mlx-lm ``Model``: ``model(tokens, cache=...)`` gives logits, ``layers``
+and ``args`` describe it. ``TextModel`` gives a VLM's language model that shape (plus
+``input_embeddings``, where a prefill chunk's image features come in), so a VLM is served by the
+same paged runner, batch and prefix cache as a text model; the vision tower stays beside it in
+``ImageEncoder``. mlx-vlm is imported only when a VLM is served (the ``vision`` extra).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+
+def is_vlm(path: str | Path) -> bool:
+    """Whether the model directory at ``path`` is a vision-language checkpoint (its config has
+    a ``vision_config``)."""
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return False
+    return isinstance(json.loads(config.read_text(encoding="utf-8")).get("vision_config"), dict)
+
+
+class TextModel(nn.Module):
+    """A VLM's language model as the runners call an mlx-lm model."""
+
+    def __init__(self, language_model: nn.Module) -> None:
+        super().__init__()
+        self.language_model = language_model
+
+    def __call__(
+        self, inputs: mx.array, cache: Any = None, input_embeddings: mx.array | None = None
+    ) -> mx.array:
+        out = self.language_model(inputs, cache=cache, inputs_embeds=input_embeddings)
+        return out.logits  # type: ignore[no-any-return]
+
+    @property
+    def layers(self) -> list[nn.Module]:
+        return self.language_model.layers  # type: ignore[no-any-return]
+
+    @property
+    def model(self) -> nn.Module:
+        """The decoder (``embed_tokens``, as mlx-lm models name it)."""
+        return self.language_model.model  # type: ignore[no-any-return]
+
+    @property
+    def lm_head(self) -> Any:
+        return getattr(self.language_model, "lm_head", None)
+
+    @property
+    def args(self) -> Any:
+        """The text config (heads, hidden size, vocabulary, context), as mlx-lm's ``args``."""
+        return self.language_model.config
+
+    def embed(self, tokens: mx.array) -> mx.array:
+        """The token embeddings the decoder starts from."""
+        return self.language_model.model.embed_tokens(tokens)  # type: ignore[no-any-return]
+
+
+def load_vlm(path: str) -> tuple[TextModel, Any, Any]:
+    """(the language model for the runners, mlx-lm's tokenizer wrapper, the whole mlx-vlm
+    model with its processor) from the VLM directory ``path``."""
+    from mlx_lm.utils import load_tokenizer
+    from mlx_vlm.utils import load
+
+    vlm, processor = load(path)
+    vlm.eval()
+    tokenizer = load_tokenizer(Path(path), eos_token_ids=getattr(vlm.config, "eos_token_id", None))
+    return TextModel(vlm.language_model), tokenizer, (vlm, processor)
