@@ -1,6 +1,7 @@
 """The Ollama API (/api/*) through the official ollama Python client, on a real daemon that also
 listens on a second port (--ollama-port): chat and generate (streamed and not), embed, list,
-ps, show, version, tool-call history, format schemas, keep_alive 0, and bad input."""
+ps, show, version, tool-call history, format schemas, keep_alive (0, a duration, forever),
+and bad input."""
 
 from __future__ import annotations
 
@@ -296,6 +297,33 @@ def test_keep_alive_zero_unloads_and_a_bare_request_loads(daemon: Daemon) -> Non
     _wait_until(lambda: _names(daemon, "ps") == [])
     client(daemon).chat(model="tiny", messages=HELLO, options=GREEDY, keep_alive="5m")
     assert _names(daemon, "ps") == ["tiny:latest"]
+
+
+def test_keep_alive_duration_unloads_after_that_long_idle(daemon: Daemon) -> None:
+    # The daemon's own keep-alive is forever (the default): the request's 2 s wins.
+    client(daemon).chat(model="tiny", messages=HELLO, options=GREEDY, keep_alive="2s")
+    answered = time.monotonic()
+    loaded = client(daemon).ps().models
+    assert [m.model for m in loaded] == ["tiny:latest"]
+    expires = loaded[0].expires_at
+    assert expires is not None and expires.timestamp() < time.time() + 10  # not "forever"
+    _wait_until(lambda: _names(daemon, "ps") == [])  # polling ps does not keep it loaded
+    assert time.monotonic() - answered > 1.5
+    status = daemon.admin_get("/admin/status").json()
+    assert "its last request's keep_alive: 2 s" in json.dumps(status)
+
+
+def test_keep_alive_forever_outlasts_a_short_server_keep_alive(tiny_model: Path) -> None:
+    d = start_daemon(tiny_model, "--keep-alive", "1")
+    try:
+        client(d).generate(model="tiny", prompt="Hi", options=GREEDY, keep_alive=-1)
+        time.sleep(3)
+        assert _names(d, "ps") == ["tiny:latest"]
+        # A request without keep_alive puts the server's back: 1 s idle, then it unloads.
+        client(d).generate(model="tiny", prompt="Hi", options=GREEDY)
+        _wait_until(lambda: _names(d, "ps") == [])
+    finally:
+        stop_daemon(d)
 
 
 def test_the_ollama_port_serves_the_same_api(daemon: Daemon, ollama_port: int) -> None:
