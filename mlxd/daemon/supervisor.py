@@ -14,8 +14,9 @@ It is also the model pool: every configured model has a worker slot, loaded at s
 (``preload``) or by its first request. Each worker reserves its ``Footprint`` against
 ``--max-memory``; a model that does not fit first unloads least recently used idle workers (never
 pinned or busy ones), else the request gets ``MemoryBudgetExceeded`` (503). Idle workers unload
-after their keep-alive. Loads and unloads are serialised by one lock, so budget decisions never
-race.
+after their keep-alive: the server's, or what the model's latest request asked (``keep_alive``,
+Ollama's) until the worker unloads. Loads and unloads are serialised by one lock, so budget
+decisions never race.
 
 This file holds the pool and the watcher loop; its parts are beside it: ``worker_process`` (a
 slot and its process), ``worker_command`` (the worker's argv), ``heartbeat`` (liveness),

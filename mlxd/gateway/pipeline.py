@@ -5,7 +5,10 @@ Every API endpoint comes here. Its surface's body is read and decoded once into 
 then its fallbacks); each target is served until one answers: by the local backend (the worker
 pool) or a remote backend of another API, both opened as the internal event stream and
 answered in the surface's shape by ``surfaces.base.answer``; or by a remote backend of the
-client's own API, which relays the request as sent.
+client's own API, which relays the request as sent. A surface may prepare a request before it
+is routed (``Surface.prepare``: Ollama's model names, and its load and unload bodies, which it
+answers itself); an API's endpoints outside this file (``surfaces/ollama/endpoints.py``) call
+``generate`` and ``embed``.
 
 A target fails over to the next when it is unavailable before anything reached the client: a
 local worker that is down or failed (``WorkerUnavailable``), a backend that refused the
