@@ -14,8 +14,9 @@ It is also the model pool: every configured model has a worker slot, loaded at s
 (``preload``) or by its first request. Each worker reserves its ``Footprint`` against
 ``--max-memory``; a model that does not fit first unloads least recently used idle workers (never
 pinned or busy ones), else the request gets ``MemoryBudgetExceeded`` (503). Idle workers unload
-after their keep-alive. Loads and unloads are serialised by one lock, so budget decisions never
-race.
+after their keep-alive: the server's, or what the model's latest request asked (``keep_alive``,
+Ollama's) until the worker unloads. Loads and unloads are serialised by one lock, so budget
+decisions never race.
 
 This file holds the pool and the watcher loop; its parts are beside it: ``worker_process`` (a
 slot and its process), ``worker_command`` (the worker's argv), ``heartbeat`` (liveness),
@@ -68,6 +69,10 @@ log = logging.getLogger("mlxd.supervisor")
 # How often the watcher looks at each worker process: a crash is seen within this, and a model
 # with fallbacks fails over then (a poll() per worker: cheap). Heartbeats keep their own period.
 WATCH_INTERVAL_S = 0.1
+# The shortest idle time before an unload, whatever a request asked (a keep_alive of 0): a
+# request holds its worker from taking it (``client``) to sending it its message without
+# being in flight, and must not see it unloaded in between.
+MIN_IDLE_S = 0.5
 
 
 class Supervisor:
@@ -120,7 +125,7 @@ class Supervisor:
 
     def info(self, name: str) -> WorkerInfo:
         worker = self._worker(name)
-        info = worker.info(self.config.keep_alive(worker.spec))
+        info = worker.info(self._keep_alive(worker))
         group = self.groups[worker.spec.name]
         if len(group) == 1:
             return info
@@ -171,6 +176,11 @@ class Supervisor:
             for replica in self.groups[worker.spec.name]:
                 await self._unload(replica, reason)
         return self.info(name)
+
+    def keep_alive(self, name: str, seconds: float | None) -> None:
+        """``name``'s idle time before it unloads, as its latest request asked (``None``: the
+        server's; 0: once its requests are done; negative: never). Read by the watcher."""
+        self._worker(name).keep_alive_s = seconds
 
     async def start(self) -> None:
         """Start the preloaded workers (within the budget) and wait until each is ready."""
@@ -324,6 +334,7 @@ class Supervisor:
             WorkerUnavailable(f"the worker for {worker.spec.name!r} was unloaded ({reason})")
         )
         worker.proc, worker.state, worker.last_error = None, "unloaded", reason
+        worker.keep_alive_s = None  # a request's keep-alive lasts until the unload it asked
         worker.ready.set()
         log.info("unloaded %s: %s", worker.spec.name, reason)
 
@@ -334,18 +345,38 @@ class Supervisor:
         if self._in_flight(worker):
             worker.last_used = now
             return
-        keep_alive = self.config.keep_alive(worker.spec)
-        if keep_alive > 0 and not worker.spec.pinned and now - worker.last_used > keep_alive:
-            self._background(self._unload_idle(worker, keep_alive))
+        if self._is_idle(worker, now):
+            self._background(self._unload_idle(worker))
 
-    async def _unload_idle(self, worker: WorkerProcess, keep_alive: float) -> None:
+    async def _unload_idle(self, worker: WorkerProcess) -> None:
         async with self._lock:
-            idle = time.monotonic() - worker.last_used > keep_alive
+            # Looked at again: a request may have come, or changed the keep-alive, meanwhile.
+            idle = self._is_idle(worker, time.monotonic())
             if worker.state == "ready" and not self._in_flight(worker) and idle:
-                await self._unload(worker, f"idle for {keep_alive:g} s (keep-alive)")
+                why = self._idle_reason(worker)
+                await self._unload(worker, why)
                 if worker.replica == 0:  # the model's last_used is replica 0's
                     for replica in self.groups[worker.spec.name][1:]:
-                        await self._unload(replica, f"idle for {keep_alive:g} s (keep-alive)")
+                        await self._unload(replica, why)
+
+    def _is_idle(self, worker: WorkerProcess, now: float) -> bool:
+        """Whether ``worker`` was idle past its keep-alive (never, when pinned)."""
+        keep_alive = self._keep_alive(worker)
+        return keep_alive > 0 and not worker.spec.pinned and now - worker.last_used > keep_alive
+
+    def _keep_alive(self, worker: WorkerProcess) -> float:
+        """``worker``'s idle seconds before it unloads (0: never): what its latest request
+        asked (``keep_alive``), else the server's (``--keep-alive``, the model's own)."""
+        asked = worker.keep_alive_s
+        if asked is None:
+            return self.config.keep_alive(worker.spec)
+        return 0.0 if asked < 0 else max(asked, MIN_IDLE_S)
+
+    def _idle_reason(self, worker: WorkerProcess) -> str:
+        idle = f"idle for {self._keep_alive(worker):g} s"
+        if worker.keep_alive_s is None:
+            return f"{idle} (keep-alive)"
+        return f"{idle} (its last request's keep_alive: {worker.keep_alive_s:g} s)"
 
     def _in_flight(self, worker: WorkerProcess) -> int:
         """Requests in flight on any replica of ``worker``'s model."""

@@ -44,6 +44,9 @@ class WorkerProcess:
     state: str = "unloaded"  # unloaded | starting | ready | stopping | failed | stopped
     started_at: float = 0.0
     last_used: float = 0.0
+    # How long it may stay idle as its model's latest request asked (Ollama's keep_alive, in
+    # seconds; negative: forever); None: the server's keep-alive. Its unload resets it.
+    keep_alive_s: float | None = None
     restarts: int = 0
     recovering: bool = False  # starting again after a crash: fallbacks serve meanwhile
     start_failures: int = 0

@@ -38,7 +38,9 @@ from mlxd.gateway.ops.recent import RecentRequests
 from mlxd.gateway.ops.status_page import status_page_routes
 from mlxd.gateway.pipeline import Pipeline
 from mlxd.gateway.routing.router import Router
+from mlxd.gateway.surfaces.ollama.endpoints import OllamaEndpoints
 from mlxd.gateway.surfaces.ollama.models import REFUSED, OllamaModels
+from mlxd.protocol.messages import Ping
 
 log = logging.getLogger(__name__)
 
@@ -124,15 +126,22 @@ def ollama_routes(api: Pipeline, pool: WorkerPool) -> list[Route]:
     timeout_s = api.timeouts.chat_timeout_s
 
     async def describe(name: str) -> Any:
-        client = await pool.client(name)  # only asked of loaded models: loads nothing
-        return await client.describe(timeout_s)
+        # Only asked of loaded models, on the control plane: it neither loads the model nor
+        # counts as using it (an `ollama ps` must not keep a model loaded past its keep-alive).
+        control = pool.control(name)
+        return await control.request(Ping(request_id=control.next_id()), timeout_s)
+
+    def is_remote(name: str) -> bool:
+        target = api.router.target(name)
+        return target is not None and not target.is_local
 
     models = OllamaModels(pool, remote, describe, api.http.max_body_bytes)
+    ollama = OllamaEndpoints(api, pool, remote, is_remote, timeout_s)
     return [
-        Route("/api/chat", api.ollama_chat, methods=["POST"]),
-        Route("/api/generate", api.ollama_generate, methods=["POST"]),
-        Route("/api/embed", api.ollama_embed, methods=["POST"]),
-        Route("/api/embeddings", api.ollama_embeddings, methods=["POST"]),
+        Route("/api/chat", ollama.chat, methods=["POST"]),
+        Route("/api/generate", ollama.generate, methods=["POST"]),
+        Route("/api/embed", ollama.embed, methods=["POST"]),
+        Route("/api/embeddings", ollama.embeddings, methods=["POST"]),
         Route("/api/tags", models.tags, methods=["GET"]),
         Route("/api/ps", models.ps, methods=["GET"]),
         Route("/api/show", models.show, methods=["POST"]),

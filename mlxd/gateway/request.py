@@ -115,6 +115,9 @@ class ParsedRequest:
     # What the surface's response repeats about how the request was read (Anthropic's
     # ``context_management`` report).
     echo: dict[str, Any] = field(default_factory=dict)
+    # How long a local model stays loaded once this request is done (Ollama's ``keep_alive``):
+    # 0 unloads it, negative keeps it loaded; ``None``: the server's keep-alive.
+    keep_alive_s: float | None = None
 
     def new_reasoning_splitter(self) -> ReasoningSplitter | None:
         """A splitter for one choice's thinking and answer; ``None`` when not split. It learns
@@ -147,6 +150,7 @@ class EmbedRequest:
     model: str
     inputs: list[TextPrompt | TokenPrompt]
     encoding: str  # "float" or "base64"
+    keep_alive_s: float | None = None  # as ``ParsedRequest.keep_alive_s``
 
 
 class EventStream(Protocol):
@@ -195,3 +199,4 @@ class Opened:
     parsed: ParsedRequest
     stream: EventStream
     deadline: float  # time.monotonic() by which the request must finish
+    record: RequestRecord  # its times: arrival, load, sent, first and last token

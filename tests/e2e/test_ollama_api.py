@@ -1,6 +1,7 @@
 """The Ollama API (/api/*) through the official ollama Python client, on a real daemon that also
 listens on a second port (--ollama-port): chat and generate (streamed and not), embed, list,
-ps, show, version, tool-call history, format schemas, keep_alive 0, and bad input."""
+ps, show, version, tool-call history, format schemas, keep_alive (0, a duration, forever),
+and bad input."""
 
 from __future__ import annotations
 
@@ -294,8 +295,37 @@ def test_keep_alive_zero_unloads_and_a_bare_request_loads(daemon: Daemon) -> Non
     )
     assert streamed[-1].done
     _wait_until(lambda: _names(daemon, "ps") == [])
-    client(daemon).chat(model="tiny", messages=HELLO, options=GREEDY, keep_alive="5m")
+    reloaded = client(daemon).chat(model="tiny", messages=HELLO, options=GREEDY, keep_alive="5m")
     assert _names(daemon, "ps") == ["tiny:latest"]
+    assert reloaded.load_duration and reloaded.load_duration > 50e6  # the worker's start
+    assert reloaded.total_duration and reloaded.total_duration > reloaded.load_duration
+
+
+def test_keep_alive_duration_unloads_after_that_long_idle(daemon: Daemon) -> None:
+    # The daemon's own keep-alive is forever (the default): the request's 2 s wins.
+    client(daemon).chat(model="tiny", messages=HELLO, options=GREEDY, keep_alive="2s")
+    answered = time.monotonic()
+    loaded = client(daemon).ps().models
+    assert [m.model for m in loaded] == ["tiny:latest"]
+    expires = loaded[0].expires_at
+    assert expires is not None and expires.timestamp() < time.time() + 10  # not "forever"
+    _wait_until(lambda: _names(daemon, "ps") == [])  # polling ps does not keep it loaded
+    assert time.monotonic() - answered > 1.5
+    reason = "its last request's keep_alive: 2 s"  # the unload's, once it is done
+    _wait_until(lambda: reason in json.dumps(daemon.admin_get("/admin/status").json()))
+
+
+def test_keep_alive_forever_outlasts_a_short_server_keep_alive(tiny_model: Path) -> None:
+    d = start_daemon(tiny_model, "--keep-alive", "1")
+    try:
+        client(d).generate(model="tiny", prompt="Hi", options=GREEDY, keep_alive=-1)
+        time.sleep(3)
+        assert _names(d, "ps") == ["tiny:latest"]
+        # A request without keep_alive puts the server's back: 1 s idle, then it unloads.
+        client(d).generate(model="tiny", prompt="Hi", options=GREEDY)
+        _wait_until(lambda: _names(d, "ps") == [])
+    finally:
+        stop_daemon(d)
 
 
 def test_the_ollama_port_serves_the_same_api(daemon: Daemon, ollama_port: int) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from mlxd.errors import InvalidRequest
+from mlxd.gateway.http.accesslog import RequestRecord
 from mlxd.gateway.request import Opened
 from mlxd.gateway.surfaces.ollama.body import ChatShape, GenerateShape
 from mlxd.gateway.surfaces.ollama.names import display, resolve
@@ -23,7 +24,6 @@ from mlxd.gateway.surfaces.ollama.schemas import (
     parse_generate,
 )
 from mlxd.gateway.surfaces.ollama.stream import ndjson_lines
-from mlxd.gateway.surfaces.ollama.timing import TimedStream, Timing
 from mlxd.protocol.messages import (
     ChatPrompt,
     Finished,
@@ -282,8 +282,8 @@ def _lines(texts: list[str], parsed: OllamaRequest, shape: Any) -> list[dict[str
         ]
     )
     now = time.perf_counter()
-    stream = TimedStream(script, Timing(now - 0.5, 0.1, now))  # type: ignore[arg-type]
-    opened = Opened(parsed, stream, time.monotonic() + 10)  # type: ignore[arg-type]
+    record = RequestRecord("r", "POST", "/api/chat", now - 0.5, load_s=0.1, sent_at=now)
+    opened = Opened(parsed, script, time.monotonic() + 10, record)  # type: ignore[arg-type]
 
     async def run() -> list[bytes]:
         return [line async for line in ndjson_lines(opened, deltas[0], shape, "m:latest")]
@@ -326,9 +326,8 @@ def test_ndjson_thinking_goes_apart() -> None:
         request_id="r", finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=3)
     )
     script = _Script([*rest, end])
-    now = time.perf_counter()
-    stream = TimedStream(script, Timing(now, 0.0, now))  # type: ignore[arg-type]
-    opened = Opened(parsed, stream, time.monotonic() + 10)  # type: ignore[arg-type]
+    record = RequestRecord("r", "POST", "/api/chat", time.perf_counter())
+    opened = Opened(parsed, script, time.monotonic() + 10, record)  # type: ignore[arg-type]
 
     async def run() -> list[bytes]:
         return [line async for line in ndjson_lines(opened, first, ChatShape(), "m")]

@@ -58,6 +58,9 @@ class RequestRecord:
     finish_reason: str | None = None
     in_flight: bool = False
     backend: str = ""  # with backends configured: "local" or the remote backend's name
+    load_s: float = 0.0  # how long it waited for its local worker (a load, or nothing)
+    sent_at: float = 0.0  # when it went to its worker or upstream
+    done_at: float = 0.0  # when its answer's last event came
 
     def tokens(self) -> tuple[int, int, int]:
         """Prompt, completion and cached tokens: the worker's usage, or what streamed so far."""

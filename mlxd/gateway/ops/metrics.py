@@ -203,6 +203,7 @@ def _observer(record: RequestRecord, ttft: Histogram, itl: Histogram) -> StreamO
             record.last_token_at = now
             return
         record.usage, record.finish_reason = event.usage, event.finish_reason
+        record.done_at = now
         if record.first_token_at is None and event.usage.completion_tokens:
             record.first_token_at = now  # all of the text came with Finished
             ttft.observe(now - record.start)

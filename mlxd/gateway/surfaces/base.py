@@ -1,6 +1,7 @@
 """What an API surface is to the pipeline: a ``Surface`` for each generation endpoint (how its
-body is validated, how a local answer is written, how an error looks), and ``answer``, which
-streams or collects a local answer through a surface's ``Renderer``.
+body is validated, how a local answer is written, how an error looks) and an ``EmbedSurface``
+for each embeddings endpoint, and ``answer``, which streams or collects a local answer through
+a surface's ``Renderer``.
 
 A new API is one surface package: a parser into ``ParsedRequest``, a ``Renderer`` of the
 worker's events, an error shape, and routes in ``app.py`` that hand them to the ``Pipeline``.
@@ -8,7 +9,7 @@ worker's events, an error shape, and routes in ``app.py`` that hand them to the 
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -18,8 +19,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from mlxd.errors import MlxdError
+from mlxd.gateway.http.accesslog import RequestRecord
 from mlxd.gateway.http.body import CLIENT_CLOSED_REQUEST
-from mlxd.gateway.request import Opened, Parser
+from mlxd.gateway.request import ApiRequest, Opened, Parser
 from mlxd.gateway.surfaces.collect import (
     ChoiceResult,
     collect_while_connected,
@@ -28,7 +30,7 @@ from mlxd.gateway.surfaces.collect import (
 from mlxd.gateway.surfaces.sse import EventStreamResponse
 from mlxd.gateway.tools.calls import split_tool_calls
 from mlxd.gateway.tools.reasoning import split_reasoning
-from mlxd.protocol.messages import Finished, TokenDelta
+from mlxd.protocol.messages import Embeddings, Finished, TokenDelta
 
 
 class Renderer(Protocol):
@@ -44,6 +46,9 @@ class Renderer(Protocol):
 
 
 ErrorRenderer = Callable[[Request, MlxdError | HTTPException], Response]
+# What a surface does with a request it has read, before it is routed: the request to route
+# (its model renamed, say), or the surface's own answer (Ollama's load and unload bodies).
+Prepare = Callable[[ApiRequest], Awaitable[ApiRequest | Response]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +63,7 @@ class Surface:
         renderer: a new response's ``Renderer`` for a parsed request.
         render_error: the API's error shape; ``None`` for the app's (OpenAI's) handler.
         headers: extra headers of a local answer, from its parsed request.
+        prepare: what the surface does with a request before it is routed (``Prepare``).
     """
 
     api: str
@@ -66,6 +72,29 @@ class Surface:
     renderer: Callable[[Any], Renderer]
     render_error: ErrorRenderer | None = None
     headers: Callable[[Any], dict[str, str]] | None = None
+    prepare: Prepare | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedSurface:
+    """One embeddings endpoint of an API.
+
+    Attributes:
+        api: the wire family (a remote backend of it is sent the body as it came).
+        endpoint: the API path.
+        parse: body, ``X-Priority`` and the key's tier -> ``EmbedRequest``.
+        body: a local answer's JSON, from the request's record, its parsed request and the
+            worker's vectors.
+        render_error: the API's error shape; ``None`` for the app's (OpenAI's) handler.
+        prepare: what the surface does with a request before it is routed (``Prepare``).
+    """
+
+    api: str
+    endpoint: str
+    parse: Parser
+    body: Callable[[RequestRecord, Any, Embeddings], Any]
+    render_error: ErrorRenderer | None = None
+    prepare: Prepare | None = None
 
 
 async def answer(

@@ -2,7 +2,9 @@
 
 It takes the request's parsed form (``ApiRequest.parsed``), starts its choices on the model's
 worker and hands back an ``Opened`` answer: the worker's event stream (``Choices``) that the
-request's surface renders. Embeddings and token counts are one round trip each.
+request's surface renders. Embeddings and token counts are one round trip each. A request's
+``keep_alive_s`` (Ollama's ``keep_alive``) goes to the pool, which keeps the model loaded that
+long once it is idle; how long the request waited for its worker goes on its record.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 from mlxd.config import RequestTimeouts
 from mlxd.gateway.backends.local.choices import Choices, generates
-from mlxd.gateway.backends.local.pool import WorkerPool
+from mlxd.gateway.backends.local.pool import ModelClient, WorkerPool
 from mlxd.gateway.backends.local.workers import StreamObserver
 from mlxd.gateway.http.accesslog import RequestRecord, loggable_prompt
 from mlxd.gateway.ops.metrics import Metrics
@@ -52,24 +54,28 @@ class LocalBackend:
             MlxdError: the body is invalid, the model unknown or its worker unavailable.
         """
         parsed: ParsedRequest = request.parsed()
-        worker = await self.pool.client(parsed.model)
+        worker = await self._worker(request.record, parsed.model)
         if parsed.parse_tools and not parsed.forced_tool_call:
             described = await worker.describe(self.timeouts.chat_timeout_s)
             parsed = replace(parsed, tool_format=described.tool_parser)
         deadline = time.monotonic() + request.timeout_s
         observer = self._track(request.record, parsed)
         base = parsed.to_generate(self._wire_id(request.record, ""), request.timeout_s)
+        request.record.sent_at = time.perf_counter()
         stream = await Choices.open(worker, generates(base, parsed.n), observer)
-        return Opened(parsed, stream, deadline)
+        # Set once the request is in flight: a keep-alive of 0 unloads the worker after it.
+        self.pool.keep_alive(parsed.model, parsed.keep_alive_s)
+        return Opened(parsed, stream, deadline, request.record)
 
     async def embed(self, request: ApiRequest) -> tuple[EmbedRequest, Embeddings]:
         """Embed ``request``'s inputs: the parsed request and the worker's reply."""
         parsed: EmbedRequest = request.parsed()
-        worker = await self.pool.client(parsed.model)
+        worker = await self._worker(request.record, parsed.model)
         request.record.model = parsed.model
         msg = Embed(request_id=self._wire_id(request.record, "emb"), inputs=parsed.inputs)
         reply = await worker.embed(msg, self.timeouts.embeddings_timeout_s)
         request.record.usage = reply.usage
+        self.pool.keep_alive(parsed.model, parsed.keep_alive_s)
         return parsed, reply
 
     async def count_tokens(self, request: ApiRequest) -> int:
@@ -100,6 +106,15 @@ class LocalBackend:
         }
 
     # Internal helpers
+
+    async def _worker(self, record: RequestRecord, model: str) -> ModelClient:
+        """``model``'s worker; how long that took (loading it, if it was not) goes on
+        ``record`` (Ollama's ``load_duration``)."""
+        start = time.perf_counter()
+        try:
+            return await self.pool.client(model)
+        finally:
+            record.load_s = time.perf_counter() - start
 
     def _wire_id(self, record: RequestRecord, kind: str) -> str:
         """The unique id on the wire of one generation, embedding (``emb``) or count (``count``):

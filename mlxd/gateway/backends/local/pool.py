@@ -8,6 +8,7 @@ restarts and unloads its workers. ``ModelClient`` is what a pool hands out for o
 
 from __future__ import annotations
 
+import logging
 from typing import Protocol
 
 import zmq
@@ -19,6 +20,8 @@ from mlxd.gateway.backends.local.workers import RequestStream, StreamObserver, W
 from mlxd.protocol import curve
 from mlxd.protocol.channel import control_endpoint
 from mlxd.protocol.messages import CountTokens, Embed, Embeddings, Generate, Pong, TokenCount
+
+log = logging.getLogger(__name__)
 
 
 class ModelClient(Protocol):
@@ -87,6 +90,13 @@ class WorkerPool(Protocol):
         """Drain and stop ``name``'s worker; a later request loads it again."""
         ...
 
+    def keep_alive(self, name: str, seconds: float | None) -> None:
+        """How long ``name`` stays loaded once idle, as its latest request asked (Ollama's
+        ``keep_alive``): ``seconds`` idle, 0: unload once its requests are done, negative:
+        never unload, ``None``: the server's keep-alive. Pinned models stay loaded; the
+        worker's unload resets it."""
+        ...
+
 
 class StaticPool:
     """A ``WorkerPool`` over workers that are already running (``--worker`` attach, tests).
@@ -104,6 +114,7 @@ class StaticPool:
         self._controls = {
             n: ControlClient(n, control_endpoint(e), keys=keys) for n, e in endpoints.items()
         }
+        self._ignored_keep_alive: set[str] = set()
 
     def names(self) -> list[str]:
         return list(self.endpoints)
@@ -134,6 +145,16 @@ class StaticPool:
 
     async def unload(self, name: str, reason: str = "unloaded on request") -> WorkerInfo:
         return await self.load(name)
+
+    def keep_alive(self, name: str, seconds: float | None) -> None:
+        if seconds is not None and name not in self._ignored_keep_alive:
+            self._ignored_keep_alive.add(name)  # said once per model: it may come every request
+            log.warning(
+                "keep_alive %gs for %r ignored: its worker was attached, not started by mlxd, "
+                "so mlxd never unloads it",
+                seconds,
+                name,
+            )
 
     async def client(self, name: str) -> WorkerClient:
         if name not in self.endpoints:

@@ -76,7 +76,7 @@ class EventSource:
         record = request.record
         record.model, record.backend, record.stream = target.name, backend.name, parsed.stream
         deadline = time.monotonic() + request.timeout_s
-        started = time.perf_counter()
+        started = record.sent_at = time.perf_counter()
         try:
             response = await backend.send(path, body, record.request_id, parsed.priority)
         except MlxdError as exc:
@@ -87,7 +87,7 @@ class EventSource:
         stream = UpstreamEvents(
             record.request_id, parsed.n, events, done, self.metrics.track(record)
         )
-        return Opened(_rendered(parsed), stream, deadline)
+        return Opened(_rendered(parsed), stream, deadline, record)
 
 
 class UpstreamEvents:

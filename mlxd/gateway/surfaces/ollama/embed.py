@@ -20,10 +20,10 @@ MAX_INPUTS = 2048
 
 @dataclass(frozen=True, slots=True)
 class OllamaEmbed(EmbedRequest):
-    """An embed body: its inputs, and ``legacy`` for ``/api/embeddings``'s one-vector answer."""
+    """An embed body: its inputs (and ``keep_alive_s``), and ``legacy`` for
+    ``/api/embeddings``'s one-vector answer."""
 
     legacy: bool = False
-    keep_alive_s: float | None = None
 
 
 def parse_embed(body: Any, *_: str | None) -> OllamaEmbed:

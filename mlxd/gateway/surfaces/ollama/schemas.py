@@ -27,18 +27,16 @@ _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0,
 
 @dataclass(frozen=True, slots=True)
 class OllamaRequest(ParsedRequest):
-    """A chat or generate body: the request every backend serves, plus Ollama's own fields.
+    """A chat or generate body: the request every backend serves (its ``keep_alive`` in
+    ``keep_alive_s``), plus Ollama's own fields.
 
     Attributes:
-        keep_alive_s: how long the model stays loaded after this request; 0 unloads it after
-            the answer, negative keeps it loaded; ``None``: the server's keep-alive.
         think: the ``think`` field as sent (``True``/``False``/a level; ``None``: not sent).
             Sent, it sets the template's thinking switch and thinking text comes back apart,
             in ``thinking``; unsent, the template's default holds and the text stays inline,
             as Ollama does.
     """
 
-    keep_alive_s: float | None = None
     think: bool | str | None = None
 
 

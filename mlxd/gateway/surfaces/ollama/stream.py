@@ -18,7 +18,7 @@ from mlxd.errors import MlxdError
 from mlxd.gateway.request import Opened
 from mlxd.gateway.surfaces.collect import ChoiceResult
 from mlxd.gateway.surfaces.ollama.body import Shape, last, line
-from mlxd.gateway.surfaces.ollama.timing import timing_of
+from mlxd.gateway.surfaces.ollama.timing import durations
 from mlxd.gateway.surfaces.sse import next_event
 from mlxd.gateway.tools.calls import ToolCall, ToolCallParser
 from mlxd.gateway.tools.reasoning import ReasoningSplitter, Split
@@ -51,8 +51,7 @@ class _Lines:
         result = ChoiceResult(finish_reason=finished.finish_reason)
         if self.parser is not None:
             result.text, result.tool_calls = self.parser.finish()
-        stream = self.opened.stream
-        fields = timing_of(stream).fields(stream.usage)
+        fields = durations(self.opened.record, self.opened.stream.usage)
         return head + line(last(self.shape, self.model, result, fields))
 
     def _split(self, event: TokenDelta | Finished) -> Split:

@@ -22,7 +22,7 @@ from mlxd.gateway.surfaces.ollama import schemas
 from mlxd.gateway.surfaces.ollama.body import ChatShape, GenerateShape, Shape, last
 from mlxd.gateway.surfaces.ollama.names import display
 from mlxd.gateway.surfaces.ollama.stream import MEDIA_TYPE, ndjson_lines
-from mlxd.gateway.surfaces.ollama.timing import timing_of
+from mlxd.gateway.surfaces.ollama.timing import durations
 from mlxd.protocol.messages import Finished, TokenDelta
 
 API = "ollama"
@@ -42,7 +42,7 @@ class OllamaRenderer:
 
     def body(self, opened: Opened, results: list[ChoiceResult]) -> dict[str, Any]:
         """The whole answer: the final object with all the text, thinking and tool calls."""
-        fields = timing_of(opened.stream).fields(opened.stream.usage)
+        fields = durations(opened.record, opened.stream.usage)
         result = results[0]  # thinking split out (``think``) before tool calls (``answer``)
         return last(self.shape, display(opened.parsed.model), result, fields, result.reasoning)
 

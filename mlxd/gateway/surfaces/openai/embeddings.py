@@ -12,7 +12,9 @@ import struct
 from typing import Any
 
 from mlxd.errors import InvalidRequest
+from mlxd.gateway.http.accesslog import RequestRecord
 from mlxd.gateway.request import EmbedRequest
+from mlxd.gateway.surfaces.base import EmbedSurface
 from mlxd.protocol.messages import Embeddings, TextPrompt, TokenPrompt
 
 MAX_INPUTS = 2048  # OpenAI's limit per request
@@ -86,3 +88,10 @@ def _input(value: Any, param: str) -> TextPrompt | TokenPrompt:
 
 def _is_token_id(value: Any) -> bool:
     return type(value) is int and 0 <= value <= _MAX_TOKEN_ID
+
+
+def _local_body(record: RequestRecord, parsed: EmbedRequest, reply: Embeddings) -> Any:
+    return embeddings_body(parsed.model, reply, parsed.encoding)
+
+
+EMBEDDINGS = EmbedSurface("openai", "embeddings", parse_embeddings, _local_body)
