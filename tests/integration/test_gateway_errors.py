@@ -45,6 +45,10 @@ BAD_CHAT = [
     (chat(messages=[{"role": "user", "content": "hi", "extra": 1}]), "messages[0].extra"),
     (
         chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
+        "messages[0].content[0].image_url",
+    ),
+    (
+        chat(messages=[{"role": "user", "content": [{"type": "input_audio"}]}]),
         "messages[0].content[0].type",
     ),
     ({"messages": HELLO}, "model"),
