@@ -42,6 +42,7 @@ from mlxd.knobs import (
 from mlxd.model_knobs import GROUP_KNOBS, MODEL_KNOBS, model_rule
 from mlxd.serve_knobs import (
     ADMIN_KEY,
+    ALLOW_PRIVATE_IMAGE_URLS,
     CHAT_TIMEOUT,
     COMPLETION_TIMEOUT,
     CRASH_WINDOW,
@@ -49,10 +50,13 @@ from mlxd.serve_knobs import (
     EMBEDDINGS_TIMEOUT,
     HEARTBEAT_TIMEOUT,
     HOST,
+    IMAGE_FETCH_TIMEOUT,
     KEEP_ALIVE,
     LOG_PROMPTS,
     MAX_BODY_BYTES,
     MAX_CRASHES,
+    MAX_IMAGE_BYTES,
+    MAX_IMAGES,
     MAX_MEMORY,
     MAX_STORED_RESPONSES,
     OLLAMA_PORT,
@@ -411,13 +415,18 @@ class RequestTimeouts:
 
 @dataclass(frozen=True, slots=True)
 class HttpLimits:
-    """What the gateway accepts of a request body, whether it logs prompts, and how many
-    Responses API responses it keeps (``store: true``)."""
+    """What the gateway accepts of a request body (its images too), whether it logs prompts,
+    and how many Responses API responses it keeps (``store: true``)."""
 
     max_body_bytes: int = MAX_BODY_BYTES.default  # larger bodies get 413 before they are read
     log_prompts: bool = LOG_PROMPTS.default  # prompts go in the access log
     max_stored_responses: int = MAX_STORED_RESPONSES.default  # the least recently used go first
     max_stored_bytes: int = STORED_RESPONSES_SIZE.default  # their JSON size, all together
+    # A request's images (gateway/images/): how many, how large, how their URLs are fetched.
+    max_images: int = MAX_IMAGES.default
+    max_image_bytes: int = MAX_IMAGE_BYTES.default
+    image_fetch_timeout_s: float = IMAGE_FETCH_TIMEOUT.default
+    allow_private_image_urls: bool = ALLOW_PRIVATE_IMAGE_URLS.default
 
     def __post_init__(self) -> None:
         _check_serve_knobs(self)
@@ -458,6 +467,10 @@ class ServeConfig:
     max_body_bytes: int = MAX_BODY_BYTES.default
     max_stored_responses: int = MAX_STORED_RESPONSES.default  # Responses API store: true
     max_stored_bytes: int = STORED_RESPONSES_SIZE.default
+    max_images: int = MAX_IMAGES.default  # per request (gateway/images/)
+    max_image_bytes: int = MAX_IMAGE_BYTES.default  # per image, inline or fetched
+    image_fetch_timeout_s: float = IMAGE_FETCH_TIMEOUT.default  # one image URL's fetch
+    allow_private_image_urls: bool = ALLOW_PRIVATE_IMAGE_URLS.default  # else refused
     api_keys: tuple[ApiKey, ...] = ()
     log_prompts: bool = LOG_PROMPTS.default
     admin_key: str | None = field(default=ADMIN_KEY.default, repr=False)  # guards /admin/*
