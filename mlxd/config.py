@@ -28,6 +28,7 @@ from mlxd.knobs import (
     KV_GROUP_SIZE,
     KV_IDLE_S,
     MAX_CONTEXT,
+    MAX_IMAGE_PIXELS,
     MAX_NUM_SEQS,
     MAX_QUEUED,
     PAGED,
@@ -179,6 +180,7 @@ class WorkerConfig:
     buffer_cache_bytes: int | None = None  # cap on MLX's cache of freed buffers (None: default)
     curve_keys: CurveKeys | None = None  # required for tcp:// endpoints (mlxd.protocol.curve)
     dtype: str = DTYPE.default  # one of DTYPES
+    max_image_pixels: int = MAX_IMAGE_PIXELS.default  # a VLM refuses larger images (400)
     # Processes serving the model over mlx.distributed (worker/group.py: rank 0 starts the
     # others on this host) and their backend (DISTRIBUTED_BACKENDS): its model's knobs.
     group_size: int = model_knobs.GROUP_SIZE.default
@@ -487,6 +489,7 @@ class ServeConfig:
     keep_alive_s: float = KEEP_ALIVE.default  # idle seconds before a worker is unloaded; 0 = never
     curve_keys: CurveKeys | None = field(default=None, repr=False)  # for tcp:// attached workers
     dtype: str = DTYPE.default  # each model's compute dtype unless its spec sets one (DTYPES)
+    max_image_pixels: int = MAX_IMAGE_PIXELS.default  # each VLM worker's
     request_log: str | None = REQUEST_LOG.default  # the rotating request log; None: not written
     request_log_max_bytes: int = REQUEST_LOG_SIZE.default  # rotated past this (3 old files kept)
     backends: tuple[BackendSpec, ...] = ()  # remote APIs (docs/BACKENDS.md)

@@ -3,7 +3,7 @@ request is served, held to the request's ``ImageLimits``.
 
 A surface's parser cannot wait on the network, so it leaves a ``PendingImage`` (the URL, where
 the client put it) in the prompt's images; ``ImageFetcher.fill`` fetches every pending one, in
-parallel, once the request is parsed and before a backend serves it (``ApiRequest.ready``).
+turn, once the request is parsed and before a backend serves it (``ApiRequest.ready``).
 Each fetch is bounded: a total timeout, at most ``max_redirects`` redirects, the size cap
 enforced while streaming (a huge body is cut at the cap, never read whole), and the body must
 start like an image. Unless ``allow_private`` is set, the host of the URL and of every redirect
@@ -53,11 +53,7 @@ class ImageFetcher:
         prompt = getattr(parsed, "prompt", None)
         if not isinstance(prompt, ChatPrompt) or not _pending(prompt):
             return parsed
-        images = list(prompt.images or ())
-        async with anyio.create_task_group() as group:
-            for i, image in enumerate(images):
-                if isinstance(image, PendingImage):
-                    group.start_soon(self._fill_one, images, i, image)
+        images = [await self._fetched(i) for i in prompt.images or ()]
         return replace(parsed, prompt=replace(prompt, images=images))
 
     async def fetch(self, url: str, where: str) -> bytes:
@@ -78,9 +74,11 @@ class ImageFetcher:
 
     # Internal helpers
 
-    async def _fill_one(self, images: list[ImageData], i: int, image: PendingImage) -> None:
+    async def _fetched(self, image: ImageData) -> ImageData:
+        if not isinstance(image, PendingImage):
+            return image
         data = await self.fetch(image.url, image.where)
-        images[i] = checked_image(data, image.where, self.limits.max_bytes)
+        return checked_image(data, image.where, self.limits.max_bytes)
 
     async def _follow(self, url: str, where: str) -> bytes:
         for _ in range(self.limits.max_redirects + 1):
