@@ -28,6 +28,7 @@ from mlxd.knobs import (
     KV_GROUP_SIZE,
     KV_IDLE_S,
     MAX_CONTEXT,
+    MAX_IMAGE_PIXELS,
     MAX_NUM_SEQS,
     MAX_QUEUED,
     PAGED,
@@ -42,6 +43,7 @@ from mlxd.knobs import (
 from mlxd.model_knobs import GROUP_KNOBS, MODEL_KNOBS, model_rule
 from mlxd.serve_knobs import (
     ADMIN_KEY,
+    ALLOW_PRIVATE_IMAGE_URLS,
     CHAT_TIMEOUT,
     COMPLETION_TIMEOUT,
     CRASH_WINDOW,
@@ -49,10 +51,13 @@ from mlxd.serve_knobs import (
     EMBEDDINGS_TIMEOUT,
     HEARTBEAT_TIMEOUT,
     HOST,
+    IMAGE_FETCH_TIMEOUT,
     KEEP_ALIVE,
     LOG_PROMPTS,
     MAX_BODY_BYTES,
     MAX_CRASHES,
+    MAX_IMAGE_BYTES,
+    MAX_IMAGES,
     MAX_MEMORY,
     MAX_STORED_RESPONSES,
     OLLAMA_PORT,
@@ -175,6 +180,7 @@ class WorkerConfig:
     buffer_cache_bytes: int | None = None  # cap on MLX's cache of freed buffers (None: default)
     curve_keys: CurveKeys | None = None  # required for tcp:// endpoints (mlxd.protocol.curve)
     dtype: str = DTYPE.default  # one of DTYPES
+    max_image_pixels: int = MAX_IMAGE_PIXELS.default  # a VLM refuses larger images (400)
     # Processes serving the model over mlx.distributed (worker/group.py: rank 0 starts the
     # others on this host) and their backend (DISTRIBUTED_BACKENDS): its model's knobs.
     group_size: int = model_knobs.GROUP_SIZE.default
@@ -411,13 +417,18 @@ class RequestTimeouts:
 
 @dataclass(frozen=True, slots=True)
 class HttpLimits:
-    """What the gateway accepts of a request body, whether it logs prompts, and how many
-    Responses API responses it keeps (``store: true``)."""
+    """What the gateway accepts of a request body (its images too), whether it logs prompts,
+    and how many Responses API responses it keeps (``store: true``)."""
 
     max_body_bytes: int = MAX_BODY_BYTES.default  # larger bodies get 413 before they are read
     log_prompts: bool = LOG_PROMPTS.default  # prompts go in the access log
     max_stored_responses: int = MAX_STORED_RESPONSES.default  # the least recently used go first
     max_stored_bytes: int = STORED_RESPONSES_SIZE.default  # their JSON size, all together
+    # A request's images (gateway/images/): how many, how large, how their URLs are fetched.
+    max_images: int = MAX_IMAGES.default
+    max_image_bytes: int = MAX_IMAGE_BYTES.default
+    image_fetch_timeout_s: float = IMAGE_FETCH_TIMEOUT.default
+    allow_private_image_urls: bool = ALLOW_PRIVATE_IMAGE_URLS.default
 
     def __post_init__(self) -> None:
         _check_serve_knobs(self)
@@ -458,6 +469,10 @@ class ServeConfig:
     max_body_bytes: int = MAX_BODY_BYTES.default
     max_stored_responses: int = MAX_STORED_RESPONSES.default  # Responses API store: true
     max_stored_bytes: int = STORED_RESPONSES_SIZE.default
+    max_images: int = MAX_IMAGES.default  # per request (gateway/images/)
+    max_image_bytes: int = MAX_IMAGE_BYTES.default  # per image, inline or fetched
+    image_fetch_timeout_s: float = IMAGE_FETCH_TIMEOUT.default  # one image URL's fetch
+    allow_private_image_urls: bool = ALLOW_PRIVATE_IMAGE_URLS.default  # else refused
     api_keys: tuple[ApiKey, ...] = ()
     log_prompts: bool = LOG_PROMPTS.default
     admin_key: str | None = field(default=ADMIN_KEY.default, repr=False)  # guards /admin/*
@@ -474,6 +489,7 @@ class ServeConfig:
     keep_alive_s: float = KEEP_ALIVE.default  # idle seconds before a worker is unloaded; 0 = never
     curve_keys: CurveKeys | None = field(default=None, repr=False)  # for tcp:// attached workers
     dtype: str = DTYPE.default  # each model's compute dtype unless its spec sets one (DTYPES)
+    max_image_pixels: int = MAX_IMAGE_PIXELS.default  # each VLM worker's
     request_log: str | None = REQUEST_LOG.default  # the rotating request log; None: not written
     request_log_max_bytes: int = REQUEST_LOG_SIZE.default  # rotated past this (3 old files kept)
     backends: tuple[BackendSpec, ...] = ()  # remote APIs (docs/BACKENDS.md)

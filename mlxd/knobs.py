@@ -269,6 +269,16 @@ DTYPE: Knob[str] = Knob(
     "BLAS, twice the memory) and keeps them elsewhere; file keeps the file's.",
     choices=DTYPES,
 )
+MAX_IMAGE_PIXELS: Knob[int] = Knob(
+    "max_image_pixels",
+    "worker",
+    "--max-image-pixels",
+    int,
+    50_000_000,
+    "Largest image (width x height, read from its header before it is decoded) a vision "
+    "model takes; a larger one is a 400, never decoded.",
+    minimum=1,
+)
 
 SPECULATE: Knob[str] = Knob(
     "speculate",
@@ -311,6 +321,7 @@ _ALL = (
     PAGED,
     MAX_CONTEXT,
     DTYPE,
+    MAX_IMAGE_PIXELS,
 )
 KNOBS: tuple[Knob[object], ...] = _ALL  # type: ignore[assignment]
 LIVE_KNOBS = tuple(k for k in KNOBS if k.live)

@@ -274,7 +274,7 @@ STORED_RESPONSES_SIZE: Knob[int] = Knob(
     toml="stored_responses_size",
 )
 
-# Images in requests (gateway/surfaces/images.py). Not options yet: the parsers use the defaults.
+# Images in requests (gateway/images/, surfaces/images.py).
 MAX_IMAGES: Knob[int] = Knob(
     "max_images",
     "serve",
@@ -283,6 +283,8 @@ MAX_IMAGES: Knob[int] = Knob(
     8,
     "Most images one request may carry; more get 400.",
     minimum=1,
+    click_range=True,
+    toml="max_images",
 )
 MAX_IMAGE_BYTES: Knob[int] = Knob(
     "max_image_bytes",
@@ -290,8 +292,28 @@ MAX_IMAGE_BYTES: Knob[int] = Knob(
     "--max-image-bytes",
     int,
     10 * 1024 * 1024,
-    "Largest image (encoded bytes) a request may carry; bigger ones get 400.",
+    "Largest image (encoded bytes, inline or fetched from its URL) a request may carry; "
+    "bigger ones get 400.",
     minimum=1024,
+    click_range=True,
+    toml="max_image_bytes",
+)
+IMAGE_FETCH_TIMEOUT = _seconds(
+    "--image-fetch-timeout",
+    "image_fetch_timeout_s",
+    10.0,
+    "Seconds the gateway may take to fetch one http(s) image URL (redirects included); a "
+    "slower one is a 400.",
+)
+ALLOW_PRIVATE_IMAGE_URLS: Knob[bool] = Knob(
+    "allow_private_image_urls",
+    "serve",
+    "--allow-private-image-urls",
+    bool,
+    False,
+    "Fetch image URLs whose host resolves to a private, loopback or link-local address "
+    "(refused by default, so a request cannot make the gateway reach the host's own network).",
+    negatable=False,
 )
 
 _SERVE = (
@@ -318,6 +340,10 @@ _SERVE = (
     MAX_BODY_BYTES,
     MAX_STORED_RESPONSES,
     STORED_RESPONSES_SIZE,
+    MAX_IMAGES,
+    MAX_IMAGE_BYTES,
+    IMAGE_FETCH_TIMEOUT,
+    ALLOW_PRIVATE_IMAGE_URLS,
 )
 SERVE_KNOBS: tuple[Knob[object], ...] = _SERVE  # type: ignore[assignment]
 # What the top of a `mlxd start --config` file may set, beside [models.*] and [backends.*].

@@ -26,6 +26,7 @@ from mlxd.model_knobs import DISTRIBUTED, GROUP_SIZE, MODEL_OPTIONS, REPLICAS
 from mlxd.protocol import curve
 from mlxd.serve_knobs import (
     ADMIN_KEY,
+    ALLOW_PRIVATE_IMAGE_URLS,
     CHAT_TIMEOUT,
     COMPLETION_TIMEOUT,
     CRASH_WINDOW,
@@ -33,10 +34,13 @@ from mlxd.serve_knobs import (
     EMBEDDINGS_TIMEOUT,
     HEARTBEAT_TIMEOUT,
     HOST,
+    IMAGE_FETCH_TIMEOUT,
     KEEP_ALIVE,
     LOG_PROMPTS,
     MAX_BODY_BYTES,
     MAX_CRASHES,
+    MAX_IMAGE_BYTES,
+    MAX_IMAGES,
     MAX_MEMORY,
     MAX_STORED_RESPONSES,
     OLLAMA_PORT,
@@ -132,6 +136,10 @@ from mlxd.serve_knobs import (
 @knob_option(MAX_BODY_BYTES)
 @knob_option(MAX_STORED_RESPONSES)
 @knob_option(STORED_RESPONSES_SIZE)
+@knob_option(MAX_IMAGES)
+@knob_option(MAX_IMAGE_BYTES)
+@knob_option(IMAGE_FETCH_TIMEOUT)
+@knob_option(ALLOW_PRIVATE_IMAGE_URLS)
 @click.option(
     "--backend",
     "backends",

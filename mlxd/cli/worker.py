@@ -114,6 +114,7 @@ def _from_options(opts: dict[str, Any], keys_dir: Path | None) -> WorkerConfig:
         control_endpoint=opts["control"],
         buffer_cache_bytes=None if gb is None else int(gb * 2**30),
         dtype=opts["dtype"],
+        max_image_pixels=opts["max_image_pixels"],
         curve_keys=keys,
     )
 

@@ -48,6 +48,7 @@ def worker_config(worker: WorkerProcess, config: ServeConfig) -> WorkerConfig:
         max_context=config.max_context,
         buffer_cache_bytes=buffer_cache_bytes(worker.size) if capped else None,
         dtype=worker.spec.dtype or config.dtype,
+        max_image_pixels=config.max_image_pixels,
         group_size=worker.spec.group_size,
         distributed=worker.spec.distributed,
     )

@@ -42,6 +42,8 @@ from mlxd.gateway.backends.remote.relay import BACKEND_HEADER
 from mlxd.gateway.backends.remote.remotes import Remotes
 from mlxd.gateway.http.accesslog import REQUEST_ID_HEADER, record_of
 from mlxd.gateway.http.body import read_body
+from mlxd.gateway.images.fetch import ImageFetcher
+from mlxd.gateway.images.limits import ImageLimits
 from mlxd.gateway.ops.metrics import Metrics
 from mlxd.gateway.request import ApiRequest, Opened, Parser
 from mlxd.gateway.routing.router import LOCAL, Router, Target
@@ -91,6 +93,7 @@ class Pipeline:
             ResponseStore(http.max_stored_responses, http.max_stored_bytes)
         )
         self._responses = responses_surface(self.stored.store)
+        self.images = ImageFetcher(_image_limits(http))
 
     async def chat_completions(self, http: Request) -> Response:
         """``POST /v1/chat/completions``."""
@@ -145,6 +148,7 @@ class Pipeline:
     async def close(self) -> None:
         """Close the remote backends' connections."""
         await self.remotes.close()
+        await self.images.close()
 
     async def generate(self, http: Request, surface: Surface, timeout_s: float) -> Response:
         """A generation endpoint of ``surface``: read, prepared, routed, served, rendered."""
@@ -178,7 +182,7 @@ class Pipeline:
         self, http: Request, api: str, endpoint: str, parse: Parser, timeout_s: float
     ) -> ApiRequest:
         doc = parse_json(await read_body(http, self.http.max_body_bytes))
-        return ApiRequest(http, record_of(http), api, endpoint, doc, timeout_s, parse)
+        return ApiRequest(http, record_of(http), api, endpoint, doc, timeout_s, parse, self.images)
 
     async def _route(
         self, request: ApiRequest, local: _Local, surface: Surface | None = None
@@ -247,6 +251,15 @@ class Pipeline:
 async def _prepare(request: ApiRequest, surface: Surface | EmbedSurface) -> ApiRequest | Response:
     """The request to route, as its surface prepared it, or the surface's own answer."""
     return request if surface.prepare is None else await surface.prepare(request)
+
+
+def _image_limits(http: HttpLimits) -> ImageLimits:
+    return ImageLimits(
+        http.max_images,
+        http.max_image_bytes,
+        http.image_fetch_timeout_s,
+        http.allow_private_image_urls,
+    )
 
 
 def _count_parser(body: Any, *_: str | None) -> Any:

@@ -16,6 +16,8 @@ from typing import Any, Protocol
 from starlette.requests import Request
 
 from mlxd.gateway.http.accesslog import RequestRecord
+from mlxd.gateway.images.fetch import ImageFetcher
+from mlxd.gateway.images.limits import ImageLimits, parsing_with
 from mlxd.gateway.tools.calls import ToolCallParser
 from mlxd.gateway.tools.formats import tool_format
 from mlxd.gateway.tools.reasoning import ReasoningSplitter
@@ -49,6 +51,7 @@ class ApiRequest:
         doc: the JSON body as sent (any JSON value: the parser explains what is wrong).
         timeout_s: how long the request may take end to end.
         parse: the surface's validator, applied once by ``parsed``.
+        images: the gateway's image limits and URL fetcher (``ready`` fetches).
     """
 
     http: Request
@@ -58,6 +61,7 @@ class ApiRequest:
     doc: Any
     timeout_s: float
     parse: Parser
+    images: ImageFetcher | None = None
     _parsed: Any = field(default=None, repr=False)
 
     @property
@@ -79,8 +83,18 @@ class ApiRequest:
     def parsed(self) -> Any:
         """The validated request; ``MlxdError`` (400) when the body is wrong."""
         if self._parsed is None:
-            self._parsed = self.parse(self.doc, self.http.headers.get("x-priority"), self.tier)
+            limits = ImageLimits() if self.images is None else self.images.limits
+            with parsing_with(limits):
+                self._parsed = self.parse(self.doc, self.http.headers.get("x-priority"), self.tier)
         return self._parsed
+
+    async def ready(self) -> Any:
+        """``parsed()`` with its image URLs fetched: what a backend serves (a pass-through
+        relay sends ``doc`` as it came, URLs and all)."""
+        parsed = self.parsed()
+        if self.images is not None:
+            self._parsed = parsed = await self.images.fill(parsed)
+        return parsed
 
     def for_model(self, name: str) -> ApiRequest:
         """This request sent to ``name`` (a fallback) instead: the body's ``model`` replaced."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-PROTOCOL_VERSION = b"mlxd/5"  # mlxd/5: thinking (mlxd/4: Error.retry_after_s...)
+PROTOCOL_VERSION = b"mlxd/6"  # mlxd/6: ChatPrompt.images (mlxd/5: thinking...)
 
 
 # Prompts: a tagged union, so the worker never guesses which field is set.

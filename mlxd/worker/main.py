@@ -246,6 +246,7 @@ def _attach_vision(config: WorkerConfig, runner: ModelRunner, vision: Any) -> No
     from mlxd.worker.runners.paged import PagedModelRunner
 
     if isinstance(runner, PagedModelRunner) and not isinstance(runner, HybridModelRunner):
+        vision.max_pixels = config.max_image_pixels
         runner.vision = vision
         return
     log.warning("%s: images need the paged KV runner (%s); text only", config.name, runner)

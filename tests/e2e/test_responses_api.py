@@ -300,7 +300,7 @@ BAD: list[tuple[dict[str, Any], int, str | None]] = [
     (
         {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
         400,
-        "input[0].content[0].type",
+        "input[0].content[0].image_url",
     ),
     (
         {"input": "hi", "text": {"format": {"type": "json_schema", "name": "x"}}},

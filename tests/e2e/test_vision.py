@@ -186,14 +186,14 @@ def test_bad_images_are_400s_and_a_running_stream_goes_on(
         _ask(client, b"hello, not an image at all")
     with pytest.raises(openai.BadRequestError, match="does not take images"):
         _ask(client, _png(6), model="text")
-    with pytest.raises(openai.BadRequestError, match="not fetched"):
+    with pytest.raises(openai.BadRequestError, match="private"):  # a loopback image URL
         client.chat.completions.create(
             model="llava",
             messages=[
                 {
                     "role": "user",
                     "content": [
-                        {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+                        {"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/a.png"}}
                     ],
                 }
             ],

@@ -117,6 +117,8 @@ def test_config_file_top_keys_are_the_tables() -> None:
         "embeddings_timeout",
         "max_stored_responses",
         "stored_responses_size",
+        "max_images",
+        "max_image_bytes",
     }
 
 

@@ -21,6 +21,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlxd.errors import InvalidRequest
+from mlxd.knobs import MAX_IMAGE_PIXELS
 from mlxd.protocol.messages import ImageData
 
 if TYPE_CHECKING:
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PREPARE_THREADS = 2  # image decoding and processing run beside the engine thread
+# Narrower images are refused: processors take a side of 1 for the channel axis.
+MIN_IMAGE_SIDE = 2
 # Placeholder keys are negative (token ids are not): -(1 + the digest's first 60 bits).
 _KEY_HEX_DIGITS = 15
 
@@ -68,6 +71,10 @@ class ImageEncoder:
         self.text = text
         self.image_token_id = int(vlm.config.image_token_index)
         self.pool = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="images")
+        self.max_pixels = MAX_IMAGE_PIXELS.default  # --max-image-pixels
+        from PIL import Image
+
+        Image.MAX_IMAGE_PIXELS = None  # max_pixels is the limit (PIL's would refuse first)
 
     def prepare(self, text: str, images: list[ImageData]) -> Future[Prepared]:
         """Decode ``images`` and process them with the rendered chat ``text``, on the pool.
@@ -105,7 +112,7 @@ class ImageEncoder:
     # Internal helpers
 
     def _prepare(self, text: str, images: list[ImageData]) -> Prepared:
-        pictures = [_decode(i, n) for n, i in enumerate(images)]
+        pictures = [_decode(i, n, self.max_pixels) for n, i in enumerate(images)]
         try:  # no padding: mlx-vlm's LlavaProcessor would pass it to the image processor
             out = self.processor(images=pictures, text=[text])
         except Exception as exc:  # noqa: BLE001 - processors raise anything on odd inputs
@@ -130,18 +137,36 @@ class ImageEncoder:
         return img.features
 
 
-def _decode(image: ImageData, index: int) -> Any:
-    """The decoded RGB picture, or ``InvalidRequest`` naming the image."""
+def _decode(image: ImageData, index: int, max_pixels: int) -> Any:
+    """The decoded RGB picture, or ``InvalidRequest`` naming the image. Its size is checked
+    from the header, before its pixels are decoded."""
     from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(io.BytesIO(image.data)) as picture:
+            _check_size(picture.size, index, max_pixels)
             picture.load()  # the whole file now: a truncated one fails here, not in the processor
             return picture.convert("RGB")
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
         raise InvalidRequest(
             f"image {index} is not a readable image: {exc}", param="messages"
         ) from None
+
+
+def _check_size(size: tuple[int, int], index: int, max_pixels: int) -> None:
+    width, height = size
+    if width * height > max_pixels:
+        raise InvalidRequest(
+            f"image {index} is {width}x{height} pixels; at most {max_pixels} pixels "
+            "(--max-image-pixels)",
+            param="messages",
+        )
+    if min(width, height) < MIN_IMAGE_SIDE:
+        raise InvalidRequest(
+            f"image {index} is {width}x{height} pixels; each side must be at least "
+            f"{MIN_IMAGE_SIDE}",
+            param="messages",
+        )
 
 
 def _keys(ids: list[int], positions: np.ndarray, digests: list[str]) -> list[int]:

@@ -53,7 +53,7 @@ class LocalBackend:
         Raises:
             MlxdError: the body is invalid, the model unknown or its worker unavailable.
         """
-        parsed: ParsedRequest = request.parsed()
+        parsed: ParsedRequest = await request.ready()
         worker = await self._worker(request.record, parsed.model)
         if parsed.parse_tools and not parsed.forced_tool_call:
             described = await worker.describe(self.timeouts.chat_timeout_s)
@@ -80,7 +80,7 @@ class LocalBackend:
 
     async def count_tokens(self, request: ApiRequest) -> int:
         """The number of tokens of ``request``'s prompt, without running the model."""
-        parsed: Any = request.parsed()
+        parsed: Any = await request.ready()
         worker = await self.pool.client(parsed.model)
         request.record.model = parsed.model
         msg = CountTokens(request_id=self._wire_id(request.record, "count"), prompt=parsed.prompt)

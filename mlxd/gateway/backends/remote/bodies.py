@@ -7,19 +7,23 @@ value equal to its default is indistinguishable from one not given, and some API
 ``temperature`` with ``top_p``), nor are the defaults a surface filled in itself
 (``ParsedRequest.defaulted``: Ollama's top_k 40 the client never sent): the upstream's own
 defaults hold. What the backend's API cannot carry, when the client sent it, is a 400 naming
-the field (``param``), never dropped.
+the field (``param``), never dropped. Images go as the API's image parts (OpenAI
+``image_url`` data: URLs, Anthropic base64 ``image`` blocks) at their placeholders.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
 from mlxd.errors import InvalidRequest
+from mlxd.gateway.images.formats import media_type
 from mlxd.gateway.request import ParsedRequest
 from mlxd.gateway.tools.definitions import forced_tool_name
-from mlxd.protocol.messages import ChatPrompt, JsonFormat, SamplingParams, TextPrompt
+from mlxd.protocol.messages import ChatPrompt, ImageData, JsonFormat, SamplingParams, TextPrompt
 
 _NEUTRAL = SamplingParams()  # each sampling field's neutral value: as if not given
 DEFAULT_MAX_TOKENS = 4096  # Anthropic requires max_tokens: asked for when the client set none
@@ -62,7 +66,8 @@ def upstream_request(parsed: ParsedRequest, kind: str, model: str) -> tuple[str,
 def openai_chat_body(parsed: ParsedRequest, model: str) -> dict[str, Any]:
     """A ``/v1/chat/completions`` body."""
     prompt = _chat_prompt(parsed)
-    messages = [_openai_message(m) for m in prompt.messages]
+    images = iter(prompt.images or ())
+    messages = [_openai_message(m, images) for m in prompt.messages]
     body: dict[str, Any] = {"model": model, "messages": messages}
     body |= _openai_sampling(parsed)
     fmt = None if parsed.forced_tool_call else parsed.sampling.response_format
@@ -98,15 +103,26 @@ def _openai_sampling(parsed: ParsedRequest) -> dict[str, Any]:
     return out | {k: v for k, v in fields.items() if v is not None}
 
 
-def _openai_message(message: dict[str, Any]) -> dict[str, Any]:
+def _openai_message(message: dict[str, Any], images: Iterator[ImageData]) -> dict[str, Any]:
     # The parsed prompt keeps tool-call arguments as objects (for chat templates); on the wire
     # they are JSON text. Replayed thinking (``reasoning_content``) stays here: OpenAI's API has
     # no field for it.
     out = {k: v for k, v in message.items() if k not in ("tool_calls", "reasoning_content")}
+    if isinstance(content := message.get("content"), list):
+        out["content"] = [_openai_part(p, images) for p in content]
     calls = message.get("tool_calls")
     if calls:
         out["tool_calls"] = [_openai_call(c) for c in calls]
     return out
+
+
+def _openai_part(part: dict[str, Any], images: Iterator[ImageData]) -> dict[str, Any]:
+    """A content part; an image placeholder as an ``image_url`` part with its bytes inline."""
+    if part["type"] != "image":
+        return part
+    image = next(images)
+    url = f"data:{media_type(image)};base64,{base64.b64encode(image.data).decode()}"
+    return {"type": "image_url", "image_url": {"url": url}}
 
 
 def _openai_call(call: dict[str, Any]) -> dict[str, Any]:
@@ -144,7 +160,7 @@ def anthropic_body(parsed: ParsedRequest, model: str) -> dict[str, Any]:
     prompt = _chat_prompt(parsed)
     s = _sent(parsed)
     _refuse_anthropic_sampling(parsed)
-    system, messages = _anthropic_messages(prompt.messages)
+    system, messages = _anthropic_messages(prompt.messages, iter(prompt.images or ()))
     body: dict[str, Any] = {
         "model": model,
         "messages": messages,
@@ -186,7 +202,9 @@ def _refuse_anthropic_sampling(parsed: ParsedRequest) -> None:
         _refuse("response_format", "an Anthropic")
 
 
-def _anthropic_messages(messages: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+def _anthropic_messages(
+    messages: list[dict[str, Any]], images: Iterator[ImageData]
+) -> tuple[str, list[dict[str, Any]]]:
     system: list[str] = []
     out: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
@@ -202,7 +220,7 @@ def _anthropic_messages(messages: list[dict[str, Any]]) -> tuple[str, list[dict[
                 )
             system.append(message.get("content") or "")
             continue
-        role, blocks = _anthropic_turn(message)
+        role, blocks = _anthropic_turn(message, images)
         if out and out[-1]["role"] == role:  # tool results and the user's next words: one turn
             out[-1]["content"] += blocks
         else:
@@ -210,8 +228,12 @@ def _anthropic_messages(messages: list[dict[str, Any]]) -> tuple[str, list[dict[
     return "\n\n".join(system), out
 
 
-def _anthropic_turn(message: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+def _anthropic_turn(
+    message: dict[str, Any], images: Iterator[ImageData]
+) -> tuple[str, list[dict[str, Any]]]:
     role, text = message["role"], message.get("content") or ""
+    if isinstance(text, list):  # a user's text and image parts
+        return role, [_anthropic_block(p, images) for p in text if p.get("text") != ""]
     if role == "tool":
         result = {
             "type": "tool_result",
@@ -223,6 +245,18 @@ def _anthropic_turn(message: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]
     for call in message.get("tool_calls") or ():
         blocks.append(_tool_use(call))
     return role, blocks
+
+
+def _anthropic_block(part: dict[str, Any], images: Iterator[ImageData]) -> dict[str, Any]:
+    """A content part as a block; an image placeholder as a base64 ``image`` block."""
+    if part["type"] != "image":
+        return part
+    image = next(images)
+    data = base64.b64encode(image.data).decode()
+    return {
+        "type": "image",
+        "source": {"type": "base64", "media_type": media_type(image), "data": data},
+    }
 
 
 def _tool_use(call: dict[str, Any]) -> dict[str, Any]:

@@ -71,7 +71,7 @@ class EventSource:
                 the backend failed before answering (what the pipeline fails over on).
         """
         backend = self.backends[target.backend]
-        parsed: ParsedRequest = request.for_model(target.name).parsed()
+        parsed: ParsedRequest = await request.for_model(target.name).ready()
         path, body = upstream_request(parsed, backend.spec.kind, target.upstream)
         record = request.record
         record.model, record.backend, record.stream = target.name, backend.name, parsed.stream

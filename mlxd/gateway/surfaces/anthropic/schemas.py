@@ -208,6 +208,7 @@ def _message(msg: Any, path: str, keep_thinking: bool = True) -> list[dict[str, 
             f"'{path}.content' must be a string or a list of blocks", param=f"{path}.content"
         )
     texts: list[str] = []
+    images: list[tuple[int, dict[str, Any]]] = []  # (where among the texts, its part)
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
     reasoning: list[str] = []
@@ -216,6 +217,8 @@ def _message(msg: Any, path: str, keep_thinking: bool = True) -> list[dict[str, 
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
             texts.append(_str(block, "text", where))
+        elif kind == "image" and role == "user":
+            images.append((len(texts), _image_part(block, where)))
         elif kind in thinking.THINKING_BLOCKS and role == "assistant":
             reasoning.append(_thinking_text(block, where) if keep_thinking else "")
         elif kind == "tool_use" and role == "assistant":
@@ -227,14 +230,41 @@ def _message(msg: Any, path: str, keep_thinking: bool = True) -> list[dict[str, 
                 f"'{where}.type' {kind!r} is not supported in a {role} message",
                 param=f"{where}.type",
             )
-    out = _blocks_to_messages(role, "".join(texts), calls, results)
+    text = _with_images(texts, images) if images else "".join(texts)
+    out = _blocks_to_messages(role, text, calls, results)
     if "".join(reasoning):
         out[-1]["reasoning_content"] = "\n\n".join(r for r in reasoning if r)
     return out
 
 
+def _image_part(block: dict[str, Any], where: str) -> dict[str, Any]:
+    """An ``image`` block as an OpenAI ``image_url`` part: base64 as a data: URL, or its URL."""
+    source = block.get("source")
+    if not isinstance(source, dict):
+        raise InvalidRequest(f"'{where}.source' must be an object", param=f"{where}.source")
+    kind = source.get("type")
+    if kind == "base64":
+        media = _str(source, "media_type", f"{where}.source")
+        url = f"data:{media};base64,{_str(source, 'data', f'{where}.source')}"
+    elif kind == "url":
+        url = _str(source, "url", f"{where}.source")
+    else:
+        raise InvalidRequest(
+            f"'{where}.source.type' must be base64 or url", param=f"{where}.source.type"
+        )
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _with_images(texts: list[str], images: list[tuple[int, dict[str, Any]]]) -> list[Any]:
+    """A user turn's text and image parts, in the order of its blocks."""
+    parts: list[dict[str, Any]] = [{"type": "text", "text": t} for t in texts]
+    for offset, (at, image) in enumerate(images):
+        parts.insert(at + offset, image)
+    return parts
+
+
 def _blocks_to_messages(
-    role: str, text: str, calls: list[dict[str, Any]], results: list[dict[str, Any]]
+    role: str, text: str | list[Any], calls: list[dict[str, Any]], results: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = list(results)  # tool results answer the previous turn: first
     if calls:

@@ -15,6 +15,7 @@ from typing import Any
 
 from mlxd.errors import InvalidRequest
 from mlxd.gateway.request import ParsedRequest
+from mlxd.gateway.surfaces.images import ImageParts
 from mlxd.gateway.surfaces.ollama.options import check_num_ctx, defaulted, sampling_params
 from mlxd.gateway.tools.definitions import message_tool_calls, parse_tool_use
 from mlxd.protocol.messages import ChatPrompt, JsonFormat, Prompt, TextPrompt
@@ -59,9 +60,15 @@ def parse_chat(body: Any, *_: str | None) -> OllamaRequest | ModelOnly:
     if not messages:
         return ModelOnly(model, keep_alive)
     tool_use = parse_tool_use({"tools": body.get("tools")})
-    msgs = [_message(m, f"messages[{i}]") for i, m in enumerate(messages)]
+    images = ImageParts()
+    msgs = [_message(m, f"messages[{i}]", images) for i, m in enumerate(messages)]
     think = _think(body.get("think"))
-    prompt = ChatPrompt(messages=msgs, tools=tool_use.tools, thinking=_switch(think))
+    prompt = ChatPrompt(
+        messages=msgs,
+        tools=tool_use.tools,
+        thinking=_switch(think),
+        images=images.images or None,
+    )
     parsed = _parsed(body, model, prompt, keep_alive)
     return replace(parsed, parse_tools=tool_use.parse_calls)
 
@@ -71,7 +78,6 @@ def parse_generate(body: Any, *_: str | None) -> OllamaRequest | ModelOnly:
     else through the model's chat template (with ``system``), as Ollama's template does."""
     body = _object(body)
     model, keep_alive = _model(body), keep_alive_s(body.get("keep_alive"))
-    _no_images(body.get("images"), "images")
     for key, why in (
         ("suffix", "fill-in-the-middle is not supported"),
         ("template", "mlxd uses the model's own chat template (use raw: true to send your own)"),
@@ -84,12 +90,19 @@ def parse_generate(body: Any, *_: str | None) -> OllamaRequest | ModelOnly:
     if not text:
         return ModelOnly(model, keep_alive)
     prompt: Prompt
+    images = ImageParts()
     if _typed(body, "raw", bool, "a boolean"):
+        if body.get("images"):
+            raise InvalidRequest("'images' need the chat template: not with raw", param="images")
         prompt = TextPrompt(text=text)
     else:
         system_msgs = [{"role": "system", "content": system}] if system else []
-        messages = [*system_msgs, {"role": "user", "content": text}]
-        prompt = ChatPrompt(messages=messages, thinking=_switch(_think(body.get("think"))))
+        user = {"role": "user", "content": _with_images(text, body.get("images"), "images", images)}
+        prompt = ChatPrompt(
+            messages=[*system_msgs, user],
+            thinking=_switch(_think(body.get("think"))),
+            images=images.images or None,
+        )
     return _parsed(body, model, prompt, keep_alive)
 
 
@@ -178,14 +191,17 @@ def _switch(think: bool | str | None) -> bool | None:
     return think if think is None or isinstance(think, bool) else True
 
 
-def _message(msg: Any, path: str) -> dict[str, Any]:
+def _message(msg: Any, path: str, images: ImageParts) -> dict[str, Any]:
     if not isinstance(msg, dict):
         raise InvalidRequest(f"'{path}' must be an object", param=path)
     role = msg.get("role")
     if role not in _ROLES:
         raise InvalidRequest(f"'{path}.role' must be one of {', '.join(_ROLES)}", param=path)
-    _no_images(msg.get("images"), f"{path}.images")
-    content = _typed(msg, "content", str, "a string", f"{path}.content") or ""
+    content: Any = _typed(msg, "content", str, "a string", f"{path}.content") or ""
+    if msg.get("images"):
+        if role != "user":
+            raise InvalidRequest(f"'{path}.images': only user messages take images", param=path)
+        content = _with_images(content, msg["images"], f"{path}.images", images)
     out: dict[str, Any] = {"role": role, "content": content}
     thinking = _typed(msg, "thinking", str, "a string", f"{path}.thinking")
     if thinking and role == "assistant":
@@ -207,12 +223,16 @@ def _tool_call(call: Any, path: str) -> Any:
     raise InvalidRequest(f"'{path}' must be an object with a 'function'", param=path)
 
 
-def _no_images(value: Any, path: str) -> None:
-    if value:
-        raise InvalidRequest(
-            f"'{path}': images are not supported by this server yet (text models only)",
-            param=path,
-        )
+def _with_images(text: str, value: Any, path: str, images: ImageParts) -> Any:
+    """A user turn's ``images`` (base64 strings) and text as chat content parts: the images
+    first, as Ollama's templates place them; the text alone when there are none."""
+    if not value:
+        return text
+    if not isinstance(value, list):
+        raise InvalidRequest(f"'{path}' must be a list of base64 strings", param=path)
+    for i, data in enumerate(value):
+        images.add_base64(data, f"{path}[{i}]")
+    return [*({"type": "image"} for _ in value), {"type": "text", "text": text}]
 
 
 def _typed(

@@ -22,7 +22,7 @@ from mlxd.gateway.surfaces.responses.tools import CUSTOM_INPUT
 
 _ROLES = ("system", "developer", "user", "assistant")
 _TEXT_PARTS = {"input_text": "text", "output_text": "text", "refusal": "refusal"}
-_MEDIA_PARTS = ("input_image", "input_file", "input_audio")
+_MEDIA_PARTS = ("input_file", "input_audio")
 _CALLS = ("function_call", "custom_tool_call")
 _OUTPUTS = ("function_call_output", "custom_tool_call_output")
 _ID_PREFIX = {
@@ -62,7 +62,7 @@ def to_messages(items: list[dict[str, Any]], calls: set[str]) -> list[dict[str, 
             thought += [reasoning_text(item)]
             continue
         if kind == "message":
-            out.append({"role": _role(item["role"]), "content": _text(item["content"])})
+            out.append({"role": _role(item["role"]), "content": _content(item["content"])})
         elif kind in _CALLS:
             _add_call(out, _tool_call(item, f"input[{i}]"))
             calls.add(item["call_id"])
@@ -129,19 +129,37 @@ def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
             f"'{where}.content' must be a string or a list of parts", param=f"{where}.content"
         )
     for j, part in enumerate(content):
-        _part(part, f"{where}.content[{j}]")
+        _part(part, f"{where}.content[{j}]", images=role == "user")
     return item
 
 
-def _part(part: Any, where: str) -> None:
+def _part(part: Any, where: str, images: bool = False) -> None:
     kind = part.get("type") if isinstance(part, dict) else None
-    if kind in _MEDIA_PARTS:
+    if kind == "input_image" and images:
+        _image(part, where)
+        return
+    if kind in _MEDIA_PARTS or kind == "input_image":
         raise InvalidRequest(f"'{where}': {kind} is not supported yet", param=f"{where}.type")
     if kind not in _TEXT_PARTS:
         raise InvalidRequest(
             f"'{where}.type' must be input_text, output_text or refusal", param=f"{where}.type"
         )
     _str(part, _TEXT_PARTS[kind], where)
+
+
+def _image(part: dict[str, Any], where: str) -> None:
+    """An ``input_image``: its ``image_url`` (a data: or http(s) URL; checked by the chat
+    parser); a ``file_id`` (the Files API) is not served here."""
+    if part.get("file_id") is not None:
+        raise InvalidRequest(
+            f"'{where}.file_id': uploaded files are not supported; send image_url",
+            param=f"{where}.file_id",
+        )
+    url = _str(part, "image_url", where)
+    if not url.startswith(("data:", "http://", "https://")):
+        raise InvalidRequest(
+            f"'{where}.image_url' must be a data: or http(s) URL", param=f"{where}.image_url"
+        )
 
 
 def _function_call(item: dict[str, Any], where: str) -> dict[str, Any]:
@@ -197,6 +215,20 @@ def _str(obj: dict[str, Any], key: str, where: str) -> str:
 
 def _role(role: str) -> str:
     return "system" if role == "developer" else role
+
+
+def _content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """A message's parts as chat content: its text, or with images its text and
+    ``image_url`` parts in order."""
+    if all(p["type"] != "input_image" for p in parts):
+        return _text(parts)
+    return [_chat_part(p) for p in parts]
+
+
+def _chat_part(part: dict[str, Any]) -> dict[str, Any]:
+    if part["type"] == "input_image":
+        return {"type": "image_url", "image_url": {"url": part["image_url"]}}
+    return {"type": "text", "text": str(part.get(_TEXT_PARTS[part["type"]], ""))}
 
 
 def _text(parts: list[dict[str, Any]]) -> str:

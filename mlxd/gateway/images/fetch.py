@@ -1,0 +1,146 @@
+"""Image URLs fetched by the gateway: an ``http(s)`` image part becomes bytes before the
+request is served, held to the request's ``ImageLimits``.
+
+A surface's parser cannot wait on the network, so it leaves a ``PendingImage`` (the URL, where
+the client put it) in the prompt's images; ``ImageFetcher.fill`` fetches every pending one, in
+turn, once the request is parsed and before a backend serves it (``ApiRequest.ready``).
+Each fetch is bounded: a total timeout, at most ``max_redirects`` redirects, the size cap
+enforced while streaming (a huge body is cut at the cap, never read whole), and the body must
+start like an image. Unless ``allow_private`` is set, the host of the URL and of every redirect
+is resolved and refused if any of its addresses is private, loopback, link-local or otherwise
+not global, so a request cannot make the gateway reach the host's own network.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from dataclasses import dataclass, replace
+from typing import Any
+
+import anyio
+import httpx
+
+from mlxd.errors import InvalidRequest
+from mlxd.gateway.images.formats import checked_image
+from mlxd.gateway.images.limits import ImageLimits
+from mlxd.protocol.messages import ChatPrompt, ImageData
+
+
+@dataclass(frozen=True, kw_only=True)
+class PendingImage(ImageData):
+    """An image URL not fetched yet: its place among the prompt's images, until ``fill``."""
+
+    url: str
+    where: str  # the field the client put it in, for errors
+
+
+def pending_image(url: str, where: str) -> PendingImage:
+    return PendingImage(data=b"", digest="", url=url, where=where)
+
+
+class ImageFetcher:
+    """Fetches the image URLs of requests, within ``limits``, on one connection pool."""
+
+    def __init__(self, limits: ImageLimits) -> None:
+        self.limits = limits
+        self.client = httpx.AsyncClient(
+            follow_redirects=False, timeout=limits.fetch_timeout_s, trust_env=False
+        )
+
+    async def fill(self, parsed: Any) -> Any:
+        """``parsed`` with each pending image of its chat fetched (itself when none is)."""
+        prompt = getattr(parsed, "prompt", None)
+        if not isinstance(prompt, ChatPrompt) or not _pending(prompt):
+            return parsed
+        images = [await self._fetched(i) for i in prompt.images or ()]
+        return replace(parsed, prompt=replace(prompt, images=images))
+
+    async def fetch(self, url: str, where: str) -> bytes:
+        """The body at ``url`` (redirects followed), or ``InvalidRequest`` saying why not."""
+        timeout_s = self.limits.fetch_timeout_s
+        try:
+            with anyio.fail_after(timeout_s):
+                return await self._follow(url, where)
+        except TimeoutError:
+            raise InvalidRequest(
+                f"'{where}': fetching {url} took over {timeout_s:g} s", param=where
+            ) from None
+        except httpx.HTTPError as exc:
+            raise InvalidRequest(f"'{where}': cannot fetch {url}: {exc}", param=where) from None
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    # Internal helpers
+
+    async def _fetched(self, image: ImageData) -> ImageData:
+        if not isinstance(image, PendingImage):
+            return image
+        data = await self.fetch(image.url, image.where)
+        return checked_image(data, image.where, self.limits.max_bytes)
+
+    async def _follow(self, url: str, where: str) -> bytes:
+        for _ in range(self.limits.max_redirects + 1):
+            await self._check_host(httpx.URL(url), where)
+            async with self.client.stream("GET", url) as response:
+                if response.is_redirect:
+                    url = str(response.url.join(response.headers["location"]))
+                    continue
+                if response.status_code != 200:
+                    raise InvalidRequest(
+                        f"'{where}': {url} answered {response.status_code}", param=where
+                    )
+                return await self._body(response, where)
+        raise InvalidRequest(
+            f"'{where}': {url} redirects more than {self.limits.max_redirects} times",
+            param=where,
+        )
+
+    async def _body(self, response: httpx.Response, where: str) -> bytes:
+        """The body, cut at the size cap: a larger one is refused without reading it all."""
+        cap = self.limits.max_bytes
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > cap:
+            raise _too_large(where, cap)
+        body = bytearray()
+        async for chunk in response.aiter_bytes():
+            body += chunk
+            if len(body) > cap:
+                raise _too_large(where, cap)
+        return bytes(body)
+
+    async def _check_host(self, url: httpx.URL, where: str) -> None:
+        if url.scheme not in ("http", "https") or not url.host:
+            raise InvalidRequest(f"'{where}': {url} is not an http(s) URL", param=where)
+        if self.limits.allow_private:
+            return
+        port = url.port or (443 if url.scheme == "https" else 80)
+        try:
+            infos = await anyio.getaddrinfo(url.host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise InvalidRequest(
+                f"'{where}': cannot resolve {url.host}: {exc}", param=where
+            ) from None
+        for info in infos:
+            if not _is_public(str(info[4][0])):
+                raise InvalidRequest(
+                    f"'{where}': {url.host} is a private, loopback or link-local address; "
+                    "image URLs must be public (--allow-private-image-urls allows them)",
+                    param=where,
+                )
+
+
+def _pending(prompt: ChatPrompt) -> bool:
+    return any(isinstance(i, PendingImage) for i in prompt.images or ())
+
+
+def _is_public(address: str) -> bool:
+    ip = ipaddress.ip_address(address.split("%")[0])  # an IPv6 scope (fe80::1%en0) aside
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_global and not ip.is_multicast
+
+
+def _too_large(where: str, cap: int) -> InvalidRequest:
+    return InvalidRequest(f"'{where}' is over {cap} bytes per image", param=where)
