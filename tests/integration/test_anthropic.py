@@ -190,6 +190,14 @@ BAD = [
             "max_tokens": 5,
             "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}],
         },
+        "messages[0].content[0].source.type",
+    ),
+    (
+        {
+            "model": MODEL,
+            "max_tokens": 5,
+            "messages": [{"role": "user", "content": [{"type": "audio", "source": {}}]}],
+        },
         "messages[0].content[0].type",
     ),
     ({"model": MODEL, "max_tokens": 5, "messages": HELLO, "stop_sequences": "x"}, "stop_sequences"),
