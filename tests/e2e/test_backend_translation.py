@@ -324,7 +324,7 @@ def test_chat_stream_without_include_usage_has_no_usage_chunk(setup: Setup) -> N
                 "messages": [
                     {
                         "role": "user",
-                        "content": [{"type": "image_url", "image_url": {"url": "data:,"}}],
+                        "content": [{"type": "input_audio", "input_audio": {"data": ""}}],
                     }
                 ]
             },
