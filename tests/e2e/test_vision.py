@@ -11,10 +11,12 @@ from __future__ import annotations
 import base64
 import io
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -213,6 +215,42 @@ def test_two_images_in_one_request(client: openai.OpenAI, reference: Any, llava:
     swapped = [{"role": "user", "content": [content[2], content[1], content[0], content[3]]}]
     other = _ask(client, first, messages=swapped)  # the same images the other way round
     assert _tokens(other) == _text_of(reference([second, first], swapped), llava)
+
+
+def test_images_and_encoder_time_in_stats_and_metrics(
+    client: openai.OpenAI, vlm_daemon: Daemon
+) -> None:
+    """Each image counts once per request; the vision tower runs for the cold one only (the
+    repeat's last placeholders lie past its prefix hit's last whole block: their features
+    come from the feature cache); /metrics shows the worker's counts."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    before = vlm_daemon.admin_get("/admin/models/llava/stats").json()
+    png = _png(10)
+    cold = _ask(client, png)
+    _ask(client, png)
+    after = vlm_daemon.admin_get("/admin/models/llava/stats").json()
+    assert after["images"] - before["images"] == 2
+    assert after["images_encoded"] - before["images_encoded"] == 1
+    assert after["vision_encode_s"] > before["vision_encode_s"]
+    assert after["prompt_tokens"] - before["prompt_tokens"] == 2 * cold.usage.prompt_tokens
+    key = (("model", "llava"),)
+    deadline = time.monotonic() + 15
+    while True:  # the gateway polls the workers every 2 s
+        text = httpx.get(f"{vlm_daemon.base_url}/metrics", timeout=10).text
+        samples = {
+            (x.name, tuple(sorted(x.labels.items()))): x.value
+            for f in text_string_to_metric_families(text)
+            for x in f.samples
+        }
+        images = samples.get(("mlxd_worker_images_total", key), 0)
+        if images >= after["images"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert images >= after["images"]
+    assert samples[("mlxd_worker_images_encoded_total", key)] >= after["images_encoded"]
+    assert samples[("mlxd_worker_vision_encode_seconds_total", key)] > 0
+    assert samples[("mlxd_worker_images_total", (("model", "text"),))] == 0
 
 
 def test_bad_images_are_400s_and_a_running_stream_goes_on(
