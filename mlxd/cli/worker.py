@@ -276,6 +276,7 @@ def _show_stats(r: dict[str, Any]) -> None:
         ),
         ("preemptions", str(r["preemptions"])),
         ("speculation", _speculation(r)),
+        *([("images", _images(r))] if r.get("images") else []),
         (
             "prefix cache",
             f"{r['prefix_cache_hits']} hits, {r.get('prefix_cache_misses', 0)} "
@@ -289,6 +290,13 @@ def _show_stats(r: dict[str, Any]) -> None:
         ),
     ]
     _show_rows(rows)
+
+
+def _images(r: dict[str, Any]) -> str:
+    return (
+        f"{r['images']} in requests, {r['images_encoded']} through the vision tower "
+        f"({r['vision_encode_s']:.2f} s)"
+    )
 
 
 def _speculation(r: dict[str, Any]) -> str:

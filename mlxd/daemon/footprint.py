@@ -8,7 +8,9 @@ contexts need, at most ``DEFAULT_KV_BYTES``, its bytes per token from ``config.j
 worker pool's own rule (``models/kv_layout.py``: the layers that keep K/V, in the compute dtype,
 packed to ``--kv-bits`` with their scales and biases in a paged pool); under ``--max-memory``
 the worker's KV pool is then given exactly that size. Headroom: activations, the MLX buffer
-cache, Python and the tokenizer, measured as a fixed runtime cost plus a share.
+cache, Python and the tokenizer, measured as a fixed runtime cost plus a share; a
+vision-language model's weights are every ``*.safetensors`` file (its vision tower and projector
+too) and its headroom holds the vision tower's bounded feature cache.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 from mlxd.config import ModelSpec, ServeConfig, kv_bytes_wanted
 from mlxd.models import kv_layout, sources
+from mlxd.worker.vision import FEATURE_CACHE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +67,13 @@ def footprint(spec: ModelSpec, config: ServeConfig) -> Footprint:
             per_token * config.scheduler.max_num_seqs * _context(config, model_config),
             DEFAULT_KV_BYTES,
         )
-    headroom = RUNTIME_BYTES + int(HEADROOM_SHARE * (weights + kv))
+    headroom = RUNTIME_BYTES + int(HEADROOM_SHARE * (weights + kv)) + _vision(model_config)
     return Footprint(weights, kv, headroom)
+
+
+def _vision(model_config: dict[str, Any]) -> int:
+    """A vision-language model's feature cache (worker/vision); 0 for a text model."""
+    return FEATURE_CACHE_BYTES if isinstance(model_config.get("vision_config"), dict) else 0
 
 
 def _weights(path: str, dtype: str) -> tuple[int, dict[str, Any], float]:

@@ -512,6 +512,10 @@ class StatsReply:
     spec_acceptance_rate: float = 0.0  # accepted / drafted
     tokens_per_forward: float = 0.0  # decode tokens per row and forward (1.0: no speculation)
     decode_row_forwards: int = 0  # rows x decode forwards since start (tokens_per_forward's base)
+    images: int = 0  # images in admitted requests (a VLM)
+    images_encoded: int = 0  # images through the vision tower (none on a prefix hit; a resumed
+    # preempted request may run it again)
+    vision_encode_s: float = 0.0  # seconds the vision tower ran, on the engine thread
 
 
 @dataclass(frozen=True, kw_only=True)

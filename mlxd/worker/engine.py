@@ -117,6 +117,7 @@ class Engine:
         # Drafts and whether the batch verifies them.
         self.speculator = Speculator(mode, drafter=drafter if mode == "draft" else None)
         self.stats.speculator = self.speculator
+        self.stats.vision = vision
         self.embeddings = EmbedRequests(
             name=name,
             scheduler=scheduler,

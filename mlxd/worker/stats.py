@@ -20,6 +20,7 @@ from mlxd.protocol.messages import LatencySummary, StatsReply
 if TYPE_CHECKING:
     from mlxd.worker.sched.sequence import Sequence
     from mlxd.worker.spec.speculator import Speculator
+    from mlxd.worker.vision.encoder import ImageEncoder
 
 WINDOW_S = 10
 MAX_SAMPLES = 2048
@@ -74,12 +75,16 @@ class Stats:
         self._last_token: dict[Sequence, float] = {}  # only sequences that are in flight
         self._buckets: deque[list[int]] = deque()  # [second, tokens], at most window_s + 1
         self.speculator: Speculator | None = None  # its counters are reported (the engine's)
+        self.vision: ImageEncoder | None = None  # a VLM's encoder: its counters are reported
+        self.images = 0
 
     # Hooks (called by the engine)
 
     def on_admit(self, seq: Sequence) -> None:
         self.requests_admitted += 1
-        self.prompt_tokens += seq.num_prompt_tokens
+        self.prompt_tokens += seq.num_prompt_tokens  # an image's placeholders included
+        if seq.images is not None:
+            self.images += len(seq.images.digests)
 
     def on_refuse(self, exc: MlxdError) -> None:
         """A Generate was not admitted: full queue or draining (rejected), or invalid."""
@@ -183,6 +188,9 @@ class Stats:
             kv_blocks_used=kv.blocks_used,
             kv_blocks_free=kv.blocks_free,
             kv_blocks_cached=kv.blocks_cached,
+            images=self.images,
+            images_encoded=0 if self.vision is None else self.vision.counters.encoded,
+            vision_encode_s=0.0 if self.vision is None else self.vision.counters.seconds,
             **self._speculation(),
         )
 

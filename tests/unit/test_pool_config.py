@@ -144,6 +144,22 @@ def test_footprint_counts_safetensors_kv_and_headroom(tmp_path: Path) -> None:
     assert footprint(pinned_kv, ServeConfig(models=(spec,))).kv_bytes == 2**30
 
 
+def test_a_vision_models_footprint_counts_its_tower_and_feature_cache(tmp_path: Path) -> None:
+    from mlxd.worker.vision import FEATURE_CACHE_BYTES
+
+    text = {"num_hidden_layers": 2, "num_key_value_heads": 2, "head_dim": 16}
+    config_json = {"text_config": {**text, "torch_dtype": "float32"}, "vision_config": {}}
+    (tmp_path / "config.json").write_text(json.dumps(config_json))
+    (tmp_path / "model-00001-of-00002.safetensors").write_bytes(b"x" * 1000)  # language model
+    (tmp_path / "model-00002-of-00002.safetensors").write_bytes(b"x" * 24)  # vision tower
+    spec = ModelSpec(name="m", path=str(tmp_path), kv_cache_gb=0.5)
+    size = footprint(spec, ServeConfig(models=(spec,)))
+    assert size.weights_bytes == 1024
+    assert size.headroom_bytes == (
+        RUNTIME_BYTES + (1024 + size.kv_bytes) // 10 + FEATURE_CACHE_BYTES
+    )
+
+
 def test_footprint_counts_the_draft_models_weights_and_caches(tmp_path: Path) -> None:
     for name, layers, size in (("target", 2, 1000), ("draft", 1, 200)):
         (tmp_path / name).mkdir()

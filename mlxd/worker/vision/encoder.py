@@ -6,13 +6,18 @@ the engine's MLX thread: a burst of large images never stalls a decode step. The
 runs on the engine thread, lazily, when a prefill chunk first reaches an image's placeholders
 (a prompt whose images all sit in a prefix-cache hit never runs it); ``embeddings`` splices
 its features into that chunk's token embeddings at the placeholder positions. The features are
-dropped once the prompt's prefill is done (a preempted sequence computes them again).
+dropped once the prompt's prefill is done; each image's are kept by its digest in a bounded
+``FeatureCache`` too, so a prompt whose image is only partly in the prefix cache (its last
+placeholders past the last whole block), a later turn about it, or a preempted sequence
+resuming, never runs the tower for it again.
 """
 
 from __future__ import annotations
 
 import io
 import logging
+import time
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -23,6 +28,7 @@ import numpy as np
 from mlxd.errors import InvalidRequest
 from mlxd.knobs import MAX_IMAGE_PIXELS
 from mlxd.protocol.messages import ImageData
+from mlxd.worker.vision import FEATURE_CACHE_BYTES
 
 if TYPE_CHECKING:
     from mlxd.worker.sched.sequence import Sequence
@@ -53,6 +59,42 @@ class PromptImages:
         return i < len(self.positions) and int(self.positions[i]) < end
 
 
+@dataclass(slots=True)
+class EncoderCounters:
+    """The vision tower's work since the worker started (the worker's stats report it)."""
+
+    encoded: int = 0  # images through the tower
+    seconds: float = 0.0  # the tower's time, evaluated on the engine thread
+
+
+class FeatureCache:
+    """Each image's vision-tower features by its digest, least recently used first out,
+    within ``max_bytes``. Features depend on the image alone (its pixels, processed the same
+    way each time), never on the text around it."""
+
+    def __init__(self, max_bytes: int = FEATURE_CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.num_bytes = 0
+        self._entries: OrderedDict[str, mx.array] = OrderedDict()
+
+    def get(self, digests: list[str]) -> list[mx.array] | None:
+        """Every digest's features in order, or None unless all are here."""
+        if not all(d in self._entries for d in digests):
+            return None
+        for d in digests:
+            self._entries.move_to_end(d)
+        return [self._entries[d] for d in digests]
+
+    def put(self, digest: str, features: mx.array) -> None:
+        if digest in self._entries or features.nbytes > self.max_bytes:
+            return
+        self._entries[digest] = features
+        self.num_bytes += features.nbytes
+        while self.num_bytes > self.max_bytes:
+            _, old = self._entries.popitem(last=False)
+            self.num_bytes -= old.nbytes
+
+
 @dataclass(frozen=True, slots=True)
 class Prepared:
     """What ``prepare`` makes of a chat: its token ids, its images, its prefix-cache keys."""
@@ -71,6 +113,8 @@ class ImageEncoder:
         self.text = text
         self.image_token_id = int(vlm.config.image_token_index)
         self.pool = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="images")
+        self.counters = EncoderCounters()
+        self.cache = FeatureCache()
         self.max_pixels = MAX_IMAGE_PIXELS.default  # --max-image-pixels
         from PIL import Image
 
@@ -128,13 +172,27 @@ class ImageEncoder:
     def _features(self, seq: Sequence, img: PromptImages) -> mx.array:
         """The vision tower's output at every placeholder of ``seq``'s prompt, through the
         model's own merge (``get_input_embeddings``), so any family that splices at its
-        placeholders is served as mlx-vlm serves it."""
+        placeholders is served as mlx-vlm serves it; from the feature cache when every image
+        of the prompt is there."""
         if img.features is None:
-            ids = mx.array([seq.prompt_ids])
-            out = self.vlm.get_input_embeddings(ids, mx.array(img.pixel_values))
-            img.features = out.inputs_embeds[0][mx.array(img.positions)]
-            mx.eval(img.features)
+            cached = self.cache.get(img.digests)
+            img.features = mx.concatenate(cached) if cached else self._encode(seq, img)
         return img.features
+
+    def _encode(self, seq: Sequence, img: PromptImages) -> mx.array:
+        began = time.perf_counter()
+        ids = mx.array([seq.prompt_ids])
+        out = self.vlm.get_input_embeddings(ids, mx.array(img.pixel_values))
+        features: mx.array = out.inputs_embeds[0][mx.array(img.positions)]
+        mx.eval(features)  # the tower's time is measured here, not in the forward
+        self.counters.encoded += len(img.digests)
+        self.counters.seconds += time.perf_counter() - began
+        per_image = len(img.positions) // len(img.digests)
+        for n, digest in enumerate(img.digests):  # copies: a slice would keep the whole alive
+            own = mx.contiguous(features[n * per_image : (n + 1) * per_image])
+            mx.eval(own)
+            self.cache.put(digest, own)
+        return features
 
 
 def _decode(image: ImageData, index: int, max_pixels: int) -> Any:

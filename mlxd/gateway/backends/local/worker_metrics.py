@@ -143,6 +143,9 @@ class WorkerMetrics:
             "decode's read view (slower; a larger --kv-cache-gb gives the view more room).",
             "spec_drafted_tokens": "Draft tokens verified (speculative decoding).",
             "spec_accepted_tokens": "Draft tokens accepted (speculative decoding).",
+            "images": "Images in admitted requests (a vision-language model).",
+            "images_encoded": "Images run through the vision tower (a prefix-cache hit "
+            "skips it; a preempted request may run it again).",
         }
         for name, doc in counters.items():
             family = CounterMetricFamily(f"mlxd_worker_{name}", doc, labels=["model"])
@@ -158,6 +161,14 @@ class WorkerMetrics:
             asked = snap.stats.prefix_cache_hits + snap.stats.prefix_cache_misses
             rate.add_metric([model], snap.stats.prefix_cache_hits / asked if asked else 0.0)
         yield rate
+        encode = CounterMetricFamily(
+            "mlxd_worker_vision_encode_seconds",
+            "Seconds a vision-language model's vision tower ran (on the worker's engine thread).",
+            labels=["model"],
+        )
+        for model, snap in latest.items():
+            encode.add_metric([model], snap.stats.vision_encode_s)
+        yield encode
         for name, doc in (
             (
                 "spec_acceptance_rate",
