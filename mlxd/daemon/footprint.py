@@ -23,7 +23,7 @@ from typing import Any
 
 from mlxd.config import ModelSpec, ServeConfig, kv_bytes_wanted
 from mlxd.models import kv_layout, sources
-from mlxd.worker.vision import FEATURE_CACHE_BYTES
+from mlxd.models.vision_layout import vision_headroom
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +67,8 @@ def footprint(spec: ModelSpec, config: ServeConfig) -> Footprint:
             per_token * config.scheduler.max_num_seqs * _context(config, model_config),
             DEFAULT_KV_BYTES,
         )
-    headroom = RUNTIME_BYTES + int(HEADROOM_SHARE * (weights + kv)) + _vision(model_config)
+    headroom = RUNTIME_BYTES + int(HEADROOM_SHARE * (weights + kv)) + vision_headroom(model_config)
     return Footprint(weights, kv, headroom)
-
-
-def _vision(model_config: dict[str, Any]) -> int:
-    """A vision-language model's feature cache (worker/vision); 0 for a text model."""
-    return FEATURE_CACHE_BYTES if isinstance(model_config.get("vision_config"), dict) else 0
 
 
 def _weights(path: str, dtype: str) -> tuple[int, dict[str, Any], float]:

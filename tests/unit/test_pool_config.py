@@ -145,7 +145,7 @@ def test_footprint_counts_safetensors_kv_and_headroom(tmp_path: Path) -> None:
 
 
 def test_a_vision_models_footprint_counts_its_tower_and_feature_cache(tmp_path: Path) -> None:
-    from mlxd.worker.vision import FEATURE_CACHE_BYTES
+    from mlxd.models.vision_layout import FEATURE_CACHE_BYTES
 
     text = {"num_hidden_layers": 2, "num_key_value_heads": 2, "head_dim": 16}
     config_json = {"text_config": {**text, "torch_dtype": "float32"}, "vision_config": {}}

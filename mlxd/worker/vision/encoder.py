@@ -27,8 +27,8 @@ import numpy as np
 
 from mlxd.errors import InvalidRequest
 from mlxd.knobs import MAX_IMAGE_PIXELS
+from mlxd.models.vision_layout import FEATURE_CACHE_BYTES
 from mlxd.protocol.messages import ImageData
-from mlxd.worker.vision import FEATURE_CACHE_BYTES
 
 if TYPE_CHECKING:
     from mlxd.worker.sched.sequence import Sequence
