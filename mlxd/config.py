@@ -35,6 +35,7 @@ from mlxd.knobs import (
     PRIORITIES,
     SPECULATE,
     STREAM_INTERVAL,
+    WARMUP_S,
     Knob,
     given,
     section,
@@ -119,6 +120,7 @@ class SchedulerConfig:
     aging_s: float = AGING_S.default
     speculate: str = SPECULATE.default  # "auto", "ngram", "draft" or "off" (docs/SPECULATION.md)
     draft_model: str | None = DRAFT_MODEL.default  # what proposes drafts with speculate "draft"
+    warmup_s: float = WARMUP_S.default  # the warm-up's bound at load (worker/warmup.py; 0: off)
 
     def __post_init__(self) -> None:
         _check_knobs(self, section("scheduler"))

@@ -163,6 +163,8 @@ class Pong:
     # Why the engine is failing: its last steps all failed, none succeeded ("" while it works).
     # The supervisor marks such a model failed, as it does one that keeps crashing.
     failing: str = ""
+    # What a worker warming up at load builds now (worker/warmup.py); "" once it serves.
+    warming: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -397,6 +399,7 @@ class SchedulerSettings:
     aging_s: float
     speculate: str = "auto"  # "auto", "ngram", "draft" or "off"
     draft_model: str | None = None  # what drafts with "draft"
+    warmup_s: float = 0.0  # the warm-up's bound at load (0: none)
 
 
 @dataclass(frozen=True, kw_only=True)
