@@ -120,7 +120,8 @@ class SchedulerConfig:
     aging_s: float = AGING_S.default
     speculate: str = SPECULATE.default  # "auto", "ngram", "draft" or "off" (docs/SPECULATION.md)
     draft_model: str | None = DRAFT_MODEL.default  # what proposes drafts with speculate "draft"
-    warmup_s: float = WARMUP_S.default  # the warm-up's bound at load (worker/warmup.py; 0: off)
+    # the warm-up's bound at load (worker/warmup.py; 0: none; None: by device)
+    warmup_s: float | None = WARMUP_S.default
 
     def __post_init__(self) -> None:
         _check_knobs(self, section("scheduler"))

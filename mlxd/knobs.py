@@ -291,15 +291,15 @@ DRAFT_MODEL: Knob[str | None] = Knob(
     "With --speculate draft: a small model sharing the target's vocabulary (a directory or a "
     "repo id, as a model) that greedily proposes each row's draft tokens.",
 )
-WARMUP_S: Knob[float] = Knob(
+WARMUP_S: Knob[float | None] = Knob(
     "warmup_s",
     "scheduler",
     "--warmup-s",
     float,
-    20.0,
+    None,
     "Seconds a loading worker may spend building the kernels its first requests need (a long "
-    "prompt's chunks, decode at 1-64 rows, the sampler) before it serves; shown as warming "
-    "(0: no warm-up).",
+    "prompt's chunks, decode at 1-64 rows, the sampler) before it serves; shown as warming. "
+    "Default: 20 on a GPU, 0 (none) on the CPU, where the first prompt costs what later ones do.",
     minimum=0,
     unit=" seconds",
 )

@@ -399,7 +399,7 @@ class SchedulerSettings:
     aging_s: float
     speculate: str = "auto"  # "auto", "ngram", "draft" or "off"
     draft_model: str | None = None  # what drafts with "draft"
-    warmup_s: float = 0.0  # the warm-up's bound at load (0: none)
+    warmup_s: float | None = None  # the warm-up's bound at load (0: none; None: by device)
 
 
 @dataclass(frozen=True, kw_only=True)

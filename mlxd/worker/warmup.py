@@ -7,9 +7,10 @@ Before serving, the engine therefore runs, on its own paths and in order of what
 requests need: a prompt of two prefill chunks (a chunk alone and one over cached keys) with the
 sampler, then decode steps at 1, 2, 4, ... rows up to ``max_num_seqs`` (at most
 ``MAX_WARM_ROWS``), every other row sampling with temperature and top-p, the rest greedily. It
-stops at the first stage that would start after ``--warmup-s`` seconds (0: no warm-up). The
-requests go to no client; afterwards the prefix cache holds nothing of them, their blocks are
-free and the worker's counters start from zero. Meanwhile pings say ``warming`` with the stage
+stops at the first stage that would start after ``--warmup-s`` seconds (0: no warm-up; by
+default 20 s on a GPU and none on the CPU: ``warmup_budget``). The requests go to no client;
+afterwards the prefix cache holds nothing of them, their blocks are free and the worker's
+counters start from zero. Meanwhile pings say ``warming`` with the stage
 (``Pong.warming``), the supervisor shows the worker as ``warming`` and the gateway holds its
 requests until it is ready; a request that reaches the worker's socket early waits there.
 """
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mlxd.worker")
 
+GPU_WARMUP_S = 20.0  # the default bound on a GPU
 MAX_WARM_ROWS = 64  # decode's batch sizes warmed: powers of two up to this
 PROMPT_CHUNKS = 2  # the warm prompt's chunks: one alone, one over cached keys
 DECODE_TOKENS = 3  # each decode stage's tokens per row: a step that builds, one that reuses
@@ -45,6 +47,15 @@ class Stage:
     name: str
     prompts: list[list[int]]
     max_tokens: int
+
+
+def warmup_budget(setting: float | None, device: str) -> float:
+    """``--warmup-s``, or by default ``GPU_WARMUP_S`` on a GPU and none on the CPU: there MLX
+    builds nothing per shape, and the first long prompt measured what later ones cost (1.05x
+    without warm-up, docs/PERFORMANCE.md), so a warm-up would only delay the start."""
+    if setting is not None:
+        return setting
+    return GPU_WARMUP_S if device == "gpu" else 0.0
 
 
 def stages(engine: Engine) -> list[Stage]:

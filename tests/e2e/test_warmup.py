@@ -1,7 +1,7 @@
 """Warm-up at load (issue 41 point 4), through a real daemon: a model loading on demand shows
 ``warming`` (with the stage it builds) on /admin/overview, which `mlxd ps` and the status page
 draw, then ``ready``; a request that arrives meanwhile waits and is answered; with
-``--warmup-s 0`` there is no warming at all."""
+``--warmup-s 0`` (the CPU's default) there is no warming at all."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def _daemon(tiny_model: Path, tmp: Path, *extra: str) -> Daemon:
 
 @pytest.fixture(scope="module")
 def daemon(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    d = _daemon(tiny_model, tmp_path_factory.mktemp("warm"))
+    d = _daemon(tiny_model, tmp_path_factory.mktemp("warm"), "--warmup-s", "30")  # CPU: asked
     yield d
     stop_daemon(d)
 
