@@ -177,7 +177,12 @@ def _model(home: Path, size: str) -> Path:
 def _start(home: str, model: Path, chunk: int) -> tuple[str, subprocess.Popen[bytes]]:
     port = free_port()
     cmd = [sys.executable, "-m", "mlxd", "start", "--model", f"m={model}", "--port", str(port)]
-    cmd += ["--log-level", "warning", "--prefill-chunk", str(chunk)]
+    cmd += [
+        "--log-level",
+        os.environ.get("MLXD_BENCH_LOG", "warning"),
+        "--prefill-chunk",
+        str(chunk),
+    ]
     proc = subprocess.Popen(cmd, env={**os.environ, "MLXD_HOME": home})
     return f"http://127.0.0.1:{port}", proc
 
