@@ -461,7 +461,8 @@ async def _note_warming(worker: WorkerProcess) -> None:
     control thread says so, and what it builds, while the engine thread is busy with it."""
     ping = Ping(request_id=worker.heartbeat.next_id())
     with contextlib.suppress(MlxdError):
-        pong = await worker.heartbeat.request(ping, timeout_s=1.0)
+        # short: its control thread answers at once once bound, and the data ping waits next
+        pong = await worker.heartbeat.request(ping, timeout_s=0.25)
         if isinstance(pong, Pong) and pong.warming and worker.state in LOADING:
             if worker.state != "warming":
                 log.info("worker for %s is warming up", worker.spec.name)
