@@ -36,6 +36,7 @@ from mlxd.knobs import (
     PRIORITIES,
     SPECULATE,
     STREAM_INTERVAL,
+    WARMUP_S,
     Knob,
     given,
     section,
@@ -124,6 +125,8 @@ class SchedulerConfig:
     aging_s: float = AGING_S.default
     speculate: str = SPECULATE.default  # "auto", "ngram", "draft" or "off" (docs/SPECULATION.md)
     draft_model: str | None = DRAFT_MODEL.default  # what proposes drafts with speculate "draft"
+    # the warm-up's bound at load (worker/warmup.py; 0: none; None: by device)
+    warmup_s: float | None = WARMUP_S.default
 
     def __post_init__(self) -> None:
         _check_knobs(self, section("scheduler"))

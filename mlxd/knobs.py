@@ -301,6 +301,18 @@ DRAFT_MODEL: Knob[str | None] = Knob(
     "With --speculate draft: a small model sharing the target's vocabulary (a directory or a "
     "repo id, as a model) that greedily proposes each row's draft tokens.",
 )
+WARMUP_S: Knob[float | None] = Knob(
+    "warmup_s",
+    "scheduler",
+    "--warmup-s",
+    float,
+    None,
+    "Seconds a loading worker may spend building the kernels its first requests need (a long "
+    "prompt's chunks, decode at 1-64 rows, the sampler) before it serves; shown as warming. "
+    "Default: 20 on a GPU, 0 (none) on the CPU, where the first prompt costs what later ones do.",
+    minimum=0,
+    unit=" seconds",
+)
 
 # In the order their options are listed in `--help`.
 _ALL = (
@@ -311,6 +323,7 @@ _ALL = (
     AGING_S,
     SPECULATE,
     DRAFT_MODEL,
+    WARMUP_S,
     KV_CACHE_GB,
     BLOCK_SIZE,
     KV_CHUNK_MB,

@@ -89,7 +89,7 @@ def _row(model: dict[str, Any]) -> dict[str, Any]:
         "num_running": None,
         "num_waiting": None,
         "output_tps": None,
-        "reason": model["last_error"] if model["state"] == "failed" else None,
+        "reason": _reason(model),
         "replicas": model.get("replica_rows", []),
         "gpus": model.get("gpus", ""),
     }
@@ -110,6 +110,13 @@ def _row(model: dict[str, Any]) -> dict[str, Any]:
         output_tps=stats["output_tps_recent"],
     )
     return row
+
+
+def _reason(model: dict[str, Any]) -> str | None:
+    """Why a failed model failed; what a warming one builds (worker/warmup.py)."""
+    if model["state"] == "failed":
+        return str(model["last_error"])
+    return model.get("progress") or None if model["state"] == "warming" else None
 
 
 def _kv(row: dict[str, Any]) -> str:

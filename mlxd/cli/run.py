@@ -208,7 +208,10 @@ def _wait_loaded(client: AdminClient, name: str) -> None:
                 f"{name} is still {info['state']} after {LOAD_TIMEOUT_S:g} s"
             )
         if time.monotonic() - last_note >= PROGRESS_EVERY_S:
-            _progress(f"loading {name}: {info['state']} ({time.monotonic() - started:.0f} s)")
+            _progress(
+                f"loading {name}: {' '.join(filter(None, (info['state'], info.get('progress'))))}"
+                f" ({time.monotonic() - started:.0f} s)"
+            )
             last_note = time.monotonic()
         time.sleep(0.2)
         info = _model_info(client, name)

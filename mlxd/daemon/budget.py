@@ -45,7 +45,7 @@ def evictions(need: int, budget: int, residents: list[Resident]) -> list[str] | 
 
 def residents(workers: Iterable[WorkerProcess]) -> list[WorkerProcess]:
     """The workers that hold memory now: starting, ready or stopping."""
-    return [w for w in workers if w.state in ("starting", "ready", "stopping")]
+    return [w for w in workers if w.state in ("starting", "warming", "ready", "stopping")]
 
 
 def neighbours(worker: WorkerProcess, workers: Iterable[WorkerProcess]) -> list[WorkerProcess]:

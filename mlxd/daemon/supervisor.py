@@ -48,7 +48,7 @@ from mlxd.daemon.footprint import Footprint, footprint
 from mlxd.daemon.heartbeat import is_due, liveness
 from mlxd.daemon.restart_policy import backoff_s, crash_reason
 from mlxd.daemon.worker_command import worker_command
-from mlxd.daemon.worker_process import WorkerProcess
+from mlxd.daemon.worker_process import LOADING, WorkerProcess
 from mlxd.errors import (
     ConfigError,
     InvalidRequest,
@@ -62,7 +62,7 @@ from mlxd.gateway.backends.local.pool import ModelClient
 from mlxd.gateway.backends.local.replicas import Replica, ReplicaSet
 from mlxd.gateway.backends.local.workers import WorkerClient
 from mlxd.protocol.channel import control_endpoint
-from mlxd.protocol.messages import Shutdown
+from mlxd.protocol.messages import Ping, Pong, Shutdown
 
 log = logging.getLogger("mlxd.supervisor")
 
@@ -392,13 +392,14 @@ class Supervisor:
                 return
             with contextlib.suppress(WorkerUnavailable):
                 await worker.client.ping(timeout_s=1.0)
-                if worker.state != "starting":  # unloaded meanwhile
+                if worker.state not in LOADING:  # unloaded meanwhile
                     return
                 worker.start_failures = 0
                 worker.mark_ready()
                 log.info("worker for %s is ready", worker.spec.name)
                 return
-        if worker.state == "starting":
+            await _note_warming(worker)
+        if worker.state in LOADING:
             worker.last_error = "did not become ready in time"
             worker.kill()
 
@@ -486,11 +487,24 @@ def _replica(worker: WorkerProcess) -> Replica:
     )
 
 
+async def _note_warming(worker: WorkerProcess) -> None:
+    """A loaded worker that does not serve yet may be warming up (worker/warmup.py): its
+    control thread says so, and what it builds, while the engine thread is busy with it."""
+    ping = Ping(request_id=worker.heartbeat.next_id())
+    with contextlib.suppress(MlxdError):
+        # short: its control thread answers at once once bound, and the data ping waits next
+        pong = await worker.heartbeat.request(ping, timeout_s=0.25)
+        if isinstance(pong, Pong) and pong.warming and worker.state in LOADING:
+            if worker.state != "warming":
+                log.info("worker for %s is warming up", worker.spec.name)
+            worker.state, worker.progress = "warming", pong.warming
+
+
 def _summary(info: WorkerInfo, group: list[WorkerProcess], replica_set: ReplicaSet) -> WorkerInfo:
     """A replicated model as one row: ready while one replica is, in-flight and memory summed,
     and one ``ReplicaInfo`` per replica."""
     states = [w.state for w in group]
-    state = next((s for s in ("ready", "starting", "stopping") if s in states), info.state)
+    state = next((s for s in ("ready", *LOADING, "stopping") if s in states), info.state)
     replicas = [
         ReplicaInfo(
             index=w.replica,

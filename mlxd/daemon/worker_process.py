@@ -25,6 +25,8 @@ from mlxd.gateway.backends.local.workers import WorkerClient
 log = logging.getLogger("mlxd.supervisor")
 
 STOP_GRACE_S = 10.0
+# Spawned and not serving yet: loading its model, then warming up (worker/warmup.py).
+LOADING = ("starting", "warming")
 STARTUP_FAILURE = 3  # the worker's exit code when it cannot load (mlxd.worker.main)
 
 
@@ -41,7 +43,8 @@ class WorkerProcess:
     attached: bool = False  # runs elsewhere (--worker): pinged, never spawned or unloaded
     replica: int = 0  # which of its model's replicas (0 unless --replicas or several --worker)
     proc: subprocess.Popen[bytes] | None = None
-    state: str = "unloaded"  # unloaded | starting | ready | stopping | failed | stopped
+    state: str = "unloaded"  # unloaded | starting | warming | ready | stopping | failed | stopped
+    progress: str = ""  # while warming: what it builds (worker/warmup.py)
     started_at: float = 0.0
     last_used: float = 0.0
     # How long it may stay idle as its model's latest request asked (Ollama's keep_alive, in
@@ -79,6 +82,7 @@ class WorkerProcess:
             idle_s=now - self.last_used if idle else None,
             gpus=self.gpus,
             path="" if self.attached else self.spec.path,
+            progress=self.progress if self.state == "warming" else "",
         )
 
     def spawn(self, cmd: list[str], env: dict[str, str] | None = None) -> None:
@@ -94,7 +98,7 @@ class WorkerProcess:
 
     def mark_ready(self) -> None:
         """It answered: ready to serve, and its clocks start now."""
-        self.state, self.recovering = "ready", False
+        self.state, self.recovering, self.progress = "ready", False, ""
         self.started_at = self.last_pong = self.last_used = time.monotonic()
         self.ready.set()
 

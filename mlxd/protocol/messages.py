@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-PROTOCOL_VERSION = b"mlxd/6"  # mlxd/6: ChatPrompt.images (mlxd/5: thinking...)
+PROTOCOL_VERSION = b"mlxd/7"  # mlxd/7: Pong.warming, warmup_s (mlxd/6: ChatPrompt.images...)
 
 
 # Prompts: a tagged union, so the worker never guesses which field is set.
@@ -176,6 +176,8 @@ class Pong:
     # Why the engine is failing: its last steps all failed, none succeeded ("" while it works).
     # The supervisor marks such a model failed, as it does one that keeps crashing.
     failing: str = ""
+    # What a worker warming up at load builds now (worker/warmup.py); "" once it serves.
+    warming: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -410,6 +412,7 @@ class SchedulerSettings:
     aging_s: float
     speculate: str = "auto"  # "auto", "ngram", "draft" or "off"
     draft_model: str | None = None  # what drafts with "draft"
+    warmup_s: float | None = None  # the warm-up's bound at load (0: none; None: by device)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -69,6 +69,8 @@ class EmbedRequests:
         job = self.scheduler.find_embed(request_id, client)
         if job is not None:
             self.scheduler.drop_embed(job)  # its inputs not embedded yet are never computed
+            if self.embedder is not None:
+                self.embedder.forget(job)
 
     def run(self, chunks: list[EmbedChunk]) -> None:
         """One forward per chunk, so that a failure fails only its own request."""
@@ -84,6 +86,7 @@ class EmbedRequests:
                 log.exception("embedding failed for %s", job.request_id)
                 failed.add(job.request_id)
                 self.scheduler.drop_embed(job)
+                self.embedder.forget(job)
                 self.send_error(
                     job.client, job.request_id, InternalError(f"embedding failed: {exc}")
                 )

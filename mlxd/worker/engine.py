@@ -136,6 +136,7 @@ class Engine:
         self.num_failed_steps = 0
         self.oom_backoff = OomBackoff()  # raises max_num_seqs again after out-of-memory errors
         self.failing = ""  # why every recent step failed; read by ``pong`` on the control thread
+        self.warming = ""  # the warm-up stage running (worker/warmup.py); "" once it serves
         self._outbox: dict[bytes, list[Event]] = {}
         # When the engine thread last started a loop iteration; the control thread reads it.
         self._loop_at = time.monotonic()
@@ -295,6 +296,7 @@ class Engine:
             tool_parser=self.encoder.tool_parser,
             busy_s=round(busy_s, 3),
             failing=self.failing,
+            warming=self.warming,
         )
 
     # Internal helpers

@@ -31,6 +31,7 @@ from mlxd.worker.runners.base import ModelRunner
 from mlxd.worker.runners.output_head import last_position_only
 from mlxd.worker.runners.quantized import batch_as_rows
 from mlxd.worker.sampling.tokenizer import PromptEncoder
+from mlxd.worker.warmup import warm_up, warmup_budget
 
 if TYPE_CHECKING:
     from mlxd.worker.spec.speculator import Drafter
@@ -69,6 +70,8 @@ def serve(config: WorkerConfig) -> int:
         return _startup_failure(config, f"control socket: {exc}", auth)
     _prepare_to_serve(config, engine, channel)
     try:
+        if not isinstance(channel, worker_group.GroupChannel):  # a group's ranks step together
+            warm_up(engine, warmup_budget(config.scheduler.warmup_s, loaded.compute.device))
         engine.run()
         _save_caches(engine)
     finally:

@@ -139,3 +139,35 @@ def test_a_failing_embedding_forward_fails_only_its_request(harness_factory: Any
     assert bad.error is not None and bad.error.code == "internal_error" and bad.embeddings is None
     assert np.allclose(_vectors(h.results["good"]), _alone(harness_factory)[:6], atol=1e-5)
     assert h.results["s"].finished is not None
+
+
+def test_a_long_input_goes_a_piece_per_step_and_equals_it_embedded_whole(
+    harness_factory: Any,
+) -> None:
+    h = _decoding_stream(harness_factory)
+    long_text = "the long input " * 60  # about 180 tokens: six steps' budgets
+    h.embed("e", ["short one", long_text, "another short one"])
+    tokens_per_step: list[int] = []
+    while h.results["e"].embeddings is None and h.results["e"].error is None:
+        before = len(h.results["s"].token_ids)
+        h.step()
+        tokens_per_step.append(len(h.results["s"].token_ids) - before)
+        assert len(tokens_per_step) < 50, "the embeddings never finished"
+    assert len(tokens_per_step) >= 5 and tokens_per_step == [1] * len(tokens_per_step)
+    ids = h.engine.encoder.encode(TextPrompt(text=long_text))
+    embedder: Any = h.engine.embedder
+    whole = np.frombuffer(embedder.embed([ids])[0], "<f4")
+    assert np.allclose(_vectors(h.results["e"])[1], whole, atol=1e-5)
+    assert not embedder._partials  # nothing kept once the input is done
+
+
+def test_cancel_mid_way_through_a_long_input_forgets_it(harness_factory: Any) -> None:
+    from mlxd.protocol.messages import Cancel
+
+    h = _decoding_stream(harness_factory)
+    h.embed("e", ["the long input " * 60])
+    h.step(2)
+    embedder: Any = h.engine.embedder
+    assert embedder._partials
+    h.send(Cancel(request_id="e"))
+    assert not embedder._partials and not h.engine.scheduler.embedding

@@ -207,11 +207,28 @@ def test_embeddings_run_a_padded_budget_of_inputs_per_step_shortest_first(clock:
     assert not s.has_work()
 
 
-def test_an_input_longer_than_a_step_runs_alone(clock: Clock) -> None:
+def embed_pieces(s: Scheduler) -> list[tuple[int, int] | None]:
+    return [c.piece for c in s.schedule_prefill() if isinstance(c, EmbedChunk)]
+
+
+def test_an_input_longer_than_a_step_goes_a_prompt_chunk_at_a_time(clock: Clock) -> None:
     s = sched(clock, prefill_chunk=16)
-    s.add_embed(make_job("e", [3, 40]))
-    assert embed_spans(s) == [("e", 0, 1, 3)]  # 40 does not fit the 13 left: next step
-    assert embed_spans(s) == [("e", 1, 2, 40)]
+    job = make_job("e", [3, 40, 2])
+    s.add_embed(job)
+    assert embed_spans(s) == [("e", 0, 2, 6)]  # 2 and 3; 40 does not fit the 10 left whole
+    assert embed_pieces(s) == [(0, 16)]  # ... nor any step: a piece per step, as a prompt
+    assert embed_pieces(s) == [(16, 32)]
+    assert embed_spans(s) == [("e", 2, 3, 8)]  # its last piece ends the request
+    assert not s.has_work() and job.offset == 0
+
+
+def test_a_long_inputs_pieces_cost_what_a_prompts_chunks_do(clock: Clock) -> None:
+    s = Scheduler(SchedulerConfig(prefill_chunk=64), clock=clock, cost=PrefillCost(knee=64.0))
+    s.add(make_seq("stream", n_prompt=4))
+    assert run_prefill(s) == ["stream"]  # a stream decodes: chunks spend the budget as cost
+    s.add_embed(make_job("e", [300]))
+    pieces = [embed_pieces(s)[0] for _ in range(3)]
+    assert pieces == [(0, 64), (64, 96), (96, 121)]  # shorter deeper in, as a prompt's chunks
 
 
 def test_embeddings_and_prompts_share_the_budget_in_priority_order(clock: Clock) -> None:

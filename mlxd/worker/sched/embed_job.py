@@ -24,6 +24,7 @@ class EmbedJob:
     priority: int = PRIORITY_LEVELS["normal"]  # ``Embed`` carries none: queued as normal work
     arrival: float = 0.0
     num_scheduled: int = 0  # inputs of ``order`` handed to a step so far
+    offset: int = 0  # tokens of input ``order[num_scheduled]`` handed to steps (a long one's)
     order: list[int] = field(init=False)
     vectors: list[bytes] = field(init=False)
 

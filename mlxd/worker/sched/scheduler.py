@@ -8,7 +8,8 @@ recomputes its prompt and output so far.
 
 Embeddings requests share the prompts' token budget per step (``prefill_chunk``): they wait in
 the same priority order, and a large one runs a budget of inputs per step between decode steps
-instead of stalling every running stream for its whole length.
+instead of stalling every running stream for its whole length; an input longer than the budget
+runs in prompt-sized pieces over several steps.
 
 Pure Python on ints: no MLX here, so the policy is cheap to import and to unit-test.
 """
@@ -52,15 +53,23 @@ class PrefillChunk:
 
 @dataclass(frozen=True, slots=True)
 class EmbedChunk:
-    """Inputs ``job.order[start:end]`` of ``job`` are embedded in this step, in one batch."""
+    """Inputs ``job.order[start:end]`` of ``job`` are embedded in this step, in one batch; or,
+    with ``piece``, tokens ``[piece[0], piece[1])`` of the one input ``job.order[start]``, which
+    is longer than a step's budget and is embedded a prompt chunk at a time."""
 
     job: EmbedJob
     start: int
     end: int
+    piece: tuple[int, int] | None = None
 
     @property
     def is_last(self) -> bool:
-        return self.end >= self.job.num_inputs
+        return self.end >= self.job.num_inputs and self.ends_input
+
+    @property
+    def ends_input(self) -> bool:
+        """The chunk's inputs are whole after it (a piece: it is its input's last)."""
+        return self.piece is None or self.piece[1] >= self.job.length(self.start)
 
     @property
     def input_indices(self) -> list[int]:
@@ -69,6 +78,8 @@ class EmbedChunk:
     @property
     def num_tokens(self) -> int:
         """Padded tokens: every input of the batch costs the longest (the last, shortest first)."""
+        if self.piece is not None:
+            return self.piece[1] - self.piece[0]
         return self.job.length(self.end - 1) * (self.end - self.start)
 
 
@@ -135,8 +146,8 @@ class Scheduler:
         Sequences already prefilling continue first, so a long prompt finishes before new ones
         start. Then queued requests by effective priority: a waiting sequence is admitted while
         batch slots remain (and ``admit``: the runner has room for one more); an embeddings
-        request gets its next inputs, shortest first, as many as fit padded. Inputs are never
-        split, so one longer than a whole step's budget runs alone in a step of its own. While
+        request gets its next inputs, shortest first, as many as fit padded; an input longer than a
+        whole step's budget goes a prompt chunk at a time, as a prompt of its length would. While
         streams run, prompt chunks spend the budget as cost (``PrefillCost``): deep in a long
         prompt they are shorter, so the streams' next token waits no longer there.
         """
@@ -365,19 +376,33 @@ class Scheduler:
         return min(queued, key=lambda q: (self.effective_priority(q, now), q.arrival))
 
     def _embed_chunk(self, job: EmbedJob, budget: int) -> EmbedChunk | None:
-        """``job``'s next inputs whose padded batch fits ``budget``: None if not even one does,
-        unless the budget is a whole step's (an input longer than that runs alone)."""
+        """``job``'s next inputs whose padded batch fits ``budget`` (None if not even one does);
+        an input longer than a whole step's budget goes a piece at a time (``_embed_piece``)."""
         start = end = job.num_scheduled
+        if job.offset or job.length(start) > self.config.prefill_chunk:
+            return self._embed_piece(job, budget)
         while end < job.num_inputs and job.length(end) * (end + 1 - start) <= budget:
             end += 1
         if end == start:
-            if budget < self.config.prefill_chunk:
-                return None
-            end += 1
+            return None
         job.num_scheduled = end
-        chunk = EmbedChunk(job, start, end)
+        return self._scheduled(EmbedChunk(job, start, end))
+
+    def _embed_piece(self, job: EmbedJob, budget: int) -> EmbedChunk | None:
+        """The next piece of ``job``'s long input: as many tokens as a prompt chunk at that
+        position gets (its cost, while streams run), so a long input stalls the streams no
+        longer than a prompt of its length does (issue 41 point 6)."""
+        start, first, length = job.num_scheduled, job.offset, job.length(job.num_scheduled)
+        last = min(length, first + self._span(first, budget))
+        if last - first < min(MIN_CHUNK, length - first):
+            return None  # what the step has left buys too little: the next step
+        job.offset = 0 if last >= length else last
+        job.num_scheduled += last >= length
+        return self._scheduled(EmbedChunk(job, start, start + 1, (first, last)))
+
+    def _scheduled(self, chunk: EmbedChunk) -> EmbedChunk:
         if chunk.is_last:  # every input is scheduled: the engine answers after this step
-            self.drop_embed(job)
+            self.drop_embed(chunk.job)
         return chunk
 
     def _num_slots_used(self) -> int:
@@ -385,17 +410,25 @@ class Scheduler:
 
     def _chunk(self, seq: Sequence, budget: int) -> PrefillChunk:
         start = seq.num_prefilled
-        budget = min(budget, self.config.prefill_chunk)  # a row's share (``prefill_rows``)
-        if self.running:  # streams wait on this step: a chunk within the budget's cost
-            floor = min(budget, max(MIN_CHUNK, self.config.prefill_chunk // MAX_SHRINK))
-            budget = max(floor, self.cost.tokens_within(budget, start))
-        end = min(seq.num_prefill_tokens, start + budget)
+        end = min(seq.num_prefill_tokens, start + self._span(start, budget))
         if self.kv is not None:  # a windowed model's slabs may cover less
             end = self.kv.window_room(seq, end)
         return PrefillChunk(seq, start, max(start, end))
 
+    def _span(self, start: int, budget: int) -> int:
+        """Tokens from position ``start`` that a prompt chunk gets of ``budget``."""
+        budget = min(budget, self.config.prefill_chunk)  # a row's share (``prefill_rows``)
+        if self.running:  # streams wait on this step: a chunk within the budget's cost
+            floor = min(budget, max(MIN_CHUNK, self.config.prefill_chunk // MAX_SHRINK))
+            budget = max(floor, self.cost.tokens_within(budget, start))
+        return budget
+
     def _spent(self, chunk: PrefillChunk | EmbedChunk) -> int:
-        if isinstance(chunk, EmbedChunk) or not self.running:
+        if isinstance(chunk, EmbedChunk):
+            if chunk.piece is None or not self.running:
+                return chunk.num_tokens
+            return math.ceil(self.cost.of(chunk.piece[0], chunk.num_tokens))
+        if not self.running:
             return chunk.num_tokens
         return math.ceil(self.cost.of(chunk.start, chunk.num_tokens))
 

@@ -29,7 +29,8 @@ DEFAULT_TIMEOUT_S = 5.0
 class WorkerInfo:
     """How a ``WorkerPool`` sees one worker process (``GET /admin/status``).
 
-    ``state`` is the supervisor's: "unloaded", "starting", "ready", "stopping", "failed" or
+    ``state`` is the supervisor's: "unloaded", "starting", "warming" (loaded, building the
+    first requests' kernels: ``progress`` says which), "ready", "stopping", "failed" or
     "stopped". ``memory_bytes`` is what it reserves against ``--max-memory`` (weights + KV +
     headroom); ``idle_s`` is None while it serves or is not loaded.
     """
@@ -50,6 +51,7 @@ class WorkerInfo:
     idle_s: float | None = None
     gpus: str = ""  # the CUDA GPUs it was placed on (mlxd.gpus; "" where there is no choice)
     path: str = ""  # what it loads (a directory, repo id, GGUF file; "" for attached workers)
+    progress: str = ""  # while warming: the warm-up stage (worker/warmup.py)
     # One entry per replica when several workers serve the model (--replicas, several
     # --worker NAME=...): the fields above then sum or summarise them.
     replica_rows: list[ReplicaInfo] = field(default_factory=list)

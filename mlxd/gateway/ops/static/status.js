@@ -159,7 +159,8 @@ function renderModel(model) {
     `${model.backend} · ${model.replicas} worker${model.replicas > 1 ? "s" : ""}`,
     compute ? `${compute.device} ${compute.dtype}${compute.blas ? ` · ${basename(compute.blas)}` : ""}` : "",
   ].filter(Boolean).join(" · ");
-  card.querySelector(".reason").textContent = model.state === "failed" ? model.last_error : "";
+  card.querySelector(".reason").textContent =
+    model.state === "failed" ? model.last_error : model.state === "warming" ? model.progress : "";
   figures(card.querySelector(".figures"), modelFigures(model));
   const points = series.get(model.name) || { tps: [], ttft: [] };
   series.set(model.name, points);

@@ -1,0 +1,154 @@
+"""Warm-up at load: the kernels the first requests need, built on throwaway requests before the
+worker says it serves (issue 41 point 4).
+
+A fresh worker's first long prompt paid for every kernel, attention plan and buffer it was the
+first to need (on an H100 a 4.5k-token prompt took 1,202 ms after a start, 288 ms once built).
+Before serving, the engine therefore runs, on its own paths and in order of what the first
+requests need: a prompt of two prefill chunks (a chunk alone and one over cached keys) with the
+sampler, then decode steps at 1, 2, 4, ... rows up to ``max_num_seqs`` (at most
+``MAX_WARM_ROWS``), every other row sampling with temperature and top-p, the rest greedily. It
+stops at the first stage that would start after ``--warmup-s`` seconds (0: no warm-up; by
+default 20 s on a GPU and none on the CPU: ``warmup_budget``). The requests go to no client;
+afterwards the prefix cache holds nothing of them, their blocks are free and the worker's
+counters start from zero. Meanwhile pings say ``warming`` with the stage
+(``Pong.warming``), the supervisor shows the worker as ``warming`` and the gateway holds its
+requests until it is ready; a request that reaches the worker's socket early waits there.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from mlxd.protocol.messages import Generate, Message, SamplingParams, TokenPrompt
+from mlxd.worker.sched.scheduler import CacheCounters
+from mlxd.worker.spec.speculator import Speculator
+from mlxd.worker.stats import Stats
+
+if TYPE_CHECKING:
+    from mlxd.worker.engine import Engine
+
+log = logging.getLogger("mlxd.worker")
+
+GPU_WARMUP_S = 20.0  # the default bound on a GPU
+MAX_WARM_ROWS = 64  # decode's batch sizes warmed: powers of two up to this
+PROMPT_CHUNKS = 2  # the warm prompt's chunks: one alone, one over cached keys
+DECODE_TOKENS = 3  # each decode stage's tokens per row: a step that builds, one that reuses
+WARMUP_CLIENT = b"\x00warmup"  # no gateway connection has this identity
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """One warm-up stage: its prompts run together to ``max_tokens`` each."""
+
+    name: str
+    prompts: list[list[int]]
+    max_tokens: int
+
+
+def warmup_budget(setting: float | None, device: str) -> float:
+    """``--warmup-s``, or by default ``GPU_WARMUP_S`` on a GPU and none on the CPU: there MLX
+    builds nothing per shape, and the first long prompt measured what later ones cost (1.05x
+    without warm-up, docs/PERFORMANCE.md), so a warm-up would only delay the start."""
+    if setting is not None:
+        return setting
+    return GPU_WARMUP_S if device == "gpu" else 0.0
+
+
+def stages(engine: Engine) -> list[Stage]:
+    """What a first request needs first: a long prompt's chunks, then decode by batch size."""
+    config, vocab = engine.scheduler.config, engine.encoder.vocab_size
+    room = max(2, min(engine.max_context - DECODE_TOKENS, _pool_tokens(engine) // 2))
+    length = min(PROMPT_CHUNKS * config.prefill_chunk, room)
+    out = [Stage(f"a {length}-token prompt", [_ids(length, 0, vocab)], 2)]
+    rows = 1
+    while rows <= min(config.max_num_seqs, MAX_WARM_ROWS):
+        prompts = [_ids(8, seed, vocab) for seed in range(1, rows + 1)]
+        out.append(Stage(f"decode at {rows} rows", prompts, DECODE_TOKENS))
+        rows *= 2
+    return out
+
+
+def warm_up(engine: Engine, budget_s: float, clock: Callable[[], float] = time.monotonic) -> int:
+    """Run the warm-up ``stages`` on ``engine`` until done or ``budget_s`` has passed; returns
+    how many stages ran. The engine is left as it was before (caches, counters, stats)."""
+    if budget_s <= 0:
+        return 0
+    plan = stages(engine)
+    started, done = clock(), 0
+    channel, engine.channel = engine.channel, _Sink()  # type: ignore[assignment]
+    try:
+        for stage in plan:
+            if clock() - started >= budget_s or engine.should_exit:
+                break
+            engine.warming = f"{stage.name} ({done + 1}/{len(plan)})"
+            _run(engine, stage)
+            done += 1
+    except Exception:  # noqa: BLE001 - a warm-up that fails costs its speed-up, not the worker
+        log.exception("warm-up failed at stage %d; serving without the rest", done + 1)
+    finally:
+        engine.channel = channel
+        _forget(engine)
+        engine.warming = ""
+    log.info("warmed up %d of %d stages in %.1f s", done, len(plan), clock() - started)
+    return done
+
+
+def _run(engine: Engine, stage: Stage) -> None:
+    for i, prompt in enumerate(stage.prompts):
+        sampling = SamplingParams(
+            max_tokens=stage.max_tokens,
+            ignore_eos=True,
+            speculate=False,  # the speculator learns nothing from throwaway text
+            temperature=0.7 if i % 2 else 0.0,  # both samplers: greedy, and temperature + top-p
+            top_p=0.9 if i % 2 else 1.0,
+            seed=i,
+        )
+        request = Generate(
+            request_id=f"warmup-{i}", prompt=TokenPrompt(token_ids=prompt), sampling=sampling
+        )
+        engine.dispatch(WARMUP_CLIENT, request)
+    while engine.scheduler.has_work() and not engine.should_exit:
+        engine.step()
+
+
+def _forget(engine: Engine) -> None:
+    """Nothing of the warm-up stays: its requests (if stopped early), cached blocks, counts."""
+    scheduler = engine.scheduler
+    for queue in (scheduler.waiting, scheduler.prefilling, scheduler.running):
+        for seq in list(queue):
+            scheduler.finish(seq, "error")  # "error": its blocks are not cached
+            engine.runner.remove({seq})
+    scheduler.flush_prefix_cache()
+    engine.runner.flush_prefix_cache()
+    scheduler.counters = CacheCounters()
+    old = engine.speculator  # its batch controller timed throwaway steps: a fresh one
+    engine.speculator = Speculator(old.mode, drafter=old.drafter)
+    engine.stats = Stats(engine.clock)
+    engine.stats.speculator = engine.speculator
+
+
+def _ids(n: int, seed: int, vocab: int) -> list[int]:
+    """``n`` ordinary token ids (past the usual specials where the vocabulary has room),
+    different for each ``seed``."""
+    first = min(100, vocab // 2)
+    return [first + (seed * 7919 + j * 31) % (vocab - first) for j in range(n)]
+
+
+def _pool_tokens(engine: Engine) -> int:
+    """Tokens the KV pool has free (a model on its own caches: no pool, no bound here)."""
+    pool = engine.scheduler.pool
+    return engine.max_context * 2 if pool is None else pool.num_free * pool.block_size
+
+
+class _Sink:
+    """The engine's channel while it warms up: what it sends goes to no one."""
+
+    def send(self, client: bytes, msg: Message) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(f"the warm-up channel has no {name}")
