@@ -15,7 +15,7 @@ import os
 import secrets
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +97,7 @@ def make_model(
         overwrite=overwrite,
         progress=progress,
     )
-    (progress or _print_stderr)(f"made {arch}/{size} model in {out_dir}")
+    (progress or print_stderr)(f"made {arch}/{size} model in {out_dir}")
     return Path(out_dir)
 
 
@@ -125,14 +125,9 @@ def write_model(
     Returns:
         ``out_dir``.
     """
-    report = progress or _print_stderr
+    report = progress or print_stderr
     out_dir = Path(out_dir)
-    if out_dir.exists() and not overwrite:
-        raise ConfigError(f"{out_dir} already exists (use --force to overwrite)")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp_dir = _sibling(out_dir, "tmp")
-    tmp_dir.mkdir()
-    try:
+    with staged_dir(out_dir, overwrite) as tmp_dir:
         std = init_std or _init_std(config)
         _build(
             tmp_dir,
@@ -143,10 +138,27 @@ def write_model(
             std=std,
             report=report,
         )
+    return out_dir
+
+
+@contextlib.contextmanager
+def staged_dir(out_dir: Path, overwrite: bool) -> Iterator[Path]:
+    """A hidden directory beside ``out_dir`` to write a model into; it becomes ``out_dir`` (by
+    rename) when the block ends without an error, and is removed either way.
+
+    Raises:
+        ConfigError: ``out_dir`` exists and ``overwrite`` is false.
+    """
+    if out_dir.exists() and not overwrite:
+        raise ConfigError(f"{out_dir} already exists (use --force to overwrite)")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp_dir = _sibling(out_dir, "tmp")
+    tmp_dir.mkdir()
+    try:
+        yield tmp_dir
         _install(tmp_dir, out_dir)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
-    return out_dir
 
 
 def ensure_default_model(data_dir: Path, progress: Progress | None = None) -> Path:
@@ -203,7 +215,7 @@ def _build(
     model = _build_model(config)
     num_params = sum(p.size for _, p in tree_flatten(model.parameters()))
     report(f"initialising {num_params / 1e6:.1f}M random {dtype} weights (seed {seed})")
-    _init_weights(model, seed, DTYPES[dtype], std)
+    init_weights(model, seed, DTYPES[dtype], std)
     if quantize_bits is not None:
         report(f"quantizing to {quantize_bits} bits")
         config = _quantize(model, config, quantize_bits)
@@ -232,8 +244,9 @@ def _init_std(config: dict[str, Any]) -> float:
     return max(MIN_INIT_STD, float(config["hidden_size"]) ** -0.5)
 
 
-def _init_weights(model: nn.Module, seed: int, dtype: mx.Dtype, std: float) -> None:
-    # One key per parameter, in name order: the weights depend on the seed alone.
+def init_weights(model: nn.Module, seed: int, dtype: mx.Dtype, std: float) -> None:
+    """Seeded random weights for ``model`` (norm weights 1, biases 0): one key per parameter, in
+    name order, so the weights depend on the seed alone."""
     norm_weights = {
         f"{path}.weight"
         for path, module in model.named_modules()
@@ -289,5 +302,6 @@ def _is_complete(model_dir: Path) -> bool:
     return (model_dir / "config.json").is_file()
 
 
-def _print_stderr(line: str) -> None:
+def print_stderr(line: str) -> None:
+    """The default progress report: a line on stderr."""
     print(line, file=sys.stderr, flush=True)

@@ -10,12 +10,11 @@ family's image token in place of a reserved one) and the processor's own files
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 from mlxd.errors import ConfigError
-from mlxd.models.maker import Progress, _init_weights, _install, _print_stderr, _sibling
+from mlxd.models.maker import Progress, init_weights, print_stderr, staged_dir
 from mlxd.models.presets import TINY_SHAPE
 from mlxd.models.tokenizer_maker import (
     CHAT_TEMPLATE,
@@ -64,18 +63,9 @@ def make_vlm(
     if arch not in VLM_ARCHS:
         raise ConfigError(f"unknown vision family {arch!r}; valid: {', '.join(VLM_ARCHS)}")
     _require_mlx_vlm()
-    report = progress or _print_stderr
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not overwrite:
-        raise ConfigError(f"{out_dir} already exists (use --force to overwrite)")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp_dir = _sibling(out_dir, "tmp")
-    tmp_dir.mkdir()
-    try:
+    report = progress or print_stderr
+    with staged_dir(Path(out_dir), overwrite) as tmp_dir:
         _build_llava(tmp_dir, seed, report)
-        _install(tmp_dir, out_dir)
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
     report(f"made {arch} vision model in {out_dir}")
     return out_dir
 
@@ -144,7 +134,7 @@ def _build_llava(out_dir: Path, seed: int, report: Progress) -> None:
     model = llava.Model(_model_config(llava, config))
     num_params = sum(p.size for _, p in tree_flatten(model.parameters()))
     report(f"initialising {num_params / 1e6:.2f}M random float32 weights (seed {seed})")
-    _init_weights(model, seed, mx.float32, max(0.02, config["text_config"]["hidden_size"] ** -0.5))
+    init_weights(model, seed, mx.float32, max(0.02, config["text_config"]["hidden_size"] ** -0.5))
     save_model(out_dir, model, donate_model=True)
     _write_json(out_dir / "config.json", config)
     _write_json(out_dir / "preprocessor_config.json", _clip_preprocessor())
