@@ -13,6 +13,9 @@ from mlxd.knobs import PRIORITIES
 from mlxd.protocol.messages import SamplingParams
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+MAX_STOP = 16  # stop strings per request, on every API
+MAX_INT = 2**31 - 1  # the largest count or token id a request may send
+MAX_SEED = 2**63 - 1  # seeds are signed 64-bit
 
 
 class Bounds(NamedTuple):

@@ -21,8 +21,9 @@ from typing import Any
 from mlxd.errors import InvalidRequest
 from mlxd.gateway.request import ParsedRequest
 from mlxd.gateway.surfaces.anthropic import thinking
-from mlxd.gateway.surfaces.openai.schemas import MAX_STOP, parse_chat
+from mlxd.gateway.surfaces.openai.schemas import parse_chat
 from mlxd.protocol.messages import ChatPrompt
+from mlxd.protocol.validate import MAX_STOP
 
 _FIELDS = frozenset(
     {

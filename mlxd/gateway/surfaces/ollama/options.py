@@ -18,16 +18,13 @@ from typing import Any
 
 from mlxd.errors import InvalidRequest
 from mlxd.protocol.messages import SamplingParams
-from mlxd.protocol.validate import SAMPLING_BOUNDS
+from mlxd.protocol.validate import MAX_INT, MAX_SEED, MAX_STOP, SAMPLING_BOUNDS
 
 DEFAULT_TEMPERATURE = 0.8
 DEFAULT_TOP_K = 40
 DEFAULT_TOP_P = 0.9
-MAX_STOP = 16
 # The options whose default is Ollama's, not the neutral one (also the SamplingParams fields).
 SURFACE_DEFAULTS = ("temperature", "top_p", "top_k")
-_MAX_INT = 2**31 - 1
-_MAX_SEED = 2**63 - 1
 
 # Options mlxd maps (below) and the ones it accepts and ignores (Ollama's runner options).
 MAPPED = frozenset(
@@ -121,7 +118,7 @@ def _int(options: dict[str, Any], key: str, default: int, minimum: int) -> int:
         return default
     if isinstance(value, float) and value.is_integer():
         value = int(value)  # JSON numbers from JavaScript clients: 40.0
-    if type(value) is not int or not minimum <= value <= _MAX_INT:
+    if type(value) is not int or not minimum <= value <= MAX_INT:
         raise InvalidRequest(f"'options.{key}' must be an integer >= {minimum}", param=key)
     return value
 
@@ -143,7 +140,7 @@ def _seed(options: dict[str, Any]) -> int | None:
     value = options.get("seed")
     if value is None:
         return None
-    if type(value) is not int or not -_MAX_SEED - 1 <= value <= _MAX_SEED:
+    if type(value) is not int or not -MAX_SEED - 1 <= value <= MAX_SEED:
         raise InvalidRequest("'options.seed' must be an integer that fits in 64 bits", param="seed")
     return value
 

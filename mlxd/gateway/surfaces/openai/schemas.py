@@ -24,13 +24,10 @@ from mlxd.protocol.messages import (
     TextPrompt,
     TokenPrompt,
 )
-from mlxd.protocol.validate import MAX_TOP_LOGPROBS, SAMPLING_BOUNDS
+from mlxd.protocol.validate import MAX_INT, MAX_SEED, MAX_STOP, MAX_TOP_LOGPROBS, SAMPLING_BOUNDS
 
-MAX_STOP = 16
 MAX_N = 16  # choices per request: each is a sequence in the worker's batch
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # as OpenAI's /v1/completions
-_MAX_INT = 2**31 - 1
-_MAX_SEED = 2**63 - 1
 
 _SAMPLING_FIELDS = frozenset(
     {
@@ -454,7 +451,7 @@ def _int(obj: dict[str, Any], key: str, default: int, minimum: int) -> int:
     value = _typed(obj, key, int, "an integer", key)
     if value is None:
         return default
-    if not minimum <= value <= _MAX_INT:
+    if not minimum <= value <= MAX_INT:
         raise InvalidRequest(f"'{key}' must be an integer >= {minimum}", param=key)
     return int(value)
 
@@ -487,7 +484,7 @@ def _float(
 
 def _seed(obj: dict[str, Any]) -> int | None:
     value = _typed(obj, "seed", int, "an integer")
-    if value is not None and not -_MAX_SEED - 1 <= value <= _MAX_SEED:
+    if value is not None and not -MAX_SEED - 1 <= value <= MAX_SEED:
         raise InvalidRequest("'seed' must fit in 64 bits", param="seed")
     return value  # type: ignore[no-any-return]
 
@@ -505,7 +502,7 @@ def _token_ids(value: Any, param: str, allow_empty: bool = False) -> list[int]:
     if value is None and allow_empty:
         return []
     ok = isinstance(value, list) and (allow_empty or value)
-    if not ok or not all(type(v) is int and 0 <= v <= _MAX_INT for v in value):
+    if not ok or not all(type(v) is int and 0 <= v <= MAX_INT for v in value):
         what = "a list of token ids" if allow_empty else "a string or a non-empty list of token ids"
         raise InvalidRequest(f"'{param}' must be {what}", param=param)
     return list(value)
@@ -518,7 +515,7 @@ def _logit_bias(value: Any) -> dict[int, float]:
         raise InvalidRequest("'logit_bias' must be an object", param="logit_bias")
     out: dict[int, float] = {}
     for key in value:
-        if not (key.isascii() and key.isdigit() and int(key) <= _MAX_INT):
+        if not (key.isascii() and key.isdigit() and int(key) <= MAX_INT):
             raise InvalidRequest(f"'logit_bias' key {key!r} is not a token id", param="logit_bias")
         out[int(key)] = _float(value, key, 0.0, -100.0, 100.0, param="logit_bias")
     return out
