@@ -72,6 +72,16 @@ class Terminal:
             time.sleep(0.1)
         raise AssertionError(f"{needle!r} (x{count}) not on the screen:\n{self.text()}")
 
+    def wait_for_answer(self, after: str, timeout: float = 60) -> None:
+        """Wait until text is printed below the last line that holds `after`."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            below = self.text().rpartition(after)[2].partition("\n")[2]
+            if below.strip():
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"no answer after {after!r}:\n{self.text()}")
+
     def close(self) -> None:
         self._tmux("kill-server")
 
@@ -161,8 +171,10 @@ def test_ctrl_c_stops_the_answer_not_the_session(served: Daemon, terminal: list[
     terminal.append(t)
     t.wait_for(">>>")
     for turn in (1, 2):  # the session goes on after a stopped answer
-        t.send(f"Tell me a long story {turn}", "Enter")
-        time.sleep(1.0)  # a second of streaming
+        asked = f"Tell me a long story {turn}"
+        t.send(asked, "Enter")
+        t.wait_for_answer(after=asked)  # streaming has begun (a loaded CI can take seconds)
+        time.sleep(0.5)
         t.send("C-c")
         t.wait_for("(stopped)", count=turn)
         t.wait_for(">>>", count=turn + 1)
