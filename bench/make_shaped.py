@@ -4,8 +4,10 @@
 
 NAME: ``qwen3_5-0.8b`` (Qwen3.5-0.8B's dimensions: 24 layers, three Gated DeltaNet layers to
 one gated full-attention layer; the linear-attention head counts are our assumption) or
-``gemma3-1b`` (Gemma-3-1B's: 26 layers, five 512-token sliding-window layers to one global).
-``--layers`` shrinks the depth (a CPU check of the same shape).
+``gemma3-1b`` (Gemma-3-1B's: 26 layers, five 512-token sliding-window layers to one global),
+``qwen3_moe-30b-a3b`` (Qwen3-30B-A3B's: 48 layers of 128 experts, 8 active) or ``qwen3-32b``
+(Qwen3-32B's: 64 layers, hidden 5120). ``--layers`` shrinks the depth (a CPU check of the same
+shape); ``--quantize 4`` draws 4-bit codes directly (the 30B/32B shapes need no bf16 copy).
 """
 
 from __future__ import annotations
@@ -61,6 +63,40 @@ SHAPES: dict[str, dict[str, Any]] = {
         "rope_local_base_freq": 10000.0,
         "hidden_activation": "gelu_pytorch_tanh",
     },
+    "qwen3_moe-30b-a3b": {
+        "model_type": "qwen3_moe",
+        "hidden_size": 2048,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "intermediate_size": 6144,
+        "moe_intermediate_size": 768,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "norm_topk_prob": True,
+        "vocab_size": 151936,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 40960,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": False,
+    },
+    "qwen3-32b": {
+        "model_type": "qwen3",
+        "hidden_size": 5120,
+        "num_hidden_layers": 64,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 25600,
+        "vocab_size": 151936,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 40960,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": False,
+    },
 }
 
 
@@ -70,12 +106,20 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--layers", type=int, default=None)
+    parser.add_argument("--quantize", type=int, choices=(4, 8), default=None)
     args = parser.parse_args()
     config = copy.deepcopy(SHAPES[args.name])
     if args.layers:
         config["num_hidden_layers"] = args.layers
     config.update(eos_token_id=EOS_TOKEN_ID, pad_token_id=PAD_TOKEN_ID)
-    write_model(args.out, config, dtype=args.dtype, overwrite=True, progress=print)
+    write_model(
+        args.out,
+        config,
+        dtype=args.dtype,
+        quantize_bits=args.quantize,
+        overwrite=True,
+        progress=print,
+    )
 
 
 if __name__ == "__main__":

@@ -6,7 +6,10 @@
 # compared with one GPU's; then the multi-turn prefix hit rate of 1 vs 2 replicas (cache-aware,
 # round robin; bench/bench_replicas.sh). Prints a summary; JSON under $OUT.
 # Run after `bash .gpuB/install.sh b`. Usage:
-#   [MULTI_TURN=1] [LEGS="one two tp"; "greedy": only the greedy comparison] [SIZES="qwen3-0.6b llama-3.2-3b"] [DTYPE=bfloat16] bash bench/gpu/gpu_scaleout2.sh
+#   [MULTI_TURN=1] [LEGS="one two tp"; "greedy": only the greedy comparison; "kill": 2 replicas at
+#   64 streams, replica 1's worker SIGKILLed 15 s in (failover scenario), then the time until it
+#   is ready again] [SIZES="qwen3-0.6b llama-3.2-3b"; "qwen3-32b": its shape in 4 bits, made by
+#   bench/make_shaped.py] [DTYPE=bfloat16] bash bench/gpu/gpu_scaleout2.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source /root/mlx-env.sh
@@ -19,7 +22,8 @@ ls /proc/driver/nvidia/gpus | tee -a "$OUT/gpu.txt"
 PORT=8126
 # 40 GB: decode's read view (a fifth) then grows to 128 rows x 520 columns of a 112 KiB-a-token
 # shape; at 16 GB it held 170 columns and 128 streams ran on the slower gathered path (run Z).
-COMMON="--kv-cache-gb ${KV_GB:-40} --max-num-seqs 128 --max-queued 1024 --log-level warning"
+# --warmup-s 0: each level of `mlxd bench run` warms itself; a start's warm-up would only cost time.
+COMMON="--kv-cache-gb ${KV_GB:-40} --max-num-seqs 128 --max-queued 1024 --log-level warning --warmup-s 0"
 up() {  # NAME MODEL, then `mlxd start` options; leaves $daemon running
   local name="$1" model="$2"; shift 2
   # shellcheck disable=SC2086  # COMMON is a list of options
@@ -53,14 +57,36 @@ for i in range(8):
 json.dump(texts, open(out, "w"))
 PY
 }
+make() {  # SIZE MODEL: a real shape, random weights
+  case $1 in
+    qwen3-32b) python3 bench/make_shaped.py "$1" "$2" --dtype "$DTYPE" --quantize 4 > /dev/null ;;
+    *) python3 -m mlxd make-model --arch "${1%%-*}" --size "$1" --dtype "$DTYPE" --out "$2" > /dev/null ;;
+  esac
+}
+replicas() {  # NAME PYTHON-EXPRESSION over `rows` (the replicas of `mlxd ps --json`)
+  MLXD_HOME="/root/home-$1" python3 -m mlxd ps --url "http://127.0.0.1:$PORT" --json \
+    | python3 -c "import json, sys; rows = json.load(sys.stdin)['models'][0]['replicas']; $2"
+}
+kill_leg() {  # NAME: SIGKILL replica 1 under 64 streams; then how long until it serves again
+  python3 -m mlxd bench run --url "http://127.0.0.1:$PORT" --model bench --scenario failover \
+    --kill-pid "$(replicas "$1" "print(rows[1]['pid'])")" --kill-after 15 --duration 40 --concurrency 64 \
+    --json "$OUT/kill-$1.json" > "$OUT/kill-$1.txt" 2>&1 || echo "$1 kill leg failed" | tee -a "$OUT/failures.txt"
+  local t0=$SECONDS
+  until replicas "$1" "sys.exit(0 if all(r['state'] == 'ready' for r in rows) else 1)"; do
+    [ $((SECONDS - t0)) -gt 120 ] && { echo "$1: replica not back in 120 s" | tee -a "$OUT/failures.txt"; break; }
+    sleep 0.5
+  done
+  echo "$1: both replicas ready $((SECONDS - t0)) s after the leg" | tee -a "$OUT/kill-$1.txt"
+  bench "$1-after" 64
+}
 for SIZE in ${SIZES:-qwen3-0.6b llama-3.2-3b}; do
   MODEL="/root/models/$SIZE-$DTYPE"
-  [ -d "$MODEL" ] || python3 -m mlxd make-model --arch "${SIZE%%-*}" --size "$SIZE" --dtype "$DTYPE" \
-    --out "$MODEL" > /dev/null
+  [ -d "$MODEL" ] || make "$SIZE" "$MODEL"
   for leg in ${LEGS:-one two tp}; do
     case $leg in
       one) up "$SIZE-one" "$MODEL"; greedy "$SIZE-one"; bench "$SIZE-one" 1,64,128; down ;;
       two) up "$SIZE-two" "$MODEL" --replicas 2; bench "$SIZE-two" 64,128; down ;;
+      kill) up "$SIZE-kill" "$MODEL" --replicas 2; kill_leg "$SIZE-kill"; down ;;
       tp) up "$SIZE-tp" "$MODEL" --group-size 2 --distributed nccl; greedy "$SIZE-tp"
           bench "$SIZE-tp" 1,64; down ;;
       greedy) up "$SIZE-one" "$MODEL"; greedy "$SIZE-one"; down
@@ -91,5 +117,5 @@ for size in os.environ.get("SIZES", "qwen3-0.6b llama-3.2-3b").split():
         if a != b:
             print("  one:", repr(a[:80]), "\n  tp: ", repr(b[:80]))
 PY
-tail -n 12 "$OUT"/replicas-*.txt 2>/dev/null || true
+tail -n 12 "$OUT"/replicas-*.txt "$OUT"/kill-*.txt 2>/dev/null || true
 cat "$OUT/placement.txt" "$OUT/failures.txt" 2>/dev/null || true

@@ -90,6 +90,7 @@ def new_engine(
     pool cannot hold get the runner a worker gives them (``build.build_runner``)."""
     from mlxd.config import CacheConfig, WorkerConfig
     from mlxd.worker.build import PoolSize, build_engine, build_runner
+    from mlxd.worker.main import model_vocab_size
     from mlxd.worker.sampling.tokenizer import PromptEncoder
 
     cache = CacheConfig(
@@ -101,7 +102,7 @@ def new_engine(
     size = None  # with kv_cache_gb: sized from that budget, as a served worker is
     if kv_cache_gb is None:  # a pool for max_num_seqs full contexts, and some to spare
         size = PoolSize(sched.max_num_seqs * -(-max_context // block_size) + 64, max_view_tokens)
-    encoder = PromptEncoder(tokenizer, vocab_size=model.args.vocab_size)
+    encoder = PromptEncoder(tokenizer, vocab_size=model_vocab_size(model, tokenizer))
     eos = encoder.eos_token_ids
     runner, pool, max_context = build_runner(model, eos, config, max_context, size)
     return build_engine(

@@ -214,11 +214,13 @@ def _build(
     config["torch_dtype"] = dtype
     model = _build_model(config)
     num_params = sum(p.size for _, p in tree_flatten(model.parameters()))
-    report(f"initialising {num_params / 1e6:.1f}M random {dtype} weights (seed {seed})")
-    init_weights(model, seed, DTYPES[dtype], std)
     if quantize_bits is not None:
-        report(f"quantizing to {quantize_bits} bits")
+        # Quantized before any weight exists: random codes are drawn directly, so a model
+        # never needs its full-precision size in memory (a 32B shape in 4 bits fits an 80 GB GPU).
         config = _quantize(model, config, quantize_bits)
+    bits = f"{quantize_bits}-bit" if quantize_bits else dtype
+    report(f"initialising {num_params / 1e6:.1f}M random {bits} weights (seed {seed})")
+    init_weights(model, seed, DTYPES[dtype], std, quantize_bits)
     report("saving weights")
     save_model(out_dir, model, donate_model=True)
     save_config(config, out_dir / "config.json")
@@ -244,9 +246,12 @@ def _init_std(config: dict[str, Any]) -> float:
     return max(MIN_INIT_STD, float(config["hidden_size"]) ** -0.5)
 
 
-def init_weights(model: nn.Module, seed: int, dtype: mx.Dtype, std: float) -> None:
+def init_weights(
+    model: nn.Module, seed: int, dtype: mx.Dtype, std: float, bits: int | None = None
+) -> None:
     """Seeded random weights for ``model`` (norm weights 1, biases 0): one key per parameter, in
-    name order, so the weights depend on the seed alone."""
+    name order, so the weights depend on the seed alone. A model quantized to ``bits`` gets
+    uniform random codes whose dequantized values have mean 0 and deviation ``std``."""
     norm_weights = {
         f"{path}.weight"
         for path, module in model.named_modules()
@@ -260,11 +265,29 @@ def init_weights(model: nn.Module, seed: int, dtype: mx.Dtype, std: float) -> No
             value = mx.ones(param.shape, dtype=dtype)
         elif name.endswith(".bias"):
             value = mx.zeros(param.shape, dtype=dtype)
+        elif bits and param.dtype == mx.uint32:  # packed codes
+            value = _random_words(param.shape, keys[i])
+        elif bits and name.endswith((".scales", ".biases")):
+            value = _code_affine(name, param.shape, std, bits, dtype)
         else:
             value = (std * mx.random.normal(param.shape, key=keys[i])).astype(dtype)
         mx.eval(value)  # one tensor at a time keeps peak memory near the model's size
         weights.append((name, value))
     model.update(tree_unflatten(weights))
+
+
+def _random_words(shape: list[int], key: mx.array) -> mx.array:
+    """Uniform random uint32 words (two 16-bit halves: randint's bounds are 32-bit signed)."""
+    hi, lo = (mx.random.randint(0, 1 << 16, shape, mx.uint32, key=k) for k in mx.random.split(key))
+    return (hi << 16) | lo
+
+
+def _code_affine(name: str, shape: list[int], std: float, bits: int, dtype: mx.Dtype) -> mx.array:
+    """A group's scale or bias: codes uniform on [0, 2**bits) dequantize to mean 0, ``std``."""
+    levels = 2**bits
+    scale = std / ((levels * levels - 1) / 12) ** 0.5
+    value = scale if name.endswith(".scales") else -scale * (levels - 1) / 2
+    return mx.full(shape, value, dtype=dtype)
 
 
 def _quantize(model: nn.Module, config: dict[str, Any], bits: int) -> dict[str, Any]:

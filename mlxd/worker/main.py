@@ -110,7 +110,7 @@ def _load_all(config: WorkerConfig) -> _Loaded:
     if group is not None:
         sizes = [0 if pool is None else pool.num_blocks, max_context]
         worker_group.check_same(group, sizes, "the KV pool and context")
-    drafter = _draft_model(config, runner, _vocab_size(model, tokenizer))
+    drafter = _draft_model(config, runner, model_vocab_size(model, tokenizer))
     if vision is not None:
         _attach_vision(config, runner, vision)
     return _Loaded(model, tokenizer, channel, runner, pool, max_context, compute, drafter, vision)
@@ -128,7 +128,7 @@ def _engine(config: WorkerConfig, loaded: _Loaded) -> Engine:
     """The engine on what was loaded (``build_engine``), with its control handler."""
     runner, max_context, model = loaded.runner, loaded.max_context, loaded.model
     log.info("KV cache: %s", runner.kv_description)
-    vocab_size = _vocab_size(model, loaded.tokenizer)
+    vocab_size = model_vocab_size(model, loaded.tokenizer)
     encoder = PromptEncoder(loaded.tokenizer, vocab_size, max_tokens=max_context)
     log.info(
         "prompts over %s characters are refused untokenized",
@@ -293,7 +293,7 @@ def _draft_model(config: WorkerConfig, runner: ModelRunner, vocab_size: int) -> 
 
     model, tokenizer = _load_model(path, config.dtype)
     cpu_backend.cast(model, config.dtype)
-    return DraftModel(model, _vocab_size(model, tokenizer), vocab_size, path)
+    return DraftModel(model, model_vocab_size(model, tokenizer), vocab_size, path)
 
 
 def _model_context(model: Any) -> int:
@@ -301,7 +301,7 @@ def _model_context(model: Any) -> int:
     return int(value) if value else DEFAULT_CONTEXT
 
 
-def _vocab_size(model: Any, tokenizer: Any) -> int:
+def model_vocab_size(model: Any, tokenizer: Any) -> int:
     return int(_model_arg(model, "vocab_size") or len(tokenizer))
 
 

@@ -79,7 +79,7 @@ class Harness:
         from mlxd.worker.kv import layer_caches
         from mlxd.worker.kv.block_pool import BlockPool
         from mlxd.worker.kv.paged_cache import KVPool
-        from mlxd.worker.main import _vocab_size
+        from mlxd.worker.main import model_vocab_size
         from mlxd.worker.prefix.snapshot_cache import SnapshotCache
         from mlxd.worker.runners.base import ModelRunner
         from mlxd.worker.runners.contiguous import ContiguousModelRunner
@@ -93,7 +93,7 @@ class Harness:
 
         model, tokenizer = load_model(model_path)
         last_position_only(model)  # as the worker serves it (mlx-lm reads the last one too)
-        encoder = PromptEncoder(tokenizer, vocab_size=_vocab_size(model, tokenizer))
+        encoder = PromptEncoder(tokenizer, vocab_size=model_vocab_size(model, tokenizer))
         native = check_model_supported(model)  # the pool cannot hold it: its own caches
         hybrid = bool(native) and paged and layer_caches.is_hybrid(model)  # as the worker
         window = layer_caches.window_size(model) if native and paged and not hybrid else 0

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from mlxd.worker.main import DEFAULT_CONTEXT, _model_context, _vocab_size
+from mlxd.worker.main import DEFAULT_CONTEXT, _model_context, model_vocab_size
 
 pytestmark = pytest.mark.model
 
@@ -17,6 +17,6 @@ def test_wrapped_text_configs_give_the_context_and_vocabulary() -> None:
     text = {"max_position_embeddings": 262144, "vocab_size": 248320}
     wrapped = SimpleNamespace(args=SimpleNamespace(text_config=text))
     plain = SimpleNamespace(args=SimpleNamespace(max_position_embeddings=40960, vocab_size=99))
-    assert _model_context(wrapped) == 262144 and _vocab_size(wrapped, []) == 248320
-    assert _model_context(plain) == 40960 and _vocab_size(plain, []) == 99
+    assert _model_context(wrapped) == 262144 and model_vocab_size(wrapped, []) == 248320
+    assert _model_context(plain) == 40960 and model_vocab_size(plain, []) == 99
     assert _model_context(SimpleNamespace()) == DEFAULT_CONTEXT
