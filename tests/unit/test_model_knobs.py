@@ -205,7 +205,11 @@ def test_start_option_refuses_out_of_range_as_a_usage_error(
     [
         (("--gpus", "2"), "0,1", "model 'a': gpus 2: GPU 2 is not one of this host's (0, 1)"),
         (("--gpus", "0,,1"), "0,1", "bad GPU list '0,,1': an empty entry"),
-        (("--gpus", "1", "--group-size", "2"), "0,1", "gpus 1: too few GPUs for a group of 2"),
+        (
+            ("--gpus", "1", "--group-size", "2"),
+            "0,1",
+            "model 'a': gpus 1: too few GPUs for a group of 2",
+        ),
         (("--gpus", "0"), "", "model 'a': gpus 0: GPU 0 is not one of this host's (none)"),
     ],
 )
