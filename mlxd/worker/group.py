@@ -17,8 +17,9 @@ ring backend; ``MLX_WORLD_SIZE``, ``NCCL_HOST_IP``/``NCCL_PORT`` for NCCL;
 starts rank 0, which starts ranks 1..N-1 on its own host with a hostfile of free localhost
 ports; across hosts, ``mlx.launch`` starts ``mlxd worker serve`` on each and the daemon attaches
 rank 0 with ``--worker`` (docs/ARCHITECTURE.md, "A group across two Macs"). The broadcast is an
-``all_gather`` of rank 0's length and every rank's digest of its engine state (a rank that diverged stops the group, rather than
-hang it), then an ``all_sum`` of the bytes to which only rank 0 contributes (msgpack, uint8).
+``all_gather`` of rank 0's length and every rank's digest of its engine state (a rank that
+diverged stops the group, rather than hang it), then an ``all_sum`` of the bytes to which only
+rank 0 contributes (msgpack, uint8).
 """
 
 from __future__ import annotations
