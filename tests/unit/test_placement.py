@@ -66,12 +66,17 @@ def test_one_gpu_or_none_places_nothing_and_keeps_the_group_size() -> None:
     assert gpus_of([spec("p", gpus=("0",))], ["0"]) == [[""]]
 
 
-def test_a_model_too_big_for_one_gpu_is_a_group_of_the_fewest_that_hold_it() -> None:
+def test_a_model_too_big_for_one_gpu_is_a_group_of_the_fewest_that_hold_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level("INFO", "mlxd.supervisor")
     big = Footprint(10 * GB, 2 * GB, RUNTIME_BYTES + GB)
     budget = device_share(big, 3).total_bytes  # 2 ranks' shares do not fit, 3 do
     assert device_share(big, 2).total_bytes > budget >= device_share(big, 3).total_bytes
     placed = place([spec("big"), spec("b")], [big, SMALL], FOUR, budget)
     assert placed == [[Placement("0,1,2", 3, "nccl")], [Placement("3", 1, "ring")]]
+    assert "big needs 13.25 GB, more than one GPU's --max-memory budget" in caplog.text
+    assert "placed on a group of 3 GPUs" in caplog.text
     on_its_own = place(
         [spec("big", gpus=("2", "3"))], [big], FOUR, device_share(big, 2).total_bytes
     )
