@@ -185,9 +185,10 @@ class WorkerConfig:
     dtype: str = DTYPE.default  # one of DTYPES
     max_image_pixels: int = MAX_IMAGE_PIXELS.default  # a VLM refuses larger images (400)
     # Processes serving the model over mlx.distributed (worker/group.py: rank 0 starts the
-    # others on this host) and their backend (DISTRIBUTED_BACKENDS): its model's knobs.
-    group_size: int = model_knobs.GROUP_SIZE.default
-    distributed: str = model_knobs.DISTRIBUTED.default
+    # others on this host) and their backend (DISTRIBUTED_BACKENDS): its model's knobs, as
+    # the daemon placed it (daemon/placement.py).
+    group_size: int = 1
+    distributed: str = "ring"
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -233,7 +234,8 @@ class ModelSpec:
     never unloaded to make room; ``preload`` ones start with the daemon, the others on their
     first request. ``kv_cache_gb`` sizes its KV cache in the memory budget. With ``endpoint``
     the worker already runs elsewhere (`mlxd worker serve --bind tcp://…`) and is attached,
-    not spawned: it is pinged, never restarted, unloaded or counted in the budget.
+    not spawned: it is pinged, never restarted, unloaded or counted in the budget. ``gpus``:
+    the host's GPUs its workers run on, its replicas taking ``group_size`` of them in turn.
 
     Its settings are the knobs of model_knobs.py: their defaults and ranges come from there.
     """
@@ -251,8 +253,11 @@ class ModelSpec:
     fallback_on_busy: bool = model_knobs.FALLBACK_ON_BUSY.default  # its 429 goes to them too
     replicas: int = model_knobs.REPLICAS.default  # local workers serving it; routed by prefix
     replica_endpoints: tuple[str, ...] = ()  # more attached workers of it (--worker NAME= again)
-    group_size: int = model_knobs.GROUP_SIZE.default  # processes per worker (mlx.distributed)
-    distributed: str = model_knobs.DISTRIBUTED.default  # their backend
+    # Processes per worker (mlx.distributed) and their backend; None: as placed
+    # (daemon/placement.py: 1 unless it needs a group of GPUs; nccl on CUDA GPUs, else ring).
+    group_size: int | None = model_knobs.GROUP_SIZE.default
+    distributed: str | None = model_knobs.DISTRIBUTED.default
+    gpus: tuple[str, ...] = model_knobs.GPUS.default  # where its workers run ((): in turn)
 
     def __post_init__(self) -> None:
         if not self.name or not self.path:

@@ -2,13 +2,11 @@
 
 MLX runs on its process's first visible GPU, so without placement every worker and every rank
 of a group lands on GPU 0 while the others idle. Placement is by ``CUDA_VISIBLE_DEVICES``, as
-``mlx.launch`` does for NCCL groups: the daemon's worker slots (every replica of every model, in
-the configuration's order) take the host's GPUs in turn, a slot of ``g`` ranks
-(``--group-size g``) taking ``g`` consecutive ones (wrapping when there are fewer), and rank
-``i`` of that group sees the ``i``-th of those. So two models on two GPUs get one each, and two
-replicas of one model too. A host with one GPU (every Mac, a one-GPU Linux box, a CPU) gets no
-placement: every process shares it. A user's own ``CUDA_VISIBLE_DEVICES`` is the host's list,
-so ``CUDA_VISIBLE_DEVICES=2,3 mlxd start`` keeps mlxd on those two.
+``mlx.launch`` does for NCCL groups: the daemon gives each worker slot its GPUs
+(daemon/placement.py: a model's own ``gpus``, else the host's GPUs in turn), and rank ``i`` of
+a group sees the ``i``-th of its slot's. A host with one GPU (every Mac, a one-GPU Linux box, a
+CPU) gets no placement: every process shares it. A user's own ``CUDA_VISIBLE_DEVICES`` is the
+host's list, so ``CUDA_VISIBLE_DEVICES=2,3 mlxd start`` keeps mlxd on those two.
 """
 
 from __future__ import annotations
@@ -16,6 +14,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+
+from mlxd.errors import ConfigError
 
 VISIBLE = "CUDA_VISIBLE_DEVICES"
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # one entry per GPU the driver sees (Linux)
@@ -33,16 +33,21 @@ def visible(environ: Mapping[str, str] = os.environ, driver: Path = NVIDIA_GPUS)
         return []
 
 
-def for_slots(group_sizes: list[int], gpus: list[str]) -> list[str]:
-    """Each worker slot's ``CUDA_VISIBLE_DEVICES`` ("" where there is no choice), the slots
-    given by their group sizes in the daemon's order."""
-    if len(gpus) < 2:
-        return [""] * len(group_sizes)
-    out, first = [], 0
-    for size in group_sizes:
-        out.append(",".join(gpus[(first + i) % len(gpus)] for i in range(size)))
-        first += size
-    return out
+def parse_gpus(value: object) -> tuple[str, ...]:
+    """A model's ``gpus`` as written: ``"1"``, ``"0,1"``, ``1`` or ``[0, 1]`` -> ``("0", "1")``;
+    entries of the host's list (``visible``), checked against it when the daemon starts."""
+    items = [value] if isinstance(value, int) else value
+    items = items.split(",") if isinstance(items, str) else items
+    if not isinstance(items, list) or not all(_is_entry(g) for g in items):
+        raise ConfigError(f"bad GPU list {value!r}: use indices such as 1 or 0,1")
+    entries = tuple(str(g).strip() for g in items)
+    if not entries or not all(entries):
+        raise ConfigError(f"bad GPU list {value!r}: an empty entry; use indices such as 1 or 0,1")
+    return entries
+
+
+def _is_entry(item: object) -> bool:
+    return isinstance(item, int | str) and not isinstance(item, bool)
 
 
 def for_rank(rank: int, gpus: list[str]) -> dict[str, str]:

@@ -5,7 +5,7 @@ worker's and the daemon's: field, type, default, range, help, and the key of a c
 ``ModelSpec``'s defaults and checks (config.py), the keys a ``[models.NAME]`` table takes and
 how their values are read (cli/config_file.py, cli/backend_options.py for a remote model's), and
 the `mlxd start` options that set one for every local model (``--replicas``, ``--group-size``,
-``--distributed``: the knobs with a flag) all come from this table.
+``--distributed``, ``--gpus``: the knobs with a flag) all come from this table.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from mlxd import knobs
+from mlxd.gpus import parse_gpus
 from mlxd.knobs import Knob
 from mlxd.units import parse_duration
 
@@ -82,29 +83,43 @@ REPLICAS: Knob[int] = Knob(
     toml="replicas",
     click_range=True,
 )
-GROUP_SIZE: Knob[int] = Knob(
+GROUP_SIZE: Knob[int | None] = Knob(
     "group_size",
     "model",
     "--group-size",
     int,
-    1,
+    None,
     "Processes per local worker over mlx.distributed: tensor parallel on mlx-lm models "
     "with shard(); rank 0 talks to the gateway (docs/ARCHITECTURE.md, scale-out). Default 1, "
-    "or `group_size` in [models.NAME].",
+    "or `group_size` in [models.NAME]; unset, a model too big for one GPU's --max-memory "
+    "takes the fewest GPUs that hold it.",
     minimum=1,
     toml="group_size",
     click_range=True,
 )
-DISTRIBUTED: Knob[str] = Knob(
+DISTRIBUTED: Knob[str | None] = Knob(
     "distributed",
     "model",
     "--distributed",
     str,
-    "ring",
-    "The group's mlx.distributed backend: ring (TCP; CPU, Macs) or nccl (CUDA). "
-    "Default ring, or `distributed` in [models.NAME].",
+    None,
+    "The group's mlx.distributed backend: ring (TCP; CPU, Macs) or nccl (CUDA). Default "
+    "nccl for a group on the host's CUDA GPUs, else ring, or `distributed` in [models.NAME].",
     choices=DISTRIBUTED_BACKENDS,
     toml="distributed",
+)
+GPUS: Knob[tuple[str, ...]] = Knob(
+    "gpus",
+    "model",
+    "--gpus",
+    tuple,
+    (),
+    "The GPUs each local model's workers run on, e.g. 1 or 0,1 (entries of "
+    "CUDA_VISIBLE_DEVICES, else the driver's indices); replicas take group-size of them in "
+    "turn. Default: the GPUs no model names, in turn, or `gpus` in [models.NAME].",
+    metavar="LIST",
+    parse=parse_gpus,
+    toml="gpus",
 )
 
 _MODEL = (
@@ -119,6 +134,7 @@ _MODEL = (
     REPLICAS,
     GROUP_SIZE,
     DISTRIBUTED,
+    GPUS,
 )
 MODEL_KNOBS: tuple[Knob[object], ...] = _MODEL  # type: ignore[assignment]
 # The `mlxd start` options that set a knob for every local model (they win over the file's key).

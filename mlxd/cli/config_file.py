@@ -17,6 +17,7 @@ dtype = "file"              # float weights as computed (default: --dtype, itsel
 replicas = 2                # workers serving it, routed by prefix (default 1; --replicas wins)
 group_size = 2              # processes per worker over mlx.distributed (tensor parallel)
 distributed = "ring"        # their backend: ring or nccl (--group-size, --distributed win)
+gpus = "0,1"                # the GPUs its workers run on (default: those no model names, in turn)
 
 [models.big]                # workers already running elsewhere, one per replica (--worker)
 workers = ["tcp://10.0.0.2:5555", "tcp://10.0.0.3:5555"]

@@ -11,18 +11,20 @@ from typing import Any
 
 import click
 
+from mlxd import gpus
 from mlxd.cli.api_keys import api_keys
 from mlxd.cli.backend_options import check_backend_keys, cli_routes
 from mlxd.cli.config_file import ConfigFile, read_config_file
 from mlxd.cli.knob_options import knob_option, with_knob_options
 from mlxd.config import DEFAULT_MODEL, ModelSpec, ServeConfig, data_dir
+from mlxd.daemon import placement
 from mlxd.daemon.daemon_files import DaemonFiles, busy_message
 from mlxd.daemon.detach import detach
 from mlxd.daemon.server import check_port_free
 from mlxd.errors import ConfigError, MlxdError
 from mlxd.gateway.http.request_log import FILE_NAME
 from mlxd.knobs import given
-from mlxd.model_knobs import DISTRIBUTED, GROUP_SIZE, MODEL_OPTIONS, REPLICAS
+from mlxd.model_knobs import DISTRIBUTED, GPUS, GROUP_SIZE, MODEL_OPTIONS, REPLICAS
 from mlxd.protocol import curve
 from mlxd.serve_knobs import (
     ADMIN_KEY,
@@ -77,6 +79,7 @@ from mlxd.serve_knobs import (
 @knob_option(REPLICAS)
 @knob_option(GROUP_SIZE)
 @knob_option(DISTRIBUTED)
+@knob_option(GPUS)
 @knob_option(ROUTING)
 @click.option(
     "--config",
@@ -176,6 +179,7 @@ def start_command(models: tuple[str, ...], log_level: str, **opts: Any) -> None:
         if running is not None:  # checked first: before a default model is made
             raise ConfigError(busy_message(files.directory, running))
         config = _config(models, opts)
+        placement.check(config.models, gpus.visible())  # a GPU list that cannot be: say so now
         check_port_free(config.host, config.port)
         if config.ollama_port is not None:
             check_port_free(config.host, config.ollama_port)
@@ -286,8 +290,8 @@ def _parse_workers(texts: tuple[str, ...]) -> tuple[ModelSpec, ...]:
 def _with_model_options(
     specs: tuple[ModelSpec, ...], opts: dict[str, Any]
 ) -> tuple[ModelSpec, ...]:
-    """The model knobs' options given (``--replicas``, ``--group-size``, ``--distributed``) set
-    for every local model: they win over the config file's keys."""
+    """The model knobs' options given (``--replicas``, ``--group-size``, ``--distributed``,
+    ``--gpus``) set for every local model: they win over the config file's keys."""
     changes = given(MODEL_OPTIONS, opts, {})
     return tuple(dataclasses.replace(s, **changes) for s in specs)
 

@@ -4,10 +4,12 @@
 worker slots. Every worker that is starting, ready or stopping holds its ``Footprint`` against
 ``--max-memory``; only ready, idle, unpinned, local ones may be unloaded to make room.
 
-On a host with several GPUs, where workers are placed (``mlxd.gpus``), the budget is each GPU's:
-a worker competes only with those sharing one of its GPUs (a group's footprint counts on each
-of its GPUs), so a model on GPU 1 never unloads one on GPU 0 and two GPUs hold twice the
-models. Unplaced workers (one GPU, a Mac, the CPU) share one budget.
+On a host with several GPUs, where workers are placed (daemon/placement.py), the budget is each
+GPU's: a worker competes only with those sharing one of its GPUs, so a model on GPU 1 never
+unloads one on GPU 0 and two GPUs hold twice the models. A group whose ranks have GPUs of their
+own counts one rank's share of its footprint on each (``footprint.device_share``), so a model
+too big for one GPU fits on two. Unplaced workers (one GPU, a Mac, the CPU) share one budget,
+a group's whole footprint in it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from mlxd.daemon.footprint import device_share
 
 if TYPE_CHECKING:
     from mlxd.daemon.worker_process import WorkerProcess
@@ -59,6 +63,17 @@ def neighbours(worker: WorkerProcess, workers: Iterable[WorkerProcess]) -> list[
     ]
 
 
+def device_bytes(worker: WorkerProcess) -> int:
+    """What ``worker`` holds on each GPU its budget counts: its ranks' shares there (one, when
+    each rank has a GPU of its own), or its whole footprint where it is not placed."""
+    ranks = worker.spec.group_size or 1
+    placed = set(worker.gpus.split(",")) if worker.gpus else set()
+    if ranks == 1 or not placed:
+        return worker.size.total_bytes
+    per_gpu = -(-ranks // len(placed))
+    return per_gpu * device_share(worker.size, ranks).total_bytes
+
+
 def reserved_bytes(workers: Iterable[WorkerProcess]) -> int:
     """What the residents among ``workers`` reserve, in bytes."""
     return sum(w.size.total_bytes for w in residents(workers))
@@ -66,8 +81,8 @@ def reserved_bytes(workers: Iterable[WorkerProcess]) -> int:
 
 def fits(worker: WorkerProcess, workers: Iterable[WorkerProcess], budget: int | None) -> bool:
     """Whether ``worker`` fits beside the other residents, unloading none."""
-    used = sum(w.size.total_bytes for w in neighbours(worker, workers))
-    return budget is None or used + worker.size.total_bytes <= budget
+    used = sum(device_bytes(w) for w in neighbours(worker, workers))
+    return budget is None or used + device_bytes(worker) <= budget
 
 
 def victims(
@@ -77,7 +92,7 @@ def victims(
     others = [
         Resident(
             w.spec.name,
-            w.size.total_bytes,
+            device_bytes(w),
             w.last_used,
             evictable=w.state == "ready"
             and not w.spec.pinned
@@ -86,20 +101,21 @@ def victims(
         )
         for w in neighbours(worker, workers)
     ]
-    return evictions(worker.size.total_bytes, budget, others)
+    return evictions(device_bytes(worker), budget, others)
 
 
 def budget_text(worker: WorkerProcess, workers: Iterable[WorkerProcess], budget: int | None) -> str:
     """Why ``worker`` does not fit: its footprint, the budget, and who holds it."""
     s = worker.size
     others = neighbours(worker, workers)
-    used = sum(w.size.total_bytes for w in others)
+    used = sum(device_bytes(w) for w in others)
     busy = [
         w.spec.name for w in others if w.spec.pinned or w.client.in_flight or w.state != "ready"
     ]
     return (
         f"it needs {_gb(s.total_bytes)} (weights {_gb(s.weights_bytes)}, KV "
-        f"{_gb(s.kv_bytes)}, headroom {_gb(s.headroom_bytes)}); the --max-memory budget "
+        f"{_gb(s.kv_bytes)}, headroom {_gb(s.headroom_bytes)}){_each(worker)}; the "
+        "--max-memory budget "
         f"is {_gb(budget or 0)}{_on(worker)}, {_gb(used)} of it held by models that cannot "
         f"be unloaded now ({', '.join(busy) or 'none'})"
     )
@@ -107,6 +123,12 @@ def budget_text(worker: WorkerProcess, workers: Iterable[WorkerProcess], budget:
 
 def _gb(num: int) -> str:
     return f"{num / 2**30:.2f} GB"
+
+
+def _each(worker: WorkerProcess) -> str:
+    """A group's need on each of its GPUs, where that is less than its whole footprint."""
+    need = device_bytes(worker)
+    return "" if need == worker.size.total_bytes else f", {_gb(need)} on each GPU"
 
 
 def _on(worker: WorkerProcess) -> str:

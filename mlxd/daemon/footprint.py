@@ -47,6 +47,18 @@ class Footprint:
         return self.weights_bytes + self.kv_bytes + self.headroom_bytes
 
 
+def device_share(size: Footprint, ranks: int) -> Footprint:
+    """What one rank of a group of ``ranks`` holds of ``size`` (tensor parallel splits every
+    attention and MLP projection and the K/V heads; each rank has its own runtime). Low by the
+    copied embeddings and norms: a few percent of a large model, more of a small one."""
+    if ranks <= 1:
+        return size
+    share = -(-(size.headroom_bytes - RUNTIME_BYTES) // ranks)
+    return Footprint(
+        -(-size.weights_bytes // ranks), -(-size.kv_bytes // ranks), RUNTIME_BYTES + share
+    )
+
+
 def buffer_cache_bytes(size: Footprint) -> int:
     """The cap on a worker's MLX buffer cache under ``--max-memory``: the headroom's share for
     activations and cached buffers (the headroom less the fixed runtime), at least 64 MiB."""

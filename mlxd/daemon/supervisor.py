@@ -42,7 +42,7 @@ from typing import Any
 
 from mlxd import gpus
 from mlxd.config import HeartbeatLimits, ModelSpec, RestartLimits, ServeConfig
-from mlxd.daemon import budget
+from mlxd.daemon import budget, placement
 from mlxd.daemon.attach import ATTACH_WAIT_S, attach, check_attached
 from mlxd.daemon.footprint import Footprint, footprint
 from mlxd.daemon.heartbeat import is_due, liveness
@@ -90,10 +90,7 @@ class Supervisor:
         }
         self.workers = {name: group[0] for name, group in self.groups.items()}  # replica 0
         self.slots = [w for group in self.groups.values() for w in group]
-        sizes = [0 if w.attached else w.spec.group_size for w in self.slots]  # attached: elsewhere
-        placed = gpus.for_slots(sizes, gpus.visible())
-        for worker, placement in zip(self.slots, placed, strict=True):
-            worker.gpus = placement
+        self._place(gpus.visible())
         self.replica_sets = {
             name: self._replica_set(name, group)
             for name, group in self.groups.items()
@@ -251,6 +248,18 @@ class Supervisor:
             replica=replica,
             reason_file=self.runtime_dir / f"{stem}.reason",
         )
+
+    def _place(self, visible: list[str]) -> None:
+        """Each slot's GPUs, ranks and backend (daemon/placement.py), set once at start."""
+        specs = self.config.models
+        sizes = [self.groups[s.name][0].size for s in specs]
+        placed = placement.place(specs, sizes, visible, self.config.max_memory_bytes)
+        for spec, where in zip(specs, placed, strict=True):
+            for worker, p in zip(self.groups[spec.name], where, strict=True):
+                worker.gpus = p.gpus
+                worker.spec = dataclasses.replace(
+                    spec, group_size=p.group_size, distributed=p.distributed
+                )
 
     def _replica_set(self, name: str, group: list[WorkerProcess]) -> ReplicaSet:
         return ReplicaSet(name, [_replica(w) for w in group], self.config.routing)

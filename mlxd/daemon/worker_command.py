@@ -9,7 +9,7 @@ import os
 import sys
 
 from mlxd.config import ServeConfig, WorkerConfig
-from mlxd.daemon.footprint import buffer_cache_bytes, kv_cache_gb
+from mlxd.daemon.footprint import buffer_cache_bytes, device_share, kv_cache_gb
 from mlxd.daemon.worker_process import WorkerProcess
 
 
@@ -31,10 +31,16 @@ def worker_command(worker: WorkerProcess, config: ServeConfig, log_level: str) -
 
 def worker_config(worker: WorkerProcess, config: ServeConfig) -> WorkerConfig:
     """What ``worker`` runs: its model and endpoints, the daemon's knobs, the model's dtype and
-    KV budget, and under ``--max-memory`` its buffer cache held to the reservation."""
+    KV budget, and under ``--max-memory`` its buffer cache held to the reservation. A group's
+    ranks each get their share of the KV (their pools hold as many tokens as one worker's, in
+    a ``group_size``-th of the bytes: each keeps that share of the heads)."""
+    ranks = worker.spec.group_size or 1
+    share = device_share(worker.size, ranks)
     kv_gb = kv_cache_gb(worker.spec, config)
     if kv_gb is None and config.max_memory_bytes is not None:
-        kv_gb = worker.size.kv_bytes / 2**30  # what the budget reserved: hold it to that
+        kv_gb = share.kv_bytes / 2**30  # what the budget reserved: hold it to that
+    elif kv_gb is not None:
+        kv_gb /= ranks
     capped = config.max_memory_bytes is not None
     return WorkerConfig(
         model=worker.spec.path,
@@ -46,9 +52,9 @@ def worker_config(worker: WorkerProcess, config: ServeConfig) -> WorkerConfig:
         scheduler=config.scheduler,
         cache=dataclasses.replace(config.cache, kv_cache_gb=kv_gb),
         max_context=config.max_context,
-        buffer_cache_bytes=buffer_cache_bytes(worker.size) if capped else None,
+        buffer_cache_bytes=buffer_cache_bytes(share) if capped else None,
         dtype=worker.spec.dtype or config.dtype,
         max_image_pixels=config.max_image_pixels,
-        group_size=worker.spec.group_size,
-        distributed=worker.spec.distributed,
+        group_size=ranks,
+        distributed=worker.spec.distributed or "ring",
     )

@@ -12,12 +12,14 @@ the clock the schedulers and the speculation controller read is rank 0's at the 
 iteration, and idle KV release is off. Only rank 0 sends; the others' sends go nowhere.
 
 Ranks find each other by MLX's launch conventions (``MLX_RANK`` and ``MLX_HOSTFILE`` for the
-ring backend; ``MLX_WORLD_SIZE``, ``NCCL_HOST_IP``/``NCCL_PORT`` for NCCL). ``mlxd start
---group-size N`` starts rank 0, which starts ranks 1..N-1 on its own host with a hostfile of
-free localhost ports; across hosts, ``mlx.launch`` starts ``mlxd worker serve`` on each and the
-daemon attaches rank 0 with ``--worker``. The broadcast is an ``all_gather`` of rank 0's length
-and every rank's digest of its engine state (a rank that diverged stops the group, rather than
-hang it), then an ``all_sum`` of the bytes to which only rank 0 contributes (msgpack, uint8).
+ring backend; ``MLX_WORLD_SIZE``, ``NCCL_HOST_IP``/``NCCL_PORT`` for NCCL;
+``MLX_JACCL_COORDINATOR`` and ``MLX_IBV_DEVICES`` for JACCL). ``mlxd start --group-size N``
+starts rank 0, which starts ranks 1..N-1 on its own host with a hostfile of free localhost
+ports; across hosts, ``mlx.launch`` starts ``mlxd worker serve`` on each and the daemon attaches
+rank 0 with ``--worker`` (docs/ARCHITECTURE.md, "A group across two Macs"). The broadcast is an
+``all_gather`` of rank 0's length and every rank's digest of its engine state (a rank that
+diverged stops the group, rather than hang it), then an ``all_sum`` of the bytes to which only
+rank 0 contributes (msgpack, uint8).
 """
 
 from __future__ import annotations
@@ -231,12 +233,18 @@ def attach(engine: Any, channel: GroupChannel, leader: bool) -> None:
 
 
 def _launched() -> bool:
-    env = os.environ
-    return "MLX_HOSTFILE" in env or ("MLX_WORLD_SIZE" in env and "NCCL_HOST_IP" in env)
+    """Whether ``mlx.launch`` (or ``--group-size``'s rank 0) set this process's group up."""
+    return _env_backend() != ""
 
 
 def _env_backend() -> str:
-    return "ring" if "MLX_HOSTFILE" in os.environ else "nccl"
+    """The backend whose launch environment this process has ("": none)."""
+    env = os.environ
+    if "MLX_HOSTFILE" in env:
+        return "ring"
+    if "MLX_JACCL_COORDINATOR" in env:  # RDMA over Thunderbolt 5 (`mlx.launch --backend jaccl`)
+        return "jaccl"
+    return "nccl" if "MLX_WORLD_SIZE" in env and "NCCL_HOST_IP" in env else ""
 
 
 def _start_followers(config: WorkerConfig) -> None:

@@ -57,6 +57,10 @@ class Daemon:
     def worker_pid(self, name: str | None = None) -> int:
         return self._worker_config(name)[0]
 
+    def worker_config(self, name: str | None = None) -> WorkerConfig:
+        """The config a spawned worker got (its group size, backend, KV budget)."""
+        return self._worker_config(name)[1]
+
     def _worker_config(self, name: str | None) -> tuple[int, WorkerConfig]:
         """A spawned worker's pid and the config it got (`worker serve --config-json`)."""
         for pid in self.children():

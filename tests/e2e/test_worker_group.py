@@ -34,6 +34,8 @@ def pair(
         tiny_model,
         "--group-size",
         "2",
+        "--distributed",
+        "ring",  # on "GPUs" a group's default is nccl: the CPU has ring only
         "--max-context",
         "512",
         "--config",

@@ -37,6 +37,7 @@ SET = {
     "replicas": (3, 3),
     "group_size": (2, 2),
     "distributed": ("nccl", "nccl"),
+    "gpus": ("0,1", ("0", "1")),
 }
 # A value of the wrong type for each knob's TOML key, and what the error says it must be.
 WRONG_TYPE = {
@@ -51,7 +52,10 @@ WRONG_TYPE = {
     "replicas": ('"2"', "an integer"),
     "group_size": ("1.5", "an integer"),
     "distributed": ("true", "a string"),
+    "gpus": ("true", None),  # its parser's own error: "bad GPU list True"
 }
+# The errors of the knobs whose parser reads the TOML value.
+PARSE_ERRORS = {"keep_alive": "bad duration", "gpus": "bad GPU list"}
 RANGED = [k for k in MODEL_KNOBS if k.minimum is not None or k.choices]
 
 
@@ -106,7 +110,11 @@ def test_fallback_is_an_older_spelling_of_fallbacks(tmp_path: Path) -> None:
 @pytest.mark.parametrize("knob", MODEL_KNOBS, ids=lambda k: k.toml)
 def test_a_wrong_type_in_toml_names_the_file_and_key(tmp_path: Path, knob: Knob[object]) -> None:
     text, kind = WRONG_TYPE[knob.toml]
-    needle = "bad duration" if kind is None else rf"mlxd.toml: \[models.m\]: {knob.toml} must be "
+    needle = (
+        PARSE_ERRORS[knob.toml]
+        if kind is None
+        else rf"mlxd.toml: \[models.m\]: {knob.toml} must be "
+    )
     with pytest.raises(ConfigError, match=needle + (re.escape(kind) + "$" if kind else "")):
         _read(tmp_path, f"{knob.toml} = {text}")
 
@@ -143,6 +151,8 @@ def test_start_option_is_the_knobs(knob: Knob[object]) -> None:
     assert f"`{knob.toml}`" in knob.help  # names the key it wins over
     if knob.choices:
         assert isinstance(option.type, click.Choice) and tuple(option.type.choices) == knob.choices
+    elif knob.parse is not None:  # text its parser reads: --gpus 0,1
+        assert option.type == click.STRING
     else:
         assert isinstance(option.type, click.IntRange) and option.type.min == knob.minimum
 
@@ -158,14 +168,14 @@ def started(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[ServeConfig
     return seen
 
 
-def _start(tmp_path: Path, *args: str) -> click.testing.Result:
+def _start(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> click.testing.Result:
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
     (model / "config.json").write_text("{}")
     config = tmp_path / "mlxd.toml"
     config.write_text(f'[models.a]\npath = "{model}"\nreplicas = 2\n[models.b]\npath = "{model}"\n')
     argv = ["start", "--port", "0", "--config", str(config), *args]
-    return CliRunner().invoke(main, argv, env={"MLXD_API_KEY": None})
+    return CliRunner().invoke(main, argv, env={"MLXD_API_KEY": None, **(env or {})})
 
 
 def test_start_options_set_every_local_model_over_the_file(
@@ -173,17 +183,40 @@ def test_start_options_set_every_local_model_over_the_file(
 ) -> None:
     assert _start(tmp_path).exit_code == 0
     assert [m.replicas for m in started[0].models] == [2, 1]
-    given = ("--replicas", "3", "--group-size", "2", "--distributed", "nccl")
-    result = _start(tmp_path, *given)
+    given = ("--replicas", "3", "--group-size", "2", "--distributed", "nccl", "--gpus", "0,1")
+    result = _start(tmp_path, *given, env={"CUDA_VISIBLE_DEVICES": "0,1"})
     assert result.exit_code == 0, result.output
     for spec in started[1].models:
         assert (spec.replicas, spec.group_size, spec.distributed) == (3, 2, "nccl")
+        assert spec.gpus == ("0", "1")
 
 
-@pytest.mark.parametrize("knob", MODEL_OPTIONS, ids=lambda k: k.toml)
+@pytest.mark.parametrize("knob", [k for k in MODEL_OPTIONS if k in RANGED], ids=lambda k: k.toml)
 def test_start_option_refuses_out_of_range_as_a_usage_error(
     tmp_path: Path, started: list[ServeConfig], knob: Knob[object]
 ) -> None:
     result = _start(tmp_path, knob.flag, str(_out_of_range(knob)))
     assert result.exit_code == 2 and f"Invalid value for '{knob.flag}'" in result.output
     assert not started
+
+
+@pytest.mark.parametrize(
+    ("args", "visible", "error"),
+    [
+        (("--gpus", "2"), "0,1", "model 'a': gpus 2: GPU 2 is not one of this host's (0, 1)"),
+        (("--gpus", "0,,1"), "0,1", "bad GPU list '0,,1': an empty entry"),
+        (
+            ("--gpus", "1", "--group-size", "2"),
+            "0,1",
+            "model 'a': gpus 1: too few GPUs for a group of 2",
+        ),
+        (("--gpus", "0"), "", "model 'a': gpus 0: GPU 0 is not one of this host's (none)"),
+    ],
+)
+def test_start_refuses_gpus_the_host_cannot_give_in_one_line(
+    tmp_path: Path, started: list[ServeConfig], args: tuple[str, ...], visible: str, error: str
+) -> None:
+    result = _start(tmp_path, *args, env={"CUDA_VISIBLE_DEVICES": visible})
+    assert result.exit_code != 0 and not started
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith(f"Error: {error}"), line
