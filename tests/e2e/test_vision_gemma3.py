@@ -5,7 +5,7 @@ paged window runner (full layers' blocks, window layers' slabs that go back behi
 window), with the image's SigLIP features spliced into prefill. Greedy output equals mlx-vlm's
 own ``generate`` for the same image and prompt: alone, in a batch beside text requests, after
 a prefix hit that covers the whole image, for another image with the same text (no false
-hit), and for text alone. Needs the ``vision`` extra (mlx-vlm); skipped without it.
+hit), for text alone, for two images in one prompt, and after preemption. Needs the ``vision`` extra (mlx-vlm); skipped without it.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ QUESTION = (
     "and anything written on it."
 )
 MAX_TOKENS = 12
+PREEMPT_TOKENS = 64  # long enough answers to outgrow the tight pool
 BLOCK = 32  # the daemon's default KV block size
 
 
@@ -66,7 +67,9 @@ def reference(gemma3: Path) -> Any:
 
     model, processor = load(str(gemma3))
 
-    def ids_for(pngs: list[bytes], messages: list[dict[str, Any]]) -> list[int]:
+    def ids_for(
+        pngs: list[bytes], messages: list[dict[str, Any]], max_tokens: int = MAX_TOKENS
+    ) -> list[int]:
         pictures = [Image.open(io.BytesIO(png)).convert("RGB") for png in pngs]
         text = processor.tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=False
@@ -79,7 +82,7 @@ def reference(gemma3: Path) -> Any:
             input_ids=mx.array(inputs["input_ids"]),
             pixel_values=mx.array(inputs["pixel_values"]) if pictures else None,
             mask=mx.array(inputs["attention_mask"]),
-            max_tokens=MAX_TOKENS,
+            max_tokens=max_tokens,
             temperature=0.0,
             verbose=False,
         )
@@ -198,3 +201,59 @@ def _last_image_position(gemma3: Path, png: bytes) -> int:
     picture = Image.open(io.BytesIO(png)).convert("RGB")
     ids = [int(i) for i in processor(images=[picture], text=[text])["input_ids"][0].tolist()]
     return max(p for p, i in enumerate(ids) if i == GEMMA3_TOKEN_IDS[GEMMA3_IMAGE_TOKEN])
+
+
+def test_two_images_in_one_request(client: openai.OpenAI, reference: Any, text_of: Any) -> None:
+    first, second = _png(8), _png(9, size=(90, 140))
+    content = [
+        _image_part(first),
+        {"type": "text", "text": "This is the first one. And the second:"},
+        _image_part(second),
+        {"type": "text", "text": QUESTION},
+    ]
+    messages = [{"role": "user", "content": content}]
+    answer = _ask(client, messages)
+    assert _tokens(answer) == text_of(reference([first, second], messages))
+    assert answer.usage.prompt_tokens > 128  # both images' tokens
+
+
+# Preemption: a KV pool of a few requests' worth
+
+
+@pytest.fixture(scope="module")
+def tight(gemma3: Path) -> Iterator[Daemon]:
+    # 512 bytes a token (one full and one window layer, 2 KV heads of 16, float32 K and V)
+    d = start_daemon(gemma3, "--kv-cache-gb", "0.0002", "--kv-block-size", "16", name="gemma3")
+    yield d
+    if d.proc.poll() is None:
+        stop_daemon(d)
+
+
+def test_image_requests_preempted_and_resumed_answer_as_mlx_vlm(
+    tight: Daemon, reference: Any, text_of: Any
+) -> None:
+    """Preempted image requests recompute their prompts (the image's K/V from the prefix cache
+    or the tower again, the window layers' slabs taken anew) and their answers so far."""
+    client = openai.OpenAI(base_url=f"{tight.base_url}/v1", api_key="unused", max_retries=0)
+    pngs = [_png(20 + n) for n in range(4)]
+    answers: dict[int, Any] = {}
+
+    def ask(n: int) -> None:
+        answers[n] = client.chat.completions.create(
+            model="gemma3",
+            messages=_messages(pngs[n]),  # type: ignore[arg-type]
+            max_tokens=PREEMPT_TOKENS,
+            temperature=0,
+            logprobs=True,
+        )
+
+    threads = [threading.Thread(target=ask, args=(n,)) for n in range(len(pngs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stats = tight.admin_get("/admin/models/gemma3/stats").json()
+    assert stats["preemptions"] > 0, stats
+    for n, png in enumerate(pngs):
+        expected = text_of(reference([png], _messages(png), PREEMPT_TOKENS))
+        assert _tokens(answers[n]) == expected, n
