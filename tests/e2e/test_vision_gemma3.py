@@ -5,7 +5,8 @@ paged window runner (full layers' blocks, window layers' slabs that go back behi
 window), with the image's SigLIP features spliced into prefill. Greedy output equals mlx-vlm's
 own ``generate`` for the same image and prompt: alone, in a batch beside text requests, after
 a prefix hit that covers the whole image, for another image with the same text (no false
-hit), for text alone, for two images in one prompt, and after preemption. Needs the ``vision`` extra (mlx-vlm); skipped without it.
+hit), for text alone, for two images in one prompt, and after preemption. Needs the ``vision``
+extra (mlx-vlm); skipped without it.
 """
 
 from __future__ import annotations
