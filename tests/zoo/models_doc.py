@@ -35,7 +35,7 @@ positions, preempted) by tests/e2e/test_vision*.py.
 | family | `--arch` | vision tower | runner | tests |
 | --- | --- | --- | --- | --- |
 | LLaVA 1.5 | `llava` | CLIP, projector | paged | test_vision, test_vision_surfaces |
-| Gemma 3 | `gemma3` | SigLIP, pooled | window (slabs) | test_vision_gemma3 (e2e, model) |
+| Gemma 3 | `gemma3` | SigLIP, pooled | window (slabs) | test_vision_gemma3* |
 """
 
 _CHECKS = (
