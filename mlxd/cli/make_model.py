@@ -25,9 +25,9 @@ class _ConfigFailure(click.ClickException):
     "--arch",
     default="qwen3",
     show_default=True,
-    help="qwen3, llama, qwen2, mistral, mamba (state-space), lfm2 (hybrid), or llava (a "
-    "vision-language model; needs mlxd[vision]; --size, --dtype, --quantize and "
-    "--sliding-window are ignored).",
+    help="qwen3, llama, qwen2, mistral, mamba (state-space), lfm2 (hybrid), or llava or gemma3 "
+    "(vision-language models; need mlxd[vision]; --size, --dtype, --quantize and "
+    "--sliding-window are ignored; with --zoo, gemma3 is the zoo's text model).",
 )
 @click.option(
     "--size",
@@ -80,7 +80,7 @@ def make_model_command(
     from mlxd.models.zoo import make_zoo_model
 
     try:
-        if arch in VLM_ARCHS:
+        if arch in VLM_ARCHS and not zoo:  # --zoo --arch gemma3: the zoo's text-only wrapper
             make_vlm(out_dir, arch=arch, seed=seed, overwrite=force)
             return
         if zoo:

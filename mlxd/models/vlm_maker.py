@@ -2,9 +2,11 @@
 
 A made VLM is what a downloaded one is to mlx-vlm's ``load``: ``config.json`` with a
 ``text_config`` and a ``vision_config``, the weights, the tokenizer (the text maker's, with the
-family's image token in place of a reserved one) and the processor's own files
-(``preprocessor_config.json``, ``processor_config.json``), all written offline. Needs the
-``vision`` extra (mlx-vlm), imported only here and in the worker's vision package.
+family's image tokens in place of reserved ones) and the processor's own files
+(``preprocessor_config.json``, ``processor_config.json``), all written offline. Families:
+LLaVA 1.5 (CLIP, a projector, Llama) and Gemma 3 (SigLIP, pooled to ``mm_tokens_per_image``,
+a language model of window and full layers). Needs the ``vision`` extra (mlx-vlm), imported
+only here and in the worker's vision package.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from mlxd.models.tokenizer_maker import (
     make_tokenizer,
 )
 
-VLM_ARCHS = ("llava",)
+VLM_ARCHS = ("llava", "gemma3")
 IMAGE_TOKEN = "<image>"
 # One reserved id past the trained vocabulary becomes the image token; the rest stay reserved.
 VLM_VOCAB_SIZE = TRAINED_VOCAB_SIZE + 64
@@ -36,12 +38,30 @@ PATCH_SIZE = 14
 # CLIP's normalization (the processor's; any fixed values would do for random weights).
 _CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 _CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
+# Gemma 3: 64 x 64 pixels in 4-pixel patches (16 x 16), average-pooled to 8 x 8 = 64 image
+# tokens per image (two KV blocks of the default size), each between its begin and end tokens.
+GEMMA3_IMAGE_SIZE = 64
+GEMMA3_PATCH_SIZE = 4
+GEMMA3_IMAGE_TOKENS = 64
+GEMMA3_WINDOW = 16  # the window layers' keys: shorter than a block, so slabs go back
+GEMMA3_BOI_TOKEN = "<start_of_image>"
+GEMMA3_IMAGE_TOKEN = "<image_soft_token>"
+GEMMA3_EOI_TOKEN = "<end_of_image>"
+_GEMMA3_EMBED_SCALE = 0.1  # of the other weights' scale (see _build_gemma3)
+# Reserved ids past the trained vocabulary become Gemma 3's image tokens.
+GEMMA3_TOKEN_IDS = {
+    t: TRAINED_VOCAB_SIZE + n
+    for n, t in enumerate((GEMMA3_IMAGE_TOKEN, GEMMA3_BOI_TOKEN, GEMMA3_EOI_TOKEN))
+}
+
 # The chat template's content macro, which gains image parts (rendered as the image token).
 _TEXT_PART = "{%- if part.type == 'text' -%}{{- part.text -}}{%- endif -%}"
 _IMAGE_PART = (
     "{%- if part.type == 'text' -%}{{- part.text -}}"
     "{%- elif part.type in ['image', 'image_url'] -%}{{- '" + IMAGE_TOKEN + "' -}}{%- endif -%}"
 )
+# Gemma 3's template renders an image part as its begin token (the processor expands it).
+_GEMMA3_IMAGE_PART = _IMAGE_PART.replace(IMAGE_TOKEN, GEMMA3_BOI_TOKEN)
 
 
 # Public API
@@ -64,8 +84,9 @@ def make_vlm(
         raise ConfigError(f"unknown vision family {arch!r}; valid: {', '.join(VLM_ARCHS)}")
     _require_mlx_vlm()
     report = progress or print_stderr
+    build = _build_gemma3 if arch == "gemma3" else _build_llava
     with staged_dir(Path(out_dir), overwrite) as tmp_dir:
-        _build_llava(tmp_dir, seed, report)
+        build(tmp_dir, seed, report)
     report(f"made {arch} vision model in {out_dir}")
     return out_dir
 
@@ -98,6 +119,52 @@ def llava_config() -> dict[str, Any]:
         "image_token_index": IMAGE_TOKEN_ID,
         "vision_feature_select_strategy": "default",
         "vision_feature_layer": -2,
+        "vocab_size": VLM_VOCAB_SIZE,
+        "eos_token_id": EOS_TOKEN_ID,
+        "pad_token_id": PAD_TOKEN_ID,
+        "max_position_embeddings": text["max_position_embeddings"],
+        "torch_dtype": "float32",
+        "transformers_version": "5.0.0",
+        "text_config": text,
+        "vision_config": vision,
+    }
+
+
+def gemma3_config() -> dict[str, Any]:
+    """Gemma 3's layout at the tiny shape: a SigLIP tower pooled to ``GEMMA3_IMAGE_TOKENS``
+    per image, a language model whose layers alternate sliding-window and full attention
+    (the window shorter than a prompt, so the window runner's slabs go back)."""
+    text = {
+        **TINY_SHAPE,
+        "model_type": "gemma3_text",
+        "vocab_size": VLM_VOCAB_SIZE,
+        "rms_norm_eps": 1e-6,
+        "query_pre_attn_scalar": TINY_SHAPE["head_dim"],
+        "sliding_window": GEMMA3_WINDOW,
+        "sliding_window_pattern": 2,  # window, full
+        "mm_tokens_per_image": GEMMA3_IMAGE_TOKENS,
+        "rope_local_base_freq": 10_000.0,
+        "rope_global_base_freq": 1_000_000.0,
+    }
+    vision = {
+        "model_type": "siglip_vision_model",
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "intermediate_size": 64,
+        "num_attention_heads": 2,
+        "image_size": GEMMA3_IMAGE_SIZE,
+        "patch_size": GEMMA3_PATCH_SIZE,
+        "num_channels": 3,
+        "layer_norm_eps": 1e-6,
+    }
+    return {
+        "model_type": "gemma3",
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "image_token_index": GEMMA3_TOKEN_IDS[GEMMA3_IMAGE_TOKEN],
+        "boi_token_index": GEMMA3_TOKEN_IDS[GEMMA3_BOI_TOKEN],
+        "eoi_token_index": GEMMA3_TOKEN_IDS[GEMMA3_EOI_TOKEN],
+        "mm_tokens_per_image": GEMMA3_IMAGE_TOKENS,
+        "hidden_size": text["hidden_size"],  # mlx-vlm scales image features by it
         "vocab_size": VLM_VOCAB_SIZE,
         "eos_token_id": EOS_TOKEN_ID,
         "pad_token_id": PAD_TOKEN_ID,
@@ -150,6 +217,37 @@ def _build_llava(out_dir: Path, seed: int, report: Progress) -> None:
     )
 
 
+def _build_gemma3(out_dir: Path, seed: int, report: Progress) -> None:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import save_model
+    from mlx_vlm.models import gemma3
+
+    config = gemma3_config()
+    report(f"training tokenizer (vocab {VLM_VOCAB_SIZE})")
+    make_tokenizer(
+        out_dir, vocab_size=VLM_VOCAB_SIZE, model_max_length=config["max_position_embeddings"]
+    )
+    _add_gemma3_tokens(out_dir)
+    model = gemma3.Model(_model_config(gemma3, config))
+    num_params = sum(p.size for _, p in tree_flatten(model.parameters()))
+    report(f"initialising {num_params / 1e6:.2f}M random float32 weights (seed {seed})")
+    init_weights(model, seed, mx.float32, max(0.02, config["text_config"]["hidden_size"] ** -0.5))
+    text = model.language_model
+    # Gemma 3 ties its output head to the embeddings (mlx-vlm's load ties it whatever the
+    # file holds): random embeddings as large as the rest would carry each token into its own
+    # logits and a greedy answer would repeat one token. Smaller ones leave it to the layers.
+    text.model.embed_tokens.weight = text.model.embed_tokens.weight * _GEMMA3_EMBED_SCALE
+    text.pop("lm_head")  # tied: no weights of its own in the checkpoint
+    save_model(out_dir, model, donate_model=True)
+    _write_json(out_dir / "config.json", config)
+    _write_json(out_dir / "preprocessor_config.json", _gemma3_preprocessor())
+    _write_json(
+        out_dir / "processor_config.json",
+        {"processor_class": "Gemma3Processor", "image_seq_length": GEMMA3_IMAGE_TOKENS},
+    )
+
+
 def _model_config(family: Any, config: dict[str, Any]) -> Any:
     """The family's ``ModelConfig`` with its text and vision configs built, as mlx-vlm's
     ``load`` builds them (``from_dict`` leaves nested configs as dicts)."""
@@ -184,6 +282,60 @@ def _add_image_token(out_dir: Path) -> None:
     config["chat_template"] = CHAT_TEMPLATE.replace(_TEXT_PART, _IMAGE_PART)
     config["processor_class"] = "LlavaProcessor"
     _write_json(config_path, config)
+
+
+def _add_gemma3_tokens(out_dir: Path) -> None:
+    """Gemma 3's image tokens in the first reserved ids (special, never split), named in the
+    tokenizer's config as its processor reads them (``tokenizer.boi_token``, ...)."""
+    path = out_dir / "tokenizer.json"
+    spec = json.loads(path.read_text(encoding="utf-8"))
+    vocab = spec["model"]["vocab"]
+    for n, (token, token_id) in enumerate(GEMMA3_TOKEN_IDS.items()):
+        assert vocab.pop(RESERVED_TOKEN.format(n)) == token_id
+        vocab[token] = token_id
+        spec["added_tokens"].append(_special_token(token, token_id))
+    path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
+    config_path = out_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    assert _TEXT_PART in CHAT_TEMPLATE
+    config["chat_template"] = CHAT_TEMPLATE.replace(_TEXT_PART, _GEMMA3_IMAGE_PART)
+    config["processor_class"] = "Gemma3Processor"
+    config["extra_special_tokens"] = {
+        "image_token": GEMMA3_IMAGE_TOKEN,
+        "boi_token": GEMMA3_BOI_TOKEN,
+        "eoi_token": GEMMA3_EOI_TOKEN,
+    }
+    _write_json(config_path, config)
+
+
+def _special_token(token: str, token_id: int) -> dict[str, Any]:
+    return {
+        "id": token_id,
+        "content": token,
+        "single_word": False,
+        "lstrip": False,
+        "rstrip": False,
+        "normalized": False,
+        "special": True,
+    }
+
+
+def _gemma3_preprocessor() -> dict[str, Any]:
+    """Gemma 3's: a square resize to the tower's side, normalized to [-1, 1], no crops."""
+    return {
+        "image_processor_type": "Gemma3ImageProcessor",
+        "processor_class": "Gemma3Processor",
+        "do_resize": True,
+        "size": {"height": GEMMA3_IMAGE_SIZE, "width": GEMMA3_IMAGE_SIZE},
+        "resample": 2,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "do_convert_rgb": True,
+        "do_pan_and_scan": False,
+    }
 
 
 def _clip_preprocessor() -> dict[str, Any]:

@@ -244,7 +244,8 @@ def _load_vlm(path: str, group: Any) -> tuple[Any, Any, Any]:
 
 def _attach_vision(config: WorkerConfig, runner: ModelRunner, vision: Any) -> None:
     """The image encoder on a runner that splices features into prefill (the paged one on
-    plain K/V); on another the VLM serves text and refuses images."""
+    plain K/V, and the window one, a paged runner, for Gemma 3's sliding-window layers); on
+    another the VLM serves text and refuses images."""
     from mlxd.worker.runners.hybrid import HybridModelRunner
     from mlxd.worker.runners.paged import PagedModelRunner
 

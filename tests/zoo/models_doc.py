@@ -24,6 +24,20 @@ requests caused in a 24-block pool, and whether their text was unchanged.
 | --- | --- | --- | --- | --- | --- | --- | --- |
 """
 
+# Hand-kept: the vision families are not in the zoo run (tests/e2e/test_vision*.py).
+VISION = """## Vision-language models
+
+Not from the zoo run: loaded through mlx-vlm (`mlxd[vision]`, docs/decisions/0005-*.md), built
+tiny by `mlxd make-model --arch NAME` and checked token for token against mlx-vlm's own
+`generate` (alone, batched with text requests, after a prefix hit, a different image at the same
+positions, preempted) by tests/e2e/test_vision*.py.
+
+| family | `--arch` | vision tower | runner | tests |
+| --- | --- | --- | --- | --- |
+| LLaVA 1.5 | `llava` | CLIP, projector | paged | test_vision, test_vision_surfaces |
+| Gemma 3 | `gemma3` | SigLIP, pooled | window (slabs) | test_vision_gemma3* |
+"""
+
 _CHECKS = (
     "test_greedy_equals_mlx_lm",
     "test_four_concurrent_equal_each_alone",
@@ -41,7 +55,8 @@ def write_models_doc(path: Path, dirs: dict[str, Path], seen: dict[str, dict[str
         + "\n".join(rows)
         + "\n\nNot in the zoo:\n\n"
         + "\n".join(excluded)
-        + "\n"
+        + "\n\n"
+        + VISION
     )
 
 

@@ -182,7 +182,10 @@ class ImageEncoder:
     def _encode(self, seq: Sequence, img: PromptImages) -> mx.array:
         began = time.perf_counter()
         ids = mx.array([seq.prompt_ids])
-        out = self.vlm.get_input_embeddings(ids, mx.array(img.pixel_values))
+        # the mask as mlx-vlm's generate gives it (the processor's: one unpadded prompt);
+        # Gemma 3's merge needs one, LLaVA's takes none
+        mask = mx.ones(ids.shape, dtype=mx.int32)
+        out = self.vlm.get_input_embeddings(ids, mx.array(img.pixel_values), mask=mask)
         features: mx.array = out.inputs_embeds[0][mx.array(img.positions)]
         mx.eval(features)  # the tower's time is measured here, not in the forward
         self.counters.encoded += len(img.digests)

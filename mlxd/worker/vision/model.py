@@ -57,6 +57,18 @@ class TextModel(nn.Module):
         """The text config (heads, hidden size, vocabulary, context), as mlx-lm's ``args``."""
         return self.language_model.config
 
+    def make_cache(self) -> list[Any]:
+        """One sequence's caches as the language model lays them out: Gemma 3's window layers
+        keep rotating caches beside its full layers' plain ones, which puts it on the window
+        runner (``layer_caches.window_size``); a model without its own gets a plain K/V cache
+        per layer, as mlx-lm gives one."""
+        own = getattr(self.language_model, "make_cache", None)
+        if own is not None:
+            return list(own())
+        from mlx_lm.models.cache import KVCache
+
+        return [KVCache() for _ in self.layers]
+
     def embed(self, tokens: mx.array) -> mx.array:
         """The token embeddings the decoder starts from."""
         return self.language_model.model.embed_tokens(tokens)  # type: ignore[no-any-return]
