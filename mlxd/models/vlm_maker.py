@@ -25,7 +25,7 @@ from mlxd.models.tokenizer_maker import (
     make_tokenizer,
 )
 
-VLM_ARCHS = ("llava",)
+VLM_ARCHS = ("llava", "qwen2_5_vl")
 IMAGE_TOKEN = "<image>"
 # One reserved id past the trained vocabulary becomes the image token; the rest stay reserved.
 VLM_VOCAB_SIZE = TRAINED_VOCAB_SIZE + 64
@@ -65,7 +65,7 @@ def make_vlm(
     _require_mlx_vlm()
     report = progress or print_stderr
     with staged_dir(Path(out_dir), overwrite) as tmp_dir:
-        _build_llava(tmp_dir, seed, report)
+        _builder(arch)(tmp_dir, seed, report)
     report(f"made {arch} vision model in {out_dir}")
     return out_dir
 
@@ -110,6 +110,15 @@ def llava_config() -> dict[str, Any]:
 
 
 # Internal helpers
+
+
+def _builder(arch: str) -> Any:
+    """The function that writes family ``arch``'s checkpoint into a directory."""
+    if arch == "qwen2_5_vl":
+        from mlxd.models.qwen_vl_maker import build_qwen2_5_vl
+
+        return build_qwen2_5_vl
+    return _build_llava
 
 
 def _require_mlx_vlm() -> None:
