@@ -28,6 +28,7 @@ pytestmark = pytest.mark.e2e
 
 QUESTION = "What is in this picture? Describe it."
 MAX_TOKENS = 16
+PREEMPT_TOKENS = 64  # long enough answers to outgrow the tight pool
 SQUARE = (224, 224)  # 64 image tokens: two whole 32-token blocks with the text before them
 
 
@@ -61,7 +62,9 @@ def reference(qwen: Path) -> Any:
 
     model, processor = load(str(qwen))
 
-    def ids_for(pngs: list[bytes], messages: list[dict[str, Any]]) -> list[int]:
+    def ids_for(
+        pngs: list[bytes], messages: list[dict[str, Any]], max_tokens: int = MAX_TOKENS
+    ) -> list[int]:
         from PIL import Image
 
         pictures = [Image.open(io.BytesIO(png)).convert("RGB") for png in pngs]
@@ -80,7 +83,7 @@ def reference(qwen: Path) -> Any:
             processor,
             text,
             input_ids=mx.array(inputs["input_ids"]),
-            max_tokens=MAX_TOKENS,
+            max_tokens=max_tokens,
             temperature=0.0,
             verbose=False,
             **images,
@@ -109,11 +112,13 @@ def _messages(png: bytes) -> list[dict[str, Any]]:
     return [{"role": "user", "content": [_image_part(png), {"type": "text", "text": QUESTION}]}]
 
 
-def _ask(client: openai.OpenAI, messages: list[dict[str, Any]]) -> Any:
+def _ask(
+    client: openai.OpenAI, messages: list[dict[str, Any]], max_tokens: int = MAX_TOKENS
+) -> Any:
     return client.chat.completions.create(
         model="qwen",
         messages=messages,  # type: ignore[arg-type]
-        max_tokens=MAX_TOKENS,
+        max_tokens=max_tokens,
         temperature=0,
         logprobs=True,
     )
@@ -172,9 +177,7 @@ def test_images_in_a_busy_batch_beside_text_requests(
         t.join()
     expected = [reference([p], m) for p, m in zip(pngs, asks[: len(pngs)], strict=True)]
     expected += [reference([], m) for m in texts]
-    assert [_tokens(answers[n]) for n in range(len(asks))] == [
-        _text_of(e, qwen) for e in expected
-    ]
+    assert [_tokens(answers[n]) for n in range(len(asks))] == [_text_of(e, qwen) for e in expected]
 
 
 def test_the_same_image_twice_hits_and_another_never_does(
@@ -221,3 +224,40 @@ def test_two_images_of_different_sizes(client: openai.OpenAI, reference: Any, qw
     swapped = [{"role": "user", "content": [content[2], content[1], content[0], content[3]]}]
     other = _ask(client, swapped)  # the same images the other way round: other keys
     assert _tokens(other) == _text_of(reference([second, first], swapped), qwen)
+
+
+# Preemption: a KV pool of a few requests' worth
+
+
+@pytest.fixture(scope="module")
+def tight(qwen: Path) -> Iterator[Daemon]:
+    # 512 bytes a token (2 layers, 2 KV heads of 16, float32 K and V): about 400 tokens,
+    # room for four ~85-token image prompts but not their answers
+    d = start_daemon(qwen, "--kv-cache-gb", "0.0002", "--kv-block-size", "16", name="qwen")
+    yield d
+    if d.proc.poll() is None:
+        stop_daemon(d)
+
+
+def test_image_requests_preempted_and_resumed_answer_as_mlx_vlm(
+    tight: Daemon, reference: Any, qwen: Path
+) -> None:
+    """A resumed sequence prefills its prompt and its answer so far: the answer's tokens sit
+    past the prompt, at index + delta."""
+    client = openai.OpenAI(base_url=f"{tight.base_url}/v1", api_key="unused", max_retries=0)
+    pngs = [_png(20 + n) for n in range(4)]
+    answers: dict[int, Any] = {}
+
+    def ask(n: int) -> None:
+        answers[n] = _ask(client, _messages(pngs[n]), max_tokens=PREEMPT_TOKENS)
+
+    threads = [threading.Thread(target=ask, args=(n,)) for n in range(len(pngs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stats = tight.admin_get("/admin/models/qwen/stats").json()
+    assert stats["preemptions"] > 0, stats
+    for n, png in enumerate(pngs):
+        expected = reference([png], _messages(png), max_tokens=PREEMPT_TOKENS)
+        assert _tokens(answers[n]) == _text_of(expected, qwen), n

@@ -24,6 +24,10 @@ requests caused in a 24-block pool, and whether their text was unchanged.
 | --- | --- | --- | --- | --- | --- | --- | --- |
 """
 
+# What follows this heading in MODELS.md is written by hand (the vision families, whose
+# tests are tests/e2e/test_vision*.py, not the zoo) and kept when the tier rewrites the table.
+VISION_HEADING = "## Vision-language models"
+
 _CHECKS = (
     "test_greedy_equals_mlx_lm",
     "test_four_concurrent_equal_each_alone",
@@ -42,7 +46,15 @@ def write_models_doc(path: Path, dirs: dict[str, Path], seen: dict[str, dict[str
         + "\n\nNot in the zoo:\n\n"
         + "\n".join(excluded)
         + "\n"
+        + _hand_written(path)
     )
+
+
+def _hand_written(path: Path) -> str:
+    """The vision section of the current ``path`` (from its heading on), or nothing."""
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    at = text.find(VISION_HEADING)
+    return "" if at < 0 else "\n" + text[at:]
 
 
 def _row(arch: str, model_dir: Path, facts: dict[str, Any]) -> str:
