@@ -25,8 +25,8 @@ class _ConfigFailure(click.ClickException):
     "--arch",
     default="qwen3",
     show_default=True,
-    help="qwen3, llama, qwen2, mistral, mamba (state-space), lfm2 (hybrid), or llava (a "
-    "vision-language model; needs mlxd[vision]; --size, --dtype, --quantize and "
+    help="qwen3, llama, qwen2, mistral, mamba (state-space), lfm2 (hybrid), or llava or "
+    "qwen2_5_vl (vision-language models; need mlxd[vision]; --size, --dtype, --quantize and "
     "--sliding-window are ignored).",
 )
 @click.option(
