@@ -84,7 +84,7 @@ for SIZE in ${SIZES:-qwen3-0.6b llama-3.2-3b}; do
   [ -d "$MODEL" ] || make "$SIZE" "$MODEL"
   for leg in ${LEGS:-one two tp}; do
     case $leg in
-      one) up "$SIZE-one" "$MODEL"; greedy "$SIZE-one"; bench "$SIZE-one" 1,64,128; down ;;
+      one) up "$SIZE-one" "$MODEL"; greedy "$SIZE-one"; bench "$SIZE-one" "${ONE_LEVELS:-1,64,128}"; down ;;
       two) up "$SIZE-two" "$MODEL" --replicas 2; bench "$SIZE-two" 64,128; down ;;
       kill) up "$SIZE-kill" "$MODEL" --replicas 2; kill_leg "$SIZE-kill"; down ;;
       tp) up "$SIZE-tp" "$MODEL" --group-size 2 --distributed nccl; greedy "$SIZE-tp"

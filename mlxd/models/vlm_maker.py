@@ -27,7 +27,7 @@ from mlxd.models.tokenizer_maker import (
     make_tokenizer,
 )
 
-VLM_ARCHS = ("llava", "gemma3")
+VLM_ARCHS = ("llava", "gemma3", "qwen2_5_vl")
 IMAGE_TOKEN = "<image>"
 # One reserved id past the trained vocabulary becomes the image token; the rest stay reserved.
 VLM_VOCAB_SIZE = TRAINED_VOCAB_SIZE + 64
@@ -84,9 +84,8 @@ def make_vlm(
         raise ConfigError(f"unknown vision family {arch!r}; valid: {', '.join(VLM_ARCHS)}")
     _require_mlx_vlm()
     report = progress or print_stderr
-    build = _build_gemma3 if arch == "gemma3" else _build_llava
     with staged_dir(Path(out_dir), overwrite) as tmp_dir:
-        build(tmp_dir, seed, report)
+        _builder(arch)(tmp_dir, seed, report)
     report(f"made {arch} vision model in {out_dir}")
     return out_dir
 
@@ -177,6 +176,15 @@ def gemma3_config() -> dict[str, Any]:
 
 
 # Internal helpers
+
+
+def _builder(arch: str) -> Any:
+    """The function that writes family ``arch``'s checkpoint into a directory."""
+    if arch == "qwen2_5_vl":
+        from mlxd.models.qwen_vl_maker import build_qwen2_5_vl
+
+        return build_qwen2_5_vl
+    return _build_gemma3 if arch == "gemma3" else _build_llava
 
 
 def _require_mlx_vlm() -> None:

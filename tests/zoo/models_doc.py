@@ -24,19 +24,9 @@ requests caused in a 24-block pool, and whether their text was unchanged.
 | --- | --- | --- | --- | --- | --- | --- | --- |
 """
 
-# Hand-kept: the vision families are not in the zoo run (tests/e2e/test_vision*.py).
-VISION = """## Vision-language models
-
-Not from the zoo run: loaded through mlx-vlm (`mlxd[vision]`, docs/decisions/0005-*.md), built
-tiny by `mlxd make-model --arch NAME` and checked token for token against mlx-vlm's own
-`generate` (alone, batched with text requests, after a prefix hit, a different image at the same
-positions, preempted) by tests/e2e/test_vision*.py.
-
-| family | `--arch` | vision tower | runner | tests |
-| --- | --- | --- | --- | --- |
-| LLaVA 1.5 | `llava` | CLIP, projector | paged | test_vision, test_vision_surfaces |
-| Gemma 3 | `gemma3` | SigLIP, pooled | window (slabs) | test_vision_gemma3* |
-"""
+# What follows this heading in MODELS.md is written by hand (the vision families, whose
+# tests are tests/e2e/test_vision*.py, not the zoo) and kept when the tier rewrites the table.
+VISION_HEADING = "## Vision-language models"
 
 _CHECKS = (
     "test_greedy_equals_mlx_lm",
@@ -55,9 +45,16 @@ def write_models_doc(path: Path, dirs: dict[str, Path], seen: dict[str, dict[str
         + "\n".join(rows)
         + "\n\nNot in the zoo:\n\n"
         + "\n".join(excluded)
-        + "\n\n"
-        + VISION
+        + "\n"
+        + _hand_written(path)
     )
+
+
+def _hand_written(path: Path) -> str:
+    """The vision section of the current ``path`` (from its heading on), or nothing."""
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    at = text.find(VISION_HEADING)
+    return "" if at < 0 else "\n" + text[at:]
 
 
 def _row(arch: str, model_dir: Path, facts: dict[str, Any]) -> str:

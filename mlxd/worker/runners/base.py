@@ -95,7 +95,8 @@ class ModelRunner(ABC):
         )
         assert prev is not None, "decode_step needs at least one row"
         sample_rows = [self._sample_row(s, e) for s, e in zip(rows, emitted, strict=True)]
-        logits = self.model(prev[:, None], cache=self._decode_cache(rows))[:, -1, :]
+        extra = self._decode_positions(rows)  # before the cache hook advances the rows
+        logits = self.model(prev[:, None], cache=self._decode_cache(rows), **extra)[:, -1, :]
         events = None
         if any(s.grammar is not None for s in rows):
             # A grammar mask needs the previous token: read it while the forward pass runs.
@@ -183,6 +184,13 @@ class ModelRunner(ABC):
         out = self._collect(self._pending, rows, [not f for f in fresh], self._pending_lp)
         self._emitted = fresh
         return out
+
+    def _decode_positions(self, rows: list[Sequence]) -> dict[str, Any]:
+        """A Qwen-VL decode step's ``position_ids`` when a row has images (``vision.mrope``);
+        no extra input for any other step or model."""
+        mrope = None if self.vision is None else self.vision.mrope
+        ids = None if mrope is None else mrope.decode(rows)
+        return {} if ids is None else {"position_ids": ids}
 
     @abstractmethod
     def _decode_cache(self, rows: list[Sequence]) -> list[Any]:

@@ -209,7 +209,8 @@ class PagedModelRunner(ModelRunner):
         its few extra positions, not a flush, a gather of its blocks and a view built again."""
         caches = verify_caches(self.pool, self.tail, seq.block_ids, seq.num_computed, len(inputs))
         self.view_verifications += 1
-        logits = self.model(mx.array(inputs)[:, None], cache=caches)
+        extra = self._positions([(seq, [seq.num_computed + j]) for j in range(len(inputs))])
+        logits = self.model(mx.array(inputs)[:, None], cache=caches, **extra)
         return logits.reshape(-1, logits.shape[-1])
 
     def _record_on_view(self, seq: Sequence, kept: int) -> None:
@@ -228,10 +229,15 @@ class PagedModelRunner(ModelRunner):
             [len(x) for x in inputs],
             self.pool,
         )
+        window = verification.window(inputs)
+        extra = self._positions(
+            [
+                (s, _padded(s.num_computed, s.num_computed + len(x), window.shape[1]))
+                for s, x in zip(rows, inputs, strict=True)
+            ]
+        )
         with all_positions(self.model):
-            logits = self.model(
-                verification.window(inputs), cache=PagedKVCache.for_step(self.pool, step)
-            )
+            logits = self.model(window, cache=PagedKVCache.for_step(self.pool, step), **extra)
         return logits.reshape(-1, logits.shape[-1])[verification.real_positions(inputs)]
 
     def _forward_as_rows(self, rows: list[Sequence], inputs: list[list[int]]) -> mx.array:
@@ -239,14 +245,17 @@ class PagedModelRunner(ModelRunner):
         (position ``num_computed + j``, its sequence's block table), so attention runs as in
         decode, whatever the draft lengths. The K/V of every input is written before any is
         read, layer by layer, so input ``j`` sees the ones before it."""
-        tables, positions, tokens = [], [], []
+        tables, positions, tokens, owners = [], [], [], []
         for seq, x in zip(rows, inputs, strict=True):
             for j, token in enumerate(x):
                 tables.append(seq.block_ids)
                 positions.append(seq.num_computed + j)
                 tokens.append(token)
+                owners.append(seq)
         step = PagedStep.build(tables, positions, [1] * len(tokens), self.pool)
-        logits = self.model(mx.array(tokens)[:, None], cache=PagedKVCache.for_step(self.pool, step))
+        extra = self._positions([(s, [p]) for s, p in zip(owners, positions, strict=True)])
+        caches = PagedKVCache.for_step(self.pool, step)
+        logits = self.model(mx.array(tokens)[:, None], cache=caches, **extra)
         return logits.reshape(-1, logits.shape[-1])
 
     def _keep(
@@ -298,10 +307,18 @@ class PagedModelRunner(ModelRunner):
         caches = self._step_caches([s for s, _, _ in parts], [start for _, start, _ in parts], new)
         tokens = mx.array(rows)
         embeds = None if self.vision is None else self.vision.embeddings(tokens, parts)
+        extra = self._positions([(s, _padded(a, e, width)) for s, a, e in parts])
         if embeds is None:
-            self.model(tokens, cache=caches)
+            self.model(tokens, cache=caches, **extra)
         else:  # a VLM prompt's images: their features at their placeholders
-            self.model(tokens, cache=caches, input_embeddings=embeds)
+            self.model(tokens, cache=caches, input_embeddings=embeds, **extra)
+
+    def _positions(self, rows: list[tuple[Sequence, list[int]]]) -> dict[str, Any]:
+        """A Qwen-VL forward's ``position_ids`` (``vision.mrope``) when a row has images,
+        each row holding its sequence's given positions (-1: padding); else nothing."""
+        mrope = None if self.vision is None else self.vision.mrope
+        ids = None if mrope is None else mrope.position_ids(rows)
+        return {} if ids is None else {"position_ids": ids}
 
     def _step_caches(
         self, seqs: list[Sequence], starts: list[int], new: list[int], exact: bool = False
@@ -366,6 +383,11 @@ def _pack(chunks: list[PrefillChunk]) -> list[list[PrefillChunk]]:
             groups.append([chunk])
             real = n
     return groups
+
+
+def _padded(start: int, end: int, width: int) -> list[int]:
+    """Positions ``start .. end`` right-aligned in ``width`` columns (-1: left padding)."""
+    return [-1] * (width - (end - start)) + list(range(start, end))
 
 
 def _width(group: list[PrefillChunk]) -> int:

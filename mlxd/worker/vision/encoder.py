@@ -29,6 +29,7 @@ from mlxd.errors import InvalidRequest
 from mlxd.knobs import MAX_IMAGE_PIXELS
 from mlxd.models.vision_layout import FEATURE_CACHE_BYTES
 from mlxd.protocol.messages import ImageData
+from mlxd.worker.vision.mrope import MRope, MRopeTextModel, prompt_positions
 
 if TYPE_CHECKING:
     from mlxd.worker.sched.sequence import Sequence
@@ -52,6 +53,19 @@ class PromptImages:
     positions: np.ndarray  # (image tokens,) prompt positions, ascending
     digests: list[str]
     features: mx.array | None = None  # (image tokens, hidden)
+    # Qwen-VL: each image's (time, height, width) in patches, the prompt's mRoPE positions
+    # (3, prompt) and the offset of every position past them (``vision.mrope``).
+    grid_thw: np.ndarray | None = None
+    mrope: np.ndarray | None = None
+    delta: int = 0
+
+    @property
+    def sizes(self) -> list[int]:
+        """Each image's placeholder count (the same for every image but Qwen-VL's)."""
+        if self.grid_thw is not None:  # a token per merged patch group: in proportion
+            patches = self.grid_thw.prod(axis=1)
+            return [len(self.positions) * int(p) // int(patches.sum()) for p in patches]
+        return [len(self.positions) // len(self.digests)] * len(self.digests)
 
     def overlaps(self, start: int, end: int) -> bool:
         """Whether prompt positions ``start .. end`` hold any placeholder."""
@@ -111,7 +125,9 @@ class ImageEncoder:
         self.vlm = vlm
         self.processor = processor
         self.text = text
-        self.image_token_id = int(vlm.config.image_token_index)
+        self.image_token_id = _image_token_id(vlm.config)
+        # Qwen-VL's positions (None: the family's positions are the cache offsets).
+        self.mrope = MRope() if isinstance(text, MRopeTextModel) else None
         self.pool = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="images")
         self.counters = EncoderCounters()
         self.cache = FeatureCache()
@@ -163,11 +179,19 @@ class ImageEncoder:
             raise InvalidRequest(f"cannot process the images: {exc}", param="messages") from None
         ids = [int(t) for t in np.asarray(out["input_ids"]).reshape(-1)]
         positions = np.array([p for p, t in enumerate(ids) if t == self.image_token_id])
-        if len(positions) % max(len(images), 1):
-            raise InvalidRequest("the prompt's image placeholders do not match its images")
         digests = [i.digest for i in images]
         prompt_images = PromptImages(np.asarray(out["pixel_values"]), positions, digests)
-        return Prepared(ids, prompt_images, _keys(ids, positions, digests))
+        if self.mrope is not None:
+            self._add_mrope(prompt_images, ids, np.asarray(out["image_grid_thw"]))
+        if sum(prompt_images.sizes) != len(positions):
+            raise InvalidRequest("the prompt's image placeholders do not match its images")
+        return Prepared(ids, prompt_images, _keys(ids, prompt_images))
+
+    def _add_mrope(self, img: PromptImages, ids: list[int], grid_thw: np.ndarray) -> None:
+        """Qwen-VL: the images' grids and the prompt's positions (``mrope``)."""
+        merge = int(self.vlm.config.vision_config.spatial_merge_size)
+        img.grid_thw = grid_thw.reshape(-1, 3)
+        img.mrope, img.delta = prompt_positions(ids, img.grid_thw, self.image_token_id, merge)
 
     def _features(self, seq: Sequence, img: PromptImages) -> mx.array:
         """The vision tower's output at every placeholder of ``seq``'s prompt, through the
@@ -185,16 +209,18 @@ class ImageEncoder:
         # the mask as mlx-vlm's generate gives it (the processor's: one unpadded prompt);
         # Gemma 3's merge needs one, LLaVA's takes none
         mask = mx.ones(ids.shape, dtype=mx.int32)
-        out = self.vlm.get_input_embeddings(ids, mx.array(img.pixel_values), mask=mask)
+        extra = {} if img.grid_thw is None else {"image_grid_thw": mx.array(img.grid_thw)}
+        out = self.vlm.get_input_embeddings(ids, mx.array(img.pixel_values), mask=mask, **extra)
         features: mx.array = out.inputs_embeds[0][mx.array(img.positions)]
         mx.eval(features)  # the tower's time is measured here, not in the forward
         self.counters.encoded += len(img.digests)
         self.counters.seconds += time.perf_counter() - began
-        per_image = len(img.positions) // len(img.digests)
-        for n, digest in enumerate(img.digests):  # copies: a slice would keep the whole alive
-            own = mx.contiguous(features[n * per_image : (n + 1) * per_image])
+        start = 0
+        for digest, size in zip(img.digests, img.sizes, strict=True):
+            own = mx.contiguous(features[start : start + size])  # a slice would keep the whole
             mx.eval(own)
             self.cache.put(digest, own)
+            start += size
         return features
 
 
@@ -230,11 +256,18 @@ def _check_size(size: tuple[int, int], index: int, max_pixels: int) -> None:
         )
 
 
-def _keys(ids: list[int], positions: np.ndarray, digests: list[str]) -> list[int]:
+def _keys(ids: list[int], img: PromptImages) -> list[int]:
     """The prompt's prefix-cache keys: its ids, each image's placeholders replaced by a key of
     its digest, so blocks holding an image match only the same image."""
     keys = list(ids)
-    per_image = len(positions) // max(len(digests), 1)
-    for n, p in enumerate(positions.tolist()):
-        keys[p] = -(1 + int(digests[n // per_image][:_KEY_HEX_DIGITS], 16))
+    owners = np.repeat(np.arange(len(img.digests)), img.sizes)
+    for p, n in zip(img.positions.tolist(), owners.tolist(), strict=True):
+        keys[p] = -(1 + int(img.digests[n][:_KEY_HEX_DIGITS], 16))
     return keys
+
+
+def _image_token_id(config: Any) -> int:
+    """The placeholder token's id (LLaVA names it ``image_token_index``, Qwen-VL
+    ``image_token_id``)."""
+    index = getattr(config, "image_token_index", None)
+    return int(config.image_token_id if index is None else index)

@@ -83,4 +83,13 @@ def load_vlm(path: str) -> tuple[TextModel, Any, Any]:
     vlm, processor = load(path)
     vlm.eval()
     tokenizer = load_tokenizer(Path(path), eos_token_ids=getattr(vlm.config, "eos_token_id", None))
-    return TextModel(vlm.language_model), tokenizer, (vlm, processor)
+    return _text_model(vlm.language_model), tokenizer, (vlm, processor)
+
+
+def _text_model(language_model: nn.Module) -> TextModel:
+    """The runners' view of ``language_model``: Qwen-VL's takes its multimodal positions."""
+    from mlxd.worker.vision.mrope import MRopeTextModel
+
+    if hasattr(language_model, "get_rope_index"):
+        return MRopeTextModel(language_model)
+    return TextModel(language_model)

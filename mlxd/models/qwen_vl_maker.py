@@ -1,0 +1,173 @@
+"""The Qwen2.5-VL maker: a tiny mlx-vlm Qwen2.5-VL checkpoint with seeded random weights.
+
+Qwen2.5-VL's layout at the tiny shape: a windowed ViT whose 2 x 2 patch groups merge into one
+image token each, and a Qwen2 decoder whose rotary positions are multimodal (mRoPE: time,
+height and width sections). Its processor resizes each image to a multiple of 28 pixels
+between ``MIN_PIXELS`` and ``MAX_PIXELS``, so the image tokens follow the image's size (a
+224 x 224 image: 64). Written by ``vlm_maker.make_vlm(arch="qwen2_5_vl")``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from mlxd.models.maker import Progress, init_weights
+from mlxd.models.presets import TINY_SHAPE
+from mlxd.models.tokenizer_maker import (
+    CHAT_TEMPLATE,
+    EOS_TOKEN_ID,
+    PAD_TOKEN_ID,
+    RESERVED_TOKEN,
+    TRAINED_VOCAB_SIZE,
+    make_tokenizer,
+)
+
+# The reserved ids past the trained vocabulary that become Qwen's vision tokens, in id order.
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+VISION_START_ID, VISION_END_ID, IMAGE_PAD_ID, VIDEO_PAD_ID = (
+    TRAINED_VOCAB_SIZE + n for n in range(len(VISION_TOKENS))
+)
+VOCAB_SIZE = TRAINED_VOCAB_SIZE + 64
+PATCH_SIZE = 14
+MERGE_SIZE = 2
+MIN_PIXELS = 56 * 56
+MAX_PIXELS = 224 * 224  # at most 64 image tokens an image
+# Head dimension 16: 8 rotary frequencies, split into time, height and width sections.
+MROPE_SECTION = [2, 3, 3]
+_CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
+_CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
+_TEXT_PART = "{%- if part.type == 'text' -%}{{- part.text -}}{%- endif -%}"
+_IMAGE_PART = (
+    "{%- if part.type == 'text' -%}{{- part.text -}}"
+    "{%- elif part.type in ['image', 'image_url'] -%}"
+    "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}{%- endif -%}"
+)
+
+
+# Public API
+
+
+def qwen2_5_vl_config() -> dict[str, Any]:
+    """The checkpoint's ``config.json``: the text model's fields at the top level (as
+    Qwen2.5-VL's own configs have them), the vision tower's under ``vision_config``."""
+    vision = {
+        "model_type": "qwen2_5_vl",
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "out_hidden_size": TINY_SHAPE["hidden_size"],
+        "patch_size": PATCH_SIZE,
+        "spatial_patch_size": PATCH_SIZE,
+        "spatial_merge_size": MERGE_SIZE,
+        "temporal_patch_size": 2,
+        "window_size": 112,
+        "fullatt_block_indexes": [1],
+        "in_channels": 3,
+        "tokens_per_second": 2,
+    }
+    return {
+        **{k: v for k, v in TINY_SHAPE.items() if k != "head_dim"},  # hidden // heads
+        "model_type": "qwen2_5_vl",
+        "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+        "vocab_size": VOCAB_SIZE,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1_000_000.0,
+        "rope_scaling": {"type": "mrope", "mrope_section": MROPE_SECTION},
+        "tie_word_embeddings": False,
+        "image_token_id": IMAGE_PAD_ID,
+        "video_token_id": VIDEO_PAD_ID,
+        "vision_start_token_id": VISION_START_ID,
+        "vision_end_token_id": VISION_END_ID,
+        "bos_token_id": None,  # else transformers' Qwen default, past this vocabulary
+        "eos_token_id": EOS_TOKEN_ID,
+        "pad_token_id": PAD_TOKEN_ID,
+        "torch_dtype": "float32",
+        "transformers_version": "5.0.0",
+        "vision_config": vision,
+    }
+
+
+def build_qwen2_5_vl(out_dir: Path, seed: int, report: Progress) -> None:
+    """Write the checkpoint into the (staged, empty) ``out_dir``."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import save_model
+    from mlx_vlm.models import qwen2_5_vl
+
+    from mlxd.models.vlm_maker import _model_config
+
+    config = qwen2_5_vl_config()
+    report(f"training tokenizer (vocab {VOCAB_SIZE})")
+    make_tokenizer(
+        out_dir, vocab_size=VOCAB_SIZE, model_max_length=config["max_position_embeddings"]
+    )
+    _add_vision_tokens(out_dir)
+    model = qwen2_5_vl.Model(_model_config(qwen2_5_vl, json.loads(json.dumps(config))))
+    num_params = sum(p.size for _, p in tree_flatten(model.parameters()))
+    report(f"initialising {num_params / 1e6:.2f}M random float32 weights (seed {seed})")
+    init_weights(model, seed, mx.float32, max(0.02, config["hidden_size"] ** -0.5))
+    save_model(out_dir, model, donate_model=True)
+    _write_json(out_dir / "config.json", config)
+    _write_json(out_dir / "preprocessor_config.json", _preprocessor())
+    # Read too (else fetched from the Hub by name): the video processor's settings.
+    _write_json(out_dir / "video_preprocessor_config.json", _preprocessor())
+    _write_json(out_dir / "processor_config.json", {"processor_class": "Qwen2_5_VLProcessor"})
+
+
+# Internal helpers
+
+
+def _add_vision_tokens(out_dir: Path) -> None:
+    """The first reserved tokens become Qwen's vision tokens (special, never split); the chat
+    template renders an image part as ``<|vision_start|><|image_pad|><|vision_end|>``."""
+    path = out_dir / "tokenizer.json"
+    spec = json.loads(path.read_text(encoding="utf-8"))
+    vocab = spec["model"]["vocab"]
+    for n, token in enumerate(VISION_TOKENS):
+        token_id = TRAINED_VOCAB_SIZE + n
+        assert vocab.pop(RESERVED_TOKEN.format(n)) == token_id
+        vocab[token] = token_id
+        spec["added_tokens"].append(_added_token(token_id, token))
+    path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
+    config_path = out_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    assert _TEXT_PART in CHAT_TEMPLATE
+    config["chat_template"] = CHAT_TEMPLATE.replace(_TEXT_PART, _IMAGE_PART)
+    config["processor_class"] = "Qwen2_5_VLProcessor"
+    _write_json(config_path, config)
+
+
+def _added_token(token_id: int, content: str) -> dict[str, Any]:
+    return {
+        "id": token_id,
+        "content": content,
+        "single_word": False,
+        "lstrip": False,
+        "rstrip": False,
+        "normalized": False,
+        "special": True,
+    }
+
+
+def _preprocessor() -> dict[str, Any]:
+    return {
+        "image_processor_type": "Qwen2VLImageProcessor",
+        "patch_size": PATCH_SIZE,
+        "temporal_patch_size": 2,
+        "merge_size": MERGE_SIZE,
+        "min_pixels": MIN_PIXELS,
+        "max_pixels": MAX_PIXELS,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": _CLIP_MEAN,
+        "image_std": _CLIP_STD,
+        "do_convert_rgb": True,
+    }
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2), encoding="utf-8")
