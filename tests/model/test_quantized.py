@@ -8,6 +8,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx_lm
 import pytest
+from mlx.nn.layers.distributed import QuantizedAllToShardedLinear, QuantizedShardedToAllLinear
 
 from mlxd.models.maker import make_model
 from mlxd.worker.runners.quantized import (
@@ -106,3 +107,22 @@ def test_a_quantized_model_decodes_a_batch_as_mlx_lm_decodes_each_prompt(
         h.close()
     for i, prompt in enumerate(PROMPTS):
         assert results[str(i)].token_ids == reference(path, prompt, 12), prompt
+
+
+def test_a_groups_sharded_quantized_layers_take_rows_too(tmp_path: Path) -> None:
+    # A worker group's ranks shard the model before batch_as_rows (worker/main.py): the
+    # sharded quantized classes must be swapped too, or a group's decode runs B matrix-vector
+    # products per layer (4x slower on an H100, run Z5). A one-process group shards the same way.
+    path = make_model(
+        tmp_path / "m", arch="qwen3", size="tiny", quantize_bits=4, progress=lambda line: None
+    )
+    model = mlx_lm.load(str(path))[0]
+    tokens = mx.array([[5], [6], [7]])
+    before = model(tokens)
+    model.shard(mx.distributed.init())
+    sharded = {QuantizedAllToShardedLinear, QuantizedShardedToAllLinear}
+    assert sharded <= _kinds(model)
+    changed = batch_as_rows(model)
+    assert not sharded & _kinds(model)
+    assert len(changed) == 7 * len(model.layers) + 1
+    assert mx.allclose(model(tokens), before, atol=1e-4).item()
