@@ -44,18 +44,9 @@ bench() {  # NAME LEVELS
     --prompt-tokens 128 --max-tokens 256 --label "$1" --json "$OUT/tp-$1.json" > "$OUT/tp-$1.txt" 2>&1 \
     || echo "$1 failed" | tee -a "$OUT/failures.txt"
 }
-greedy() {  # NAME: 8 greedy completions, one at a time, to $OUT/greedy-NAME.json
-  python3 - "$PORT" "$OUT/greedy-$1.json" <<'PY'
-import json, sys, httpx
-port, out = sys.argv[1], sys.argv[2]
-texts = []
-for i in range(8):
-    body = {"model": "bench", "prompt": f"Request {i}: " + "tell me about the sea " * (i + 2),
-            "max_tokens": 48, "temperature": 0, "ignore_eos": True}
-    r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=300)
-    texts.append(r.json()["choices"][0]["text"] if r.status_code == 200 else f"HTTP {r.status_code}")
-json.dump(texts, open(out, "w"))
-PY
+greedy() {  # NAME: 8 greedy completions with top-2 log-probabilities, to $OUT/greedy-NAME.json
+  python3 bench/group_parity.py fetch "http://127.0.0.1:$PORT" "$OUT/greedy-$1.json" \
+    || echo "$1 greedy failed" | tee -a "$OUT/failures.txt"
 }
 make() {  # SIZE MODEL: a real shape, random weights
   case $1 in
@@ -105,17 +96,10 @@ import glob, json, os, sys
 out = sys.argv[1]
 for path in sorted(glob.glob(f"{out}/tp-*.txt")):
     print("==", os.path.basename(path)); print(open(path).read()[-1500:])
-for size in os.environ.get("SIZES", "qwen3-0.6b llama-3.2-3b").split():
-    try:
-        one = json.load(open(f"{out}/greedy-{size}-one.json"))
-        tp = json.load(open(f"{out}/greedy-{size}-tp.json"))
-    except OSError:
-        continue
-    same = sum(a == b for a, b in zip(one, tp))
-    print(f"greedy {size}: group == one GPU in {same}/{len(one)}")
-    for a, b in zip(one, tp):
-        if a != b:
-            print("  one:", repr(a[:80]), "\n  tp: ", repr(b[:80]))
 PY
+for SIZE in ${SIZES:-qwen3-0.6b llama-3.2-3b}; do  # partings of the group, with their margins
+  [ -f "$OUT/greedy-$SIZE-one.json" ] && [ -f "$OUT/greedy-$SIZE-tp.json" ] && echo "greedy $SIZE:" \
+    && python3 bench/group_parity.py compare "$OUT/greedy-$SIZE-one.json" "$OUT/greedy-$SIZE-tp.json"
+done
 tail -n 12 "$OUT"/replicas-*.txt "$OUT"/kill-*.txt 2>/dev/null || true
 cat "$OUT/placement.txt" "$OUT/failures.txt" 2>/dev/null || true
