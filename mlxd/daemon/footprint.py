@@ -103,8 +103,10 @@ def _vision(path: str, dtype: str, model_config: dict[str, Any], growth: float) 
     directory = model_dir(path)
     if sources.is_convertible(path):
         directory = sources.converted_dir(path, dtype)
-    text = model_config.get("text_config") or model_config
-    value_bytes = int(_DTYPE_BYTES.get(str(text.get("torch_dtype") or "float16"), 2) * growth)
+    text = model_config.get("text_config") or {}
+    named = [c.get("torch_dtype") for c in (model_config["vision_config"], text, model_config)]
+    file_dtype = str(next((d for d in named if d), "float16"))
+    value_bytes = int(_DTYPE_BYTES.get(file_dtype, 2) * growth)
     weights = int(vision_weight_bytes(directory) * growth)
     return weights, encoder_peak_bytes(model_config, max(1, value_bytes))
 

@@ -13,12 +13,14 @@ not global, so a request cannot make the gateway reach the host's own network.
 A URL may carry secrets: ``user:password@`` before its host, keys in its query string (a
 signed URL's signature, ``?key=``). No error, log or message about an image URL shows them:
 each names the URL as ``redact`` gives it (scheme, host, port and path), and so does the text
-of an HTTP library's error, which may quote the URL.
+of an HTTP library's error, which may quote the URL, and httpx's own log line of each request
+(its "HTTP Request: GET <url>" at info level: ``RedactUrls`` on the ``httpx`` logger).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import logging
 import re
 import socket
 from dataclasses import dataclass, field, replace
@@ -34,6 +36,7 @@ from mlxd.protocol.messages import ChatPrompt, ImageData
 
 # Any URL in a text: a scheme, "://", then everything up to a space or a quote.
 _URL = re.compile(r"""[A-Za-z][A-Za-z0-9+.-]*://[^\s'"<>]+""")
+_QUERY = re.compile(r"""\?(?!\[redacted\])[^\s'"<>]+""")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,11 +51,39 @@ def pending_image(url: str, where: str) -> PendingImage:
     return PendingImage(data=b"", digest="", url=url, where=where)
 
 
+class RedactUrls(logging.Filter):
+    """Log records with every URL in them as ``redact`` gives it, and every other query string
+    cut too (httpcore's debug trace shows a redirect's relative ``Location``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            text = record.getMessage()
+        except (TypeError, ValueError):  # a malformed record: logging reports it, not this
+            return True
+        record.msg, record.args = _QUERY.sub("?[redacted]", redact(text)), ()
+        return True
+
+
+_REDACT_URLS = RedactUrls()
+# httpx's request lines and httpcore's debug trace (a filter acts on its own logger's records
+# only, not on its children's: each logger by name).
+_HTTP_LOGGERS = (
+    "httpx",
+    "httpcore.connection",
+    "httpcore.http11",
+    "httpcore.http2",
+    "httpcore.proxy",
+    "httpcore.socks",
+)
+
+
 class ImageFetcher:
     """Fetches the image URLs of requests, within ``limits``, on one connection pool."""
 
     def __init__(self, limits: ImageLimits) -> None:
         self.limits = limits
+        for name in _HTTP_LOGGERS:
+            logging.getLogger(name).addFilter(_REDACT_URLS)  # a filter is added once
         self.client = httpx.AsyncClient(
             follow_redirects=False, timeout=limits.fetch_timeout_s, trust_env=False
         )
