@@ -153,7 +153,9 @@ class ImageFetcher:
 
     async def _check_host(self, url: httpx.URL, where: str) -> None:
         if url.scheme not in ("http", "https") or not url.host:
-            raise InvalidRequest(f"'{where}': {redact(str(url))} is not an http(s) URL", param=where)
+            raise InvalidRequest(
+                f"'{where}': {redact(str(url))} is not an http(s) URL", param=where
+            )
         if self.limits.allow_private:
             return
         port = url.port or (443 if url.scheme == "https" else 80)

@@ -392,7 +392,10 @@ def _tower_ratio(vlm: Any, text: Any) -> float:
     from mlx.utils import tree_flatten
 
     def size(module: Any) -> int:
-        return 0 if module is None else sum(p.size for _, p in tree_flatten(module.parameters()))
+        if module is None:
+            return 0
+        leaves: Any = tree_flatten(module.parameters())  # (name, array) pairs
+        return sum(int(p.size) for _, p in leaves)
 
     tower = size(getattr(vlm, "vision_tower", None))
     tower += size(getattr(vlm, "multi_modal_projector", None))
