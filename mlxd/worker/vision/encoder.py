@@ -4,12 +4,14 @@ Three stages, two threads. ``prepare`` decodes the images (PIL) and runs the che
 processor (resize, normalize, the placeholder tokens each image becomes) on a thread pool, off
 the engine's MLX thread: a burst of large images never stalls a decode step. The vision tower
 runs on the engine thread, lazily, when a prefill chunk first reaches an image's placeholders
-(a prompt whose images all sit in a prefix-cache hit never runs it); ``embeddings`` splices
-its features into that chunk's token embeddings at the placeholder positions. The features are
-dropped once the prompt's prefill is done; each image's are kept by its digest in a bounded
-``FeatureCache`` too, so a prompt whose image is only partly in the prefix cache (its last
-placeholders past the last whole block), a later turn about it, or a preempted sequence
-resuming, never runs the tower for it again.
+(a prompt whose images all sit in a prefix-cache hit never runs it), one image at a time and
+as many per step as the step's prefill budget buys (``encode_ahead``: the chunk waits for the
+rest), so a burst of images stalls running streams about as long as a prompt chunk does;
+``embeddings`` splices the features into a later chunk's token embeddings at the placeholder
+positions. The features are dropped once the prompt's prefill is done; each image's are kept
+by its digest in a bounded ``FeatureCache`` too, so a prompt whose image is only partly in the
+prefix cache (its last placeholders past the last whole block), a later turn about it, or a
+preempted sequence resuming, never runs the tower for it again.
 """
 
 from __future__ import annotations
