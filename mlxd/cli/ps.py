@@ -92,6 +92,9 @@ def _row(model: dict[str, Any]) -> dict[str, Any]:
         "reason": _reason(model),
         "replicas": model.get("replica_rows", []),
         "gpus": model.get("gpus", ""),
+        # a vision model's tower weights and encoder peak, as its footprint reserves them
+        "vision_weights_bytes": model.get("vision_weights_bytes", 0),
+        "encoder_peak_bytes": model.get("encoder_peak_bytes", 0),
     }
     if model["state"] != "ready":
         return row
@@ -126,6 +129,14 @@ def _kv(row: dict[str, Any]) -> str:
     return f"{format_bytes(row['kv_used_bytes'])}/{format_bytes(row['kv_reserved_bytes'])}"
 
 
+def _vision(row: dict[str, Any]) -> str:
+    """A vision model's reserved tower weights and encoder peak, after its memory."""
+    weights, peak = row.get("vision_weights_bytes", 0), row.get("encoder_peak_bytes", 0)
+    if not weights and not peak:
+        return ""
+    return f" (vision {format_bytes(weights)} + encoder peak {format_bytes(peak)})"
+
+
 def _replica_rows(model: dict[str, Any]) -> list[dict[str, Any]]:
     """One indented line per replica of a model served by several workers (--replicas)."""
     return [
@@ -157,7 +168,7 @@ def _cells(row: dict[str, Any]) -> tuple[str, ...]:
         row["state"],
         text(row["pid"]),
         row["gpus"] or "-",
-        "-" if memory is None else format_bytes(memory),
+        "-" if memory is None else format_bytes(memory) + _vision(row),
         _kv(row),
         text(row["num_running"]),
         text(row["num_waiting"]),

@@ -294,8 +294,8 @@ def _show_stats(r: dict[str, Any]) -> None:
 
 def _images(r: dict[str, Any]) -> str:
     return (
-        f"{r['images']} in requests, {r['images_encoded']} through the vision tower "
-        f"({r['vision_encode_s']:.2f} s)"
+        f"{r['images']} in requests ({r.get('images_per_s_recent', 0.0):.1f}/s, last 10 s), "
+        f"{r['images_encoded']} through the vision tower ({r['vision_encode_s']:.2f} s)"
     )
 
 

@@ -10,7 +10,9 @@ packed to ``--kv-bits`` with their scales and biases in a paged pool); under ``-
 the worker's KV pool is then given exactly that size. Headroom: activations, the MLX buffer
 cache, Python and the tokenizer, measured as a fixed runtime cost plus a share; a
 vision-language model's weights are every ``*.safetensors`` file (its vision tower and projector
-too) and its headroom holds the vision tower's bounded feature cache.
+too) and its headroom holds the vision tower's bounded feature cache and the encoder's peak
+activations (``vision_layout.encoder_peak_bytes``); ``vision_weights_bytes`` says how much of
+the weights is the tower and its projector (from the files' headers).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 from mlxd.config import ModelSpec, ServeConfig, kv_bytes_wanted
 from mlxd.models import kv_layout, sources
-from mlxd.models.vision_layout import vision_headroom
+from mlxd.models.vision_layout import encoder_peak_bytes, vision_headroom, vision_weight_bytes
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,10 @@ class Footprint:
     weights_bytes: int
     kv_bytes: int
     headroom_bytes: int
+    # A vision-language model's: its tower's and projector's share of ``weights_bytes``, and
+    # the encoder's peak activations, counted in ``headroom_bytes``.
+    vision_weights_bytes: int = 0
+    encoder_peak_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -53,9 +59,14 @@ def device_share(size: Footprint, ranks: int) -> Footprint:
     copied embeddings and norms: a few percent of a large model, more of a small one."""
     if ranks <= 1:
         return size
-    share = -(-(size.headroom_bytes - RUNTIME_BYTES) // ranks)
+    peak = size.encoder_peak_bytes  # the vision tower is not split: each rank's whole
+    share = -(-(size.headroom_bytes - RUNTIME_BYTES - peak) // ranks)
     return Footprint(
-        -(-size.weights_bytes // ranks), -(-size.kv_bytes // ranks), RUNTIME_BYTES + share
+        -(-size.weights_bytes // ranks),
+        -(-size.kv_bytes // ranks),
+        RUNTIME_BYTES + share + peak,
+        -(-size.vision_weights_bytes // ranks),
+        size.encoder_peak_bytes,
     )
 
 
@@ -79,8 +90,25 @@ def footprint(spec: ModelSpec, config: ServeConfig) -> Footprint:
             per_token * config.scheduler.max_num_seqs * _context(config, model_config),
             DEFAULT_KV_BYTES,
         )
+    vision_weights, peak = _vision(spec.path, dtype, model_config, growth)
     headroom = RUNTIME_BYTES + int(HEADROOM_SHARE * (weights + kv)) + vision_headroom(model_config)
-    return Footprint(weights, kv, headroom)
+    return Footprint(weights, kv, headroom + peak, vision_weights, peak)
+
+
+def _vision(path: str, dtype: str, model_config: dict[str, Any], growth: float) -> tuple[int, int]:
+    """A vision-language model's tower weights as computed and its encoder's peak; (0, 0) for
+    a text model."""
+    if not isinstance(model_config.get("vision_config"), dict):
+        return 0, 0
+    directory = model_dir(path)
+    if sources.is_convertible(path):
+        directory = sources.converted_dir(path, dtype)
+    text = model_config.get("text_config") or {}
+    named = [c.get("torch_dtype") for c in (model_config["vision_config"], text, model_config)]
+    file_dtype = str(next((d for d in named if d), "float16"))
+    value_bytes = int(_DTYPE_BYTES.get(file_dtype, 2) * growth)
+    weights = int(vision_weight_bytes(directory) * growth)
+    return weights, encoder_peak_bytes(model_config, max(1, value_bytes))
 
 
 def _weights(path: str, dtype: str) -> tuple[int, dict[str, Any], float]:

@@ -83,6 +83,8 @@ class WorkerProcess:
             gpus=self.gpus,
             path="" if self.attached else self.spec.path,
             progress=self.progress if self.state == "warming" else "",
+            vision_weights_bytes=self.size.vision_weights_bytes,
+            encoder_peak_bytes=self.size.encoder_peak_bytes,
         )
 
     def spawn(self, cmd: list[str], env: dict[str, str] | None = None) -> None:

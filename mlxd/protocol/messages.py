@@ -519,6 +519,7 @@ class StatsReply:
     images_encoded: int = 0  # images through the vision tower (none on a prefix hit; a resumed
     # preempted request may run it again)
     vision_encode_s: float = 0.0  # seconds the vision tower ran, on the engine thread
+    images_per_s_recent: float = 0.0  # images admitted per second, over the last 10 s
 
 
 @dataclass(frozen=True, kw_only=True)

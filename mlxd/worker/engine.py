@@ -358,7 +358,9 @@ class Engine:
 
     def _prefill(self, chunks: list[PrefillChunk]) -> None:
         try:
-            firsts = self.runner.prefill(chunks)
+            if self.vision is not None:  # a bounded slice of images per step; chunks wait
+                chunks = self.vision.encode_ahead(chunks, self.scheduler.config.prefill_chunk)
+            firsts = self.runner.prefill(chunks) if chunks else []
         except (RuntimeError, ValueError, TypeError) as exc:  # MLX and model code fail so
             log.exception("prefill failed for %s", [c.seq.request_id for c in chunks])
             seqs = [c.seq for c in chunks]

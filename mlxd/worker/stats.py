@@ -77,6 +77,7 @@ class Stats:
         self.speculator: Speculator | None = None  # its counters are reported (the engine's)
         self.vision: ImageEncoder | None = None  # a VLM's encoder: its counters are reported
         self.images = 0
+        self._image_buckets: deque[list[int]] = deque()  # [second, images admitted]
 
     # Hooks (called by the engine)
 
@@ -85,6 +86,7 @@ class Stats:
         self.prompt_tokens += seq.num_prompt_tokens  # an image's placeholders included
         if seq.images is not None:
             self.images += len(seq.images.digests)
+            self._bump(self._image_buckets, len(seq.images.digests), self.clock())
 
     def on_refuse(self, exc: MlxdError) -> None:
         """A Generate was not admitted: full queue or draining (rejected), or invalid."""
@@ -146,11 +148,11 @@ class Stats:
 
     def output_tps_recent(self) -> float:
         """Output tokens per second over the last ``window_s`` seconds (or since start)."""
-        now = self.clock()
-        first = math.floor(now) - self.window_s + 1
-        tokens = sum(n for second, n in self._buckets if second >= first)
-        span = now - max(float(first), self.started)
-        return tokens / span if span > 0 else 0.0
+        return self._rate(self._buckets)
+
+    def images_per_s_recent(self) -> float:
+        """Images admitted per second over the last ``window_s`` seconds (or since start)."""
+        return self._rate(self._image_buckets)
 
     def reply(
         self, request_id: str, kv: KVReport | None = None, gathered_steps: int = 0
@@ -191,6 +193,7 @@ class Stats:
             images=self.images,
             images_encoded=0 if self.vision is None else self.vision.counters.encoded,
             vision_encode_s=0.0 if self.vision is None else self.vision.counters.seconds,
+            images_per_s_recent=self.images_per_s_recent(),
             **self._speculation(),
         )
 
@@ -211,13 +214,25 @@ class Stats:
 
     def _count(self, num: int, now: float) -> None:
         self.output_tokens += num
+        self._bump(self._buckets, num, now)
+
+    def _bump(self, buckets: deque[list[int]], num: int, now: float) -> None:
+        """``num`` more in ``now``'s second of ``buckets`` (one per second of the window)."""
         second = math.floor(now)
-        if self._buckets and self._buckets[-1][0] == second:
-            self._buckets[-1][1] += num
+        if buckets and buckets[-1][0] == second:
+            buckets[-1][1] += num
             return
-        self._buckets.append([second, num])
-        while self._buckets[0][0] <= second - self.window_s:
-            self._buckets.popleft()
+        buckets.append([second, num])
+        while buckets[0][0] <= second - self.window_s:
+            buckets.popleft()
+
+    def _rate(self, buckets: deque[list[int]]) -> float:
+        """Per second over the last ``window_s`` seconds of ``buckets`` (or since start)."""
+        now = self.clock()
+        first = math.floor(now) - self.window_s + 1
+        total = sum(n for second, n in buckets if second >= first)
+        span = now - max(float(first), self.started)
+        return total / span if span > 0 else 0.0
 
 
 def _mean(values: deque[int]) -> float:

@@ -119,3 +119,21 @@ def test_summarize_nearest_rank() -> None:
     s = summarize([float(i) for i in range(1, 101)])
     assert (s.num_samples, s.p50_ms, s.p95_ms, s.p99_ms) == (100, 50.0, 95.0, 99.0)
     assert summarize([]).num_samples == 0
+
+
+def test_images_per_second_covers_only_the_window(clock: Clock) -> None:
+    from types import SimpleNamespace
+
+    stats = Stats(clock, window_s=10)
+    text, image = _seq("t", arrival=100.0), _seq("i", arrival=100.0)
+    image.images = SimpleNamespace(digests=["a", "b", "c"])  # a prompt's three images
+    clock.now = 101.0
+    stats.on_admit(text)
+    stats.on_admit(image)
+    clock.now = 105.0
+    reply = stats.reply("s")
+    assert reply.images == 3
+    assert reply.images_per_s_recent == pytest.approx(3 / 5.0)  # since start: 5 s
+    clock.now = 125.0  # the window has gone past them
+    assert stats.reply("s").images_per_s_recent == 0.0
+    assert stats.reply("s").images == 3

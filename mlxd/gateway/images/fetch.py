@@ -9,13 +9,21 @@ enforced while streaming (a huge body is cut at the cap, never read whole), and 
 start like an image. Unless ``allow_private`` is set, the host of the URL and of every redirect
 is resolved and refused if any of its addresses is private, loopback, link-local or otherwise
 not global, so a request cannot make the gateway reach the host's own network.
+
+A URL may carry secrets: ``user:password@`` before its host, keys in its query string (a
+signed URL's signature, ``?key=``). No error, log or message about an image URL shows them:
+each names the URL as ``redact`` gives it (scheme, host, port and path), and so does the text
+of an HTTP library's error, which may quote the URL, and httpx's own log line of each request
+(its "HTTP Request: GET <url>" at info level: ``RedactUrls`` on the ``httpx`` logger).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import logging
+import re
 import socket
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
@@ -26,12 +34,16 @@ from mlxd.gateway.images.formats import checked_image
 from mlxd.gateway.images.limits import ImageLimits
 from mlxd.protocol.messages import ChatPrompt, ImageData
 
+# Any URL in a text: a scheme, "://", then everything up to a space or a quote.
+_URL = re.compile(r"""[A-Za-z][A-Za-z0-9+.-]*://[^\s'"<>]+""")
+_QUERY = re.compile(r"""\?(?!\[redacted\])[^\s'"<>]+""")
+
 
 @dataclass(frozen=True, kw_only=True)
 class PendingImage(ImageData):
     """An image URL not fetched yet: its place among the prompt's images, until ``fill``."""
 
-    url: str
+    url: str = field(repr=False)  # may hold credentials: never in a repr (``redact``)
     where: str  # the field the client put it in, for errors
 
 
@@ -39,11 +51,39 @@ def pending_image(url: str, where: str) -> PendingImage:
     return PendingImage(data=b"", digest="", url=url, where=where)
 
 
+class RedactUrls(logging.Filter):
+    """Log records with every URL in them as ``redact`` gives it, and every other query string
+    cut too (httpcore's debug trace shows a redirect's relative ``Location``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            text = record.getMessage()
+        except (TypeError, ValueError):  # a malformed record: logging reports it, not this
+            return True
+        record.msg, record.args = _QUERY.sub("?[redacted]", redact(text)), ()
+        return True
+
+
+_REDACT_URLS = RedactUrls()
+# httpx's request lines and httpcore's debug trace (a filter acts on its own logger's records
+# only, not on its children's: each logger by name).
+_HTTP_LOGGERS = (
+    "httpx",
+    "httpcore.connection",
+    "httpcore.http11",
+    "httpcore.http2",
+    "httpcore.proxy",
+    "httpcore.socks",
+)
+
+
 class ImageFetcher:
     """Fetches the image URLs of requests, within ``limits``, on one connection pool."""
 
     def __init__(self, limits: ImageLimits) -> None:
         self.limits = limits
+        for name in _HTTP_LOGGERS:
+            logging.getLogger(name).addFilter(_REDACT_URLS)  # a filter is added once
         self.client = httpx.AsyncClient(
             follow_redirects=False, timeout=limits.fetch_timeout_s, trust_env=False
         )
@@ -64,10 +104,11 @@ class ImageFetcher:
                 return await self._follow(url, where)
         except TimeoutError:
             raise InvalidRequest(
-                f"'{where}': fetching {url} took over {timeout_s:g} s", param=where
+                f"'{where}': fetching {redact(url)} took over {timeout_s:g} s", param=where
             ) from None
         except httpx.HTTPError as exc:
-            raise InvalidRequest(f"'{where}': cannot fetch {url}: {exc}", param=where) from None
+            message = redact(f"'{where}': cannot fetch {url}: {exc}")
+            raise InvalidRequest(message, param=where) from None
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -89,11 +130,11 @@ class ImageFetcher:
                     continue
                 if response.status_code != 200:
                     raise InvalidRequest(
-                        f"'{where}': {url} answered {response.status_code}", param=where
+                        f"'{where}': {redact(url)} answered {response.status_code}", param=where
                     )
                 return await self._body(response, where)
         raise InvalidRequest(
-            f"'{where}': {url} redirects more than {self.limits.max_redirects} times",
+            f"'{where}': {redact(url)} redirects more than {self.limits.max_redirects} times",
             param=where,
         )
 
@@ -112,7 +153,9 @@ class ImageFetcher:
 
     async def _check_host(self, url: httpx.URL, where: str) -> None:
         if url.scheme not in ("http", "https") or not url.host:
-            raise InvalidRequest(f"'{where}': {url} is not an http(s) URL", param=where)
+            raise InvalidRequest(
+                f"'{where}': {redact(str(url))} is not an http(s) URL", param=where
+            )
         if self.limits.allow_private:
             return
         port = url.port or (443 if url.scheme == "https" else 80)
@@ -120,7 +163,7 @@ class ImageFetcher:
             infos = await anyio.getaddrinfo(url.host, port, type=socket.SOCK_STREAM)
         except OSError as exc:
             raise InvalidRequest(
-                f"'{where}': cannot resolve {url.host}: {exc}", param=where
+                redact(f"'{where}': cannot resolve {url.host}: {exc}"), param=where
             ) from None
         for info in infos:
             if not _is_public(str(info[4][0])):
@@ -129,6 +172,23 @@ class ImageFetcher:
                     "image URLs must be public (--allow-private-image-urls allows them)",
                     param=where,
                 )
+
+
+def redact(text: str) -> str:
+    """``text`` with every URL in it cut to its scheme, host, port and path: no
+    ``user:password@``, no query string, no fragment (they may carry keys)."""
+    return _URL.sub(lambda m: _redacted(m.group(0)), text)
+
+
+def _redacted(url: str) -> str:
+    scheme, _, rest = url.partition("://")
+    before_query = re.split(r"[?#]", rest, maxsplit=1)[0]
+    # userinfo ends at the last '@' (a password may hold an unescaped '/' or '@'): a path
+    # with an '@' of its own loses its host too, never a secret
+    at = before_query.rfind("@")
+    userinfo = "[redacted]@" if at >= 0 else ""
+    query = "?[redacted]" if len(before_query) < len(rest) else ""
+    return f"{scheme}://{userinfo}{before_query[at + 1 :]}{query}"
 
 
 def _pending(prompt: ChatPrompt) -> bool:

@@ -4,12 +4,14 @@ Three stages, two threads. ``prepare`` decodes the images (PIL) and runs the che
 processor (resize, normalize, the placeholder tokens each image becomes) on a thread pool, off
 the engine's MLX thread: a burst of large images never stalls a decode step. The vision tower
 runs on the engine thread, lazily, when a prefill chunk first reaches an image's placeholders
-(a prompt whose images all sit in a prefix-cache hit never runs it); ``embeddings`` splices
-its features into that chunk's token embeddings at the placeholder positions. The features are
-dropped once the prompt's prefill is done; each image's are kept by its digest in a bounded
-``FeatureCache`` too, so a prompt whose image is only partly in the prefix cache (its last
-placeholders past the last whole block), a later turn about it, or a preempted sequence
-resuming, never runs the tower for it again.
+(a prompt whose images all sit in a prefix-cache hit never runs it), one image at a time and
+as many per step as the step's prefill budget buys (``encode_ahead``: the chunk waits for the
+rest), so a burst of images stalls running streams about as long as a prompt chunk does;
+``embeddings`` splices the features into a later chunk's token embeddings at the placeholder
+positions. The features are dropped once the prompt's prefill is done; each image's are kept
+by its digest in a bounded ``FeatureCache`` too, so a prompt whose image is only partly in the
+prefix cache (its last placeholders past the last whole block), a later turn about it, or a
+preempted sequence resuming, never runs the tower for it again.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import logging
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
@@ -32,6 +34,7 @@ from mlxd.protocol.messages import ImageData
 from mlxd.worker.vision.mrope import MRope, MRopeTextModel, prompt_positions
 
 if TYPE_CHECKING:
+    from mlxd.worker.sched.scheduler import PrefillChunk
     from mlxd.worker.sched.sequence import Sequence
     from mlxd.worker.vision.model import TextModel
 
@@ -58,6 +61,9 @@ class PromptImages:
     grid_thw: np.ndarray | None = None
     mrope: np.ndarray | None = None
     delta: int = 0
+    # Images run through the tower ahead of the chunk that splices them (``encode_ahead``),
+    # by index: a step encodes a bounded slice of a prompt's images, not all of them.
+    parts: dict[int, mx.array] = field(default_factory=dict)
 
     @property
     def sizes(self) -> list[int]:
@@ -66,6 +72,16 @@ class PromptImages:
             patches = self.grid_thw.prod(axis=1)
             return [len(self.positions) * int(p) // int(patches.sum()) for p in patches]
         return [len(self.positions) // len(self.digests)] * len(self.digests)
+
+    def owners(self, start: int, end: int) -> list[int]:
+        """The images with a placeholder at prompt positions ``start .. end``, in order."""
+        owner = np.repeat(np.arange(len(self.digests)), self.sizes)
+        inside = (self.positions >= start) & (self.positions < end)
+        return sorted({int(n) for n in owner[inside]})
+
+    def first_position(self, n: int) -> int:
+        """Image ``n``'s first placeholder position."""
+        return int(self.positions[sum(self.sizes[:n])])
 
     def overlaps(self, start: int, end: int) -> bool:
         """Whether prompt positions ``start .. end`` hold any placeholder."""
@@ -131,6 +147,9 @@ class ImageEncoder:
         self.pool = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="images")
         self.counters = EncoderCounters()
         self.cache = FeatureCache()
+        # what one patch through the tower costs in decoder tokens (``image_cost``)
+        self.tower_ratio = _tower_ratio(vlm, text)
+        self.patches_per_image = _patches_per_image(vlm.config)
         self.max_pixels = MAX_IMAGE_PIXELS.default  # --max-image-pixels
         from PIL import Image
 
@@ -161,10 +180,38 @@ class ImageEncoder:
             h[b, mx.array(columns)] = features[mx.array(picked)].astype(h.dtype)
         return h
 
+    def encode_ahead(self, chunks: list[PrefillChunk], budget: int) -> list[PrefillChunk]:
+        """Run the tower for the images this step's ``chunks`` reach, a bounded slice per step,
+        so a burst of images stalls the running streams no longer than a prefill chunk does:
+        images whose estimated cost (``image_cost``, in prompt tokens) fits ``budget``, at least
+        one. A chunk that reaches an image not encoded in an earlier step stops before it and
+        takes it in a later step; chunks left with no tokens wait (their rows stay prefilling).
+        """
+        kept: list[PrefillChunk] = []
+        spent = 0.0
+        for chunk in chunks:
+            end, spent = self._encode_for(chunk, budget, spent)
+            if end > chunk.start:
+                kept.append(chunk if end == chunk.end else replace(chunk, end=end))
+        return kept
+
+    def image_cost(self, img: PromptImages, n: int) -> float:
+        """Image ``n``'s tower time in prompt tokens of the language model: the tower's weights
+        times its patches, over the decoder layers' weights per token (attention inside the
+        tower left out, as ``PrefillCost`` leaves it out of a short chunk)."""
+        if img.grid_thw is not None:
+            patches = int(img.grid_thw[n].prod())
+        elif self.patches_per_image:
+            patches = self.patches_per_image
+        else:
+            patches = img.sizes[n]
+        return patches * self.tower_ratio
+
     def done_with(self, seq: Sequence) -> None:
         """``seq``'s prompt is prefilled: its features go (its pixels stay, for a recompute)."""
         if seq.images is not None:
             seq.images.features = None
+            seq.images.parts.clear()
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -198,14 +245,67 @@ class ImageEncoder:
         model's own merge (``get_input_embeddings``), so any family that splices at its
         placeholders is served as mlx-vlm serves it; from the feature cache when every image
         of the prompt is there."""
+        if img.features is None and img.parts:  # encoded ahead (``encode_ahead``)
+            return self._from_parts(img)
         if img.features is None:
             cached = self.cache.get(img.digests)
             img.features = mx.concatenate(cached) if cached else self._encode(seq, img)
         return img.features
 
+    def _from_parts(self, img: PromptImages) -> mx.array:
+        """The prompt's features from the images encoded ahead; an image not among them lies
+        before this chunk (in a prefix hit or an earlier chunk): zeros, never read."""
+        some = next(iter(img.parts.values()))
+        return mx.concatenate(
+            [
+                img.parts.get(n, mx.zeros((size, some.shape[-1]), dtype=some.dtype))
+                for n, size in enumerate(img.sizes)
+            ]
+        )
+
+    def _encode_for(self, chunk: PrefillChunk, budget: int, spent: float) -> tuple[int, float]:
+        """Where ``chunk`` may end this step (before its first image not encoded in an earlier
+        step) and the step's cost spent, once the images it reaches went through the tower as
+        far as ``budget`` allows."""
+        img, end = chunk.seq.images, chunk.end
+        if img is None or img.features is not None:
+            return end, spent
+        for n in img.owners(chunk.start, chunk.end):
+            if self._ready(img, n):
+                continue
+            end = min(end, img.first_position(n))  # spliced in a later step, not this one
+            if not spent or spent + self.image_cost(img, n) <= budget:
+                spent += self._encode_one(chunk.seq, img, n)
+            if img.features is not None:  # the family's images went through whole
+                break
+        return end, spent
+
+    def _ready(self, img: PromptImages, n: int) -> bool:
+        """Whether image ``n``'s features are at hand (encoded ahead, or in the cache)."""
+        if n not in img.parts:
+            cached = self.cache.get([img.digests[n]])
+            if cached is not None:
+                img.parts[n] = cached[0]
+        return n in img.parts
+
+    def _encode_one(self, seq: Sequence, img: PromptImages, n: int) -> float:
+        """Image ``n`` through the tower alone, into ``img.parts``; its cost spent. A family
+        whose pixels cannot be cut per image runs the prompt's images whole (``_encode``)."""
+        one = _one_image(img, n, seq.prompt_ids, self.image_token_id)
+        if one is None:
+            img.features = self._encode(seq, img)
+            return sum(self.image_cost(img, k) for k in range(len(img.digests)))
+        ids, alone = one
+        img.parts[n] = self._run_tower(ids, alone)
+        return self.image_cost(img, n)
+
     def _encode(self, seq: Sequence, img: PromptImages) -> mx.array:
+        return self._run_tower(seq.prompt_ids, img)
+
+    def _run_tower(self, prompt_ids: list[int], img: PromptImages) -> mx.array:
+        """The features at ``img``'s placeholders of the prompt ``prompt_ids``."""
         began = time.perf_counter()
-        ids = mx.array([seq.prompt_ids])
+        ids = mx.array([prompt_ids])
         # the mask as mlx-vlm's generate gives it (the processor's: one unpadded prompt);
         # Gemma 3's merge needs one, LLaVA's takes none
         mask = mx.ones(ids.shape, dtype=mx.int32)
@@ -264,6 +364,54 @@ def _keys(ids: list[int], img: PromptImages) -> list[int]:
     for p, n in zip(img.positions.tolist(), owners.tolist(), strict=True):
         keys[p] = -(1 + int(img.digests[n][:_KEY_HEX_DIGITS], 16))
     return keys
+
+
+def _one_image(
+    img: PromptImages, n: int, prompt_ids: list[int], image_token_id: int
+) -> tuple[list[int], PromptImages] | None:
+    """Image ``n`` as a prompt of its own: the prompt's ids without the other images'
+    placeholders, and its pixels (Qwen-VL: its patches' rows and grid); None when the pixels
+    are not one row per image (a family that tiles an image)."""
+    start = sum(img.sizes[:n])
+    others = set(np.delete(img.positions, np.s_[start : start + img.sizes[n]]).tolist())
+    ids = [t for p, t in enumerate(prompt_ids) if p not in others]
+    positions = np.array([p for p, t in enumerate(ids) if t == image_token_id])
+    grid = None
+    if img.grid_thw is not None:
+        rows = img.grid_thw.prod(axis=1)
+        first = int(rows[:n].sum())
+        pixels = img.pixel_values[first : first + int(rows[n])]
+        grid = img.grid_thw[n : n + 1]
+    elif img.pixel_values.shape[0] == len(img.digests):
+        pixels = img.pixel_values[n : n + 1]
+    else:
+        return None
+    return ids, PromptImages(pixels, positions, [img.digests[n]], grid_thw=grid)
+
+
+def _tower_ratio(vlm: Any, text: Any) -> float:
+    """The vision tower's and projector's weights over the decoder layers' (1.0 unknown)."""
+    from mlx.utils import tree_flatten
+
+    def size(module: Any) -> int:
+        if module is None:
+            return 0
+        leaves: Any = tree_flatten(module.parameters())  # (name, array) pairs
+        return sum(int(p.size) for _, p in leaves)
+
+    tower = size(getattr(vlm, "vision_tower", None))
+    tower += size(getattr(vlm, "multi_modal_projector", None))
+    decoder = sum(size(layer) for layer in text.layers)
+    return tower / decoder if tower and decoder else 1.0
+
+
+def _patches_per_image(config: Any) -> int:
+    """Patches the tower sees per image at its fixed size (0: unknown, or sized per image)."""
+    vision = getattr(config, "vision_config", None)
+    size, patch = getattr(vision, "image_size", None), getattr(vision, "patch_size", None)
+    if not isinstance(size, int) or not isinstance(patch, int) or patch <= 0:
+        return 0
+    return (size // patch) ** 2
 
 
 def _image_token_id(config: Any) -> int:

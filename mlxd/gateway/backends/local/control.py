@@ -52,6 +52,10 @@ class WorkerInfo:
     gpus: str = ""  # the CUDA GPUs it was placed on (mlxd.gpus; "" where there is no choice)
     path: str = ""  # what it loads (a directory, repo id, GGUF file; "" for attached workers)
     progress: str = ""  # while warming: the warm-up stage (worker/warmup.py)
+    # A vision-language model's share of ``memory_bytes``: its tower's weights (in
+    # ``weights_bytes``) and the encoder's peak activations (in the headroom).
+    vision_weights_bytes: int = 0
+    encoder_peak_bytes: int = 0
     # One entry per replica when several workers serve the model (--replicas, several
     # --worker NAME=...): the fields above then sum or summarise them.
     replica_rows: list[ReplicaInfo] = field(default_factory=list)

@@ -169,6 +169,15 @@ class WorkerMetrics:
         for model, snap in latest.items():
             encode.add_metric([model], snap.stats.vision_encode_s)
         yield encode
+        images = GaugeMetricFamily(
+            "mlxd_images_per_second",
+            "Images admitted per second over the last 10 s (a vision-language model; "
+            "rate(mlxd_worker_images_total) gives any other window).",
+            labels=["model"],
+        )
+        for model, snap in latest.items():
+            images.add_metric([model], snap.stats.images_per_s_recent)
+        yield images
         for name, doc in (
             (
                 "spec_acceptance_rate",

@@ -202,7 +202,20 @@ function modelFigures(model) {
       ? `${ms(stats.decode_step.p50_ms)} p50 · ${ms(stats.decode_step.p95_ms)} p95` : "–"],
     ["rows/step", stats.decode_steps ? stats.decode_rows_mean.toFixed(1) : "–"],
     ["tokens out", stats.output_tokens],
-  ]);
+  ], visionFigures(model, stats));
+}
+
+// A vision-language model's images: how many and how fast, the tower's time, its memory.
+function visionFigures(model, stats) {
+  if (!model.vision_weights_bytes && !stats.images) return [];
+  const encoded = stats.images_encoded;
+  return [
+    ["images", `${stats.images} · ${stats.images_per_s_recent.toFixed(1)}/s`],
+    ["encoder", `${encoded} encoded · ${stats.vision_encode_s.toFixed(2)} s` +
+      (encoded ? ` · ${ms(1000 * stats.vision_encode_s / encoded)} per image` : "")],
+    ["vision memory", `${bytes(model.vision_weights_bytes)} tower · ` +
+      `${bytes(model.encoder_peak_bytes)} encoder peak`],
+  ];
 }
 
 // Bytes held by requests in flight; the block count also holds the prefix cache's blocks.
