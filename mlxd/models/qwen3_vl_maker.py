@@ -7,8 +7,9 @@ first decoder layers' hidden states at the image tokens (deepstack); a Qwen3 dec
 norms) whose rotary positions are multimodal, interleaved (time, height, width by frequency).
 Its processor (mlx-vlm's ``Qwen3VLProcessor``) resizes each image to a multiple of 32 pixels
 between ``MIN_PIXELS`` and ``MAX_PIXELS``: a 256 x 256 image is 64 image tokens. Its vision
-tokens and chat template are Qwen2.5-VL's (``qwen_vl_maker``). Written by
-``vlm_maker.make_vlm(arch="qwen3_vl")``.
+tokens and chat template are Qwen2.5-VL's (``qwen_vl_maker``). The MoE variant
+(``qwen3_vl_moe``) is the same with a mixture-of-experts MLP in every decoder layer. Written by
+``vlm_maker.make_vlm(arch="qwen3_vl")`` (or ``"qwen3_vl_moe"``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,15 @@ POSITION_EMBEDDINGS = 64
 # Head dimension 16: 8 rotary frequencies, interleaved time, height, width (as 24:20:20 is).
 MROPE_SECTION = [2, 3, 3]
 PROCESSOR = "Qwen3VLProcessor"
+# The MoE variant's decoder: four experts of half the dense MLP's width, two a token.
+MOE_TEXT = {
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": TINY_SHAPE["intermediate_size"] // 2,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "norm_topk_prob": True,
+}
 _MEAN_STD = [0.5, 0.5, 0.5]
 
 
@@ -100,23 +110,50 @@ def qwen3_vl_config() -> dict[str, Any]:
     }
 
 
+def qwen3_vl_moe_config() -> dict[str, Any]:
+    """The MoE variant's ``config.json``: the dense one's, with experts in the decoder."""
+    config = qwen3_vl_config()
+    config["model_type"] = config["vision_config"]["model_type"] = "qwen3_vl_moe"
+    config["architectures"] = ["Qwen3VLMoeForConditionalGeneration"]
+    config["text_config"] = {
+        **config["text_config"],
+        **MOE_TEXT,
+        "model_type": "qwen3_vl_moe_text",
+    }
+    return config
+
+
 def build_qwen3_vl(out_dir: Path, seed: int, report: Progress) -> None:
-    """Write the checkpoint into the (staged, empty) ``out_dir``."""
+    """Write the dense checkpoint into the (staged, empty) ``out_dir``."""
+    from mlx_vlm.models import qwen3_vl
+
+    _build(out_dir, seed, report, qwen3_vl, qwen3_vl_config())
+
+
+def build_qwen3_vl_moe(out_dir: Path, seed: int, report: Progress) -> None:
+    """Write the MoE checkpoint into the (staged, empty) ``out_dir``."""
+    from mlx_vlm.models import qwen3_vl_moe
+
+    _build(out_dir, seed, report, qwen3_vl_moe, qwen3_vl_moe_config())
+
+
+# Internal helpers
+
+
+def _build(out_dir: Path, seed: int, report: Progress, family: Any, config: dict[str, Any]) -> None:
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm.utils import save_model
-    from mlx_vlm.models import qwen3_vl
 
     from mlxd.models.vlm_maker import _model_config
 
-    config = qwen3_vl_config()
     report(f"training tokenizer (vocab {VOCAB_SIZE})")
     make_tokenizer(
         out_dir, vocab_size=VOCAB_SIZE, model_max_length=config["max_position_embeddings"]
     )
     _add_vision_tokens(out_dir)
     _name_processor(out_dir / "tokenizer_config.json")
-    model = qwen3_vl.Model(_model_config(qwen3_vl, json.loads(json.dumps(config))))
+    model = family.Model(_model_config(family, json.loads(json.dumps(config))))
     num_params = sum(p.size for _, p in tree_flatten(model.parameters()))
     report(f"initialising {num_params / 1e6:.2f}M random float32 weights (seed {seed})")
     init_weights(model, seed, mx.float32, max(0.02, TINY_SHAPE["hidden_size"] ** -0.5))
@@ -126,9 +163,6 @@ def build_qwen3_vl(out_dir: Path, seed: int, report: Progress) -> None:
     _write_json(out_dir / "preprocessor_config.json", _preprocessor("Qwen2VLImageProcessor"))
     _write_json(out_dir / "video_preprocessor_config.json", _preprocessor(None))
     _write_json(out_dir / "processor_config.json", {"processor_class": PROCESSOR})
-
-
-# Internal helpers
 
 
 def _name_processor(path: Path) -> None:

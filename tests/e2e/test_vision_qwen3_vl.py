@@ -35,12 +35,13 @@ SQUARE = (256, 256)  # 64 image tokens: two whole 32-token blocks with the text 
 CHUNK = 16  # prefill tokens a step in the chunked daemon: an image spans five chunks
 
 
-@pytest.fixture(scope="module")
-def qwen(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture(scope="module", params=["qwen3_vl", "qwen3_vl_moe"])
+def qwen(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
+    """The dense checkpoint, then the MoE one (experts in every decoder layer)."""
     from mlxd.models.vlm_maker import make_vlm
 
-    path = tmp_path_factory.mktemp("vlm") / "qwen3vl"
-    return make_vlm(path, arch="qwen3_vl", progress=lambda line: None)
+    path = tmp_path_factory.mktemp("vlm") / request.param
+    return make_vlm(path, arch=request.param, progress=lambda line: None)
 
 
 @pytest.fixture(scope="module")

@@ -46,6 +46,10 @@ class DeepstackTextModel(MRopeTextModel):
     """A Qwen3-VL language model as the runners call it: multimodal positions, and a prefill
     chunk's deepstack features at its image columns (none for text and decode forwards)."""
 
+    def __init__(self, language_model: Any) -> None:
+        super().__init__(language_model)
+        _masks_to_keys(language_model)
+
     def __call__(
         self,
         inputs: mx.array,
@@ -67,3 +71,16 @@ class DeepstackTextModel(MRopeTextModel):
             deepstack_visual_embeds=deepstack_visual_embeds,
         )
         return out.logits  # type: ignore[no-any-return]
+
+
+def _masks_to_keys(language_model: Any) -> None:
+    """Qwen3-VL MoE's layers attend as the dense model's do. mlx-vlm 0.7.10's MoE attention
+    cuts its mask to ``offset + length + 1`` columns (the longest row's), as a contiguous cache
+    one sequence long has keys; the pool's keys are as wide as the step's block tables or
+    decode's view, so the mask would not broadcast. The dense attention cuts it to the keys'
+    width; the two are alike in weights and arithmetic otherwise."""
+    from mlx_vlm.models.qwen3_vl import language as dense
+
+    for layer in language_model.layers:
+        if type(layer.self_attn).__module__.endswith("qwen3_vl_moe.language"):
+            layer.self_attn.__class__ = dense.Attention
