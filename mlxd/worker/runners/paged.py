@@ -311,6 +311,7 @@ class PagedModelRunner(ModelRunner):
         if embeds is None:
             self.model(tokens, cache=caches, **extra)
         else:  # a VLM prompt's images: their features at their placeholders
+            extra.update(self.vision.deepstack(width, parts))  # Qwen3-VL's, per layer
             self.model(tokens, cache=caches, input_embeddings=embeds, **extra)
 
     def _positions(self, rows: list[tuple[Sequence, list[int]]]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ runs on the engine thread, lazily, when a prefill chunk first reaches an image's
 as many per step as the step's prefill budget buys (``encode_ahead``: the chunk waits for the
 rest), so a burst of images stalls running streams about as long as a prompt chunk does;
 ``embeddings`` splices the features into a later chunk's token embeddings at the placeholder
-positions. The features are dropped once the prompt's prefill is done; each image's are kept
+positions (and, for Qwen3-VL, ``deepstack`` hands the chunk's deepstack features to the decoder). The features are dropped once the prompt's prefill is done; each image's are kept
 by its digest in a bounded ``FeatureCache`` too, so a prompt whose image is only partly in the
 prefix cache (its last placeholders past the last whole block), a later turn about it, or a
 preempted sequence resuming, never runs the tower for it again.
@@ -31,6 +31,7 @@ from mlxd.errors import InvalidRequest
 from mlxd.knobs import MAX_IMAGE_PIXELS
 from mlxd.models.vision_layout import FEATURE_CACHE_BYTES
 from mlxd.protocol.messages import ImageData
+from mlxd.worker.vision import deepstack
 from mlxd.worker.vision.mrope import MRope, MRopeTextModel, prompt_positions
 
 if TYPE_CHECKING:
@@ -55,7 +56,9 @@ class PromptImages:
     pixel_values: np.ndarray
     positions: np.ndarray  # (image tokens,) prompt positions, ascending
     digests: list[str]
-    features: mx.array | None = None  # (image tokens, hidden)
+    # (image tokens, hidden); Qwen3-VL's deepstack sets follow each token's own along the last
+    # axis (hidden x (1 + deepstack layers)), so the feature cache keeps them per image too
+    features: mx.array | None = None
     # Qwen-VL: each image's (time, height, width) in patches, the prompt's mRoPE positions
     # (3, prompt) and the offset of every position past them (``vision.mrope``).
     grid_thw: np.ndarray | None = None
@@ -144,6 +147,8 @@ class ImageEncoder:
         self.image_token_id = _image_token_id(vlm.config)
         # Qwen-VL's positions (None: the family's positions are the cache offsets).
         self.mrope = MRope() if isinstance(text, MRopeTextModel) else None
+        # Qwen3-VL: the decoder layers the tower's deepstack features go into (``deepstack``)
+        self.deepstack_layers = _deepstack_layers(vlm.config)
         self.pool = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="images")
         self.counters = EncoderCounters()
         self.cache = FeatureCache()
@@ -174,10 +179,10 @@ class ImageEncoder:
             img = seq.images
             if img is None or not img.overlaps(start, end):
                 continue
-            picked = np.nonzero((img.positions >= start) & (img.positions < end))[0]
-            columns = width - (end - start) + img.positions[picked] - start
+            picked, columns = _in_chunk(img, start, end, width)
             features = self._features(seq, img)
-            h[b, mx.array(columns)] = features[mx.array(picked)].astype(h.dtype)
+            spliced = features[mx.array(picked)][:, : h.shape[-1]]  # deepstack's lie past it
+            h[b, mx.array(columns)] = spliced.astype(h.dtype)
         return h
 
     def encode_ahead(self, chunks: list[PrefillChunk], budget: int) -> list[PrefillChunk]:
@@ -206,6 +211,26 @@ class ImageEncoder:
         else:
             patches = img.sizes[n]
         return patches * self.tower_ratio
+
+    def deepstack(self, width: int, parts: list[tuple[Sequence, int, int]]) -> dict[str, Any]:
+        """Qwen3-VL: the deepstack arguments of the prefill forward ``embeddings`` made (its
+        rows' image columns and their features, ``vision.deepstack``); none for other
+        families or a forward without image tokens."""
+        if not self.deepstack_layers:
+            return {}
+        mask = np.zeros((len(parts), width), dtype=bool)
+        picked_features = []
+        for b, (seq, start, end) in enumerate(parts):
+            img = seq.images
+            if img is None or not img.overlaps(start, end):
+                continue
+            picked, columns = _in_chunk(img, start, end, width)
+            mask[b, columns] = True
+            picked_features.append(self._features(seq, img)[mx.array(picked)])
+        if not picked_features:
+            return {}
+        hidden = int(self.text.args.hidden_size)
+        return deepstack.forward_inputs(mask, picked_features, hidden, self.deepstack_layers)
 
     def done_with(self, seq: Sequence) -> None:
         """``seq``'s prompt is prefilled: its features go (its pixels stay, for a recompute)."""
@@ -312,6 +337,8 @@ class ImageEncoder:
         extra = {} if img.grid_thw is None else {"image_grid_thw": mx.array(img.grid_thw)}
         out = self.vlm.get_input_embeddings(ids, mx.array(img.pixel_values), mask=mask, **extra)
         features: mx.array = out.inputs_embeds[0][mx.array(img.positions)]
+        if self.deepstack_layers:  # each image token's deepstack features beside its own
+            features = mx.concatenate([features, *out.deepstack_visual_embeds], axis=-1)
         mx.eval(features)  # the tower's time is measured here, not in the forward
         self.counters.encoded += len(img.digests)
         self.counters.seconds += time.perf_counter() - began
@@ -412,6 +439,19 @@ def _patches_per_image(config: Any) -> int:
     if not isinstance(size, int) or not isinstance(patch, int) or patch <= 0:
         return 0
     return (size // patch) ** 2
+
+
+def _in_chunk(img: PromptImages, start: int, end: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(which image tokens lie in prompt positions ``start .. end``, their columns in a row of
+    ``width`` that holds those positions right-aligned)."""
+    picked = np.nonzero((img.positions >= start) & (img.positions < end))[0]
+    return picked, width - (end - start) + img.positions[picked] - start
+
+
+def _deepstack_layers(config: Any) -> int:
+    """How many deepstack feature sets the tower hands out (Qwen3-VL's; 0 for the rest)."""
+    indexes = getattr(config.vision_config, "deepstack_visual_indexes", None)
+    return len(indexes or [])
 
 
 def _image_token_id(config: Any) -> int:

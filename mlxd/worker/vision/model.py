@@ -88,8 +88,11 @@ def load_vlm(path: str) -> tuple[TextModel, Any, Any]:
 
 def _text_model(language_model: nn.Module) -> TextModel:
     """The runners' view of ``language_model``: Qwen-VL's takes its multimodal positions."""
+    from mlxd.worker.vision.deepstack import DeepstackTextModel, takes_deepstack
     from mlxd.worker.vision.mrope import MRopeTextModel
 
+    if takes_deepstack(language_model):  # Qwen3-VL: mRoPE and deepstack features
+        return DeepstackTextModel(language_model)
     if hasattr(language_model, "get_rope_index"):
         return MRopeTextModel(language_model)
     return TextModel(language_model)
