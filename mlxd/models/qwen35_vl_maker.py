@@ -6,8 +6,9 @@ for Qwen3.5) before a hybrid language model of Gated DeltaNet layers and gated a
 whose rotary positions are multimodal (interleaved mRoPE sections). At the tiny shape: layer 0
 is a Gated DeltaNet, layer 1 attention. Its processor (mlx-vlm's ``Qwen3VLProcessor`` through
 transformers' ``AutoProcessor``) resizes each image to a multiple of 32 pixels between
-``MIN_PIXELS`` and ``MAX_PIXELS`` (a 224 x 224 image: 49 tokens). Written by
-``vlm_maker.make_vlm(arch="qwen3_5_vl")``.
+``MIN_PIXELS`` and ``MAX_PIXELS`` (a 224 x 224 image: 49 tokens). Qwen3.5-MoE is the same with
+a sparse MLP (routed experts and a gated shared expert) in every layer. Written by
+``vlm_maker.make_vlm(arch="qwen3_5_vl")`` and ``(arch="qwen3_5_moe_vl")``.
 """
 
 from __future__ import annotations
@@ -44,19 +45,29 @@ _LINEAR = {  # Gated DeltaNet heads (the zoo's qwen3_5 text shape)
     "linear_value_head_dim": 16,
     "linear_conv_kernel_dim": 4,
 }
+_MOE = {  # four routed experts, two a token, and a shared one
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+    "norm_topk_prob": True,
+}
 _MEAN = [0.5, 0.5, 0.5]
 
 
 # Public API
 
 
-def qwen3_5_vl_config() -> dict[str, Any]:
+def qwen3_5_vl_config(moe: bool = False) -> dict[str, Any]:
     """The checkpoint's ``config.json``: the hybrid text model under ``text_config`` (one
-    Gated DeltaNet layer, then one attention layer), the vision tower under ``vision_config``."""
+    Gated DeltaNet layer, then one attention layer; ``moe``: sparse MLPs), the vision tower
+    under ``vision_config``."""
+    family = "qwen3_5_moe" if moe else "qwen3_5"
     text = {
         **TINY_SHAPE,
         **_LINEAR,
-        "model_type": "qwen3_5_text",
+        **(_MOE if moe else {}),
+        "model_type": f"{family}_text",
         "vocab_size": VOCAB_SIZE,
         "rms_norm_eps": 1e-6,
         "full_attention_interval": 2,
@@ -72,7 +83,7 @@ def qwen3_5_vl_config() -> dict[str, Any]:
         },
     }
     vision = {
-        "model_type": "qwen3_5",
+        "model_type": family,
         "depth": 2,
         "hidden_size": 32,
         "intermediate_size": 64,
@@ -86,8 +97,10 @@ def qwen3_5_vl_config() -> dict[str, Any]:
         "deepstack_visual_indexes": [],
     }
     return {
-        "model_type": "qwen3_5",
-        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "model_type": family,
+        "architectures": [
+            "Qwen3_5MoeForConditionalGeneration" if moe else "Qwen3_5ForConditionalGeneration"
+        ],
         "vocab_size": VOCAB_SIZE,
         "image_token_id": IMAGE_PAD_ID,
         "video_token_id": VIDEO_PAD_ID,
@@ -105,22 +118,38 @@ def qwen3_5_vl_config() -> dict[str, Any]:
 
 
 def build_qwen3_5_vl(out_dir: Path, seed: int, report: Progress) -> None:
-    """Write the checkpoint into the (staged, empty) ``out_dir``."""
+    """Write the dense checkpoint into the (staged, empty) ``out_dir``."""
+    _build(out_dir, seed, report, moe=False)
+
+
+def build_qwen3_5_moe_vl(out_dir: Path, seed: int, report: Progress) -> None:
+    """Write the mixture-of-experts checkpoint into the (staged, empty) ``out_dir``."""
+    _build(out_dir, seed, report, moe=True)
+
+
+# Internal helpers
+
+
+def _build(out_dir: Path, seed: int, report: Progress, moe: bool) -> None:
+    import importlib
+
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm.utils import save_model
-    from mlx_vlm.models import qwen3_5
 
     from mlxd.models.vlm_maker import _model_config
 
-    config = qwen3_5_vl_config()
+    family = importlib.import_module(
+        "mlx_vlm.models.qwen3_5_moe" if moe else "mlx_vlm.models.qwen3_5"
+    )
+    config = qwen3_5_vl_config(moe)
     report(f"training tokenizer (vocab {VOCAB_SIZE})")
     make_tokenizer(
         out_dir, vocab_size=VOCAB_SIZE, model_max_length=TINY_SHAPE["max_position_embeddings"]
     )
     _add_vision_tokens(out_dir)
     _name_processor(out_dir)
-    model = qwen3_5.Model(_model_config(qwen3_5, json.loads(json.dumps(config))))
+    model = family.Model(_model_config(family, json.loads(json.dumps(config))))
     num_params = sum(p.size for _, p in tree_flatten(model.parameters()))
     report(f"initialising {num_params / 1e6:.2f}M random float32 weights (seed {seed})")
     init_weights(model, seed, mx.float32, max(0.02, TINY_SHAPE["hidden_size"] ** -0.5))
@@ -129,9 +158,6 @@ def build_qwen3_5_vl(out_dir: Path, seed: int, report: Progress) -> None:
     _write_json(out_dir / "preprocessor_config.json", _preprocessor())
     _write_json(out_dir / "video_preprocessor_config.json", _preprocessor())
     _write_json(out_dir / "processor_config.json", {"processor_class": "Qwen3VLProcessor"})
-
-
-# Internal helpers
 
 
 def _name_processor(out_dir: Path) -> None:

@@ -27,7 +27,7 @@ from mlxd.models.tokenizer_maker import (
     make_tokenizer,
 )
 
-VLM_ARCHS = ("llava", "gemma3", "qwen2_5_vl", "qwen3_5_vl")
+VLM_ARCHS = ("llava", "gemma3", "qwen2_5_vl", "qwen3_5_vl", "qwen3_5_moe_vl")
 IMAGE_TOKEN = "<image>"
 # One reserved id past the trained vocabulary becomes the image token; the rest stay reserved.
 VLM_VOCAB_SIZE = TRAINED_VOCAB_SIZE + 64
@@ -184,10 +184,10 @@ def _builder(arch: str) -> Any:
         from mlxd.models.qwen_vl_maker import build_qwen2_5_vl
 
         return build_qwen2_5_vl
-    if arch == "qwen3_5_vl":
-        from mlxd.models.qwen35_vl_maker import build_qwen3_5_vl
+    if arch in ("qwen3_5_vl", "qwen3_5_moe_vl"):
+        from mlxd.models import qwen35_vl_maker
 
-        return build_qwen3_5_vl
+        return getattr(qwen35_vl_maker, f"build_{arch}")
     return _build_gemma3 if arch == "gemma3" else _build_llava
 
 

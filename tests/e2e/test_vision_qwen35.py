@@ -56,12 +56,16 @@ def client(daemon: Daemon) -> openai.OpenAI:
 
 @pytest.fixture(scope="module")
 def reference(qwen: Path) -> Any:
+    return _reference(qwen)
+
+
+def _reference(path: Path) -> Any:
     """mlx-vlm's own greedy ``generate`` on the made model: token ids for a chat's images (in
     prompt order; none for a text chat) and its messages."""
     import mlx.core as mx
     from mlx_vlm import generate, load
 
-    model, processor = load(str(qwen))
+    model, processor = load(str(path))
 
     def ids_for(
         pngs: list[bytes], messages: list[dict[str, Any]], max_tokens: int = MAX_TOKENS
@@ -114,10 +118,13 @@ def _messages(png: bytes) -> list[dict[str, Any]]:
 
 
 def _ask(
-    client: openai.OpenAI, messages: list[dict[str, Any]], max_tokens: int = MAX_TOKENS
+    client: openai.OpenAI,
+    messages: list[dict[str, Any]],
+    max_tokens: int = MAX_TOKENS,
+    model: str = "qwen",
 ) -> Any:
     return client.chat.completions.create(
-        model="qwen",
+        model=model,
         messages=messages,  # type: ignore[arg-type]
         max_tokens=max_tokens,
         temperature=0,
@@ -267,3 +274,47 @@ def test_image_requests_preempted_and_resumed_answer_as_mlx_vlm(
     for n, png in enumerate(pngs):
         expected = reference([png], _messages(png), max_tokens=PREEMPT_TOKENS)
         assert _tokens(answers[n]) == _text_of(expected, qwen), n
+
+
+# Qwen3.5-MoE: the same hybrid, sparse MLPs (routed experts and a shared one) in every layer
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from mlxd.models.vlm_maker import make_vlm
+
+    path = tmp_path_factory.mktemp("vlm") / "qwen35moe"
+    return make_vlm(path, arch="qwen3_5_moe_vl", progress=lambda line: None)
+
+
+@pytest.fixture(scope="module")
+def moe_client(moe: Path) -> Iterator[openai.OpenAI]:
+    d = start_daemon(moe, name="moe")
+    yield openai.OpenAI(base_url=f"{d.base_url}/v1", api_key="unused", max_retries=0)
+    if d.proc.poll() is None:
+        stop_daemon(d)
+
+
+def test_moe_images_beside_text_and_a_hit_answer_as_mlx_vlm(
+    moe_client: openai.OpenAI, moe: Path
+) -> None:
+    """Two images and a text request at once, then the first image again (a prefix hit)."""
+    reference = _reference(moe)
+    pngs = [_png(30), _png(31, (120, 200))]
+    asks = [_messages(p) for p in pngs] + [[{"role": "user", "content": "Name three rivers."}]]
+    answers: dict[int, Any] = {}
+
+    def ask(n: int) -> None:
+        answers[n] = _ask(moe_client, asks[n], model="moe")
+
+    threads = [threading.Thread(target=ask, args=(n,)) for n in range(len(asks))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    again = _ask(moe_client, asks[0], model="moe")
+    expected = [reference([p], m) for p, m in zip(pngs, asks, strict=False)]
+    expected.append(reference([], asks[2]))
+    assert [_tokens(answers[n]) for n in range(len(asks))] == [_text_of(e, moe) for e in expected]
+    assert _cached(again) >= 64
+    assert _tokens(again) == _text_of(expected[0], moe)
