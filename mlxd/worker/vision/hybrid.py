@@ -59,7 +59,7 @@ class HybridMRopeTextModel(MRopeTextModel):
         for layer in self.language_model.model.layers:
             if not layer.is_linear:
                 rope = layer.self_attn.rotary_emb
-                return None if rope.fused_apply else rope(h, position_ids)  # type: ignore[no-any-return]
+                return None if rope.fused_apply else rope(h, position_ids)
         return None
 
     def _logits(self, out: mx.array) -> mx.array:
