@@ -27,7 +27,15 @@ from mlxd.models.tokenizer_maker import (
     make_tokenizer,
 )
 
-VLM_ARCHS = ("llava", "gemma3", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
+VLM_ARCHS = (
+    "llava",
+    "gemma3",
+    "qwen2_5_vl",
+    "qwen3_vl",
+    "qwen3_vl_moe",
+    "qwen3_5_vl",
+    "qwen3_5_moe_vl",
+)
 IMAGE_TOKEN = "<image>"
 # One reserved id past the trained vocabulary becomes the image token; the rest stay reserved.
 VLM_VOCAB_SIZE = TRAINED_VOCAB_SIZE + 64
@@ -188,6 +196,10 @@ def _builder(arch: str) -> Any:
         from mlxd.models import qwen3_vl_maker
 
         return getattr(qwen3_vl_maker, f"build_{arch}")
+    if arch in ("qwen3_5_vl", "qwen3_5_moe_vl"):
+        from mlxd.models import qwen35_vl_maker
+
+        return getattr(qwen35_vl_maker, f"build_{arch}")
     return _build_gemma3 if arch == "gemma3" else _build_llava
 
 

@@ -244,12 +244,12 @@ def _load_vlm(path: str, group: Any) -> tuple[Any, Any, Any]:
 
 def _attach_vision(config: WorkerConfig, runner: ModelRunner, vision: Any) -> None:
     """The image encoder on a runner that splices features into prefill (the paged one on
-    plain K/V, and the window one, a paged runner, for Gemma 3's sliding-window layers); on
-    another the VLM serves text and refuses images."""
-    from mlxd.worker.runners.hybrid import HybridModelRunner
+    plain K/V, the window one, a paged runner, for Gemma 3's sliding-window layers, and the
+    hybrid one, a paged runner too, for Qwen3.5's recurrent layers); on another the VLM serves
+    text and refuses images."""
     from mlxd.worker.runners.paged import PagedModelRunner
 
-    if isinstance(runner, PagedModelRunner) and not isinstance(runner, HybridModelRunner):
+    if isinstance(runner, PagedModelRunner):
         vision.max_pixels = config.max_image_pixels
         runner.vision = vision
         return

@@ -66,6 +66,9 @@ class Snapshot:
     arrays: tuple[tuple[mx.array | None, ...], ...]
     nbytes: int
     tokens: int
+    # Each entry's cache class (mlx-vlm's Qwen3.5 layers need mlx-vlm's ``ArraysCache``, whose
+    # methods mlx-lm's lacks); empty: mlx-lm's.
+    kinds: tuple[type, ...] = ()
 
     @classmethod
     def of(cls, states: list[ArraysCache], tokens: int, row: int | None = None) -> Snapshot:
@@ -79,13 +82,14 @@ class Snapshot:
         held = [a for entry in arrays for a in entry if a is not None]
         if pick is not None:
             mx.async_eval(held)
-        return cls(arrays, sum(a.nbytes for a in held), tokens)
+        return cls(arrays, sum(a.nbytes for a in held), tokens, tuple(type(c) for c in states))
 
     def caches(self) -> list[ArraysCache]:
         """Fresh caches holding these arrays (the model rebinds entries, never writes them)."""
         out = []
-        for entry in self.arrays:
-            cache = ArraysCache(len(entry))
+        kinds = self.kinds or (ArraysCache,) * len(self.arrays)
+        for entry, kind in zip(self.arrays, kinds, strict=True):
+            cache = kind(len(entry))
             cache.cache = list(entry)
             out.append(cache)
         return out
@@ -227,7 +231,8 @@ class HybridModelRunner(PagedModelRunner):
         states = own[0] if len(own) == 1 else layer_caches.merge(own)
         for cache in states:  # a merge of empty states marks padding there is none of
             cache.left_padding = cache.lengths = None
-        self.model(tokens, cache=self._caches(PagedKVCache.for_step(self.pool, step), states))
+        layers = self._caches(PagedKVCache.for_step(self.pool, step), states)
+        self.model(tokens, cache=layers, **self._vision_inputs(tokens, spans))
         if len(own) > 1:
             for i, caches in enumerate(own):
                 row = mx.array([i])
@@ -236,6 +241,16 @@ class HybridModelRunner(PagedModelRunner):
                         None if a is None else mx.take(a, row, axis=0) for a in batch.cache
                     ]
         mx.eval([layer_caches.arrays(caches) for caches in own])  # the graph one forward deep
+
+    def _vision_inputs(self, tokens: mx.array, spans: list[_Span]) -> dict[str, Any]:
+        """A VLM's extras for a forward of ``spans`` (no padding: a row's columns are its
+        span's positions): image features spliced into the embeddings where a span holds
+        placeholders, and its rows' mRoPE positions (Qwen3.5); nothing for a text model."""
+        if self.vision is None:
+            return {}
+        extra = self._positions([(s.seq, list(range(s.start, s.stop))) for s in spans])
+        embeds = self.vision.embeddings(tokens, [(s.seq, s.start, s.stop) for s in spans])
+        return extra if embeds is None else {**extra, "input_embeddings": embeds}
 
     def _enter(self, seqs: list[Sequence]) -> None:
         """Rows join with their state: each prefilled all but its prompt's last token."""

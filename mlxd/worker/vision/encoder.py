@@ -8,8 +8,9 @@ runs on the engine thread, lazily, when a prefill chunk first reaches an image's
 as many per step as the step's prefill budget buys (``encode_ahead``: the chunk waits for the
 rest), so a burst of images stalls running streams about as long as a prompt chunk does;
 ``embeddings`` splices the features into a later chunk's token embeddings at the placeholder
-positions (and, for Qwen3-VL, ``deepstack`` hands the chunk's deepstack features to the decoder). The features are dropped once the prompt's prefill is done; each image's are kept
-by its digest in a bounded ``FeatureCache`` too, so a prompt whose image is only partly in the
+positions (and, for Qwen3-VL, ``deepstack`` hands the chunk's deepstack features to the
+decoder). The features are dropped once the prompt's prefill is done; each image's are kept by
+its digest in a bounded ``FeatureCache`` too, so a prompt whose image is only partly in the
 prefix cache (its last placeholders past the last whole block), a later turn about it, or a
 preempted sequence resuming, never runs the tower for it again.
 """

@@ -87,12 +87,24 @@ def load_vlm(path: str) -> tuple[TextModel, Any, Any]:
 
 
 def _text_model(language_model: nn.Module) -> TextModel:
-    """The runners' view of ``language_model``: Qwen-VL's takes its multimodal positions."""
+    """The runners' view of ``language_model``: Qwen-VL's takes its multimodal positions,
+    Qwen3-VL's its deepstack features too, and Qwen3.5's (recurrent layers beside them) runs
+    its layers itself (``vision.hybrid``)."""
     from mlxd.worker.vision.deepstack import DeepstackTextModel, takes_deepstack
     from mlxd.worker.vision.mrope import MRopeTextModel
 
     if takes_deepstack(language_model):  # Qwen3-VL: mRoPE and deepstack features
         return DeepstackTextModel(language_model)
     if hasattr(language_model, "get_rope_index"):
+        if _has_recurrent_layers(language_model):
+            from mlxd.worker.vision.hybrid import HybridMRopeTextModel
+
+            return HybridMRopeTextModel(language_model)
         return MRopeTextModel(language_model)
     return TextModel(language_model)
+
+
+def _has_recurrent_layers(language_model: nn.Module) -> bool:
+    """Whether the model's caches hold recurrent state (``ArraysCache``) beside K/V."""
+    own = getattr(language_model, "make_cache", None)
+    return own is not None and any(type(c).__name__ == "ArraysCache" for c in own())
