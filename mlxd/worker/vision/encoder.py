@@ -19,7 +19,7 @@ import logging
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
@@ -30,6 +30,7 @@ from mlxd.knobs import MAX_IMAGE_PIXELS
 from mlxd.models.vision_layout import FEATURE_CACHE_BYTES
 from mlxd.protocol.messages import ImageData
 from mlxd.worker.vision.mrope import MRope, MRopeTextModel, prompt_positions
+from mlxd.worker.vision.tiles import global_marker, image_counts
 
 if TYPE_CHECKING:
     from mlxd.worker.sched.sequence import Sequence
@@ -42,6 +43,9 @@ PREPARE_THREADS = 2  # image decoding and processing run beside the engine threa
 MIN_IMAGE_SIDE = 2
 # Placeholder keys are negative (token ids are not): -(1 + the digest's first 60 bits).
 _KEY_HEX_DIGITS = 15
+# The processor's outputs besides the pixels that a family's merge takes (SmolVLM / Idefics3:
+# which pixels of each tile are real), passed to ``get_input_embeddings`` as they come.
+EXTRA_INPUTS = ("pixel_attention_mask",)
 
 
 @dataclass(eq=False)
@@ -58,10 +62,17 @@ class PromptImages:
     grid_thw: np.ndarray | None = None
     mrope: np.ndarray | None = None
     delta: int = 0
+    # Tiled images (SmolVLM, Idefics3): each image's placeholder count (``vision.tiles``),
+    # and the processor's other inputs to the merge (``EXTRA_INPUTS``).
+    counts: list[int] | None = None
+    inputs: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def sizes(self) -> list[int]:
-        """Each image's placeholder count (the same for every image but Qwen-VL's)."""
+        """Each image's placeholder count (the same for every image but Qwen-VL's and tiled
+        ones)."""
+        if self.counts is not None:
+            return self.counts
         if self.grid_thw is not None:  # a token per merged patch group: in proportion
             patches = self.grid_thw.prod(axis=1)
             return [len(self.positions) * int(p) // int(patches.sum()) for p in patches]
@@ -128,6 +139,8 @@ class ImageEncoder:
         self.image_token_id = _image_token_id(vlm.config)
         # Qwen-VL's positions (None: the family's positions are the cache offsets).
         self.mrope = MRope() if isinstance(text, MRopeTextModel) else None
+        # Tiled images: the token before each image's last run (None: not tiled).
+        self.global_marker = global_marker(vlm.config, processor.tokenizer)
         self.pool = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="images")
         self.counters = EncoderCounters()
         self.cache = FeatureCache()
@@ -183,7 +196,11 @@ class ImageEncoder:
         prompt_images = PromptImages(np.asarray(out["pixel_values"]), positions, digests)
         if self.mrope is not None:
             self._add_mrope(prompt_images, ids, np.asarray(out["image_grid_thw"]))
-        if sum(prompt_images.sizes) != len(positions):
+        if self.global_marker is not None:
+            prompt_images.counts = image_counts(ids, positions, self.global_marker)
+        prompt_images.inputs = {k: np.asarray(out[k]) for k in EXTRA_INPUTS if k in out}
+        sizes = prompt_images.sizes
+        if sum(sizes) != len(positions) or len(sizes) != len(digests):
             raise InvalidRequest("the prompt's image placeholders do not match its images")
         return Prepared(ids, prompt_images, _keys(ids, prompt_images))
 
@@ -210,6 +227,7 @@ class ImageEncoder:
         # Gemma 3's merge needs one, LLaVA's takes none
         mask = mx.ones(ids.shape, dtype=mx.int32)
         extra = {} if img.grid_thw is None else {"image_grid_thw": mx.array(img.grid_thw)}
+        extra.update({k: mx.array(v) for k, v in img.inputs.items()})
         out = self.vlm.get_input_embeddings(ids, mx.array(img.pixel_values), mask=mask, **extra)
         features: mx.array = out.inputs_embeds[0][mx.array(img.positions)]
         mx.eval(features)  # the tower's time is measured here, not in the forward

@@ -45,8 +45,9 @@ class TextModel(nn.Module):
 
     @property
     def model(self) -> nn.Module:
-        """The decoder (``embed_tokens``, as mlx-lm models name it)."""
-        return self.language_model.model  # type: ignore[no-any-return]
+        """The decoder (``embed_tokens``, as mlx-lm models name it); Idefics3's language model
+        is its own decoder (``embed_tokens`` and ``layers`` beside ``lm_head``)."""
+        return getattr(self.language_model, "model", self.language_model)  # type: ignore[no-any-return]
 
     @property
     def lm_head(self) -> Any:
@@ -71,7 +72,7 @@ class TextModel(nn.Module):
 
     def embed(self, tokens: mx.array) -> mx.array:
         """The token embeddings the decoder starts from."""
-        return self.language_model.model.embed_tokens(tokens)  # type: ignore[no-any-return]
+        return self.model.embed_tokens(tokens)  # type: ignore[no-any-return]
 
 
 def load_vlm(path: str) -> tuple[TextModel, Any, Any]:
