@@ -26,7 +26,7 @@ class _ConfigFailure(click.ClickException):
     default="qwen3",
     show_default=True,
     help="qwen3, llama, qwen2, mistral, mamba (state-space), lfm2 (hybrid), or llava, gemma3, "
-    "qwen2_5_vl, smolvlm or idefics3 (vision-language models; need mlxd[vision]; --size, "
+    "qwen2_5_vl, smolvlm, idefics3 or mistral3 (vision-language models; need mlxd[vision]; --size, "
     "--dtype, --quantize and --sliding-window are ignored; with --zoo, gemma3 is the zoo's "
     "text model).",
 )

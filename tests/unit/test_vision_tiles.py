@@ -1,12 +1,12 @@
-"""Tiled images' placeholder counts: each image's runs end with the one after its global marker."""
+"""Images in several placeholder runs: each image's count ends at the run its marker marks."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from mlxd.worker.vision.tiles import image_counts
+from mlxd.worker.vision.tiles import LastRunMarker, image_counts
 
-IMAGE, MARK, ROW, TEXT = 9, 7, 5, 1
+IMAGE, MARK, ROW, END, TEXT = 9, 7, 5, 3, 1
 
 
 def _image(tiles: int, run: int) -> list[int]:
@@ -19,7 +19,7 @@ def _image(tiles: int, run: int) -> list[int]:
 
 def _counts(ids: list[int]) -> list[int]:
     positions = np.array([p for p, t in enumerate(ids) if t == IMAGE])
-    return image_counts(ids, positions, MARK)
+    return image_counts(ids, positions, LastRunMarker(MARK, before=True))
 
 
 def test_each_image_has_its_own_count() -> None:
@@ -29,3 +29,12 @@ def test_each_image_has_its_own_count() -> None:
 
 def test_a_prompt_without_placeholders_has_no_images() -> None:
     assert _counts([TEXT, TEXT]) == []
+
+
+def test_rows_end_with_the_end_marker() -> None:
+    """Pixtral's layout: rows of placeholders, a break between rows, the end after the last."""
+    first = [IMAGE, IMAGE, ROW, IMAGE, IMAGE, END]
+    second = [IMAGE, IMAGE, IMAGE, END]
+    ids = [TEXT, *first, TEXT, *second, TEXT]
+    positions = np.array([p for p, t in enumerate(ids) if t == IMAGE])
+    assert image_counts(ids, positions, LastRunMarker(END, before=False)) == [4, 3]

@@ -30,7 +30,7 @@ from mlxd.knobs import MAX_IMAGE_PIXELS
 from mlxd.models.vision_layout import FEATURE_CACHE_BYTES
 from mlxd.protocol.messages import ImageData
 from mlxd.worker.vision.mrope import MRope, MRopeTextModel, prompt_positions
-from mlxd.worker.vision.tiles import global_marker, image_counts
+from mlxd.worker.vision.tiles import image_counts, last_run_marker
 
 if TYPE_CHECKING:
     from mlxd.worker.sched.sequence import Sequence
@@ -44,8 +44,9 @@ MIN_IMAGE_SIDE = 2
 # Placeholder keys are negative (token ids are not): -(1 + the digest's first 60 bits).
 _KEY_HEX_DIGITS = 15
 # The processor's outputs besides the pixels that a family's merge takes (SmolVLM / Idefics3:
-# which pixels of each tile are real), passed to ``get_input_embeddings`` as they come.
-EXTRA_INPUTS = ("pixel_attention_mask",)
+# which pixels of each tile are real; Pixtral: each image's size within the padded pixels),
+# passed to ``get_input_embeddings`` as they come.
+EXTRA_INPUTS = ("pixel_attention_mask", "image_sizes")
 
 
 @dataclass(eq=False)
@@ -62,7 +63,8 @@ class PromptImages:
     grid_thw: np.ndarray | None = None
     mrope: np.ndarray | None = None
     delta: int = 0
-    # Tiled images (SmolVLM, Idefics3): each image's placeholder count (``vision.tiles``),
+    # Images in several runs (SmolVLM's tiles, Pixtral's rows): each image's placeholder
+    # count (``vision.tiles``),
     # and the processor's other inputs to the merge (``EXTRA_INPUTS``).
     counts: list[int] | None = None
     inputs: dict[str, np.ndarray] = field(default_factory=dict)
@@ -139,8 +141,8 @@ class ImageEncoder:
         self.image_token_id = _image_token_id(vlm.config)
         # Qwen-VL's positions (None: the family's positions are the cache offsets).
         self.mrope = MRope() if isinstance(text, MRopeTextModel) else None
-        # Tiled images: the token before each image's last run (None: not tiled).
-        self.global_marker = global_marker(vlm.config, processor.tokenizer)
+        # Images in several runs (tiles, rows): what marks each one's last (``vision.tiles``).
+        self.last_run = last_run_marker(vlm.config, processor.tokenizer)
         self.pool = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="images")
         self.counters = EncoderCounters()
         self.cache = FeatureCache()
@@ -196,8 +198,8 @@ class ImageEncoder:
         prompt_images = PromptImages(np.asarray(out["pixel_values"]), positions, digests)
         if self.mrope is not None:
             self._add_mrope(prompt_images, ids, np.asarray(out["image_grid_thw"]))
-        if self.global_marker is not None:
-            prompt_images.counts = image_counts(ids, positions, self.global_marker)
+        if self.last_run is not None:
+            prompt_images.counts = image_counts(ids, positions, self.last_run)
         prompt_images.inputs = {k: np.asarray(out[k]) for k in EXTRA_INPUTS if k in out}
         sizes = prompt_images.sizes
         if sum(sizes) != len(positions) or len(sizes) != len(digests):

@@ -88,8 +88,14 @@ def load_vlm(path: str) -> tuple[TextModel, Any, Any]:
 
 
 def _text_model(language_model: nn.Module) -> TextModel:
-    """The runners' view of ``language_model``: Qwen-VL's takes its multimodal positions."""
+    """The runners' view of ``language_model``: Qwen-VL's takes its multimodal positions;
+    Mistral 3's (Ministral 3) scales each row's queries by its own positions."""
     from mlxd.worker.vision.mrope import MRopeTextModel
+
+    if getattr(language_model, "model_type", None) == "ministral3":
+        from mlxd.worker.vision.ministral3 import scale_rows
+
+        scale_rows(language_model)
 
     if hasattr(language_model, "get_rope_index"):
         return MRopeTextModel(language_model)
