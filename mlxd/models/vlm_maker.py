@@ -30,6 +30,7 @@ from mlxd.models.tokenizer_maker import (
 VLM_ARCHS = ("llava", "gemma3", "qwen2_5_vl")
 VLM_ARCHS += ("smolvlm", "idefics3")  # smolvlm_maker.py
 VLM_ARCHS += ("mistral3",)  # mistral3_maker.py
+VLM_ARCHS += ("llama4",)  # llama4_maker.py
 IMAGE_TOKEN = "<image>"
 # One reserved id past the trained vocabulary becomes the image token; the rest stay reserved.
 VLM_VOCAB_SIZE = TRAINED_VOCAB_SIZE + 64
@@ -182,6 +183,10 @@ def gemma3_config() -> dict[str, Any]:
 
 def _builder(arch: str) -> Any:
     """The function that writes family ``arch``'s checkpoint into a directory."""
+    if arch == "llama4":
+        from mlxd.models.llama4_maker import build_llama4
+
+        return build_llama4
     if arch == "mistral3":
         from mlxd.models.mistral3_maker import build_mistral3
 

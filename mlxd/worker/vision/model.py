@@ -83,20 +83,29 @@ def load_vlm(path: str) -> tuple[TextModel, Any, Any]:
 
     vlm, processor = load(path)
     vlm.eval()
+    if getattr(vlm.config, "model_type", None) == "llama4":
+        from mlxd.worker.vision.llama4 import add_global_tiles
+
+        add_global_tiles(processor)  # mlx-vlm's leaves each tiled image's global tile out
     tokenizer = load_tokenizer(Path(path), eos_token_ids=getattr(vlm.config, "eos_token_id", None))
     return _text_model(vlm.language_model), tokenizer, (vlm, processor)
 
 
 def _text_model(language_model: nn.Module) -> TextModel:
     """The runners' view of ``language_model``: Qwen-VL's takes its multimodal positions;
-    Mistral 3's (Ministral 3) scales each row's queries by its own positions."""
+    Mistral 3's (Ministral 3) scales each row's queries by its own positions; Llama 4's serves
+    a context within one attention chunk."""
     from mlxd.worker.vision.mrope import MRopeTextModel
 
-    if getattr(language_model, "model_type", None) == "ministral3":
+    model_type = getattr(language_model, "model_type", None)
+    if model_type == "llama4_text":
+        from mlxd.worker.vision.llama4 import Llama4TextModel
+
+        return Llama4TextModel(language_model)
+    if model_type == "ministral3":
         from mlxd.worker.vision.ministral3 import scale_rows
 
         scale_rows(language_model)
-
     if hasattr(language_model, "get_rope_index"):
         return MRopeTextModel(language_model)
     return TextModel(language_model)

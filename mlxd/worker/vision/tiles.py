@@ -2,11 +2,13 @@
 
 SmolVLM and Idefics3 split an image into tiles (image splitting): each tile's placeholders
 follow a ``<row_R_col_C>`` marker, and the whole image shrunk to one tile comes last, after
-``<global-img>``. Pixtral (Mistral 3) lays an image out row by row: each row's placeholders,
-``[IMG_BREAK]`` between rows, ``[IMG_END]`` after the last. Either way an image is several runs
-and its placeholder count follows its size or aspect ratio, so a prompt's placeholders cannot
-be split evenly among its images: the prefix-cache keys and the feature cache need each image's
-own count, read here from the prompt by the token that marks each image's last run.
+``<global-img>``. Llama 4 tiles too: the tiles' runs between separators, then ``<|image|>``,
+the global one's run and ``<|image_end|>``. Pixtral (Mistral 3) lays an image out row by row:
+each row's placeholders, ``[IMG_BREAK]`` between rows, ``[IMG_END]`` after the last. Either way
+an image is several runs and its placeholder count follows its size or aspect ratio, so a
+prompt's placeholders cannot be split evenly among its images: the prefix-cache keys and the
+feature cache need each image's own count, read here from the prompt by the token that marks
+each image's last run.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ MARKERS = {
     "smolvlm": ("<global-img>", True),
     "idefics3": ("<global-img>", True),
     "mistral3": ("[IMG_END]", False),
+    "llama4": ("<|image_end|>", False),
 }
 
 
