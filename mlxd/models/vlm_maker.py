@@ -36,6 +36,9 @@ VLM_ARCHS = (
     "qwen3_5_vl",
     "qwen3_5_moe_vl",
 )
+VLM_ARCHS += ("smolvlm", "idefics3")  # smolvlm_maker.py
+VLM_ARCHS += ("mistral3",)  # mistral3_maker.py
+VLM_ARCHS += ("llama4",)  # llama4_maker.py
 IMAGE_TOKEN = "<image>"
 # One reserved id past the trained vocabulary becomes the image token; the rest stay reserved.
 VLM_VOCAB_SIZE = TRAINED_VOCAB_SIZE + 64
@@ -188,6 +191,18 @@ def gemma3_config() -> dict[str, Any]:
 
 def _builder(arch: str) -> Any:
     """The function that writes family ``arch``'s checkpoint into a directory."""
+    if arch == "llama4":
+        from mlxd.models.llama4_maker import build_llama4
+
+        return build_llama4
+    if arch == "mistral3":
+        from mlxd.models.mistral3_maker import build_mistral3
+
+        return build_mistral3
+    if arch in ("smolvlm", "idefics3"):
+        from mlxd.models import smolvlm_maker
+
+        return getattr(smolvlm_maker, f"build_{arch}")
     if arch == "qwen2_5_vl":
         from mlxd.models.qwen_vl_maker import build_qwen2_5_vl
 

@@ -209,6 +209,10 @@ def _load(config: WorkerConfig, group: Any = None) -> tuple[Any, Any, int, Any]:
     else:
         model, tokenizer = _load_model(config.model, config.dtype, group)
     max_context = config.max_context or _model_context(model)
+    if (limit := getattr(model, "context_limit", None)) is not None and max_context > limit:
+        # a VLM whose language model is served right only so far (Llama 4: one chunk)
+        log.warning("%s: context capped from %d to %d tokens", config.name, max_context, limit)
+        max_context = limit
     log.info("loaded %s in %.1f s", config.model, time.monotonic() - started)
     return model, tokenizer, max_context, vision
 

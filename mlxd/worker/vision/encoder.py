@@ -34,6 +34,7 @@ from mlxd.models.vision_layout import FEATURE_CACHE_BYTES
 from mlxd.protocol.messages import ImageData
 from mlxd.worker.vision import deepstack
 from mlxd.worker.vision.mrope import MRope, MRopeTextModel, prompt_positions
+from mlxd.worker.vision.tiles import image_counts, last_run_marker
 
 if TYPE_CHECKING:
     from mlxd.worker.sched.scheduler import PrefillChunk
@@ -47,6 +48,10 @@ PREPARE_THREADS = 2  # image decoding and processing run beside the engine threa
 MIN_IMAGE_SIDE = 2
 # Placeholder keys are negative (token ids are not): -(1 + the digest's first 60 bits).
 _KEY_HEX_DIGITS = 15
+# The processor's outputs besides the pixels that a family's merge takes (SmolVLM / Idefics3:
+# which pixels of each tile are real; Pixtral: each image's size within the padded pixels),
+# passed to ``get_input_embeddings`` as they come.
+EXTRA_INPUTS = ("pixel_attention_mask", "image_sizes")
 
 
 @dataclass(eq=False)
@@ -68,10 +73,17 @@ class PromptImages:
     # Images run through the tower ahead of the chunk that splices them (``encode_ahead``),
     # by index: a step encodes a bounded slice of a prompt's images, not all of them.
     parts: dict[int, mx.array] = field(default_factory=dict)
+    # Images in several runs (SmolVLM's tiles, Pixtral's rows): each image's placeholder
+    # count (``vision.tiles``), and the processor's other inputs to the merge (``EXTRA_INPUTS``).
+    counts: list[int] | None = None
+    inputs: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def sizes(self) -> list[int]:
-        """Each image's placeholder count (the same for every image but Qwen-VL's)."""
+        """Each image's placeholder count (the same for every image but Qwen-VL's and tiled
+        ones)."""
+        if self.counts is not None:
+            return self.counts
         if self.grid_thw is not None:  # a token per merged patch group: in proportion
             patches = self.grid_thw.prod(axis=1)
             return [len(self.positions) * int(p) // int(patches.sum()) for p in patches]
@@ -150,6 +162,8 @@ class ImageEncoder:
         self.mrope = MRope() if isinstance(text, MRopeTextModel) else None
         # Qwen3-VL: the decoder layers the tower's deepstack features go into (``deepstack``)
         self.deepstack_layers = _deepstack_layers(vlm.config)
+        # Images in several runs (tiles, rows): what marks each one's last (``vision.tiles``).
+        self.last_run = last_run_marker(vlm.config, processor.tokenizer)
         self.pool = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="images")
         self.counters = EncoderCounters()
         self.cache = FeatureCache()
@@ -256,7 +270,11 @@ class ImageEncoder:
         prompt_images = PromptImages(np.asarray(out["pixel_values"]), positions, digests)
         if self.mrope is not None:
             self._add_mrope(prompt_images, ids, np.asarray(out["image_grid_thw"]))
-        if sum(prompt_images.sizes) != len(positions):
+        if self.last_run is not None:
+            prompt_images.counts = image_counts(ids, positions, self.last_run)
+        prompt_images.inputs = {k: np.asarray(out[k]) for k in EXTRA_INPUTS if k in out}
+        sizes = prompt_images.sizes
+        if sum(sizes) != len(positions) or len(sizes) != len(digests):
             raise InvalidRequest("the prompt's image placeholders do not match its images")
         return Prepared(ids, prompt_images, _keys(ids, prompt_images))
 
@@ -336,6 +354,7 @@ class ImageEncoder:
         # Gemma 3's merge needs one, LLaVA's takes none
         mask = mx.ones(ids.shape, dtype=mx.int32)
         extra = {} if img.grid_thw is None else {"image_grid_thw": mx.array(img.grid_thw)}
+        extra.update({k: mx.array(v) for k, v in img.inputs.items()})
         out = self.vlm.get_input_embeddings(ids, mx.array(img.pixel_values), mask=mask, **extra)
         features: mx.array = out.inputs_embeds[0][mx.array(img.positions)]
         if self.deepstack_layers:  # each image token's deepstack features beside its own
@@ -399,7 +418,10 @@ def _one_image(
 ) -> tuple[list[int], PromptImages] | None:
     """Image ``n`` as a prompt of its own: the prompt's ids without the other images'
     placeholders, and its pixels (Qwen-VL: its patches' rows and grid); None when the pixels
-    are not one row per image (a family that tiles an image)."""
+    are not one row per image, or the merge takes more inputs than the pixels (a family that
+    tiles an image or sizes it apart: SmolVLM, Pixtral, Llama 4 run a prompt's images at once)."""
+    if img.counts is not None or img.inputs:
+        return None
     start = sum(img.sizes[:n])
     others = set(np.delete(img.positions, np.s_[start : start + img.sizes[n]]).tolist())
     ids = [t for p, t in enumerate(prompt_ids) if p not in others]

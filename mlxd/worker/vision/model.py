@@ -45,8 +45,9 @@ class TextModel(nn.Module):
 
     @property
     def model(self) -> nn.Module:
-        """The decoder (``embed_tokens``, as mlx-lm models name it)."""
-        return self.language_model.model  # type: ignore[no-any-return]
+        """The decoder (``embed_tokens``, as mlx-lm models name it); Idefics3's language model
+        is its own decoder (``embed_tokens`` and ``layers`` beside ``lm_head``)."""
+        return getattr(self.language_model, "model", self.language_model)  # type: ignore[no-any-return]
 
     @property
     def lm_head(self) -> Any:
@@ -71,7 +72,7 @@ class TextModel(nn.Module):
 
     def embed(self, tokens: mx.array) -> mx.array:
         """The token embeddings the decoder starts from."""
-        return self.language_model.model.embed_tokens(tokens)  # type: ignore[no-any-return]
+        return self.model.embed_tokens(tokens)  # type: ignore[no-any-return]
 
 
 def load_vlm(path: str) -> tuple[TextModel, Any, Any]:
@@ -82,6 +83,10 @@ def load_vlm(path: str) -> tuple[TextModel, Any, Any]:
 
     vlm, processor = load(path)
     vlm.eval()
+    if getattr(vlm.config, "model_type", None) == "llama4":
+        from mlxd.worker.vision.llama4 import add_global_tiles
+
+        add_global_tiles(processor)  # mlx-vlm's leaves each tiled image's global tile out
     tokenizer = load_tokenizer(Path(path), eos_token_ids=getattr(vlm.config, "eos_token_id", None))
     return _text_model(vlm.language_model), tokenizer, (vlm, processor)
 
@@ -89,12 +94,22 @@ def load_vlm(path: str) -> tuple[TextModel, Any, Any]:
 def _text_model(language_model: nn.Module) -> TextModel:
     """The runners' view of ``language_model``: Qwen-VL's takes its multimodal positions,
     Qwen3-VL's its deepstack features too, and Qwen3.5's (recurrent layers beside them) runs
-    its layers itself (``vision.hybrid``)."""
+    its layers itself (``vision.hybrid``); Mistral 3's (Ministral 3) scales each row's queries
+    by its own positions; Llama 4's serves a context within one attention chunk."""
     from mlxd.worker.vision.deepstack import DeepstackTextModel, takes_deepstack
     from mlxd.worker.vision.mrope import MRopeTextModel
 
     if takes_deepstack(language_model):  # Qwen3-VL: mRoPE and deepstack features
         return DeepstackTextModel(language_model)
+    model_type = getattr(language_model, "model_type", None)
+    if model_type == "llama4_text":
+        from mlxd.worker.vision.llama4 import Llama4TextModel
+
+        return Llama4TextModel(language_model)
+    if model_type == "ministral3":
+        from mlxd.worker.vision.ministral3 import scale_rows
+
+        scale_rows(language_model)
     if hasattr(language_model, "get_rope_index"):
         if _has_recurrent_layers(language_model):
             from mlxd.worker.vision.hybrid import HybridMRopeTextModel

@@ -1,0 +1,197 @@
+"""The Llama 4 maker: a tiny mlx-vlm Llama 4 checkpoint with seeded random weights.
+
+Llama 4's layout at the tiny shape: a ViT on 112 x 112 tiles in 14-pixel patches (8 x 8, a
+class token, 2D rotary positions), pixel-shuffled by half a side into 16 image tokens a tile,
+and a four-layer Llama 4 decoder: three layers with rotary positions that attend within
+``attention_chunk_size``-token chunks and one without (NoPE, its queries scaled by position
+past ``floor_scale``), every other layer a mixture of experts beside a shared expert. Its
+processor picks the tiling that fits the image best (up to ``MAX_PATCHES`` tiles) and lays the
+image out as ``<|image_start|>``, the tiles' ``<|patch|>`` runs between ``<|tile_x_separator|>``
+and ``<|tile_y_separator|>``, ``<|image|>``, the whole image shrunk to one tile, and
+``<|image_end|>``: a square image is one tile (16 image tokens), a 2:1 one two tiles and the
+global one (48). Written by ``vlm_maker.make_vlm(arch="llama4")``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from mlxd.models.maker import Progress, init_weights
+from mlxd.models.presets import TINY_SHAPE
+from mlxd.models.tokenizer_maker import (
+    CHAT_TEMPLATE,
+    EOS_TOKEN_ID,
+    PAD_TOKEN_ID,
+    RESERVED_TOKEN,
+    TRAINED_VOCAB_SIZE,
+    make_tokenizer,
+)
+
+TILE = 112
+PATCH_SIZE = 14  # the processor's own (it reads no patch size from the checkpoint)
+MAX_PATCHES = 4  # tiles an image at most (1 x 1 ... 2 x 2, 1 x 4, 4 x 1)
+# The chunked layers' chunk, and the position past which the NoPE layer scales its queries:
+# mlxd serves a context within both (``worker/vision/llama4.py``), 255 tokens here.
+CHUNK = 256
+IMAGE_TOKEN = "<|image|>"
+PATCH_TOKEN = "<|patch|>"
+TOKENS = (
+    "<|image_start|>",
+    "<|image_end|>",
+    IMAGE_TOKEN,
+    PATCH_TOKEN,
+    "<|tile_x_separator|>",
+    "<|tile_y_separator|>",
+)
+TOKEN_IDS = {t: TRAINED_VOCAB_SIZE + n for n, t in enumerate(TOKENS)}
+VOCAB_SIZE = TRAINED_VOCAB_SIZE + 64
+_TEXT_PART = "{%- if part.type == 'text' -%}{{- part.text -}}{%- endif -%}"
+_IMAGE_PART = (
+    "{%- if part.type == 'text' -%}{{- part.text -}}"
+    "{%- elif part.type in ['image', 'image_url'] -%}{{- '" + IMAGE_TOKEN + "' -}}{%- endif -%}"
+)
+
+
+# Public API
+
+
+def llama4_config() -> dict[str, Any]:
+    """The checkpoint's ``config.json``."""
+    text = {
+        **TINY_SHAPE,
+        "model_type": "llama4_text",
+        "num_hidden_layers": 4,  # the fourth is the NoPE, full-attention one
+        "vocab_size": VOCAB_SIZE,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500_000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 1024,
+        },
+        "intermediate_size_mlp": 128,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 1,
+        "interleave_moe_layer_step": 2,  # layers 1 and 3 are experts, 0 and 2 dense
+        "use_qk_norm": True,
+        "attention_chunk_size": CHUNK,
+        "floor_scale": CHUNK,
+        "attn_temperature_tuning": True,
+        "attn_scale": 0.1,
+        "max_position_embeddings": 4096,
+        "bos_token_id": None,
+        "eos_token_id": EOS_TOKEN_ID,
+        "pad_token_id": PAD_TOKEN_ID,
+        "tie_word_embeddings": False,
+    }
+    vision = {
+        "model_type": "llama4_vision_model",
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 128,  # four patches' hidden: the pixel shuffle's input
+        "image_size": TILE,
+        "patch_size": PATCH_SIZE,
+        "num_channels": 3,
+        "norm_eps": 1e-5,
+        "initializer_range": 0.02,
+        "pixel_shuffle_ratio": 0.5,
+        "projector_dropout": 0.0,
+        "projector_input_dim": 64,
+        "projector_output_dim": 64,
+        "vision_output_dim": 64,
+        "rope_theta": 10_000.0,
+        "vision_feature_layer": -1,
+        "vision_feature_select_strategy": "default",
+    }
+    return {
+        "model_type": "llama4",
+        "architectures": ["Llama4ForConditionalGeneration"],
+        "image_token_index": TOKEN_IDS[PATCH_TOKEN],
+        "vocab_size": VOCAB_SIZE,
+        "eos_token_id": EOS_TOKEN_ID,
+        "pad_token_id": PAD_TOKEN_ID,
+        "torch_dtype": "float32",
+        "transformers_version": "5.0.0",
+        "text_config": text,
+        "vision_config": vision,
+    }
+
+
+def build_llama4(out_dir: Path, seed: int, report: Progress) -> None:
+    """Write the checkpoint into the (staged, empty) ``out_dir``."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import save_model
+    from mlx_vlm.models import llama4
+
+    from mlxd.models.vlm_maker import _model_config
+
+    config = llama4_config()
+    report(f"training tokenizer (vocab {VOCAB_SIZE})")
+    make_tokenizer(
+        out_dir, vocab_size=VOCAB_SIZE, model_max_length=TINY_SHAPE["max_position_embeddings"]
+    )
+    _add_image_tokens(out_dir)
+    model = llama4.Model(_model_config(llama4, json.loads(json.dumps(config))))
+    num_params = sum(p.size for _, p in tree_flatten(model.parameters()))
+    report(f"initialising {num_params / 1e6:.2f}M random float32 weights (seed {seed})")
+    init_weights(model, seed, mx.float32, max(0.02, TINY_SHAPE["hidden_size"] ** -0.5))
+    save_model(out_dir, model, donate_model=True)
+    _write_json(out_dir / "config.json", config)
+    _write_json(out_dir / "preprocessor_config.json", _preprocessor())
+    _write_json(out_dir / "processor_config.json", {"processor_class": "Llama4Processor"})
+
+
+# Internal helpers
+
+
+def _add_image_tokens(out_dir: Path) -> None:
+    """The first reserved tokens become Llama 4's image tokens (special, never split); the
+    chat template renders an image part as ``<|image|>``, which the processor expands."""
+    path = out_dir / "tokenizer.json"
+    spec = json.loads(path.read_text(encoding="utf-8"))
+    vocab = spec["model"]["vocab"]
+    for n, (token, token_id) in enumerate(TOKEN_IDS.items()):
+        assert vocab.pop(RESERVED_TOKEN.format(n)) == token_id
+        vocab[token] = token_id
+        spec["added_tokens"].append(_added_token(token_id, token))
+    path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
+    config_path = out_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    assert _TEXT_PART in CHAT_TEMPLATE
+    config["chat_template"] = CHAT_TEMPLATE.replace(_TEXT_PART, _IMAGE_PART)
+    config["processor_class"] = "Llama4Processor"
+    _write_json(config_path, config)
+
+
+def _added_token(token_id: int, content: str) -> dict[str, Any]:
+    return {
+        "id": token_id,
+        "content": content,
+        "single_word": False,
+        "lstrip": False,
+        "rstrip": False,
+        "normalized": False,
+        "special": True,
+    }
+
+
+def _preprocessor() -> dict[str, Any]:
+    """mlx-vlm's Llama 4 image processor reads the tile's side, the most tiles, the norm."""
+    return {
+        "image_processor_type": "Llama4ImageProcessor",
+        "processor_class": "Llama4Processor",
+        "size": {"height": TILE, "width": TILE},
+        "max_patches": MAX_PATCHES,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+    }
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2), encoding="utf-8")

@@ -1,0 +1,188 @@
+"""The Mistral 3 maker: a tiny mlx-vlm Mistral 3 (Pixtral tower) checkpoint with random weights.
+
+Mistral 3's layout at the tiny shape: Pixtral's vision tower (2D rotary positions over each
+image's own patch grid, images of any size side by side, each attending within itself) on
+4-pixel patches, a patch merger folding 2 x 2 patches into one image token, and a Ministral 3
+decoder whose first layer attends within a 16-token window (a rotating cache: the window
+runner) beside a full one. The processor keeps each image's aspect ratio (its longest side
+scaled to at most 64 pixels, both rounded up to whole 8-pixel tokens) and lays it out row by
+row: a row's ``[IMG]`` tokens, ``[IMG_BREAK]`` between rows, ``[IMG_END]`` after the last; a
+64 x 64 image is 64 image tokens, a 64 x 32 one 32. Written by
+``vlm_maker.make_vlm(arch="mistral3")``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from mlxd.models.maker import Progress, init_weights
+from mlxd.models.presets import TINY_SHAPE
+from mlxd.models.tokenizer_maker import (
+    CHAT_TEMPLATE,
+    EOS_TOKEN_ID,
+    PAD_TOKEN_ID,
+    RESERVED_TOKEN,
+    TRAINED_VOCAB_SIZE,
+    make_tokenizer,
+)
+
+PATCH_SIZE = 4
+MERGE_SIZE = 2  # 2 x 2 patches: one image token of 8 x 8 pixels
+LONGEST_EDGE = 64  # at most 8 x 8 image tokens an image
+WINDOW = 16  # the window layer's keys: shorter than a prompt, so slabs go back
+IMAGE_TOKEN, BREAK_TOKEN, END_TOKEN = "[IMG]", "[IMG_BREAK]", "[IMG_END]"
+TOKEN_IDS = {t: TRAINED_VOCAB_SIZE + n for n, t in enumerate((IMAGE_TOKEN, BREAK_TOKEN, END_TOKEN))}
+VOCAB_SIZE = TRAINED_VOCAB_SIZE + 64
+# Ministral 3's rope: its queries are scaled up every ``original_max_position_embeddings``
+# positions (16,384 in the real ones; 32 here, so every prompt crosses several steps and rows of
+# a batch at different positions take different scales).
+ROPE = {
+    "rope_type": "default",
+    "rope_theta": 1_000_000.0,
+    "llama_4_scaling_beta": 0.1,
+    "original_max_position_embeddings": 32,
+}
+_CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
+_CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
+_TEXT_PART = "{%- if part.type == 'text' -%}{{- part.text -}}{%- endif -%}"
+_IMAGE_PART = (
+    "{%- if part.type == 'text' -%}{{- part.text -}}"
+    "{%- elif part.type in ['image', 'image_url'] -%}{{- '" + IMAGE_TOKEN + "' -}}{%- endif -%}"
+)
+
+
+# Public API
+
+
+def mistral3_config() -> dict[str, Any]:
+    """The checkpoint's ``config.json``."""
+    text = {
+        **TINY_SHAPE,
+        "model_type": "ministral3",
+        "vocab_size": VOCAB_SIZE,
+        "rms_norm_eps": 1e-5,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "sliding_window": WINDOW,
+        "rope_parameters": ROPE,
+        "tie_word_embeddings": False,
+    }
+    vision = {
+        "model_type": "pixtral",
+        "hidden_size": 32,
+        "head_dim": 16,
+        "num_hidden_layers": 2,
+        "intermediate_size": 64,
+        "num_attention_heads": 2,
+        "image_size": LONGEST_EDGE,
+        "patch_size": PATCH_SIZE,
+        "num_channels": 3,
+        "rope_theta": 10_000.0,
+    }
+    return {
+        "model_type": "mistral3",
+        "architectures": ["Mistral3ForConditionalGeneration"],
+        "image_token_index": TOKEN_IDS[IMAGE_TOKEN],
+        "spatial_merge_size": MERGE_SIZE,
+        "vision_feature_layer": -1,
+        "multimodal_projector_bias": False,
+        "vocab_size": VOCAB_SIZE,
+        "eos_token_id": EOS_TOKEN_ID,
+        "pad_token_id": PAD_TOKEN_ID,
+        "torch_dtype": "float32",
+        "transformers_version": "5.0.0",
+        "text_config": text,
+        "vision_config": vision,
+    }
+
+
+def build_mistral3(out_dir: Path, seed: int, report: Progress) -> None:
+    """Write the checkpoint into the (staged, empty) ``out_dir``."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import save_model
+    from mlx_vlm.models import mistral3
+
+    from mlxd.models.vlm_maker import _model_config
+
+    config = mistral3_config()
+    report(f"training tokenizer (vocab {VOCAB_SIZE})")
+    make_tokenizer(
+        out_dir, vocab_size=VOCAB_SIZE, model_max_length=TINY_SHAPE["max_position_embeddings"]
+    )
+    _add_image_tokens(out_dir)
+    model = mistral3.Model(_model_config(mistral3, json.loads(json.dumps(config))))
+    num_params = sum(p.size for _, p in tree_flatten(model.parameters()))
+    report(f"initialising {num_params / 1e6:.2f}M random float32 weights (seed {seed})")
+    init_weights(model, seed, mx.float32, max(0.02, TINY_SHAPE["hidden_size"] ** -0.5))
+    save_model(out_dir, model, donate_model=True)
+    _write_json(out_dir / "config.json", config)
+    _write_json(out_dir / "preprocessor_config.json", _preprocessor())
+    _write_json(
+        out_dir / "processor_config.json",
+        {
+            "processor_class": "Mistral3Processor",
+            "image_token": IMAGE_TOKEN,
+            "image_break_token": BREAK_TOKEN,
+            "image_end_token": END_TOKEN,
+            "patch_size": PATCH_SIZE,
+            "spatial_merge_size": MERGE_SIZE,
+        },
+    )
+
+
+# Internal helpers
+
+
+def _add_image_tokens(out_dir: Path) -> None:
+    """The first reserved tokens become Pixtral's image tokens (special, never split); the
+    chat template renders an image part as ``[IMG]``, which the processor expands row by row."""
+    path = out_dir / "tokenizer.json"
+    spec = json.loads(path.read_text(encoding="utf-8"))
+    vocab = spec["model"]["vocab"]
+    for n, (token, token_id) in enumerate(TOKEN_IDS.items()):
+        assert vocab.pop(RESERVED_TOKEN.format(n)) == token_id
+        vocab[token] = token_id
+        spec["added_tokens"].append(_added_token(token_id, token))
+    path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
+    config_path = out_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    assert _TEXT_PART in CHAT_TEMPLATE
+    config["chat_template"] = CHAT_TEMPLATE.replace(_TEXT_PART, _IMAGE_PART)
+    config["processor_class"] = "Mistral3Processor"
+    _write_json(config_path, config)
+
+
+def _added_token(token_id: int, content: str) -> dict[str, Any]:
+    return {
+        "id": token_id,
+        "content": content,
+        "single_word": False,
+        "lstrip": False,
+        "rstrip": False,
+        "normalized": False,
+        "special": True,
+    }
+
+
+def _preprocessor() -> dict[str, Any]:
+    """Pixtral's: the longest side scaled to at most ``LONGEST_EDGE``, aspect kept."""
+    return {
+        "image_processor_type": "PixtralImageProcessor",
+        "processor_class": "Mistral3Processor",
+        "size": {"longest_edge": LONGEST_EDGE},
+        "patch_size": {"height": PATCH_SIZE, "width": PATCH_SIZE},
+        "do_resize": True,
+        "resample": 3,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": _CLIP_MEAN,
+        "image_std": _CLIP_STD,
+        "do_convert_rgb": True,
+    }
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2), encoding="utf-8")

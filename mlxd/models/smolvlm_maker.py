@@ -1,0 +1,199 @@
+"""The SmolVLM / Idefics3 maker: a tiny mlx-vlm SmolVLM checkpoint with seeded random weights.
+
+SmolVLM's layout at the tiny shape: a SigLIP-style tower on 32 x 32 tiles in 4-pixel patches
+(8 x 8), pixel-shuffled by ``SCALE_FACTOR`` into 16 image tokens a tile, and a Llama-style
+decoder. Its processor splits an image into tiles (image splitting): it scales the longest side
+to ``LONGEST_EDGE`` (64), rounds both sides up to whole 32-pixel tiles, and adds the whole image
+shrunk to one tile last. Each tile's tokens follow ``<fake_token_around_image>`` and its
+``<row_R_col_C>`` marker; the global one's follow ``<global-img>``. So a square image is 2 x 2
+tiles and the global one, 80 image tokens in five runs; a 2:1 image 1 x 2 and the global one,
+48. ``idefics3`` is the same checkpoint under Idefics3's names (its processor, its model type).
+Written by ``vlm_maker.make_vlm(arch="smolvlm")``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from mlxd.models.maker import Progress, init_weights
+from mlxd.models.presets import TINY_SHAPE
+from mlxd.models.tokenizer_maker import (
+    CHAT_TEMPLATE,
+    EOS_TOKEN_ID,
+    PAD_TOKEN_ID,
+    RESERVED_TOKEN,
+    TRAINED_VOCAB_SIZE,
+    make_tokenizer,
+)
+
+TILE = 32  # the tower's side: every tile and the global image
+LONGEST_EDGE = 2 * TILE  # at most 2 x 2 tiles
+PATCH_SIZE = 4
+SCALE_FACTOR = 2  # pixel shuffle: 2 x 2 patches into one image token
+IMAGE_SEQ_LEN = (TILE // PATCH_SIZE) ** 2 // SCALE_FACTOR**2  # 16 image tokens a tile
+MAX_TILES_SIDE = LONGEST_EDGE // TILE
+IMAGE_TOKEN = "<image>"
+FAKE_TOKEN = "<fake_token_around_image>"
+GLOBAL_TOKEN = "<global-img>"
+END_OF_UTTERANCE = "<end_of_utterance>"
+ROW_COL_TOKENS = tuple(
+    f"<row_{r}_col_{c}>" for r in range(1, MAX_TILES_SIDE + 1) for c in range(1, MAX_TILES_SIDE + 1)
+)
+# The reserved ids past the trained vocabulary that become the image tokens, in id order.
+TOKENS = (IMAGE_TOKEN, FAKE_TOKEN, GLOBAL_TOKEN, END_OF_UTTERANCE, *ROW_COL_TOKENS)
+TOKEN_IDS = {t: TRAINED_VOCAB_SIZE + n for n, t in enumerate(TOKENS)}
+VOCAB_SIZE = TRAINED_VOCAB_SIZE + 64
+_TEXT_PART = "{%- if part.type == 'text' -%}{{- part.text -}}{%- endif -%}"
+_IMAGE_PART = (
+    "{%- if part.type == 'text' -%}{{- part.text -}}"
+    "{%- elif part.type in ['image', 'image_url'] -%}{{- '" + IMAGE_TOKEN + "' -}}{%- endif -%}"
+)
+# The family's names: model type, vision model type, processor, image processor.
+_NAMES = {
+    "smolvlm": ("smolvlm", "smolvlm_vision", "SmolVLMProcessor", "SmolVLMImageProcessor"),
+    "idefics3": ("idefics3", "idefics3_vision", "Idefics3Processor", "Idefics3ImageProcessor"),
+}
+
+
+# Public API
+
+
+def smolvlm_config(arch: str = "smolvlm") -> dict[str, Any]:
+    """The checkpoint's ``config.json`` (``arch``: ``smolvlm`` or ``idefics3``)."""
+    model_type, vision_type, _, _ = _NAMES[arch]
+    text = {
+        **{k: v for k, v in TINY_SHAPE.items() if k != "head_dim"},  # hidden // heads
+        "model_type": "llama",
+        "vocab_size": VOCAB_SIZE,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 100_000.0,
+        "tie_word_embeddings": False,
+    }
+    vision = {
+        "model_type": vision_type,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "intermediate_size": 64,
+        "num_attention_heads": 2,
+        "image_size": TILE,
+        "patch_size": PATCH_SIZE,
+        "num_channels": 3,
+        "layer_norm_eps": 1e-6,
+    }
+    return {
+        "model_type": model_type,
+        "architectures": [
+            f"{'SmolVLM' if arch == 'smolvlm' else 'Idefics3'}ForConditionalGeneration"
+        ],
+        "image_token_id": TOKEN_IDS[IMAGE_TOKEN],
+        "scale_factor": SCALE_FACTOR,
+        "vocab_size": VOCAB_SIZE,
+        "eos_token_id": EOS_TOKEN_ID,
+        "pad_token_id": PAD_TOKEN_ID,
+        "torch_dtype": "float32",
+        "transformers_version": "5.0.0",
+        "text_config": text,
+        "vision_config": vision,
+    }
+
+
+def build_smolvlm(out_dir: Path, seed: int, report: Progress) -> None:
+    """Write SmolVLM's checkpoint into the (staged, empty) ``out_dir``."""
+    _build(out_dir, seed, report, "smolvlm")
+
+
+def build_idefics3(out_dir: Path, seed: int, report: Progress) -> None:
+    """Write Idefics3's checkpoint (SmolVLM's under Idefics3's names) into ``out_dir``."""
+    _build(out_dir, seed, report, "idefics3")
+
+
+# Internal helpers
+
+
+def _build(out_dir: Path, seed: int, report: Progress, arch: str) -> None:
+    import importlib
+
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import save_model
+
+    from mlxd.models.vlm_maker import _model_config
+
+    family = importlib.import_module(f"mlx_vlm.models.{arch}")
+    config = smolvlm_config(arch)
+    _, _, processor_class, image_processor = _NAMES[arch]
+    report(f"training tokenizer (vocab {VOCAB_SIZE})")
+    make_tokenizer(
+        out_dir, vocab_size=VOCAB_SIZE, model_max_length=TINY_SHAPE["max_position_embeddings"]
+    )
+    _add_image_tokens(out_dir, processor_class)
+    model = family.Model(_model_config(family, json.loads(json.dumps(config))))
+    num_params = sum(p.size for _, p in tree_flatten(model.parameters()))
+    report(f"initialising {num_params / 1e6:.2f}M random float32 weights (seed {seed})")
+    init_weights(model, seed, mx.float32, max(0.02, TINY_SHAPE["hidden_size"] ** -0.5))
+    save_model(out_dir, model, donate_model=True)
+    _write_json(out_dir / "config.json", config)
+    _write_json(
+        out_dir / "preprocessor_config.json", _preprocessor(image_processor, processor_class)
+    )
+    _write_json(
+        out_dir / "processor_config.json",
+        {"processor_class": processor_class, "image_seq_len": IMAGE_SEQ_LEN},
+    )
+
+
+def _add_image_tokens(out_dir: Path, processor_class: str) -> None:
+    """The first reserved tokens become the image tokens (special, never split); the chat
+    template renders an image part as ``<image>``, which the processor expands into tiles."""
+    path = out_dir / "tokenizer.json"
+    spec = json.loads(path.read_text(encoding="utf-8"))
+    vocab = spec["model"]["vocab"]
+    for n, (token, token_id) in enumerate(TOKEN_IDS.items()):
+        assert vocab.pop(RESERVED_TOKEN.format(n)) == token_id
+        vocab[token] = token_id
+        spec["added_tokens"].append(_added_token(token_id, token))
+    path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
+    config_path = out_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    assert _TEXT_PART in CHAT_TEMPLATE
+    config["chat_template"] = CHAT_TEMPLATE.replace(_TEXT_PART, _IMAGE_PART)
+    config["processor_class"] = processor_class
+    _write_json(config_path, config)
+
+
+def _added_token(token_id: int, content: str) -> dict[str, Any]:
+    return {
+        "id": token_id,
+        "content": content,
+        "single_word": False,
+        "lstrip": False,
+        "rstrip": False,
+        "normalized": False,
+        "special": True,
+    }
+
+
+def _preprocessor(image_processor: str, processor_class: str) -> dict[str, Any]:
+    """Image splitting into ``TILE``-pixel tiles of an image scaled to ``LONGEST_EDGE``."""
+    return {
+        "image_processor_type": image_processor,
+        "processor_class": processor_class,
+        "do_resize": True,
+        "size": {"longest_edge": LONGEST_EDGE},
+        "max_image_size": {"longest_edge": TILE},
+        "do_image_splitting": True,
+        "resample": 1,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "do_convert_rgb": True,
+        "do_pad": True,
+    }
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2), encoding="utf-8")
