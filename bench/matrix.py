@@ -51,15 +51,19 @@ def main() -> int:
         return _write_table(args.out)
     deadline = time.monotonic() + args.budget_s
     opts = _start_options(args)
+    if args.make_only:
+        for cls in args.classes:
+            make_model(cls, args)
+        return 0
     for cls in args.classes:
         model = make_model(cls, args)
-        if args.make_only:
-            continue
-        for name in args.servers:
-            if time.monotonic() + 30 > deadline:
+        for k, name in enumerate(args.servers):
+            left = deadline - time.monotonic() - 15 * (len(args.servers) - k)  # each one's stop
+            if left < 30:
                 print(f"budget spent: {cls} {name} not run", flush=True)
                 continue
-            result = run_server(cls, peers.SPECS[name], model, opts, args, deadline)
+            bound = min(args.server_s, left / (len(args.servers) - k))  # a fair share of it
+            result = run_server(cls, peers.SPECS[name], model, opts, args, bound)
             path = args.out / f"matrix-{cls}-{name}.json"
             path.write_text(json.dumps(result, indent=1))
             print(_line(result), flush=True)
@@ -132,13 +136,13 @@ def run_server(
     model: str,
     opts: peers.StartOptions,
     args: argparse.Namespace,
-    deadline: float,
+    bound_s: float,
 ) -> dict[str, Any]:
-    """Start ``spec`` on ``model``, run the legs within its bound, stop it: the record."""
-    until = min(time.monotonic() + args.server_s, deadline - 15)
+    """Start ``spec`` on ``model``, run the legs within ``bound_s``, stop it: the record."""
+    until = time.monotonic() + bound_s
     log = args.out / f"server-{cls}-{spec.name}.log"
     env = peers.peer_env(spec, opts.python_path, opts.peers_root, Path("/tmp"))
-    result: dict[str, Any] = {"class": cls, "server": spec.name, "model": model}
+    result: dict[str, Any] = {"class": cls, "server": spec.name, "model": model, "bound_s": bound_s}
     result["version"] = peers.version(spec, opts.python, env)
     server = peers.start(spec, model, _port(args, spec), opts, log)
     result["ready_s"] = peers.wait_ready(server, min(args.ready_s, until - time.monotonic()))
