@@ -20,6 +20,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 [ -f /root/mlx-env.sh ] && source /root/mlx-env.sh
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+export CUDA_DEVICE_ORDER=PCI_BUS_ID  # CUDA's GPU numbers are nvidia-smi's
 PY="${PYTHON:-python3}"
 OUT="${OUT:-$PWD/out}"; SOAK_DIR="${SOAK_DIR:-/root/soak-out}"
 SET="${SET:-mlxd:hybrid mlxd:moe vllm-mlx:hybrid mlx_lm.server:hybrid}"
