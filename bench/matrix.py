@@ -144,7 +144,7 @@ def run_server(
     env = peers.peer_env(spec, opts.python_path, opts.peers_root, Path("/tmp"))
     result: dict[str, Any] = {"class": cls, "server": spec.name, "model": model, "bound_s": bound_s}
     result["version"] = peers.version(spec, opts.python, env)
-    server = peers.start(spec, model, _port(args, spec), opts, log)
+    server = peers.start(spec, model, _port(args, cls, spec), opts, log)
     result["ready_s"] = peers.wait_ready(server, min(args.ready_s, until - time.monotonic()))
     result["legs"] = {}
     if result["ready_s"] is None:
@@ -158,9 +158,9 @@ def run_server(
     return result
 
 
-def _port(args: argparse.Namespace, spec: peers.Server) -> int:
-    """A port per server kind: one that lingers in TIME_WAIT is not reused by the next."""
-    return args.port + peers.SERVERS.index(spec.name)
+def _port(args: argparse.Namespace, cls: str, spec: peers.Server) -> int:
+    """A port per (class, server): one left in TIME_WAIT is not asked for again."""
+    return args.port + 10 * CLASSES.index(cls) + peers.SERVERS.index(spec.name)
 
 
 def _run_legs(
