@@ -9,8 +9,9 @@ it stops its workers too.
 
 Flags, from each peer's ``serve --help``: vllm-mlx serves with ``--continuous-batching`` (its
 batched engine) and ``--enable-prefix-cache``; Rapid-MLX always batches and takes
-``--enable-prefix-cache``; mlx-vlm's server batches up to ``--max-num-seqs`` and answers only
-/v1/chat/completions, the model named by its path; mlx_lm.server batches up to
+``--enable-prefix-cache``; mlx-vlm's server batches up to ``--max-num-seqs``, caches prefixes
+with ``APC_ENABLED=1`` in its environment and answers only /v1/chat/completions, the model named
+by its path; mlx_lm.server batches up to
 ``--decode-concurrency`` with its LRU prompt cache on by default.
 """
 
@@ -39,6 +40,7 @@ class Server:
     text_prompts: bool = True  # prompts as text (a peer takes no token ids)
     peer_dir: str | None = None  # its folder under the peers root
     dist: str = ""  # its distribution, for the version
+    env: tuple[tuple[str, str], ...] = ()  # settings it reads from the environment
 
     def argv(self, model: str, port: int, max_seqs: int, extra: list[str]) -> list[str]:
         """The arguments after ``python``."""
@@ -131,7 +133,15 @@ SPECS = {
     "mlxd": Server("mlxd", "/health", text_prompts=False, dist="mlxd"),
     "vllm-mlx": Server("vllm-mlx", "/health", peer_dir="vllm-mlx", dist="vllm-mlx"),
     "rapid-mlx": Server("rapid-mlx", "/health", peer_dir="rapid-mlx", dist="rapid-mlx"),
-    "mlx-vlm": Server("mlx-vlm", "/health", "chat", peer_dir="mlx-vlm", dist="mlx-vlm"),
+    # APC_ENABLED: mlx-vlm's prefix cache (automatic prefix caching) is off unless set.
+    "mlx-vlm": Server(
+        "mlx-vlm",
+        "/health",
+        "chat",
+        peer_dir="mlx-vlm",
+        dist="mlx-vlm",
+        env=(("APC_ENABLED", "1"),),
+    ),
     "mlx_lm.server": Server("mlx_lm.server", "/v1/models", dist="mlx-lm"),
 }
 
@@ -159,6 +169,7 @@ def peer_env(spec: Server, python_path: str, peers_root: Path, home: Path) -> di
     """The environment a server runs in: its own folder first on PYTHONPATH, its own HOME."""
     env = {**os.environ, "HOME": str(home), "MLXD_HOME": str(home / "mlxd")}
     env.update(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    env.update(spec.env)
     parts = [str(peers_root / spec.peer_dir)] if spec.peer_dir else []
     env["PYTHONPATH"] = os.pathsep.join(p for p in [*parts, python_path] if p)
     return env
