@@ -14,7 +14,8 @@ The load: --streams client loops, each sending chat streams one after another (e
 Failures (an HTTP error, a transport error, a stream cut without [DONE]) are counted, not fatal.
 
 Every --sample-every seconds: the GPU's memory in use (nvidia-smi, the --gpu index the server
-runs on) or, without a GPU, the server's process tree's RSS; and that tree's RSS always. Growth is
+runs on) or, without a GPU, the server's process tree's RSS; that tree's RSS always; for mlxd
+its worker's MLX active, peak and cache memory (/admin/overview). Growth is
 the last sample against the first sample after --baseline-s (the first minute: model load and
 first kernels are not growth), in %; the peak after it too.
 
@@ -168,6 +169,8 @@ class Soak:
         s["tree_rss_mb"] = round(sum(r for r in rss if r), 1)
         s["rss_mb"] = {str(p): r for p, r in zip(tree, rss, strict=True)}
         s["gpu_mb"] = gpu_used_mb(self.args.gpu)
+        if self.server.spec.name == "mlxd":
+            s["mlx_mb"] = mlxd_memory(self.server.url)
         return s
 
 
@@ -179,6 +182,17 @@ def process_tree(pid: int) -> list[int]:
         out.append(p)
         todo += _children(p)
     return out
+
+
+def mlxd_memory(url: str) -> dict[str, float]:
+    """mlxd's worker's own MLX memory (active, peak, cache; MiB): what nvidia-smi cannot split."""
+    try:
+        models = httpx.get(f"{url}/admin/overview?fresh=1", timeout=10).json()["models"]
+        memory = models[0]["worker"]["status"]["memory"]
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        return {}
+    keys = ("active_bytes", "peak_bytes", "cache_bytes")
+    return {k.removesuffix("_bytes"): round(memory[k] / 2**20, 1) for k in keys if k in memory}
 
 
 def gpu_used_mb(index: int | None) -> float | None:
@@ -205,9 +219,15 @@ def growth(samples: list[dict[str, Any]], baseline_s: float) -> dict[str, Any]:
     out: dict[str, Any] = {"measure": key, "baseline_t": after[0]["t"], "baseline_mb": base}
     out.update(last_mb=last, peak_mb=peak, growth_pct=round(100 * (last - base) / base, 2))
     out["peak_growth_pct"] = round(100 * (peak - base) / base, 2)
-    rss = [s["tree_rss_mb"] for s in after]
-    out["rss_growth_pct"] = round(100 * (rss[-1] - rss[0]) / rss[0], 2) if rss[0] else None
+    out["rss_growth_pct"] = _pct([s["tree_rss_mb"] for s in after])
+    out["mlx_active_growth_pct"] = _pct([s.get("mlx_mb", {}).get("active") for s in after])
     return out
+
+
+def _pct(values: list[float | None]) -> float | None:
+    """Last over first, in % (None when either is missing)."""
+    first, last = values[0], values[-1]
+    return round(100 * (last - first) / first, 2) if first and last is not None else None
 
 
 def _counts(record: dict[str, Any]) -> dict[str, Any]:
@@ -221,8 +241,8 @@ def report(out: Path) -> int:
     records = [json.loads(p.read_text()) for p in sorted(out.glob("soak-*.json"))]
     lines = [
         "| server | measure | baseline MiB | last MiB | growth % | peak growth % | "
-        "tree RSS growth % | requests | failed | cancelled | note |",
-        "|" + " --- |" * 11,
+        "tree RSS growth % | mlxd MLX active growth % | requests | failed | cancelled | note |",
+        "|" + " --- |" * 12,
     ]
     for r in records:
         lines.append(_report_row(r))
@@ -237,7 +257,8 @@ def _report_row(r: dict[str, Any]) -> str:
     cancelled = r.get("outcomes", {}).get("cancelled by client", 0)
     cells = [r["label"], s.get("measure") or "–"]
     cells += [_f(s.get(k)) for k in ("baseline_mb", "last_mb", "growth_pct", "peak_growth_pct")]
-    cells += [_f(s.get("rss_growth_pct")), str(c["requests"]), str(c["failed"]), str(cancelled)]
+    cells += [_f(s.get("rss_growth_pct")), _f(s.get("mlx_active_growth_pct"))]
+    cells += [str(c["requests"]), str(c["failed"]), str(cancelled)]
     return "| " + " | ".join([*cells, c["error"] or ""]) + " |"
 
 
