@@ -292,7 +292,46 @@ def _write_table(out: Path) -> int:
     results = [json.loads(p.read_text()) for p in sorted(out.glob("matrix-*.json"))]
     (out / "matrix.md").write_text(table(results))
     print((out / "matrix.md").read_text())
+    plot(results, out / "matrix.png")
     return 0
+
+
+def plot(results: list[dict[str, Any]], path: Path) -> None:
+    """tok/s by level, one panel per class, a bar per server (needs matplotlib; else no plot)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    classes = [c for c in CLASSES if any(r["class"] == c for r in results)]
+    if not classes:
+        return
+    fig, axes = plt.subplots(1, len(classes), figsize=(4.5 * len(classes), 3.8), squeeze=False)
+    for ax, cls in zip(axes[0], classes, strict=True):
+        _bars(ax, [r for r in results if r["class"] == cls])
+        ax.set_title(cls)
+    axes[0][0].set_ylabel("output tok/s")
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def _bars(ax: Any, rows: list[dict[str, Any]]) -> None:
+    rows = sorted(rows, key=lambda r: peers.SERVERS.index(r["server"]))
+    levels = sorted(
+        {k for r in rows for k in r["summary"] if _is_level(k)}, key=lambda k: int(k[1:])
+    )
+    width = 0.8 / max(1, len(rows))
+    for i, r in enumerate(rows):
+        heights = [(r["summary"].get(k) or {}).get("tok_s", 0) for k in levels]
+        ax.bar([j + i * width for j in range(len(levels))], heights, width, label=r["server"])
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(levels))], levels)
+
+
+def _is_level(key: str) -> bool:
+    return key[:1] == "c" and key[1:].isdigit()
 
 
 def _parse_args() -> argparse.Namespace:
