@@ -225,6 +225,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     """The table's numbers out of the legs' rows."""
     legs_ = result.get("legs", {})
     s: dict[str, Any] = {"ready_s": result.get("ready_s"), "failed": result.get("failed")}
+    s["cut"] = [n for n, leg in legs_.items() if isinstance(leg.get("rc"), str) or "skipped" in leg]
     for name in ("first", "warm"):
         rows = legs_.get(name, {}).get("rows") or []
         s[f"{name}_ttft_ms"] = rows[0]["ttft_p50_ms"] if rows and rows[0].get("ok") else None
@@ -281,7 +282,8 @@ def _cells(r: dict[str, Any], levels: list[str]) -> list[str]:
             else f"{v['tok_s']:,.0f}" + (f" ({v['failed']} failed)" if v["failed"] else "")
         )
     cells.append(f"{_num(s.get('prefix_cold_ms'))} / {_num(s.get('prefix_hit_ms'))}")
-    return cells + [s["failed"] or ""]
+    cut = "cut at the bound: " + ", ".join(s["cut"]) if s.get("cut") else ""
+    return cells + ["; ".join(n for n in (s["failed"], cut) if n)]
 
 
 def _num(v: float | None, digits: int = 0) -> str:

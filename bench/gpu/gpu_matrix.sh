@@ -17,7 +17,9 @@
 #   CLASSES=dense bash bench/gpu/gpu_matrix.sh
 # Knobs: CLASSES SERVERS LEVELS=1,16,64 PROMPT=128 OUTPUT=128 LONG=4500 PREFIX=2000
 #   CLIENT_PROCS=8 MAX_SEQS=128 MLXD_ARGS (more `mlxd start` options) MODELS=/root/models
-#   PEERS_ROOT=/root/peers MAKE_ONLY=1 (only the models)
+#   PEERS_ROOT=/root/peers MAKE_ONLY=1 (only the models) PYTHON=python3 (mlxd's, the servers')
+#   TINY=1 (tiny widths: a CPU check, e.g. with LEVELS=1,4,8 PROMPT=32 OUTPUT=16 LONG=512
+#   PREFIX=256 CLIENT_PROCS=2 MAX_SEQS=16)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 [ -f /root/mlx-env.sh ] && source /root/mlx-env.sh
@@ -29,6 +31,7 @@ export OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
   echo "commit ${MLXD_COMMIT:-$(git log -1 --format=%h 2>/dev/null)}"; date -u
   echo "CLASSES=${CLASSES:-dense} SERVERS=${SERVERS:-all} LEVELS=${LEVELS:-1,16,64}"
 } | tee "$OUT/machine.txt"
-# shellcheck disable=SC2046  # MAKE_ONLY adds one option
+# shellcheck disable=SC2046  # MAKE_ONLY and TINY (a CPU check) add one option each
 "$PY" bench/matrix.py --out "$OUT" --classes "${CLASSES:-dense}" --budget-s "${BUDGET_S:-540}" \
-  $([ "${MAKE_ONLY:-0}" = 1 ] && echo --make-only) 2>&1 | tee "$OUT/matrix.txt"
+  $([ "${MAKE_ONLY:-0}" = 1 ] && echo --make-only) $([ "${TINY:-0}" = 1 ] && echo --tiny) \
+  2>&1 | tee "$OUT/matrix.txt"
