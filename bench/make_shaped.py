@@ -8,6 +8,8 @@ one gated full-attention layer; the linear-attention head counts are our assumpt
 ``qwen3_moe-30b-a3b`` (Qwen3-30B-A3B's: 48 layers of 128 experts, 8 active) or ``qwen3-32b``
 (Qwen3-32B's: 64 layers, hidden 5120). ``--layers`` shrinks the depth (a CPU check of the same
 shape); ``--quantize 4`` draws 4-bit codes directly (the 30B/32B shapes need no bf16 copy).
+``--tiny`` keeps the layer pattern (one period of it) and the routing but shrinks every width and
+the vocabulary, so a CPU can serve the class in a benchmark harness's check.
 """
 
 from __future__ import annotations
@@ -100,6 +102,34 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 
 
+# --tiny's widths: small enough for a 2-core CPU, wide enough for every head count to divide.
+TINY: dict[str, Any] = {
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "moe_intermediate_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "vocab_size": 8192,
+    "linear_num_value_heads": 4,
+    "linear_num_key_heads": 4,
+    "linear_key_head_dim": 32,
+    "linear_value_head_dim": 32,
+    "num_experts": 16,
+    "num_experts_per_tok": 4,
+    "sliding_window": 64,
+    "query_pre_attn_scalar": 32,
+}
+
+
+def tiny(config: dict[str, Any]) -> dict[str, Any]:
+    """The same class at TINY's widths, one period of its layer pattern deep."""
+    small = {**config, **{k: v for k, v in TINY.items() if k in config}}
+    period = config.get("full_attention_interval") or config.get("sliding_window_pattern") or 2
+    small["num_hidden_layers"] = period
+    return small
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("name", choices=sorted(SHAPES))
@@ -107,8 +137,11 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--layers", type=int, default=None)
     parser.add_argument("--quantize", type=int, choices=(4, 8), default=None)
+    parser.add_argument("--tiny", action="store_true")
     args = parser.parse_args()
     config = copy.deepcopy(SHAPES[args.name])
+    if args.tiny:
+        config = tiny(config)
     if args.layers:
         config["num_hidden_layers"] = args.layers
     config.update(eos_token_id=EOS_TOKEN_ID, pad_token_id=PAD_TOKEN_ID)
