@@ -150,6 +150,7 @@ def main() -> None:
         config,
         dtype=args.dtype,
         quantize_bits=args.quantize,
+        draw_codes=True,
         overwrite=True,
         progress=print,
     )

@@ -109,6 +109,7 @@ def write_model(
     quantize_bits: int | None = None,
     seed: int = 0,
     init_std: float | None = None,
+    draw_codes: bool = False,
     overwrite: bool = False,
     progress: Progress | None = None,
 ) -> Path:
@@ -120,6 +121,10 @@ def write_model(
             ``max_position_embeddings`` and ``hidden_size`` (sets the init std) besides the
             fields of its ``model_type``. Changed in place (``torch_dtype``).
         init_std: The weights' standard deviation; None: 1/sqrt(hidden_size), at least 0.02.
+        draw_codes: With ``quantize_bits``, draw random codes directly instead of quantizing
+            random ``dtype`` weights: the model never needs its full-precision size in memory
+            (a 32B shape in 4 bits fits an 80 GB GPU), but its weights are not the quantized
+            ``dtype`` model's of the same seed (a draft model's tests need those).
         dtype, quantize_bits, seed, overwrite, progress: As for ``make_model``.
 
     Returns:
@@ -137,6 +142,7 @@ def write_model(
             seed=seed,
             std=std,
             report=report,
+            draw_codes=draw_codes,
         )
     return out_dir
 
@@ -204,6 +210,7 @@ def _build(
     seed: int,
     std: float,
     report: Progress,
+    draw_codes: bool = False,
 ) -> None:
     report(f"training tokenizer (vocab {config['vocab_size']})")
     make_tokenizer(
@@ -214,13 +221,15 @@ def _build(
     config["torch_dtype"] = dtype
     model = _build_model(config)
     num_params = sum(p.size for _, p in tree_flatten(model.parameters()))
-    if quantize_bits is not None:
-        # Quantized before any weight exists: random codes are drawn directly, so a model
-        # never needs its full-precision size in memory (a 32B shape in 4 bits fits an 80 GB GPU).
-        config = _quantize(model, config, quantize_bits)
-    bits = f"{quantize_bits}-bit" if quantize_bits else dtype
+    codes = quantize_bits if draw_codes else None
+    if codes is not None:  # quantized before any weight exists: codes drawn directly
+        config = _quantize(model, config, codes)
+    bits = f"{codes}-bit" if codes else dtype
     report(f"initialising {num_params / 1e6:.1f}M random {bits} weights (seed {seed})")
-    init_weights(model, seed, DTYPES[dtype], std, quantize_bits)
+    init_weights(model, seed, DTYPES[dtype], std, codes)
+    if quantize_bits is not None and codes is None:
+        report(f"quantizing to {quantize_bits} bits")
+        config = _quantize(model, config, quantize_bits)
     report("saving weights")
     save_model(out_dir, model, donate_model=True)
     save_config(config, out_dir / "config.json")
