@@ -217,8 +217,8 @@ def _last_image_position(gemma4: Path, png: bytes) -> int:
     return max(p for p, i in enumerate(ids) if i == GEMMA3_TOKEN_IDS[GEMMA3_IMAGE_TOKEN])
 
 
-def test_two_images_in_one_request(client: openai.OpenAI, reference: Any, text_of: Any) -> None:
-    first, second = _png(8), _png(9, size=(90, 140))
+def test_two_images_of_different_sizes_in_one_request(client: openai.OpenAI, reference: Any, text_of: Any) -> None:
+    first, second = _png(8), _png(9, size=(90, 90))  # 54 image tokens, then 64
     content = [
         _image_part(first),
         {"type": "text", "text": "This is the first one. And the second:"},
@@ -228,7 +228,10 @@ def test_two_images_in_one_request(client: openai.OpenAI, reference: Any, text_o
     messages = [{"role": "user", "content": content}]
     answer = _ask(client, messages)
     assert _tokens(answer) == text_of(reference([first, second], messages))
-    assert answer.usage.prompt_tokens > 2 * 54  # both images' tokens (54 each, transposed)
+    assert answer.usage.prompt_tokens > 54 + 64  # both images' tokens, each its own count
+    # the second alone: its features from the feature cache, split from the first's by counts
+    alone = _messages(second)
+    assert _tokens(_ask(client, alone)) == text_of(reference([second], alone))
 
 
 # Preemption: a KV pool of a few requests' worth
@@ -237,7 +240,7 @@ def test_two_images_in_one_request(client: openai.OpenAI, reference: Any, text_o
 @pytest.fixture(scope="module")
 def tight(gemma4: Path) -> Iterator[Daemon]:
     # 512 bytes a token in the full layer's blocks (2 KV heads of 32, float32 K and V), beside
-    # the window layer's slabs: a 256-token context, two prompts but not two answers at once
+    # the window layer's slabs: a few requests' worth, so four answers outgrow it
     d = start_daemon(gemma4, "--kv-cache-gb", "0.00025", "--kv-block-size", "16", name="gemma4")
     yield d
     if d.proc.poll() is None:
