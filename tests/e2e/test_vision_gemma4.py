@@ -217,7 +217,9 @@ def _last_image_position(gemma4: Path, png: bytes) -> int:
     return max(p for p, i in enumerate(ids) if i == GEMMA3_TOKEN_IDS[GEMMA3_IMAGE_TOKEN])
 
 
-def test_two_images_of_different_sizes_in_one_request(client: openai.OpenAI, reference: Any, text_of: Any) -> None:
+def test_two_images_of_different_sizes_in_one_request(
+    client: openai.OpenAI, reference: Any, text_of: Any
+) -> None:
     first, second = _png(8), _png(9, size=(90, 90))  # 54 image tokens, then 64
     content = [
         _image_part(first),
