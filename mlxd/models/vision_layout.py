@@ -32,9 +32,10 @@ def vision_headroom(model_config: dict[str, Any]) -> int:
 _MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own cap on a header
 DEFAULT_IMAGE_SIDE = 448  # pixels: the image a family without a fixed size is counted at
 # Weight names of the vision side (the tower, its projector), as mlx-vlm and transformers
-# name them: any dotted component of a tensor's name.
+# name them: any dotted component of a tensor's name (Gemma 4's projector: ``embed_vision``).
 VISION_WEIGHT_PARTS = frozenset(
     {"vision_tower", "vision_model", "visual", "multi_modal_projector", "mm_projector"}
+    | {"embed_vision"}
 )
 
 

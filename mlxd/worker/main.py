@@ -252,7 +252,13 @@ def _attach_vision(config: WorkerConfig, runner: ModelRunner, vision: Any) -> No
     hybrid one, a paged runner too, for Qwen3.5's recurrent layers); on another the VLM serves
     text and refuses images."""
     from mlxd.worker.runners.paged import PagedModelRunner
+    from mlxd.worker.vision.gemma4 import bidirectional_images
 
+    if bidirectional_images(vision.vlm.config):
+        log.warning(
+            "%s: image tokens attend both ways, the pool only causally; text only", config.name
+        )
+        return
     if isinstance(runner, PagedModelRunner):
         vision.max_pixels = config.max_image_pixels
         runner.vision = vision

@@ -267,7 +267,7 @@ class ImageEncoder:
         ids = [int(t) for t in np.asarray(out["input_ids"]).reshape(-1)]
         positions = np.array([p for p, t in enumerate(ids) if t == self.image_token_id])
         digests = [i.digest for i in images]
-        prompt_images = PromptImages(np.asarray(out["pixel_values"]), positions, digests)
+        prompt_images = PromptImages(_pixels(out["pixel_values"]), positions, digests)
         if self.mrope is not None:
             self._add_mrope(prompt_images, ids, np.asarray(out["image_grid_thw"]))
         if self.last_run is not None:
@@ -355,7 +355,8 @@ class ImageEncoder:
         mask = mx.ones(ids.shape, dtype=mx.int32)
         extra = {} if img.grid_thw is None else {"image_grid_thw": mx.array(img.grid_thw)}
         extra.update({k: mx.array(v) for k, v in img.inputs.items()})
-        out = self.vlm.get_input_embeddings(ids, mx.array(img.pixel_values), mask=mask, **extra)
+        pixels = _tower_pixels(img.pixel_values)
+        out = self.vlm.get_input_embeddings(ids, pixels, mask=mask, **extra)
         features: mx.array = out.inputs_embeds[0][mx.array(img.positions)]
         if self.deepstack_layers:  # each image token's deepstack features beside its own
             features = mx.concatenate([features, *out.deepstack_visual_embeds], axis=-1)
@@ -369,6 +370,23 @@ class ImageEncoder:
             self.cache.put(digest, own)
             start += size
         return features
+
+
+def _pixels(values: Any) -> np.ndarray:
+    """The processor's pixels as one array; images of different sizes (Gemma 4 keeps each one's
+    aspect ratio) come as a list, kept as an array of objects, one image each."""
+    if not isinstance(values, list):
+        return np.asarray(values)
+    each = np.empty(len(values), dtype=object)
+    each[:] = [np.asarray(v) for v in values]
+    return each
+
+
+def _tower_pixels(pixels: np.ndarray) -> Any:
+    """``pixels`` as the tower takes them: an array, or a list of differently sized images."""
+    if pixels.dtype == object:
+        return [mx.array(p) for p in pixels]
+    return mx.array(pixels)
 
 
 def _decode(image: ImageData, index: int, max_pixels: int) -> Any:

@@ -88,20 +88,25 @@ def load_vlm(path: str) -> tuple[TextModel, Any, Any]:
 
         add_global_tiles(processor)  # mlx-vlm's leaves each tiled image's global tile out
     tokenizer = load_tokenizer(Path(path), eos_token_ids=getattr(vlm.config, "eos_token_id", None))
-    return _text_model(vlm.language_model), tokenizer, (vlm, processor)
+    return _text_model(vlm.language_model, vlm.config), tokenizer, (vlm, processor)
 
 
-def _text_model(language_model: nn.Module) -> TextModel:
+def _text_model(language_model: nn.Module, config: Any = None) -> TextModel:
     """The runners' view of ``language_model``: Qwen-VL's takes its multimodal positions,
     Qwen3-VL's its deepstack features too, and Qwen3.5's (recurrent layers beside them) runs
     its layers itself (``vision.hybrid``); Mistral 3's (Ministral 3) scales each row's queries
-    by its own positions; Llama 4's serves a context within one attention chunk."""
+    by its own positions; Llama 4's serves a context within one attention chunk; Gemma 4's
+    scales its embeddings and reads image placeholders as token 0 for its per-layer inputs."""
     from mlxd.worker.vision.deepstack import DeepstackTextModel, takes_deepstack
     from mlxd.worker.vision.mrope import MRopeTextModel
 
     if takes_deepstack(language_model):  # Qwen3-VL: mRoPE and deepstack features
         return DeepstackTextModel(language_model)
     model_type = getattr(language_model, "model_type", None)
+    if model_type == "gemma4_text":
+        from mlxd.worker.vision.gemma4 import Gemma4TextModel
+
+        return Gemma4TextModel(language_model, config)
     if model_type == "llama4_text":
         from mlxd.worker.vision.llama4 import Llama4TextModel
 

@@ -39,11 +39,17 @@ MARKERS = {
     "mistral3": ("[IMG_END]", False),
     "llama4": ("<|image_end|>", False),
 }
+# Families whose images are one run each but of different counts (Gemma 4 keeps each image's
+# aspect ratio): the config's attribute naming the token right after each image.
+END_TOKEN_IDS = {"gemma4": "eoi_token_id"}
 
 
 def last_run_marker(config: Any, tokenizer: Any) -> LastRunMarker | None:
     """The family's marker of each image's last run (None: one run an image)."""
-    known = MARKERS.get(getattr(config, "model_type", ""))
+    model_type = getattr(config, "model_type", "")
+    if model_type in END_TOKEN_IDS:
+        return LastRunMarker(int(getattr(config, END_TOKEN_IDS[model_type])), before=False)
+    known = MARKERS.get(model_type)
     if known is None:
         return None
     token, before = known

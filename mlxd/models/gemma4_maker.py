@@ -1,0 +1,199 @@
+"""The Gemma 4 maker: a tiny mlx-vlm Gemma 4 checkpoint (images, no audio) with random weights.
+
+Gemma 4's layout at the tiny shape: its vision tower (2D rotary positions over each image's own
+patch grid, images of any aspect ratio) on 4-pixel patches, average-pooled 2 x 2 into image
+tokens and projected into the language model; a two-layer language model (one 16-token
+sliding-window layer, a rotating cache: the window runner; one full layer with its own wider
+heads and proportional rope), per-layer token inputs (the E2B / E4B models' second embedding
+table, which image tokens do not index) and soft-capped logits tied to the embeddings. The
+processor keeps each image's aspect ratio within ``MAX_SOFT_TOKENS`` image tokens (a square one
+is 8 x 8 = 64; a 130 x 90 one 54), each image ``<|image>``, its tokens, ``<image|>``. Written by
+``vlm_maker.make_vlm(arch="gemma4")``.
+
+Not in it (see docs/decisions/0005): K/V shared across layers (``num_kv_shared_layers``: the
+paged pool holds no shared layers, so the real E2B / E4B go to the runner on the model's own
+caches, text only) and bidirectional attention within an image (``use_bidirectional_attention:
+vision``, the larger real ones; refused for images at load).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from mlxd.models.maker import Progress, init_weights
+from mlxd.models.presets import TINY_SHAPE
+from mlxd.models.tokenizer_maker import (
+    CHAT_TEMPLATE,
+    EOS_TOKEN_ID,
+    PAD_TOKEN_ID,
+    RESERVED_TOKEN,
+    TRAINED_VOCAB_SIZE,
+    make_tokenizer,
+)
+
+PATCH_SIZE = 4
+POOLING = 2  # 2 x 2 patches pooled into one image token of 8 x 8 pixels
+MAX_SOFT_TOKENS = 64  # image tokens an image at most (its pixels scaled to fit)
+WINDOW = 16  # the window layer's keys: shorter than a prompt, so slabs go back
+IMAGE_TOKEN, BOI_TOKEN, EOI_TOKEN = "<|image|>", "<|image>", "<image|>"
+AUDIO_TOKEN, VIDEO_TOKEN = "<|audio|>", "<|video|>"  # named, never used (images only)
+TOKEN_IDS = {
+    t: TRAINED_VOCAB_SIZE + n
+    for n, t in enumerate((IMAGE_TOKEN, BOI_TOKEN, EOI_TOKEN, AUDIO_TOKEN, VIDEO_TOKEN))
+}
+VOCAB_SIZE = TRAINED_VOCAB_SIZE + 64
+PER_LAYER_INPUT = 16  # each layer's own slice of the per-layer embedding table
+# Gemma ties its output head to the embeddings: random ones as large as the other weights carry
+# each token into its own logits (every greedy answer one token repeated); smaller ones vary.
+_EMBED_SCALE = 0.1
+_TEXT_PART = "{%- if part.type == 'text' -%}{{- part.text -}}{%- endif -%}"
+_IMAGE_PART = (
+    "{%- if part.type == 'text' -%}{{- part.text -}}"
+    "{%- elif part.type in ['image', 'image_url'] -%}{{- '" + IMAGE_TOKEN + "' -}}{%- endif -%}"
+)
+
+
+# Public API
+
+
+def gemma4_config() -> dict[str, Any]:
+    """The checkpoint's ``config.json``."""
+    text = {
+        **TINY_SHAPE,
+        "model_type": "gemma4_text",
+        "vocab_size": VOCAB_SIZE,
+        "vocab_size_per_layer_input": VOCAB_SIZE,
+        "hidden_size_per_layer_input": PER_LAYER_INPUT,
+        "global_head_dim": 2 * TINY_SHAPE["head_dim"],  # the full layer's heads are wider
+        "num_kv_shared_layers": 0,
+        "rms_norm_eps": 1e-6,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "sliding_window": WINDOW,
+        "final_logit_softcapping": 30.0,
+        "use_bidirectional_attention": None,
+        "tie_word_embeddings": True,
+    }
+    vision = {
+        "model_type": "gemma4_vision",
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "global_head_dim": 16,
+        "patch_size": PATCH_SIZE,
+        "pooling_kernel_size": POOLING,
+        "default_output_length": MAX_SOFT_TOKENS,
+        "position_embedding_size": 64,
+    }
+    return {
+        "model_type": "gemma4",
+        "architectures": ["Gemma4ForConditionalGeneration"],
+        "image_token_id": TOKEN_IDS[IMAGE_TOKEN],
+        "boi_token_id": TOKEN_IDS[BOI_TOKEN],
+        "eoi_token_id": TOKEN_IDS[EOI_TOKEN],
+        "audio_token_id": TOKEN_IDS[AUDIO_TOKEN],
+        "video_token_id": TOKEN_IDS[VIDEO_TOKEN],
+        "vision_soft_tokens_per_image": MAX_SOFT_TOKENS,
+        "hidden_size": TINY_SHAPE["hidden_size"],
+        "vocab_size": VOCAB_SIZE,
+        "eos_token_id": [EOS_TOKEN_ID],
+        "pad_token_id": PAD_TOKEN_ID,
+        "tie_word_embeddings": True,
+        "torch_dtype": "float32",
+        "transformers_version": "5.0.0",
+        "text_config": text,
+        "vision_config": vision,
+    }
+
+
+def build_gemma4(out_dir: Path, seed: int, report: Progress) -> None:
+    """Write the checkpoint into the (staged, empty) ``out_dir``."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import save_model
+    from mlx_vlm.models import gemma4
+
+    from mlxd.models.vlm_maker import _model_config
+
+    config = gemma4_config()
+    report(f"training tokenizer (vocab {VOCAB_SIZE})")
+    make_tokenizer(
+        out_dir, vocab_size=VOCAB_SIZE, model_max_length=TINY_SHAPE["max_position_embeddings"]
+    )
+    _add_image_tokens(out_dir)
+    model = gemma4.Model(_model_config(gemma4, json.loads(json.dumps(config))))
+    num_params = sum(p.size for _, p in tree_flatten(model.parameters()))
+    report(f"initialising {num_params / 1e6:.2f}M random float32 weights (seed {seed})")
+    init_weights(model, seed, mx.float32, max(0.02, TINY_SHAPE["hidden_size"] ** -0.5))
+    decoder = model.language_model.model
+    decoder.embed_tokens.weight = decoder.embed_tokens.weight * _EMBED_SCALE
+    save_model(out_dir, model, donate_model=True)
+    _write_json(out_dir / "config.json", config)
+    _write_json(out_dir / "processor_config.json", _processor())
+
+
+# Internal helpers
+
+
+def _add_image_tokens(out_dir: Path) -> None:
+    """The first reserved tokens become Gemma 4's image tokens (special, never split), named in
+    the tokenizer's config as its processor reads them (``tokenizer.image_token``, ...); the chat
+    template renders an image part as ``<|image|>``, which the processor expands."""
+    path = out_dir / "tokenizer.json"
+    spec = json.loads(path.read_text(encoding="utf-8"))
+    vocab = spec["model"]["vocab"]
+    for n, (token, token_id) in enumerate(TOKEN_IDS.items()):
+        assert vocab.pop(RESERVED_TOKEN.format(n)) == token_id
+        vocab[token] = token_id
+        spec["added_tokens"].append(_added_token(token_id, token))
+    path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
+    config_path = out_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    assert _TEXT_PART in CHAT_TEMPLATE
+    config["chat_template"] = CHAT_TEMPLATE.replace(_TEXT_PART, _IMAGE_PART)
+    config["processor_class"] = "Gemma4Processor"
+    config["extra_special_tokens"] = {
+        "image_token": IMAGE_TOKEN,
+        "boi_token": BOI_TOKEN,
+        "eoi_token": EOI_TOKEN,
+        "audio_token": AUDIO_TOKEN,
+        "video_token": VIDEO_TOKEN,
+    }
+    _write_json(config_path, config)
+
+
+def _added_token(token_id: int, content: str) -> dict[str, Any]:
+    return {
+        "id": token_id,
+        "content": content,
+        "single_word": False,
+        "lstrip": False,
+        "rstrip": False,
+        "normalized": False,
+        "special": True,
+    }
+
+
+def _processor() -> dict[str, Any]:
+    """Gemma 4's (flat, as mlx-vlm's processor reads it): each image scaled, aspect kept, to at
+    most ``MAX_SOFT_TOKENS`` pooled patches, normalized to [-1, 1]."""
+    return {
+        "processor_class": "Gemma4Processor",
+        "patch_size": PATCH_SIZE,
+        "max_soft_tokens": MAX_SOFT_TOKENS,
+        "pooling_kernel_size": POOLING,
+        "do_resize": True,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+    }
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2), encoding="utf-8")
