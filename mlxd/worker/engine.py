@@ -78,6 +78,9 @@ _OOM_WORDS = (
 )
 
 
+TEXT_ONLY = "a text-only model"  # why a model with no image encoder refuses images
+
+
 class Engine:
     """Continuous batching: requests join and leave between decode steps."""
 
@@ -106,6 +109,7 @@ class Engine:
         self.max_context = max_context
         self.embedder = embedder
         self.vision = vision
+        self.images_refused = TEXT_ONLY  # why an image is refused where ``vision`` is None
         # Image requests whose images are being prepared off this thread (``vision``).
         self._preparing: list[tuple[bytes, Generate, Future[Prepared]]] = []
         # One clock for arrival times and for aging: by default, the scheduler's.
@@ -233,7 +237,8 @@ class Engine:
         assert isinstance(msg.prompt, ChatPrompt) and msg.prompt.images
         if self.vision is None:
             raise InvalidRequest(
-                f"model {self.name!r} does not take images (a text-only model)", param="messages"
+                f"model {self.name!r} does not take images ({self.images_refused})",
+                param="messages",
             )
         check_sampling(msg.sampling)
         check_priority(msg.priority)

@@ -26,7 +26,7 @@ from mlxd.worker import group as worker_group
 from mlxd.worker.build import build_engine, build_runner, save_snapshots
 from mlxd.worker.control import Control
 from mlxd.worker.embedder import Embedder
-from mlxd.worker.engine import Engine
+from mlxd.worker.engine import TEXT_ONLY, Engine
 from mlxd.worker.runners.base import ModelRunner
 from mlxd.worker.runners.output_head import last_position_only
 from mlxd.worker.runners.quantized import batch_as_rows
@@ -96,6 +96,7 @@ class _Loaded:
     compute: Any
     drafter: Any
     vision: Any = None  # a VLM's image encoder (worker/vision/encoder.py)
+    images_refused: str = TEXT_ONLY  # why an image is a 400, where the runner takes none
 
 
 def _load_all(config: WorkerConfig) -> _Loaded:
@@ -111,9 +112,10 @@ def _load_all(config: WorkerConfig) -> _Loaded:
         sizes = [0 if pool is None else pool.num_blocks, max_context]
         worker_group.check_same(group, sizes, "the KV pool and context")
     drafter = _draft_model(config, runner, model_vocab_size(model, tokenizer))
-    if vision is not None:
-        _attach_vision(config, runner, vision)
-    return _Loaded(model, tokenizer, channel, runner, pool, max_context, compute, drafter, vision)
+    refused = TEXT_ONLY if vision is None else _attach_vision(config, runner, vision)
+    return _Loaded(
+        model, tokenizer, channel, runner, pool, max_context, compute, drafter, vision, refused
+    )
 
 
 def _startup_failure(config: WorkerConfig, reason: str, auth: Any) -> int:
@@ -147,6 +149,7 @@ def _engine(config: WorkerConfig, loaded: _Loaded) -> Engine:
         drafter=loaded.drafter,
         vision=loaded.runner.vision,
     )
+    engine.images_refused = loaded.images_refused
     engine.control = Control(
         engine,
         model_path=config.model,
@@ -246,24 +249,24 @@ def _load_vlm(path: str, group: Any) -> tuple[Any, Any, Any]:
     return model, tokenizer, ImageEncoder(vlm, processor, model)
 
 
-def _attach_vision(config: WorkerConfig, runner: ModelRunner, vision: Any) -> None:
+def _attach_vision(config: WorkerConfig, runner: ModelRunner, vision: Any) -> str:
     """The image encoder on a runner that splices features into prefill (the paged one on
     plain K/V, the window one, a paged runner, for Gemma 3's sliding-window layers, and the
     hybrid one, a paged runner too, for Qwen3.5's recurrent layers); on another the VLM serves
-    text and refuses images."""
+    text and refuses images. Returns why images are refused ("" where they are taken)."""
     from mlxd.worker.runners.paged import PagedModelRunner
     from mlxd.worker.vision.gemma4 import bidirectional_images
 
     if bidirectional_images(vision.vlm.config):
-        log.warning(
-            "%s: image tokens attend both ways, the pool only causally; text only", config.name
-        )
-        return
-    if isinstance(runner, PagedModelRunner):
+        why = "its image tokens attend both ways, which the KV pool's causal masks cannot serve yet"
+    elif not isinstance(runner, PagedModelRunner):
+        why = f"images need the paged KV runner, and this model runs on {runner}"
+    else:
         vision.max_pixels = config.max_image_pixels
         runner.vision = vision
-        return
-    log.warning("%s: images need the paged KV runner (%s); text only", config.name, runner)
+        return ""
+    log.warning("%s: %s; text only", config.name, why)
+    return why
 
 
 def _load_model(source: str, dtype: str, group: Any = None) -> tuple[Any, Any]:

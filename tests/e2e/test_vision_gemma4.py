@@ -299,7 +299,7 @@ def test_bidirectional_image_attention_serves_text_and_refuses_images(
     try:
         client = openai.OpenAI(base_url=f"{d.base_url}/v1", api_key="unused", max_retries=0)
         assert _tokens(_ask(client, _text_messages(0)))
-        with pytest.raises(openai.BadRequestError, match="does not take images"):
+        with pytest.raises(openai.BadRequestError, match="does not take images .*attend both ways"):
             _ask(client, _messages(_png(1)))
     finally:
         stop_daemon(d)
