@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -117,6 +118,13 @@ def serving(app: ASGIApp) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def logged_lines(path: Path) -> list[dict[str, Any]]:
+    """A JSON-lines log's complete lines (the daemon may be writing the last one right now:
+    a read can see it cut short)."""
+    text = path.read_text() if path.exists() else ""
+    return [json.loads(x) for x in text[: text.rfind("\n") + 1].splitlines() if x.strip()]
 
 
 def start_daemon(

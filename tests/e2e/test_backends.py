@@ -27,7 +27,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.e2e.conftest import Daemon, free_port, serving, start_daemon, stop_daemon
+from tests.e2e.conftest import (
+    Daemon,
+    free_port,
+    logged_lines,
+    serving,
+    start_daemon,
+    stop_daemon,
+)
 
 SECRET = f"sk-mlxd-upstream-{secrets.token_hex(12)}"  # the backend's key: must leak nowhere
 CLIENT_KEY = "client-key-1"  # the front daemon's own API key
@@ -443,7 +450,7 @@ def test_metrics_and_access_log_name_the_backend(front: Front) -> None:
         in metrics
     )
     assert 'model="remote",status="200"' in metrics  # the per-model request counter
-    lines = [json.loads(x) for x in front.request_log.read_text().splitlines()]
+    lines = logged_lines(front.request_log)
     assert any(x["model"] == "remote" and x.get("backend") == "up" for x in lines)
 
 

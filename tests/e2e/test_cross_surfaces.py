@@ -21,7 +21,7 @@ import ollama
 import openai
 import pytest
 
-from tests.e2e.conftest import Daemon, free_port, start_daemon, stop_daemon
+from tests.e2e.conftest import Daemon, free_port, logged_lines, start_daemon, stop_daemon
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
@@ -74,8 +74,7 @@ class Front:
         """The request log's line for ``request_id`` (written once the response is done)."""
         deadline = time.monotonic() + 10
         while True:
-            text = self.request_log.read_text() if self.request_log.exists() else ""
-            lines = [json.loads(x) for x in text.splitlines() if x.strip()]
+            lines = logged_lines(self.request_log)
             found = [x for x in lines if x["request_id"] == request_id]
             if found:
                 return found[0]

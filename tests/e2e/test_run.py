@@ -7,7 +7,6 @@ which survive the terminal's wrapping and rendering.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -19,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.conftest import Daemon, free_port, start_daemon, stop_daemon
+from tests.e2e.conftest import Daemon, free_port, logged_lines, start_daemon, stop_daemon
 
 pytestmark = [
     pytest.mark.e2e,
@@ -114,8 +113,8 @@ def plain(text: str) -> str:
 
 
 def chats(d: Daemon, since: int) -> list[dict[str, object]]:
-    lines = d.request_log.read_text().splitlines()[since:]  # type: ignore[attr-defined]
-    return [x for x in map(json.loads, lines) if x["endpoint"] == "/v1/chat/completions"]
+    lines = logged_lines(d.request_log)[since:]  # type: ignore[attr-defined]
+    return [x for x in lines if x["endpoint"] == "/v1/chat/completions"]
 
 
 def test_one_shot_in_a_terminal_prints_the_answer_and_exits(
@@ -166,7 +165,7 @@ def test_interactive_chat_keeps_the_history_and_takes_multi_line_input(
 
 
 def test_ctrl_c_stops_the_answer_not_the_session(served: Daemon, terminal: list[Terminal]) -> None:
-    since = len(served.request_log.read_text().splitlines())  # type: ignore[attr-defined]
+    since = len(logged_lines(served.request_log))  # type: ignore[attr-defined]
     t = Terminal(mlxd_run(served, served.model, "--max-tokens", str(LONG)))
     terminal.append(t)
     t.wait_for(">>>")
