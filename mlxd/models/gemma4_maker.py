@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mlxd.models.maker import Progress, init_weights
+from mlxd.models.maker import Progress
 from mlxd.models.presets import TINY_SHAPE
 from mlxd.models.tokenizer_maker import (
     CHAT_TEMPLATE,
@@ -30,8 +30,8 @@ from mlxd.models.tokenizer_maker import (
     PAD_TOKEN_ID,
     RESERVED_TOKEN,
     TRAINED_VOCAB_SIZE,
-    make_tokenizer,
 )
+from mlxd.models.vlm_maker import special_token, train_tokenizer, write_checkpoint, write_json
 
 PATCH_SIZE = 4
 POOLING = 2  # 2 x 2 patches pooled into one image token of 8 x 8 pixels
@@ -112,28 +112,12 @@ def gemma4_config() -> dict[str, Any]:
 
 def build_gemma4(out_dir: Path, seed: int, report: Progress) -> None:
     """Write the checkpoint into the (staged, empty) ``out_dir``."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-    from mlx_lm.utils import save_model
     from mlx_vlm.models import gemma4
 
-    from mlxd.models.vlm_maker import _model_config
-
-    config = gemma4_config()
-    report(f"training tokenizer (vocab {VOCAB_SIZE})")
-    make_tokenizer(
-        out_dir, vocab_size=VOCAB_SIZE, model_max_length=TINY_SHAPE["max_position_embeddings"]
-    )
+    train_tokenizer(out_dir, VOCAB_SIZE, report)
     _add_image_tokens(out_dir)
-    model = gemma4.Model(_model_config(gemma4, json.loads(json.dumps(config))))
-    num_params = sum(p.size for _, p in tree_flatten(model.parameters()))
-    report(f"initialising {num_params / 1e6:.2f}M random float32 weights (seed {seed})")
-    init_weights(model, seed, mx.float32, max(0.02, TINY_SHAPE["hidden_size"] ** -0.5))
-    decoder = model.language_model.model
-    decoder.embed_tokens.weight = decoder.embed_tokens.weight * _EMBED_SCALE
-    save_model(out_dir, model, donate_model=True)
-    _write_json(out_dir / "config.json", config)
-    _write_json(out_dir / "processor_config.json", _processor())
+    files = {"processor_config.json": _processor()}
+    write_checkpoint(out_dir, gemma4, gemma4_config(), seed, report, files, _scale_embeddings)
 
 
 # Internal helpers
@@ -149,7 +133,7 @@ def _add_image_tokens(out_dir: Path) -> None:
     for n, (token, token_id) in enumerate(TOKEN_IDS.items()):
         assert vocab.pop(RESERVED_TOKEN.format(n)) == token_id
         vocab[token] = token_id
-        spec["added_tokens"].append(_added_token(token_id, token))
+        spec["added_tokens"].append(special_token(token, token_id))
     path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
     config_path = out_dir / "tokenizer_config.json"
     config = json.loads(config_path.read_text(encoding="utf-8"))
@@ -163,19 +147,13 @@ def _add_image_tokens(out_dir: Path) -> None:
         "audio_token": AUDIO_TOKEN,
         "video_token": VIDEO_TOKEN,
     }
-    _write_json(config_path, config)
+    write_json(config_path, config)
 
 
-def _added_token(token_id: int, content: str) -> dict[str, Any]:
-    return {
-        "id": token_id,
-        "content": content,
-        "single_word": False,
-        "lstrip": False,
-        "rstrip": False,
-        "normalized": False,
-        "special": True,
-    }
+def _scale_embeddings(model: Any) -> None:
+    """The tied embeddings at ``_EMBED_SCALE`` of the other weights' scale."""
+    decoder = model.language_model.model
+    decoder.embed_tokens.weight = decoder.embed_tokens.weight * _EMBED_SCALE
 
 
 def _processor() -> dict[str, Any]:
@@ -193,7 +171,3 @@ def _processor() -> dict[str, Any]:
         "image_mean": [0.5, 0.5, 0.5],
         "image_std": [0.5, 0.5, 0.5],
     }
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    path.write_text(json.dumps(data, indent=2), encoding="utf-8")

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mlxd.models.maker import Progress, init_weights
+from mlxd.models.maker import Progress
 from mlxd.models.presets import TINY_SHAPE
 from mlxd.models.tokenizer_maker import (
     CHAT_TEMPLATE,
@@ -26,8 +26,8 @@ from mlxd.models.tokenizer_maker import (
     PAD_TOKEN_ID,
     RESERVED_TOKEN,
     TRAINED_VOCAB_SIZE,
-    make_tokenizer,
 )
+from mlxd.models.vlm_maker import special_token, train_tokenizer, write_checkpoint, write_json
 
 TILE = 112
 PATCH_SIZE = 14  # the processor's own (it reads no patch size from the checkpoint)
@@ -124,27 +124,15 @@ def llama4_config() -> dict[str, Any]:
 
 def build_llama4(out_dir: Path, seed: int, report: Progress) -> None:
     """Write the checkpoint into the (staged, empty) ``out_dir``."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-    from mlx_lm.utils import save_model
     from mlx_vlm.models import llama4
 
-    from mlxd.models.vlm_maker import _model_config
-
-    config = llama4_config()
-    report(f"training tokenizer (vocab {VOCAB_SIZE})")
-    make_tokenizer(
-        out_dir, vocab_size=VOCAB_SIZE, model_max_length=TINY_SHAPE["max_position_embeddings"]
-    )
+    train_tokenizer(out_dir, VOCAB_SIZE, report)
     _add_image_tokens(out_dir)
-    model = llama4.Model(_model_config(llama4, json.loads(json.dumps(config))))
-    num_params = sum(p.size for _, p in tree_flatten(model.parameters()))
-    report(f"initialising {num_params / 1e6:.2f}M random float32 weights (seed {seed})")
-    init_weights(model, seed, mx.float32, max(0.02, TINY_SHAPE["hidden_size"] ** -0.5))
-    save_model(out_dir, model, donate_model=True)
-    _write_json(out_dir / "config.json", config)
-    _write_json(out_dir / "preprocessor_config.json", _preprocessor())
-    _write_json(out_dir / "processor_config.json", {"processor_class": "Llama4Processor"})
+    files = {
+        "preprocessor_config.json": _preprocessor(),
+        "processor_config.json": {"processor_class": "Llama4Processor"},
+    }
+    write_checkpoint(out_dir, llama4, llama4_config(), seed, report, files)
 
 
 # Internal helpers
@@ -159,26 +147,14 @@ def _add_image_tokens(out_dir: Path) -> None:
     for n, (token, token_id) in enumerate(TOKEN_IDS.items()):
         assert vocab.pop(RESERVED_TOKEN.format(n)) == token_id
         vocab[token] = token_id
-        spec["added_tokens"].append(_added_token(token_id, token))
+        spec["added_tokens"].append(special_token(token, token_id))
     path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
     config_path = out_dir / "tokenizer_config.json"
     config = json.loads(config_path.read_text(encoding="utf-8"))
     assert _TEXT_PART in CHAT_TEMPLATE
     config["chat_template"] = CHAT_TEMPLATE.replace(_TEXT_PART, _IMAGE_PART)
     config["processor_class"] = "Llama4Processor"
-    _write_json(config_path, config)
-
-
-def _added_token(token_id: int, content: str) -> dict[str, Any]:
-    return {
-        "id": token_id,
-        "content": content,
-        "single_word": False,
-        "lstrip": False,
-        "rstrip": False,
-        "normalized": False,
-        "special": True,
-    }
+    write_json(config_path, config)
 
 
 def _preprocessor() -> dict[str, Any]:
@@ -191,7 +167,3 @@ def _preprocessor() -> dict[str, Any]:
         "image_mean": [0.5, 0.5, 0.5],
         "image_std": [0.5, 0.5, 0.5],
     }
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    path.write_text(json.dumps(data, indent=2), encoding="utf-8")

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mlxd.models.maker import Progress, init_weights
+from mlxd.models.maker import Progress
 from mlxd.models.presets import TINY_SHAPE
 from mlxd.models.qwen_vl_maker import (
     IMAGE_PAD_ID,
@@ -26,9 +26,9 @@ from mlxd.models.qwen_vl_maker import (
     VISION_START_ID,
     VOCAB_SIZE,
     _add_vision_tokens,
-    _write_json,
 )
-from mlxd.models.tokenizer_maker import EOS_TOKEN_ID, PAD_TOKEN_ID, make_tokenizer
+from mlxd.models.tokenizer_maker import EOS_TOKEN_ID, PAD_TOKEN_ID
+from mlxd.models.vlm_maker import train_tokenizer, write_checkpoint, write_json
 
 PATCH_SIZE = 16
 MERGE_SIZE = 2
@@ -133,31 +133,18 @@ def build_qwen3_5_moe_vl(out_dir: Path, seed: int, report: Progress) -> None:
 def _build(out_dir: Path, seed: int, report: Progress, moe: bool) -> None:
     import importlib
 
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-    from mlx_lm.utils import save_model
-
-    from mlxd.models.vlm_maker import _model_config
-
     family = importlib.import_module(
         "mlx_vlm.models.qwen3_5_moe" if moe else "mlx_vlm.models.qwen3_5"
     )
-    config = qwen3_5_vl_config(moe)
-    report(f"training tokenizer (vocab {VOCAB_SIZE})")
-    make_tokenizer(
-        out_dir, vocab_size=VOCAB_SIZE, model_max_length=TINY_SHAPE["max_position_embeddings"]
-    )
+    train_tokenizer(out_dir, VOCAB_SIZE, report)
     _add_vision_tokens(out_dir)
     _name_processor(out_dir)
-    model = family.Model(_model_config(family, json.loads(json.dumps(config))))
-    num_params = sum(p.size for _, p in tree_flatten(model.parameters()))
-    report(f"initialising {num_params / 1e6:.2f}M random float32 weights (seed {seed})")
-    init_weights(model, seed, mx.float32, max(0.02, TINY_SHAPE["hidden_size"] ** -0.5))
-    save_model(out_dir, model, donate_model=True)
-    _write_json(out_dir / "config.json", config)
-    _write_json(out_dir / "preprocessor_config.json", _preprocessor())
-    _write_json(out_dir / "video_preprocessor_config.json", _preprocessor())
-    _write_json(out_dir / "processor_config.json", {"processor_class": "Qwen3VLProcessor"})
+    files = {
+        "preprocessor_config.json": _preprocessor(),
+        "video_preprocessor_config.json": _preprocessor(),
+        "processor_config.json": {"processor_class": "Qwen3VLProcessor"},
+    }
+    write_checkpoint(out_dir, family, qwen3_5_vl_config(moe), seed, report, files)
 
 
 def _name_processor(out_dir: Path) -> None:
@@ -165,7 +152,7 @@ def _name_processor(out_dir: Path) -> None:
     path = out_dir / "tokenizer_config.json"
     config = json.loads(path.read_text(encoding="utf-8"))
     config["processor_class"] = "Qwen3VLProcessor"
-    _write_json(path, config)
+    write_json(path, config)
 
 
 def _preprocessor() -> dict[str, Any]:

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mlxd.models.maker import Progress, init_weights
+from mlxd.models.maker import Progress
 from mlxd.models.presets import TINY_SHAPE
 from mlxd.models.qwen_vl_maker import (
     IMAGE_PAD_ID,
@@ -27,9 +27,9 @@ from mlxd.models.qwen_vl_maker import (
     VISION_START_ID,
     VOCAB_SIZE,
     _add_vision_tokens,
-    _write_json,
 )
-from mlxd.models.tokenizer_maker import EOS_TOKEN_ID, PAD_TOKEN_ID, make_tokenizer
+from mlxd.models.tokenizer_maker import EOS_TOKEN_ID, PAD_TOKEN_ID
+from mlxd.models.vlm_maker import train_tokenizer, write_checkpoint, write_json
 
 PATCH_SIZE = 16
 MERGE_SIZE = 2
@@ -141,34 +141,21 @@ def build_qwen3_vl_moe(out_dir: Path, seed: int, report: Progress) -> None:
 
 
 def _build(out_dir: Path, seed: int, report: Progress, family: Any, config: dict[str, Any]) -> None:
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-    from mlx_lm.utils import save_model
-
-    from mlxd.models.vlm_maker import _model_config
-
-    report(f"training tokenizer (vocab {VOCAB_SIZE})")
-    make_tokenizer(
-        out_dir, vocab_size=VOCAB_SIZE, model_max_length=config["max_position_embeddings"]
-    )
+    train_tokenizer(out_dir, VOCAB_SIZE, report)
     _add_vision_tokens(out_dir)
     _name_processor(out_dir / "tokenizer_config.json")
-    model = family.Model(_model_config(family, json.loads(json.dumps(config))))
-    num_params = sum(p.size for _, p in tree_flatten(model.parameters()))
-    report(f"initialising {num_params / 1e6:.2f}M random float32 weights (seed {seed})")
-    init_weights(model, seed, mx.float32, max(0.02, TINY_SHAPE["hidden_size"] ** -0.5))
-    save_model(out_dir, model, donate_model=True)
-    _write_json(out_dir / "config.json", config)
-    # All three read by the processor (a missing one is fetched from the Hub by name).
-    _write_json(out_dir / "preprocessor_config.json", _preprocessor("Qwen2VLImageProcessor"))
-    _write_json(out_dir / "video_preprocessor_config.json", _preprocessor(None))
-    _write_json(out_dir / "processor_config.json", {"processor_class": PROCESSOR})
+    files = {  # all three read by the processor (a missing one is fetched from the Hub by name)
+        "preprocessor_config.json": _preprocessor("Qwen2VLImageProcessor"),
+        "video_preprocessor_config.json": _preprocessor(None),
+        "processor_config.json": {"processor_class": PROCESSOR},
+    }
+    write_checkpoint(out_dir, family, config, seed, report, files)
 
 
 def _name_processor(path: Path) -> None:
     config = json.loads(path.read_text(encoding="utf-8"))
     config["processor_class"] = PROCESSOR
-    _write_json(path, config)
+    write_json(path, config)
 
 
 def _preprocessor(image_processor_type: str | None) -> dict[str, Any]:

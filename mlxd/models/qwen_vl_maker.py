@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mlxd.models.maker import Progress, init_weights
+from mlxd.models.maker import Progress
 from mlxd.models.presets import TINY_SHAPE
 from mlxd.models.tokenizer_maker import (
     CHAT_TEMPLATE,
@@ -21,8 +21,8 @@ from mlxd.models.tokenizer_maker import (
     PAD_TOKEN_ID,
     RESERVED_TOKEN,
     TRAINED_VOCAB_SIZE,
-    make_tokenizer,
 )
+from mlxd.models.vlm_maker import special_token, train_tokenizer, write_checkpoint, write_json
 
 # The reserved ids past the trained vocabulary that become Qwen's vision tokens, in id order.
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
@@ -92,29 +92,17 @@ def qwen2_5_vl_config() -> dict[str, Any]:
 
 def build_qwen2_5_vl(out_dir: Path, seed: int, report: Progress) -> None:
     """Write the checkpoint into the (staged, empty) ``out_dir``."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-    from mlx_lm.utils import save_model
     from mlx_vlm.models import qwen2_5_vl
 
-    from mlxd.models.vlm_maker import _model_config
-
-    config = qwen2_5_vl_config()
-    report(f"training tokenizer (vocab {VOCAB_SIZE})")
-    make_tokenizer(
-        out_dir, vocab_size=VOCAB_SIZE, model_max_length=config["max_position_embeddings"]
-    )
+    train_tokenizer(out_dir, VOCAB_SIZE, report)
     _add_vision_tokens(out_dir)
-    model = qwen2_5_vl.Model(_model_config(qwen2_5_vl, json.loads(json.dumps(config))))
-    num_params = sum(p.size for _, p in tree_flatten(model.parameters()))
-    report(f"initialising {num_params / 1e6:.2f}M random float32 weights (seed {seed})")
-    init_weights(model, seed, mx.float32, max(0.02, config["hidden_size"] ** -0.5))
-    save_model(out_dir, model, donate_model=True)
-    _write_json(out_dir / "config.json", config)
-    _write_json(out_dir / "preprocessor_config.json", _preprocessor())
-    # Read too (else fetched from the Hub by name): the video processor's settings.
-    _write_json(out_dir / "video_preprocessor_config.json", _preprocessor())
-    _write_json(out_dir / "processor_config.json", {"processor_class": "Qwen2_5_VLProcessor"})
+    files = {
+        "preprocessor_config.json": _preprocessor(),
+        # Read too (else fetched from the Hub by name): the video processor's settings.
+        "video_preprocessor_config.json": _preprocessor(),
+        "processor_config.json": {"processor_class": "Qwen2_5_VLProcessor"},
+    }
+    write_checkpoint(out_dir, qwen2_5_vl, qwen2_5_vl_config(), seed, report, files)
 
 
 # Internal helpers
@@ -130,26 +118,14 @@ def _add_vision_tokens(out_dir: Path) -> None:
         token_id = TRAINED_VOCAB_SIZE + n
         assert vocab.pop(RESERVED_TOKEN.format(n)) == token_id
         vocab[token] = token_id
-        spec["added_tokens"].append(_added_token(token_id, token))
+        spec["added_tokens"].append(special_token(token, token_id))
     path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
     config_path = out_dir / "tokenizer_config.json"
     config = json.loads(config_path.read_text(encoding="utf-8"))
     assert _TEXT_PART in CHAT_TEMPLATE
     config["chat_template"] = CHAT_TEMPLATE.replace(_TEXT_PART, _IMAGE_PART)
     config["processor_class"] = "Qwen2_5_VLProcessor"
-    _write_json(config_path, config)
-
-
-def _added_token(token_id: int, content: str) -> dict[str, Any]:
-    return {
-        "id": token_id,
-        "content": content,
-        "single_word": False,
-        "lstrip": False,
-        "rstrip": False,
-        "normalized": False,
-        "special": True,
-    }
+    write_json(config_path, config)
 
 
 def _preprocessor() -> dict[str, Any]:
@@ -167,7 +143,3 @@ def _preprocessor() -> dict[str, Any]:
         "image_std": _CLIP_STD,
         "do_convert_rgb": True,
     }
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    path.write_text(json.dumps(data, indent=2), encoding="utf-8")

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mlxd.models.maker import Progress, init_weights
+from mlxd.models.maker import Progress
 from mlxd.models.presets import TINY_SHAPE
 from mlxd.models.tokenizer_maker import (
     CHAT_TEMPLATE,
@@ -25,8 +25,8 @@ from mlxd.models.tokenizer_maker import (
     PAD_TOKEN_ID,
     RESERVED_TOKEN,
     TRAINED_VOCAB_SIZE,
-    make_tokenizer,
 )
+from mlxd.models.vlm_maker import special_token, train_tokenizer, write_checkpoint, write_json
 
 TILE = 32  # the tower's side: every tile and the global image
 LONGEST_EDGE = 2 * TILE  # at most 2 x 2 tiles
@@ -115,33 +115,18 @@ def build_idefics3(out_dir: Path, seed: int, report: Progress) -> None:
 def _build(out_dir: Path, seed: int, report: Progress, arch: str) -> None:
     import importlib
 
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-    from mlx_lm.utils import save_model
-
-    from mlxd.models.vlm_maker import _model_config
-
     family = importlib.import_module(f"mlx_vlm.models.{arch}")
-    config = smolvlm_config(arch)
     _, _, processor_class, image_processor = _NAMES[arch]
-    report(f"training tokenizer (vocab {VOCAB_SIZE})")
-    make_tokenizer(
-        out_dir, vocab_size=VOCAB_SIZE, model_max_length=TINY_SHAPE["max_position_embeddings"]
-    )
+    train_tokenizer(out_dir, VOCAB_SIZE, report)
     _add_image_tokens(out_dir, processor_class)
-    model = family.Model(_model_config(family, json.loads(json.dumps(config))))
-    num_params = sum(p.size for _, p in tree_flatten(model.parameters()))
-    report(f"initialising {num_params / 1e6:.2f}M random float32 weights (seed {seed})")
-    init_weights(model, seed, mx.float32, max(0.02, TINY_SHAPE["hidden_size"] ** -0.5))
-    save_model(out_dir, model, donate_model=True)
-    _write_json(out_dir / "config.json", config)
-    _write_json(
-        out_dir / "preprocessor_config.json", _preprocessor(image_processor, processor_class)
-    )
-    _write_json(
-        out_dir / "processor_config.json",
-        {"processor_class": processor_class, "image_seq_len": IMAGE_SEQ_LEN},
-    )
+    files = {
+        "preprocessor_config.json": _preprocessor(image_processor, processor_class),
+        "processor_config.json": {
+            "processor_class": processor_class,
+            "image_seq_len": IMAGE_SEQ_LEN,
+        },
+    }
+    write_checkpoint(out_dir, family, smolvlm_config(arch), seed, report, files)
 
 
 def _add_image_tokens(out_dir: Path, processor_class: str) -> None:
@@ -153,26 +138,14 @@ def _add_image_tokens(out_dir: Path, processor_class: str) -> None:
     for n, (token, token_id) in enumerate(TOKEN_IDS.items()):
         assert vocab.pop(RESERVED_TOKEN.format(n)) == token_id
         vocab[token] = token_id
-        spec["added_tokens"].append(_added_token(token_id, token))
+        spec["added_tokens"].append(special_token(token, token_id))
     path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
     config_path = out_dir / "tokenizer_config.json"
     config = json.loads(config_path.read_text(encoding="utf-8"))
     assert _TEXT_PART in CHAT_TEMPLATE
     config["chat_template"] = CHAT_TEMPLATE.replace(_TEXT_PART, _IMAGE_PART)
     config["processor_class"] = processor_class
-    _write_json(config_path, config)
-
-
-def _added_token(token_id: int, content: str) -> dict[str, Any]:
-    return {
-        "id": token_id,
-        "content": content,
-        "single_word": False,
-        "lstrip": False,
-        "rstrip": False,
-        "normalized": False,
-        "special": True,
-    }
+    write_json(config_path, config)
 
 
 def _preprocessor(image_processor: str, processor_class: str) -> dict[str, Any]:
@@ -193,7 +166,3 @@ def _preprocessor(image_processor: str, processor_class: str) -> dict[str, Any]:
         "do_convert_rgb": True,
         "do_pad": True,
     }
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    path.write_text(json.dumps(data, indent=2), encoding="utf-8")

@@ -5,13 +5,15 @@ A made VLM is what a downloaded one is to mlx-vlm's ``load``: ``config.json`` wi
 family's image tokens in place of reserved ones) and the processor's own files
 (``preprocessor_config.json``, ``processor_config.json``), all written offline. Families:
 LLaVA 1.5 (CLIP, a projector, Llama) and Gemma 3 (SigLIP, pooled to ``mm_tokens_per_image``,
-a language model of window and full layers). Needs the ``vision`` extra (mlx-vlm), imported
-only here and in the worker's vision package.
+a language model of window and full layers); the other families' makers (``*_maker.py``) share
+its tail, ``train_tokenizer`` and ``write_checkpoint``. Needs the ``vision`` extra (mlx-vlm),
+imported only here and in the worker's vision package.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +102,61 @@ def make_vlm(
         _builder(arch)(tmp_dir, seed, report)
     report(f"made {arch} vision model in {out_dir}")
     return out_dir
+
+
+def train_tokenizer(out_dir: Path, vocab_size: int, report: Progress) -> None:
+    """The text maker's tokenizer at ``vocab_size`` (its reserved ids become the family's
+    image tokens next), its context the tiny shape's."""
+    report(f"training tokenizer (vocab {vocab_size})")
+    make_tokenizer(
+        out_dir, vocab_size=vocab_size, model_max_length=TINY_SHAPE["max_position_embeddings"]
+    )
+
+
+def write_checkpoint(
+    out_dir: Path,
+    family: Any,
+    config: dict[str, Any],
+    seed: int,
+    report: Progress,
+    files: dict[str, dict[str, Any]],
+    adjust: Callable[[Any], None] | None = None,
+) -> None:
+    """Build mlx-vlm ``family``'s model from ``config`` with seeded random float32 weights
+    (``adjust`` changes it before it is saved), then save it beside ``config.json`` and the
+    processor's ``files`` (name: contents)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import save_model
+
+    # A copy: building the model must not change the config.json written below.
+    model = family.Model(_model_config(family, json.loads(json.dumps(config))))
+    num_params = sum(p.size for _, p in tree_flatten(model.parameters()))
+    report(f"initialising {num_params / 1e6:.2f}M random float32 weights (seed {seed})")
+    init_weights(model, seed, mx.float32, max(0.02, TINY_SHAPE["hidden_size"] ** -0.5))
+    if adjust is not None:
+        adjust(model)
+    save_model(out_dir, model, donate_model=True)
+    write_json(out_dir / "config.json", config)
+    for name, data in files.items():
+        write_json(out_dir / name, data)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2), encoding="utf-8")
+
+
+def special_token(token: str, token_id: int) -> dict[str, Any]:
+    """``token``'s entry in ``tokenizer.json``'s ``added_tokens``: special, never split."""
+    return {
+        "id": token_id,
+        "content": token,
+        "single_word": False,
+        "lstrip": False,
+        "rstrip": False,
+        "normalized": False,
+        "special": True,
+    }
 
 
 def llava_config() -> dict[str, Any]:
@@ -231,65 +288,43 @@ def _require_mlx_vlm() -> None:
 
 
 def _build_llava(out_dir: Path, seed: int, report: Progress) -> None:
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-    from mlx_lm.utils import save_model
     from mlx_vlm.models import llava
 
-    config = llava_config()
-    report(f"training tokenizer (vocab {VLM_VOCAB_SIZE})")
-    make_tokenizer(
-        out_dir, vocab_size=VLM_VOCAB_SIZE, model_max_length=config["max_position_embeddings"]
-    )
+    train_tokenizer(out_dir, VLM_VOCAB_SIZE, report)
     _add_image_token(out_dir)
-    model = llava.Model(_model_config(llava, config))
-    num_params = sum(p.size for _, p in tree_flatten(model.parameters()))
-    report(f"initialising {num_params / 1e6:.2f}M random float32 weights (seed {seed})")
-    init_weights(model, seed, mx.float32, max(0.02, config["text_config"]["hidden_size"] ** -0.5))
-    save_model(out_dir, model, donate_model=True)
-    _write_json(out_dir / "config.json", config)
-    _write_json(out_dir / "preprocessor_config.json", _clip_preprocessor())
-    _write_json(
-        out_dir / "processor_config.json",
-        {
-            "processor_class": "LlavaProcessor",
-            "patch_size": PATCH_SIZE,
-            "vision_feature_select_strategy": "default",
-            "num_additional_image_tokens": 1,  # CLIP's class token, dropped by "default"
-            "image_token": IMAGE_TOKEN,
-        },
-    )
+    processor = {
+        "processor_class": "LlavaProcessor",
+        "patch_size": PATCH_SIZE,
+        "vision_feature_select_strategy": "default",
+        "num_additional_image_tokens": 1,  # CLIP's class token, dropped by "default"
+        "image_token": IMAGE_TOKEN,
+    }
+    files = {"preprocessor_config.json": _clip_preprocessor(), "processor_config.json": processor}
+    write_checkpoint(out_dir, llava, llava_config(), seed, report, files)
 
 
 def _build_gemma3(out_dir: Path, seed: int, report: Progress) -> None:
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-    from mlx_lm.utils import save_model
     from mlx_vlm.models import gemma3
 
-    config = gemma3_config()
-    report(f"training tokenizer (vocab {VLM_VOCAB_SIZE})")
-    make_tokenizer(
-        out_dir, vocab_size=VLM_VOCAB_SIZE, model_max_length=config["max_position_embeddings"]
-    )
+    train_tokenizer(out_dir, VLM_VOCAB_SIZE, report)
     _add_gemma3_tokens(out_dir)
-    model = gemma3.Model(_model_config(gemma3, config))
-    num_params = sum(p.size for _, p in tree_flatten(model.parameters()))
-    report(f"initialising {num_params / 1e6:.2f}M random float32 weights (seed {seed})")
-    init_weights(model, seed, mx.float32, max(0.02, config["text_config"]["hidden_size"] ** -0.5))
+    files = {
+        "preprocessor_config.json": _gemma3_preprocessor(),
+        "processor_config.json": {
+            "processor_class": "Gemma3Processor",
+            "image_seq_length": GEMMA3_IMAGE_TOKENS,
+        },
+    }
+    write_checkpoint(out_dir, gemma3, gemma3_config(), seed, report, files, _tie_gemma3_head)
+
+
+def _tie_gemma3_head(model: Any) -> None:
+    """Gemma 3 ties its output head to the embeddings (mlx-vlm's load ties it whatever the
+    file holds): random embeddings as large as the rest would carry each token into its own
+    logits and a greedy answer would repeat one token. Smaller ones leave it to the layers."""
     text = model.language_model
-    # Gemma 3 ties its output head to the embeddings (mlx-vlm's load ties it whatever the
-    # file holds): random embeddings as large as the rest would carry each token into its own
-    # logits and a greedy answer would repeat one token. Smaller ones leave it to the layers.
     text.model.embed_tokens.weight = text.model.embed_tokens.weight * _GEMMA3_EMBED_SCALE
     text.pop("lm_head")  # tied: no weights of its own in the checkpoint
-    save_model(out_dir, model, donate_model=True)
-    _write_json(out_dir / "config.json", config)
-    _write_json(out_dir / "preprocessor_config.json", _gemma3_preprocessor())
-    _write_json(
-        out_dir / "processor_config.json",
-        {"processor_class": "Gemma3Processor", "image_seq_length": GEMMA3_IMAGE_TOKENS},
-    )
 
 
 def _model_config(family: Any, config: dict[str, Any]) -> Any:
@@ -308,24 +343,14 @@ def _add_image_token(out_dir: Path) -> None:
     vocab = spec["model"]["vocab"]
     assert vocab.pop(RESERVED_TOKEN.format(0)) == IMAGE_TOKEN_ID
     vocab[IMAGE_TOKEN] = IMAGE_TOKEN_ID
-    spec["added_tokens"].append(
-        {
-            "id": IMAGE_TOKEN_ID,
-            "content": IMAGE_TOKEN,
-            "single_word": False,
-            "lstrip": False,
-            "rstrip": False,
-            "normalized": False,
-            "special": True,
-        }
-    )
+    spec["added_tokens"].append(special_token(IMAGE_TOKEN, IMAGE_TOKEN_ID))
     path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
     config_path = out_dir / "tokenizer_config.json"
     config = json.loads(config_path.read_text(encoding="utf-8"))
     assert _TEXT_PART in CHAT_TEMPLATE
     config["chat_template"] = CHAT_TEMPLATE.replace(_TEXT_PART, _IMAGE_PART)
     config["processor_class"] = "LlavaProcessor"
-    _write_json(config_path, config)
+    write_json(config_path, config)
 
 
 def _add_gemma3_tokens(out_dir: Path) -> None:
@@ -337,7 +362,7 @@ def _add_gemma3_tokens(out_dir: Path) -> None:
     for n, (token, token_id) in enumerate(GEMMA3_TOKEN_IDS.items()):
         assert vocab.pop(RESERVED_TOKEN.format(n)) == token_id
         vocab[token] = token_id
-        spec["added_tokens"].append(_special_token(token, token_id))
+        spec["added_tokens"].append(special_token(token, token_id))
     path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
     config_path = out_dir / "tokenizer_config.json"
     config = json.loads(config_path.read_text(encoding="utf-8"))
@@ -349,19 +374,7 @@ def _add_gemma3_tokens(out_dir: Path) -> None:
         "boi_token": GEMMA3_BOI_TOKEN,
         "eoi_token": GEMMA3_EOI_TOKEN,
     }
-    _write_json(config_path, config)
-
-
-def _special_token(token: str, token_id: int) -> dict[str, Any]:
-    return {
-        "id": token_id,
-        "content": token,
-        "single_word": False,
-        "lstrip": False,
-        "rstrip": False,
-        "normalized": False,
-        "special": True,
-    }
+    write_json(config_path, config)
 
 
 def _gemma3_preprocessor() -> dict[str, Any]:
@@ -397,7 +410,3 @@ def _clip_preprocessor() -> dict[str, Any]:
         "do_convert_rgb": True,
         "resample": 3,
     }
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    path.write_text(json.dumps(data, indent=2), encoding="utf-8")
