@@ -11,210 +11,87 @@ extra (mlx-vlm); skipped without it.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import openai
 import pytest
 
-from tests.e2e.conftest import Daemon, start_daemon, stop_daemon
-from tests.e2e.test_vision import _image_part, _png
+from tests.e2e.conftest import Daemon
+from tests.e2e.vision_parity import (
+    BLOCK,
+    LONG_QUESTION,
+    Family,
+    Parity,
+    client_of,
+    made,
+    png,
+    served,
+    story,
+)
 
 pytest.importorskip("mlx_vlm")
 pytestmark = pytest.mark.e2e
 
-# Long enough that the prompt's last whole block lies past the image: a hit covers it all.
-QUESTION = (
-    "What is in this picture? Describe it in detail: the colours, the shapes, the light "
-    "and anything written on it."
+FAMILY = Family(
+    name="gemma3",
+    question=LONG_QUESTION,
+    max_tokens=12,
+    image_keys=("pixel_values",),
 )
-MAX_TOKENS = 12
-PREEMPT_TOKENS = 64  # long enough answers to outgrow the tight pool
-BLOCK = 32  # the daemon's default KV block size
 
 
 @pytest.fixture(scope="module")
 def gemma3(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from mlxd.models.vlm_maker import make_vlm
-
-    out = tmp_path_factory.mktemp("vlm") / "gemma3"
-    return make_vlm(out, arch="gemma3", progress=lambda line: None)
+    return made(tmp_path_factory, "gemma3")
 
 
 @pytest.fixture(scope="module")
 def daemon(gemma3: Path) -> Iterator[Daemon]:
-    d = start_daemon(gemma3, name="gemma3")
-    yield d
-    if d.proc.poll() is None:
-        stop_daemon(d)
+    yield from served(gemma3, name="gemma3")
 
 
 @pytest.fixture(scope="module")
 def client(daemon: Daemon) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{daemon.base_url}/v1", api_key="unused", max_retries=0)
+    return client_of(daemon)
 
 
 @pytest.fixture(scope="module")
-def reference(gemma3: Path) -> Any:
-    """mlx-vlm's own greedy ``generate`` on the made model: token ids for a chat's images (none
-    for a text request) and its messages, with the inputs its processor makes of them."""
-    import io
-
-    import mlx.core as mx
-    from mlx_vlm import generate, load
-    from PIL import Image
-
-    model, processor = load(str(gemma3))
-
-    def ids_for(
-        pngs: list[bytes], messages: list[dict[str, Any]], max_tokens: int = MAX_TOKENS
-    ) -> list[int]:
-        pictures = [Image.open(io.BytesIO(png)).convert("RGB") for png in pngs]
-        text = processor.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False
-        )
-        inputs = processor(images=pictures or None, text=[text])
-        out = generate(
-            model,
-            processor,
-            text,
-            input_ids=mx.array(inputs["input_ids"]),
-            pixel_values=mx.array(inputs["pixel_values"]) if pictures else None,
-            mask=mx.array(inputs["attention_mask"]),
-            max_tokens=max_tokens,
-            temperature=0.0,
-            verbose=False,
-        )
-        return list(out.token_ids)
-
-    return ids_for
+def parity(gemma3: Path) -> Parity:
+    return Parity(gemma3, FAMILY)
 
 
-@pytest.fixture(scope="module")
-def text_of(gemma3: Path) -> Any:
-    """Token ids as the answer's logprobs give them: each token's own text."""
-    from mlx_lm.utils import load_tokenizer
-
-    tokenizer = load_tokenizer(gemma3)
-    return lambda ids: [tokenizer.decode([i]) for i in ids]
-
-
-def _messages(png: bytes) -> list[dict[str, Any]]:
-    return [{"role": "user", "content": [_image_part(png), {"type": "text", "text": QUESTION}]}]
-
-
-def _text_messages(n: int) -> list[dict[str, Any]]:
-    return [{"role": "user", "content": f"Tell me story number {n} about the sea."}]
-
-
-def _ask(client: openai.OpenAI, messages: list[dict[str, Any]]) -> Any:
-    return client.chat.completions.create(
-        model="gemma3",
-        messages=messages,  # type: ignore[arg-type]
-        max_tokens=MAX_TOKENS,
-        temperature=0,
-        logprobs=True,
-    )
-
-
-def _tokens(answer: Any) -> list[str]:
-    return [t.token for t in answer.choices[0].logprobs.content]
-
-
-def _cached(answer: Any) -> int:
-    details = answer.usage.prompt_tokens_details
-    return 0 if details is None else details.cached_tokens or 0
-
-
-def test_an_image_answer_equals_mlx_vlm_generate(
-    client: openai.OpenAI, reference: Any, text_of: Any
-) -> None:
-    png = _png(1)
-    answer = _ask(client, _messages(png))
-    assert _tokens(answer) == text_of(reference([png], _messages(png)))
+def test_an_image_answer_equals_mlx_vlm_generate(client: openai.OpenAI, parity: Parity) -> None:
+    answer = parity.check_image(client, png(1))
     # 64 image tokens among them; three whole blocks, the last past the image
     assert answer.usage.prompt_tokens > 3 * BLOCK
 
 
 def test_a_text_request_to_the_vlm_equals_mlx_vlm_generate(
-    client: openai.OpenAI, reference: Any, text_of: Any
+    client: openai.OpenAI, parity: Parity
 ) -> None:
-    answer = _ask(client, _text_messages(0))
-    assert _tokens(answer) == text_of(reference([], _text_messages(0)))
+    parity.check_text(client, story(0))
 
 
-def test_images_in_a_busy_batch_with_text_requests(
-    client: openai.OpenAI, reference: Any, text_of: Any
-) -> None:
+def test_images_in_a_busy_batch_with_text_requests(client: openai.OpenAI, parity: Parity) -> None:
     """Three image requests and three text requests at once: one decode batch, prefill chunks
     with and without images side by side; each answer is its own alone."""
-    pngs = [_png(10 + n) for n in range(3)]
-    chats = [_messages(p) for p in pngs] + [_text_messages(n + 1) for n in range(3)]
-    answers: dict[int, Any] = {}
-
-    def ask(n: int) -> None:
-        answers[n] = _ask(client, chats[n])
-
-    threads = [threading.Thread(target=ask, args=(n,)) for n in range(len(chats))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    images = [reference([p], c) for p, c in zip(pngs, chats, strict=False)]
-    texts = [reference([], c) for c in chats[len(pngs) :]]
-    assert len({tuple(ids) for ids in images}) > 1  # the answers depend on the image
-    for n, expected in enumerate(images + texts):
-        assert _tokens(answers[n]) == text_of(expected), n
+    parity.check_batch(client, [png(10 + n) for n in range(3)], [story(n + 1) for n in range(3)])
 
 
 def test_the_same_image_twice_hits_past_the_image_and_another_never_does(
-    client: openai.OpenAI, reference: Any, text_of: Any, gemma3: Path
+    client: openai.OpenAI, parity: Parity
 ) -> None:
-    first, second = _png(3), _png(4)
-    once = _ask(client, _messages(first))
-    again = _ask(client, _messages(first))
-    last_image_token = _last_image_position(gemma3, first)
-    # the hit covers every image token (and the window layers' slabs before its end)
-    assert _cached(again) > last_image_token, (_cached(again), last_image_token)
-    expected = text_of(reference([first], _messages(first)))
-    assert _tokens(again) == _tokens(once) == expected
-    other = _ask(client, _messages(second))  # same text, same positions, another image
-    assert _cached(other) < BLOCK  # the first block holds image tokens: no block matches
-    assert _tokens(other) == text_of(reference([second], _messages(second)))
-    assert _tokens(other) != expected
-
-
-def _last_image_position(gemma3: Path, png: bytes) -> int:
-    """Where the prompt's last image token sits, as the model's processor lays it out."""
-    import io
-
-    from mlx_vlm.utils import load_processor
-    from PIL import Image
-
     from mlxd.models.vlm_maker import GEMMA3_IMAGE_TOKEN, GEMMA3_TOKEN_IDS
 
-    processor = load_processor(gemma3)
-    text = processor.tokenizer.apply_chat_template(
-        _messages(png), add_generation_prompt=True, tokenize=False
-    )
-    picture = Image.open(io.BytesIO(png)).convert("RGB")
-    ids = [int(i) for i in processor(images=[picture], text=[text])["input_ids"][0].tolist()]
-    return max(p for p, i in enumerate(ids) if i == GEMMA3_TOKEN_IDS[GEMMA3_IMAGE_TOKEN])
+    first, second = png(3), png(4)
+    last_image_token = parity.last_image_position(first, GEMMA3_TOKEN_IDS[GEMMA3_IMAGE_TOKEN])
+    # the hit covers every image token (and the window layers' slabs before its end)
+    parity.check_hit_and_miss(client, first, second, least_hit=last_image_token + 1)
 
 
-def test_two_images_in_one_request(client: openai.OpenAI, reference: Any, text_of: Any) -> None:
-    first, second = _png(8), _png(9, size=(90, 140))
-    content = [
-        _image_part(first),
-        {"type": "text", "text": "This is the first one. And the second:"},
-        _image_part(second),
-        {"type": "text", "text": QUESTION},
-    ]
-    messages = [{"role": "user", "content": content}]
-    answer = _ask(client, messages)
-    assert _tokens(answer) == text_of(reference([first, second], messages))
+def test_two_images_in_one_request(client: openai.OpenAI, parity: Parity) -> None:
+    answer = parity.check_two_images(client, png(8), png(9, size=(90, 140)), swapped=False)
     assert answer.usage.prompt_tokens > 128  # both images' tokens
 
 
@@ -224,37 +101,12 @@ def test_two_images_in_one_request(client: openai.OpenAI, reference: Any, text_o
 @pytest.fixture(scope="module")
 def tight(gemma3: Path) -> Iterator[Daemon]:
     # 512 bytes a token (one full and one window layer, 2 KV heads of 16, float32 K and V)
-    d = start_daemon(gemma3, "--kv-cache-gb", "0.0002", "--kv-block-size", "16", name="gemma3")
-    yield d
-    if d.proc.poll() is None:
-        stop_daemon(d)
+    yield from served(gemma3, "--kv-cache-gb", "0.0002", "--kv-block-size", "16", name="gemma3")
 
 
 def test_image_requests_preempted_and_resumed_answer_as_mlx_vlm(
-    tight: Daemon, reference: Any, text_of: Any
+    tight: Daemon, parity: Parity
 ) -> None:
     """Preempted image requests recompute their prompts (the image's K/V from the prefix cache
     or the tower again, the window layers' slabs taken anew) and their answers so far."""
-    client = openai.OpenAI(base_url=f"{tight.base_url}/v1", api_key="unused", max_retries=0)
-    pngs = [_png(20 + n) for n in range(4)]
-    answers: dict[int, Any] = {}
-
-    def ask(n: int) -> None:
-        answers[n] = client.chat.completions.create(
-            model="gemma3",
-            messages=_messages(pngs[n]),  # type: ignore[arg-type]
-            max_tokens=PREEMPT_TOKENS,
-            temperature=0,
-            logprobs=True,
-        )
-
-    threads = [threading.Thread(target=ask, args=(n,)) for n in range(len(pngs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    stats = tight.admin_get("/admin/models/gemma3/stats").json()
-    assert stats["preemptions"] > 0, stats
-    for n, png in enumerate(pngs):
-        expected = text_of(reference([png], _messages(png), PREEMPT_TOKENS))
-        assert _tokens(answers[n]) == expected, n
+    parity.check_preempted(tight, [png(20 + n) for n in range(4)])

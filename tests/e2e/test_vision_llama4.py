@@ -15,8 +15,6 @@ counts (either order), in a later turn, and after preemption. Needs the ``vision
 
 from __future__ import annotations
 
-import io
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,256 +22,114 @@ from typing import Any
 import openai
 import pytest
 
-from tests.e2e.conftest import Daemon, start_daemon, stop_daemon
-from tests.e2e.test_vision import _image_part, _png
+from tests.e2e.conftest import Daemon
+from tests.e2e.vision_parity import (
+    LONG_QUESTION,
+    Family,
+    Parity,
+    client_of,
+    made,
+    png,
+    served,
+    story,
+)
 
 pytest.importorskip("mlx_vlm")
 pytestmark = pytest.mark.e2e
 
-# Long enough that the prompt's last whole block lies past the image: a hit covers it all.
-QUESTION = (
-    "What is in this picture? Describe it in detail: the colours, the shapes, the light "
-    "and anything written on it."
-)
-MAX_TOKENS = 12
-PREEMPT_TOKENS = 64  # long enough answers to outgrow the tight pool
-BLOCK = 32  # the daemon's default KV block size
 SQUARE = (90, 90)  # one tile: 16 image tokens
 WIDE = (120, 60)  # 1 x 2 tiles and the global one: 48
 LONG = (300, 60)  # 1 x 4 tiles and the global one: 80
 CONTEXT = 255  # the tiny model's first attention chunk, less one
 
 
-def _make(tmp_path_factory: pytest.TempPathFactory, arch: str) -> Path:
-    from mlxd.models.vlm_maker import make_vlm
+def _add_global_tiles(processor: Any) -> None:
+    """Each tiled image's global tile added as transformers' processor adds it (mlx-vlm
+    0.7.10's leaves it out, and its merge then reads past the tower's features: a different
+    answer on every call)."""
+    from mlxd.worker.vision.llama4 import add_global_tiles
 
-    out = tmp_path_factory.mktemp("vlm") / arch
-    return make_vlm(out, arch=arch, progress=lambda line: None)
+    add_global_tiles(processor)
+
+
+# Its processor's pixels: every image's tiles.
+FAMILY = Family(
+    name="llama4",
+    question=LONG_QUESTION,
+    max_tokens=12,
+    image_keys=("pixel_values",),
+    prepare=_add_global_tiles,
+)
 
 
 @pytest.fixture(scope="module")
 def llama4(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _make(tmp_path_factory, "llama4")
+    return made(tmp_path_factory, "llama4")
 
 
 @pytest.fixture(scope="module")
 def daemon(llama4: Path) -> Iterator[Daemon]:
-    d = start_daemon(llama4, name="llama4")
-    yield d
-    if d.proc.poll() is None:
-        stop_daemon(d)
+    yield from served(llama4, name="llama4")
 
 
 @pytest.fixture(scope="module")
 def client(daemon: Daemon) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{daemon.base_url}/v1", api_key="unused", max_retries=0)
-
-
-def _reference(path: Path) -> Any:
-    """mlx-vlm's own greedy ``generate`` on the made model: token ids for a chat's images (in
-    prompt order; none for a text chat) and its messages, with the inputs its processor makes
-    of them (every image's tiles, ``pixel_values``), each tiled image's global tile added as
-    transformers' processor adds it (mlx-vlm 0.7.10's leaves it out, and its merge then reads
-    past the tower's features: a different answer on every call)."""
-    import mlx.core as mx
-    from mlx_vlm import generate, load
-    from PIL import Image
-
-    from mlxd.worker.vision.llama4 import add_global_tiles
-
-    model, processor = load(str(path))
-    add_global_tiles(processor)  # mlx-vlm's leaves each tiled image's global tile out
-
-    def ids_for(
-        pngs: list[bytes], messages: list[dict[str, Any]], max_tokens: int = MAX_TOKENS
-    ) -> list[int]:
-        pictures = [Image.open(io.BytesIO(png)).convert("RGB") for png in pngs]
-        text = processor.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False
-        )
-        inputs = processor(images=pictures or None, text=[text])
-        images = {"pixel_values": mx.array(inputs["pixel_values"])} if pictures else {}
-        out = generate(
-            model,
-            processor,
-            text,
-            input_ids=mx.array(inputs["input_ids"]),
-            mask=mx.array(inputs["attention_mask"]),
-            max_tokens=max_tokens,
-            temperature=0.0,
-            verbose=False,
-            **images,
-        )
-        return list(out.token_ids)
-
-    return ids_for
+    return client_of(daemon)
 
 
 @pytest.fixture(scope="module")
-def reference(llama4: Path) -> Any:
-    return _reference(llama4)
+def parity(llama4: Path) -> Parity:
+    return Parity(llama4, FAMILY)
 
 
-def _text_of(path: Path) -> Any:
-    """Token ids as the answer's logprobs give them: each token's own text."""
-    from mlx_lm.utils import load_tokenizer
-
-    tokenizer = load_tokenizer(path)
-    return lambda ids: [tokenizer.decode([i]) for i in ids]
-
-
-@pytest.fixture(scope="module")
-def text_of(llama4: Path) -> Any:
-    return _text_of(llama4)
-
-
-def _messages(png: bytes) -> list[dict[str, Any]]:
-    return [{"role": "user", "content": [_image_part(png), {"type": "text", "text": QUESTION}]}]
-
-
-def _text_messages(n: int) -> list[dict[str, Any]]:
-    return [{"role": "user", "content": f"Tell me story number {n} about the sea."}]
-
-
-def _ask(
-    client: openai.OpenAI,
-    messages: list[dict[str, Any]],
-    max_tokens: int = MAX_TOKENS,
-    model: str = "llama4",
-) -> Any:
-    return client.chat.completions.create(
-        model=model,
-        messages=messages,  # type: ignore[arg-type]
-        max_tokens=max_tokens,
-        temperature=0,
-        logprobs=True,
-    )
-
-
-def _tokens(answer: Any) -> list[str]:
-    return [t.token for t in answer.choices[0].logprobs.content]
-
-
-def _cached(answer: Any) -> int:
-    details = answer.usage.prompt_tokens_details
-    return 0 if details is None else details.cached_tokens or 0
-
-
-def test_an_image_answer_equals_mlx_vlm_generate(
-    client: openai.OpenAI, reference: Any, text_of: Any
-) -> None:
-    png = _png(1, LONG)
-    answer = _ask(client, _messages(png))
-    assert _tokens(answer) == text_of(reference([png], _messages(png)))
+def test_an_image_answer_equals_mlx_vlm_generate(client: openai.OpenAI, parity: Parity) -> None:
+    answer = parity.check_image(client, png(1, LONG))
     assert answer.usage.prompt_tokens > 80 + 6  # five runs of image tokens, their markers
 
 
 def test_a_text_request_to_the_vlm_equals_mlx_vlm_generate(
-    client: openai.OpenAI, reference: Any, text_of: Any
+    client: openai.OpenAI, parity: Parity
 ) -> None:
-    answer = _ask(client, _text_messages(0))
-    assert _tokens(answer) == text_of(reference([], _text_messages(0)))
+    parity.check_text(client, story(0))
 
 
-def test_images_in_a_busy_batch_with_text_requests(
-    client: openai.OpenAI, reference: Any, text_of: Any
-) -> None:
+def test_images_in_a_busy_batch_with_text_requests(client: openai.OpenAI, parity: Parity) -> None:
     """Three image requests (three sizes) and three text requests at once: one decode
     batch, prefill chunks with and without images side by side; each answer is its own alone."""
-    pngs = [_png(10, SQUARE), _png(11, WIDE), _png(12, LONG)]
-    chats = [_messages(p) for p in pngs] + [_text_messages(n + 1) for n in range(3)]
-    answers: dict[int, Any] = {}
-
-    def ask(n: int) -> None:
-        answers[n] = _ask(client, chats[n])
-
-    threads = [threading.Thread(target=ask, args=(n,)) for n in range(len(chats))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    images = [reference([p], c) for p, c in zip(pngs, chats, strict=False)]
-    texts = [reference([], c) for c in chats[len(pngs) :]]
-    assert len({tuple(ids) for ids in images}) > 1  # the answers depend on the image
-    for n, expected in enumerate(images + texts):
-        assert _tokens(answers[n]) == text_of(expected), n
+    images = [png(10, SQUARE), png(11, WIDE), png(12, LONG)]
+    parity.check_batch(client, images, [story(n + 1) for n in range(3)])
 
 
 def test_the_same_image_twice_hits_past_the_image_and_another_never_does(
-    client: openai.OpenAI, reference: Any, text_of: Any, llama4: Path
+    client: openai.OpenAI, parity: Parity
 ) -> None:
-    first, second = _png(3, WIDE), _png(4, WIDE)
-    once = _ask(client, _messages(first))
-    again = _ask(client, _messages(first))
-    last_image_token = _last_image_position(llama4, first)
-    assert _cached(again) > last_image_token, (_cached(again), last_image_token)
-    expected = text_of(reference([first], _messages(first)))
-    assert _tokens(again) == _tokens(once) == expected
-    other = _ask(client, _messages(second))  # same text, same positions, another image
-    assert _cached(other) < BLOCK  # the first block holds image tokens: no block matches
-    assert _tokens(other) == text_of(reference([second], _messages(second)))
-    assert _tokens(other) != expected
-
-
-def _last_image_position(path: Path, png: bytes) -> int:
-    """Where the prompt's last image token sits, as the model's processor lays it out."""
-    from mlx_vlm.utils import load_processor
-    from PIL import Image
-
     from mlxd.models.llama4_maker import PATCH_TOKEN, TOKEN_IDS
 
-    processor = load_processor(path)
-    text = processor.tokenizer.apply_chat_template(
-        _messages(png), add_generation_prompt=True, tokenize=False
-    )
-    picture = Image.open(io.BytesIO(png)).convert("RGB")
-    ids = [int(i) for i in processor(images=[picture], text=[text])["input_ids"][0].tolist()]
-    return max(p for p, i in enumerate(ids) if i == TOKEN_IDS[PATCH_TOKEN])
+    first, second = png(3, WIDE), png(4, WIDE)
+    last_image_token = parity.last_image_position(first, TOKEN_IDS[PATCH_TOKEN])
+    parity.check_hit_and_miss(client, first, second, least_hit=last_image_token + 1)
 
 
-def test_two_images_of_different_sizes(client: openai.OpenAI, reference: Any, text_of: Any) -> None:
+def test_two_images_of_different_sizes(client: openai.OpenAI, parity: Parity) -> None:
     """80 and 48 image tokens: each image's own count keys its placeholders (an even split
     would key a tile of the first image by the second's digest)."""
-    first, second = _png(8, LONG), _png(9, WIDE)
-    content = [
-        _image_part(first),
-        {"type": "text", "text": "This is the first one. And the second:"},
-        _image_part(second),
-        {"type": "text", "text": QUESTION},
-    ]
-    messages = [{"role": "user", "content": content}]
-    answer = _ask(client, messages)
-    assert _tokens(answer) == text_of(reference([first, second], messages))
+    second = png(9, WIDE)
+    answer = parity.check_two_images(client, png(8, LONG), second)
     assert answer.usage.prompt_tokens > 128  # both images' tokens
-    swapped = [{"role": "user", "content": [content[2], content[1], content[0], content[3]]}]
-    other = _ask(client, swapped)  # the same images the other way round: other keys
-    assert _tokens(other) == text_of(reference([second, first], swapped))
     # the wide image alone, after both: its features come from the feature cache
-    alone = _ask(client, _messages(second))
-    assert _tokens(alone) == text_of(reference([second], _messages(second)))
+    parity.check_image(client, second)
 
 
-def test_a_prompt_past_the_first_chunk_is_refused(client: openai.OpenAI) -> None:
+def test_a_prompt_past_the_first_chunk_is_refused(client: openai.OpenAI, parity: Parity) -> None:
     """Past the first attention chunk the chunked layers would need chunk-aligned masks: the
     context is capped there, and a longer prompt is refused rather than answered wrongly."""
     long = [{"role": "user", "content": "Tell me about the sea. " * 60}]
     with pytest.raises(openai.BadRequestError, match=f"context is {CONTEXT} tokens"):
-        _ask(client, long)
+        parity.ask(client, long)
 
 
-def test_text_after_the_image_in_a_later_turn(
-    client: openai.OpenAI, reference: Any, text_of: Any
-) -> None:
-    png = _png(7, WIDE)
-    first = _ask(client, _messages(png))
-    messages = [
-        *_messages(png),
-        {"role": "assistant", "content": first.choices[0].message.content},
-        {"role": "user", "content": "And what colour is it? Answer in one long sentence."},
-    ]
-    later = _ask(client, messages)
-    assert _cached(later) >= 2 * BLOCK  # the first turn's blocks, image included
-    assert _tokens(later) == text_of(reference([png], messages))
+def test_text_after_the_image_in_a_later_turn(client: openai.OpenAI, parity: Parity) -> None:
+    parity.check_later_turn(client, png(7, WIDE))
 
 
 # Preemption: a KV pool of a few requests' worth
@@ -283,29 +139,10 @@ def test_text_after_the_image_in_a_later_turn(
 def tight(llama4: Path) -> Iterator[Daemon]:
     # 1 KiB a token (4 layers, 2 KV heads of 16, float32 K and V): about 290 tokens, room
     # for one ~100-token image prompt and its answer and a bit, not four
-    d = start_daemon(llama4, "--kv-cache-gb", "0.0003", "--kv-block-size", "16", name="llama4")
-    yield d
-    if d.proc.poll() is None:
-        stop_daemon(d)
+    yield from served(llama4, "--kv-cache-gb", "0.0003", "--kv-block-size", "16", name="llama4")
 
 
 def test_image_requests_preempted_and_resumed_answer_as_mlx_vlm(
-    tight: Daemon, reference: Any, text_of: Any
+    tight: Daemon, parity: Parity
 ) -> None:
-    client = openai.OpenAI(base_url=f"{tight.base_url}/v1", api_key="unused", max_retries=0)
-    pngs = [_png(20 + n, WIDE) for n in range(4)]
-    answers: dict[int, Any] = {}
-
-    def ask(n: int) -> None:
-        answers[n] = _ask(client, _messages(pngs[n]), max_tokens=PREEMPT_TOKENS)
-
-    threads = [threading.Thread(target=ask, args=(n,)) for n in range(len(pngs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    stats = tight.admin_get("/admin/models/llama4/stats").json()
-    assert stats["preemptions"] > 0, stats
-    for n, png in enumerate(pngs):
-        expected = text_of(reference([png], _messages(png), PREEMPT_TOKENS))
-        assert _tokens(answers[n]) == expected, n
+    parity.check_preempted(tight, [png(20 + n, WIDE) for n in range(4)])

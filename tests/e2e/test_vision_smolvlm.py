@@ -12,257 +12,103 @@ in a later turn, and after preemption. Needs the ``vision`` extra (mlx-vlm); ski
 
 from __future__ import annotations
 
-import io
-import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import openai
 import pytest
 
 from tests.e2e.conftest import Daemon, start_daemon, stop_daemon
-from tests.e2e.test_vision import _image_part, _png
+from tests.e2e.vision_parity import (
+    BLOCK,
+    LONG_QUESTION,
+    Family,
+    Parity,
+    cached,
+    client_of,
+    image_part,
+    made,
+    png,
+    served,
+    story,
+    tokens,
+)
 
 pytest.importorskip("mlx_vlm")
 pytestmark = pytest.mark.e2e
 
-# Long enough that the prompt's last whole block lies past the image: a hit covers it all.
-QUESTION = (
-    "What is in this picture? Describe it in detail: the colours, the shapes, the light "
-    "and anything written on it."
-)
-MAX_TOKENS = 12
-PREEMPT_TOKENS = 64  # long enough answers to outgrow the tight pool
-BLOCK = 32  # the daemon's default KV block size
 SQUARE = (130, 90)  # 2 x 2 tiles and the global one: 80 image tokens
 WIDE = (120, 50)  # 1 x 2 tiles and the global one: 48
-
-
-def _make(tmp_path_factory: pytest.TempPathFactory, arch: str) -> Path:
-    from mlxd.models.vlm_maker import make_vlm
-
-    out = tmp_path_factory.mktemp("vlm") / arch
-    return make_vlm(out, arch=arch, progress=lambda line: None)
+# Its processor's pixels and which of them are real.
+FAMILY = Family(
+    name="smolvlm",
+    question=LONG_QUESTION,
+    max_tokens=12,
+    image_keys=("pixel_values", "pixel_attention_mask"),
+)
 
 
 @pytest.fixture(scope="module")
 def smolvlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _make(tmp_path_factory, "smolvlm")
+    return made(tmp_path_factory, "smolvlm")
 
 
 @pytest.fixture(scope="module")
 def daemon(smolvlm: Path) -> Iterator[Daemon]:
-    d = start_daemon(smolvlm, name="smolvlm")
-    yield d
-    if d.proc.poll() is None:
-        stop_daemon(d)
+    yield from served(smolvlm, name="smolvlm")
 
 
 @pytest.fixture(scope="module")
 def client(daemon: Daemon) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{daemon.base_url}/v1", api_key="unused", max_retries=0)
-
-
-def _reference(path: Path) -> Any:
-    """mlx-vlm's own greedy ``generate`` on the made model: token ids for a chat's images (in
-    prompt order; none for a text chat) and its messages, with the inputs its processor makes
-    of them (the pixels and which of them are real, ``pixel_attention_mask``)."""
-    import mlx.core as mx
-    from mlx_vlm import generate, load
-    from PIL import Image
-
-    model, processor = load(str(path))
-
-    def ids_for(
-        pngs: list[bytes], messages: list[dict[str, Any]], max_tokens: int = MAX_TOKENS
-    ) -> list[int]:
-        pictures = [Image.open(io.BytesIO(png)).convert("RGB") for png in pngs]
-        text = processor.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False
-        )
-        inputs = processor(images=pictures or None, text=[text])
-        images = {}
-        if pictures:
-            images = {
-                "pixel_values": mx.array(inputs["pixel_values"]),
-                "pixel_attention_mask": mx.array(inputs["pixel_attention_mask"]),
-            }
-        out = generate(
-            model,
-            processor,
-            text,
-            input_ids=mx.array(inputs["input_ids"]),
-            mask=mx.array(inputs["attention_mask"]),
-            max_tokens=max_tokens,
-            temperature=0.0,
-            verbose=False,
-            **images,
-        )
-        return list(out.token_ids)
-
-    return ids_for
+    return client_of(daemon)
 
 
 @pytest.fixture(scope="module")
-def reference(smolvlm: Path) -> Any:
-    return _reference(smolvlm)
+def parity(smolvlm: Path) -> Parity:
+    return Parity(smolvlm, FAMILY)
 
 
-def _text_of(path: Path) -> Any:
-    """Token ids as the answer's logprobs give them: each token's own text."""
-    from mlx_lm.utils import load_tokenizer
-
-    tokenizer = load_tokenizer(path)
-    return lambda ids: [tokenizer.decode([i]) for i in ids]
-
-
-@pytest.fixture(scope="module")
-def text_of(smolvlm: Path) -> Any:
-    return _text_of(smolvlm)
-
-
-def _messages(png: bytes) -> list[dict[str, Any]]:
-    return [{"role": "user", "content": [_image_part(png), {"type": "text", "text": QUESTION}]}]
-
-
-def _text_messages(n: int) -> list[dict[str, Any]]:
-    return [{"role": "user", "content": f"Tell me story number {n} about the sea."}]
-
-
-def _ask(
-    client: openai.OpenAI,
-    messages: list[dict[str, Any]],
-    max_tokens: int = MAX_TOKENS,
-    model: str = "smolvlm",
-) -> Any:
-    return client.chat.completions.create(
-        model=model,
-        messages=messages,  # type: ignore[arg-type]
-        max_tokens=max_tokens,
-        temperature=0,
-        logprobs=True,
-    )
-
-
-def _tokens(answer: Any) -> list[str]:
-    return [t.token for t in answer.choices[0].logprobs.content]
-
-
-def _cached(answer: Any) -> int:
-    details = answer.usage.prompt_tokens_details
-    return 0 if details is None else details.cached_tokens or 0
-
-
-def test_an_image_answer_equals_mlx_vlm_generate(
-    client: openai.OpenAI, reference: Any, text_of: Any
-) -> None:
-    png = _png(1, SQUARE)
-    answer = _ask(client, _messages(png))
-    assert _tokens(answer) == text_of(reference([png], _messages(png)))
+def test_an_image_answer_equals_mlx_vlm_generate(client: openai.OpenAI, parity: Parity) -> None:
+    answer = parity.check_image(client, png(1, SQUARE))
     assert answer.usage.prompt_tokens > 80  # five runs of 16 image tokens among them
 
 
 def test_a_text_request_to_the_vlm_equals_mlx_vlm_generate(
-    client: openai.OpenAI, reference: Any, text_of: Any
+    client: openai.OpenAI, parity: Parity
 ) -> None:
-    answer = _ask(client, _text_messages(0))
-    assert _tokens(answer) == text_of(reference([], _text_messages(0)))
+    parity.check_text(client, story(0))
 
 
-def test_images_in_a_busy_batch_with_text_requests(
-    client: openai.OpenAI, reference: Any, text_of: Any
-) -> None:
+def test_images_in_a_busy_batch_with_text_requests(client: openai.OpenAI, parity: Parity) -> None:
     """Three image requests (two tile layouts) and three text requests at once: one decode
     batch, prefill chunks with and without images side by side; each answer is its own alone."""
-    pngs = [_png(10, SQUARE), _png(11, WIDE), _png(12, (50, 110))]
-    chats = [_messages(p) for p in pngs] + [_text_messages(n + 1) for n in range(3)]
-    answers: dict[int, Any] = {}
-
-    def ask(n: int) -> None:
-        answers[n] = _ask(client, chats[n])
-
-    threads = [threading.Thread(target=ask, args=(n,)) for n in range(len(chats))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    images = [reference([p], c) for p, c in zip(pngs, chats, strict=False)]
-    texts = [reference([], c) for c in chats[len(pngs) :]]
-    assert len({tuple(ids) for ids in images}) > 1  # the answers depend on the image
-    for n, expected in enumerate(images + texts):
-        assert _tokens(answers[n]) == text_of(expected), n
+    images = [png(10, SQUARE), png(11, WIDE), png(12, (50, 110))]
+    parity.check_batch(client, images, [story(n + 1) for n in range(3)])
 
 
 def test_the_same_image_twice_hits_past_the_image_and_another_never_does(
-    client: openai.OpenAI, reference: Any, text_of: Any, smolvlm: Path
+    client: openai.OpenAI, parity: Parity
 ) -> None:
-    first, second = _png(3, SQUARE), _png(4, SQUARE)
-    once = _ask(client, _messages(first))
-    again = _ask(client, _messages(first))
-    last_image_token = _last_image_position(smolvlm, first)
-    assert _cached(again) > last_image_token, (_cached(again), last_image_token)
-    expected = text_of(reference([first], _messages(first)))
-    assert _tokens(again) == _tokens(once) == expected
-    other = _ask(client, _messages(second))  # same text, same positions, another image
-    assert _cached(other) < BLOCK  # the first block holds image tokens: no block matches
-    assert _tokens(other) == text_of(reference([second], _messages(second)))
-    assert _tokens(other) != expected
-
-
-def _last_image_position(path: Path, png: bytes) -> int:
-    """Where the prompt's last image token sits, as the model's processor lays it out."""
-    from mlx_vlm.utils import load_processor
-    from PIL import Image
-
     from mlxd.models.smolvlm_maker import IMAGE_TOKEN, TOKEN_IDS
 
-    processor = load_processor(path)
-    text = processor.tokenizer.apply_chat_template(
-        _messages(png), add_generation_prompt=True, tokenize=False
-    )
-    picture = Image.open(io.BytesIO(png)).convert("RGB")
-    ids = [int(i) for i in processor(images=[picture], text=[text])["input_ids"][0].tolist()]
-    return max(p for p, i in enumerate(ids) if i == TOKEN_IDS[IMAGE_TOKEN])
+    first, second = png(3, SQUARE), png(4, SQUARE)
+    last_image_token = parity.last_image_position(first, TOKEN_IDS[IMAGE_TOKEN])
+    parity.check_hit_and_miss(client, first, second, least_hit=last_image_token + 1)
 
 
-def test_two_images_of_different_tile_counts(
-    client: openai.OpenAI, reference: Any, text_of: Any
-) -> None:
+def test_two_images_of_different_tile_counts(client: openai.OpenAI, parity: Parity) -> None:
     """80 and 48 image tokens: each image's own count keys its placeholders (an even split
     would key a tile of the first image by the second's digest)."""
-    first, second = _png(8, SQUARE), _png(9, WIDE)
-    content = [
-        _image_part(first),
-        {"type": "text", "text": "This is the first one. And the second:"},
-        _image_part(second),
-        {"type": "text", "text": QUESTION},
-    ]
-    messages = [{"role": "user", "content": content}]
-    answer = _ask(client, messages)
-    assert _tokens(answer) == text_of(reference([first, second], messages))
+    second = png(9, WIDE)
+    answer = parity.check_two_images(client, png(8, SQUARE), second)
     assert answer.usage.prompt_tokens > 128  # both images' tokens
-    swapped = [{"role": "user", "content": [content[2], content[1], content[0], content[3]]}]
-    other = _ask(client, swapped)  # the same images the other way round: other keys
-    assert _tokens(other) == text_of(reference([second, first], swapped))
     # the wide image alone, after both: its features come from the feature cache
-    alone = _ask(client, _messages(second))
-    assert _tokens(alone) == text_of(reference([second], _messages(second)))
+    parity.check_image(client, second)
 
 
-def test_text_after_the_image_in_a_later_turn(
-    client: openai.OpenAI, reference: Any, text_of: Any
-) -> None:
-    png = _png(7, WIDE)
-    first = _ask(client, _messages(png))
-    messages = [
-        *_messages(png),
-        {"role": "assistant", "content": first.choices[0].message.content},
-        {"role": "user", "content": "And what colour is it? Answer in one long sentence."},
-    ]
-    later = _ask(client, messages)
-    assert _cached(later) >= 2 * BLOCK  # the first turn's blocks, image included
-    assert _tokens(later) == text_of(reference([png], messages))
+def test_text_after_the_image_in_a_later_turn(client: openai.OpenAI, parity: Parity) -> None:
+    parity.check_later_turn(client, png(7, WIDE))
 
 
 # Preemption: a KV pool of a few requests' worth
@@ -272,32 +118,13 @@ def test_text_after_the_image_in_a_later_turn(
 def tight(smolvlm: Path) -> Iterator[Daemon]:
     # 512 bytes a token (2 layers, 2 KV heads of 16, float32 K and V): about 400 tokens,
     # room for four ~140-token image prompts' worth at most, not their answers
-    d = start_daemon(smolvlm, "--kv-cache-gb", "0.0002", "--kv-block-size", "16", name="smolvlm")
-    yield d
-    if d.proc.poll() is None:
-        stop_daemon(d)
+    yield from served(smolvlm, "--kv-cache-gb", "0.0002", "--kv-block-size", "16", name="smolvlm")
 
 
 def test_image_requests_preempted_and_resumed_answer_as_mlx_vlm(
-    tight: Daemon, reference: Any, text_of: Any
+    tight: Daemon, parity: Parity
 ) -> None:
-    client = openai.OpenAI(base_url=f"{tight.base_url}/v1", api_key="unused", max_retries=0)
-    pngs = [_png(20 + n, WIDE) for n in range(4)]
-    answers: dict[int, Any] = {}
-
-    def ask(n: int) -> None:
-        answers[n] = _ask(client, _messages(pngs[n]), max_tokens=PREEMPT_TOKENS)
-
-    threads = [threading.Thread(target=ask, args=(n,)) for n in range(len(pngs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    stats = tight.admin_get("/admin/models/smolvlm/stats").json()
-    assert stats["preemptions"] > 0, stats
-    for n, png in enumerate(pngs):
-        expected = text_of(reference([png], _messages(png), PREEMPT_TOKENS))
-        assert _tokens(answers[n]) == expected, n
+    parity.check_preempted(tight, [png(20 + n, WIDE) for n in range(4)])
 
 
 # Idefics3: the same checkpoint under Idefics3's names (its processor, its model type)
@@ -305,21 +132,21 @@ def test_image_requests_preempted_and_resumed_answer_as_mlx_vlm(
 
 @pytest.fixture(scope="module")
 def idefics3(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _make(tmp_path_factory, "idefics3")
+    return made(tmp_path_factory, "idefics3")
 
 
 def test_idefics3_answers_equal_mlx_vlm_generate(idefics3: Path) -> None:
-    reference, text_of = _reference(idefics3), _text_of(idefics3)
+    parity = Parity(idefics3, replace(FAMILY, name="idefics3"))
     d = start_daemon(idefics3, name="idefics3")
     try:
-        client = openai.OpenAI(base_url=f"{d.base_url}/v1", api_key="unused", max_retries=0)
-        first, second = _png(30, SQUARE), _png(31, WIDE)
-        content = [_image_part(first), _image_part(second), {"type": "text", "text": QUESTION}]
+        client = client_of(d)
+        first, second = png(30, SQUARE), png(31, WIDE)
+        content = [image_part(first), image_part(second), {"type": "text", "text": LONG_QUESTION}]
         messages = [{"role": "user", "content": content}]
-        answer = _ask(client, messages, model="idefics3")
-        assert _tokens(answer) == text_of(reference([first, second], messages))
-        again = _ask(client, messages, model="idefics3")
-        assert _cached(again) >= 128 + BLOCK  # both images' blocks
-        assert _tokens(again) == _tokens(answer)
+        answer = parity.ask(client, messages)
+        assert tokens(answer) == parity.expected([first, second], messages)
+        again = parity.ask(client, messages)
+        assert cached(again) >= 128 + BLOCK  # both images' blocks
+        assert tokens(again) == tokens(answer)
     finally:
         stop_daemon(d)

@@ -14,7 +14,6 @@ Needs the ``vision`` extra (mlx-vlm); skipped without it.
 from __future__ import annotations
 
 import base64
-import io
 import struct
 import threading
 import time
@@ -31,6 +30,7 @@ import openai
 import pytest
 
 from tests.e2e.conftest import Daemon, start_daemon, stop_daemon
+from tests.e2e.vision_parity import data_url, made, png
 
 pytest.importorskip("mlx_vlm")
 pytestmark = pytest.mark.e2e
@@ -38,16 +38,6 @@ pytestmark = pytest.mark.e2e
 QUESTION = "What is in this picture? Describe it."
 N = 16  # greedy tokens (the Responses API's least max_output_tokens)
 FETCH_TIMEOUT_S = 2
-
-
-def _png(seed: int, size: tuple[int, int] = (130, 90)) -> bytes:
-    import numpy as np
-    from PIL import Image
-
-    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(pixels).save(buf, format="PNG")
-    return buf.getvalue()
 
 
 def _png_header_only(width: int, height: int) -> bytes:
@@ -62,11 +52,7 @@ def _png_header_only(width: int, height: int) -> bytes:
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
 
 
-def _data_url(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode()
-
-
-IMAGE = _png(11)
+IMAGE = png(11)
 
 
 # The image server: a real HTTP server on 127.0.0.1
@@ -136,9 +122,7 @@ def image_server() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def llava(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from mlxd.models.vlm_maker import make_vlm
-
-    return make_vlm(tmp_path_factory.mktemp("vlm") / "llava", progress=lambda line: None)
+    return made(tmp_path_factory, "llava")
 
 
 @pytest.fixture(scope="module")
@@ -201,8 +185,8 @@ def _chat(d: Daemon, *urls: str, model: str = "llava") -> str:
     return answer.choices[0].message.content or ""
 
 
-def _messages(d: Daemon, png: bytes, model: str = "llava") -> str:
-    data = base64.b64encode(png).decode()
+def _messages(d: Daemon, image: bytes, model: str = "llava") -> str:
+    data = base64.b64encode(image).decode()
     source = {"type": "base64", "media_type": "image/png", "data": data}
     answer = _anthropic(d).messages.create(
         model=model,
@@ -224,7 +208,7 @@ def _messages(d: Daemon, png: bytes, model: str = "llava") -> str:
 @pytest.fixture(scope="module")
 def expected(vlm: Daemon) -> str:
     """The OpenAI chat path's greedy answer for IMAGE and QUESTION."""
-    text = _chat(vlm, _data_url(IMAGE))
+    text = _chat(vlm, data_url(IMAGE))
     assert text
     return text
 
@@ -243,7 +227,7 @@ def test_responses_input_image(vlm: Daemon, expected: str) -> None:
             {
                 "role": "user",
                 "content": [
-                    {"type": "input_image", "image_url": _data_url(IMAGE), "detail": "auto"},
+                    {"type": "input_image", "image_url": data_url(IMAGE), "detail": "auto"},
                     {"type": "input_text", "text": QUESTION},
                 ],
             }
@@ -272,7 +256,7 @@ def test_ollama_images_in_chat_and_generate(vlm: Daemon, expected: str) -> None:
 
 
 def test_remote_backends_relay_images(front: Daemon, expected: str) -> None:
-    assert _chat(front, _data_url(IMAGE), model="claude") == expected  # as an image block
+    assert _chat(front, data_url(IMAGE), model="claude") == expected  # as an image block
     assert _messages(front, IMAGE, model="gpt") == expected  # as an image_url part
 
 
@@ -281,25 +265,25 @@ def test_remote_backends_relay_images(front: Daemon, expected: str) -> None:
 
 def test_max_images_is_the_flag(vlm: Daemon) -> None:
     with pytest.raises(openai.BadRequestError, match="at most 2 images"):
-        _chat(vlm, *[_data_url(IMAGE)] * 3)
+        _chat(vlm, *[data_url(IMAGE)] * 3)
 
 
 def test_max_image_bytes_is_the_flag(vlm: Daemon) -> None:
-    big = _png(12, (300, 300))  # random pixels: ~270 KB, over --max-image-bytes 200000
+    big = png(12, (300, 300))  # random pixels: ~270 KB, over --max-image-bytes 200000
     with pytest.raises(openai.BadRequestError, match="200000"):
-        _chat(vlm, _data_url(big))
+        _chat(vlm, data_url(big))
 
 
 def test_too_many_or_too_few_pixels_are_400s_and_the_worker_serves_on(
     vlm: Daemon, expected: str
 ) -> None:
     with pytest.raises(openai.BadRequestError, match="20000x20000 pixels"):
-        _chat(vlm, _data_url(_png_header_only(20_000, 20_000)))
+        _chat(vlm, data_url(_png_header_only(20_000, 20_000)))
     with pytest.raises(openai.BadRequestError, match="3000x2000 pixels; at most 4000000"):
-        _chat(vlm, _data_url(_png_header_only(3000, 2000)))  # the flag's limit, not PIL's
+        _chat(vlm, data_url(_png_header_only(3000, 2000)))  # the flag's limit, not PIL's
     with pytest.raises(openai.BadRequestError, match="1x1 pixels"):
-        _chat(vlm, _data_url(_png(13, (1, 1))))
-    assert _chat(vlm, _data_url(IMAGE)) == expected
+        _chat(vlm, data_url(png(13, (1, 1))))
+    assert _chat(vlm, data_url(IMAGE)) == expected
 
 
 # Image URLs
