@@ -6,7 +6,9 @@ NAME: ``qwen3_5-0.8b`` (Qwen3.5-0.8B's dimensions: 24 layers, three Gated DeltaN
 one gated full-attention layer; the linear-attention head counts are our assumption) or
 ``gemma3-1b`` (Gemma-3-1B's: 26 layers, five 512-token sliding-window layers to one global),
 ``qwen3_moe-30b-a3b`` (Qwen3-30B-A3B's: 48 layers of 128 experts, 8 active) or ``qwen3-32b``
-(Qwen3-32B's: 64 layers, hidden 5120). ``--layers`` shrinks the depth (a CPU check of the same
+(Qwen3-32B's: 64 layers, hidden 5120), or ``qwen3_5-0.8b-vl`` (the Qwen3.5-0.8B hybrid with its
+vision tower, an mlx-vlm checkpoint: 12 ViT layers of width 768, our reading of the real one's;
+a 448 x 448 image is 196 image tokens). ``--layers`` shrinks the depth (a CPU check of the same
 shape); ``--quantize 4`` draws 4-bit codes directly (the 30B/32B shapes need no bf16 copy).
 ``--tiny`` keeps the layer pattern (one period of it) and the routing but shrinks every width and
 the vocabulary, so a CPU can serve the class in a benchmark harness's check.
@@ -16,6 +18,9 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -130,15 +135,93 @@ def tiny(config: dict[str, Any]) -> dict[str, Any]:
     return small
 
 
+# Qwen3.5-0.8B's vision tower (about 0.1B parameters, ending in the text model's width).
+VL_VISION = {
+    "depth": 12,
+    "hidden_size": 768,
+    "intermediate_size": 3072,
+    "num_heads": 12,
+    "out_hidden_size": 1024,
+    "num_position_embeddings": 2304,
+}
+VL_TEXT_KEYS = (  # what the VLM's text config takes from the text shape
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+    "full_attention_interval",
+    "linear_num_value_heads",
+    "linear_num_key_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "tie_word_embeddings",
+)
+VL_MAX_PIXELS = 1024 * 1024  # a 448 x 448 image keeps its size
+
+
+def make_vl(out: Path, dtype: str, layers: int | None, tiny_: bool) -> None:
+    """The VLM shape: mlxd's tiny Qwen3.5 maker for the tokenizer and processor files, then
+    (unless ``tiny_``) the real widths and random weights in ``dtype``."""
+    from mlxd.models.vlm_maker import make_vlm
+
+    with tempfile.TemporaryDirectory() as tmp:
+        made = make_vlm(Path(tmp) / "m", arch="qwen3_5_vl", progress=print)
+        if out.exists():
+            shutil.rmtree(out)
+        shutil.copytree(made, out)
+    if not tiny_:
+        config = _vl_config(json.loads((out / "config.json").read_text()), layers)
+        _vl_weights(out, config, dtype)
+        (out / "config.json").write_text(json.dumps(config, indent=1))
+    for name in ("preprocessor_config.json", "video_preprocessor_config.json"):
+        pre = json.loads((out / name).read_text())
+        pre["max_pixels"] = VL_MAX_PIXELS
+        (out / name).write_text(json.dumps(pre, indent=1))
+
+
+def _vl_config(config: dict[str, Any], layers: int | None) -> dict[str, Any]:
+    shape = SHAPES["qwen3_5-0.8b"]
+    text = config["text_config"]
+    text.update({k: shape[k] for k in VL_TEXT_KEYS})
+    text["num_hidden_layers"] = layers or text["num_hidden_layers"]
+    rope = {**shape["rope_parameters"], "mrope_interleaved": True, "mrope_section": [11, 11, 10]}
+    text["rope_parameters"] = rope
+    config["vision_config"].update(VL_VISION)
+    config.update(vocab_size=shape["vocab_size"], tie_word_embeddings=True)
+    return config
+
+
+def _vl_weights(out: Path, config: dict[str, Any], dtype: str) -> None:
+    import mlx.core as mx
+    from mlx_lm.utils import save_model
+    from mlx_vlm.models import qwen3_5
+
+    from mlxd.models.maker import init_weights
+    from mlxd.models.vlm_maker import _model_config
+
+    for old in out.glob("model*.safetensors*"):
+        old.unlink()
+    model = qwen3_5.Model(_model_config(qwen3_5, json.loads(json.dumps(config))))
+    init_weights(model, 0, getattr(mx, dtype), config["text_config"]["hidden_size"] ** -0.5)
+    save_model(out, model, donate_model=True)
+    print(f"made qwen3_5-0.8b-vl ({dtype}) in {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("name", choices=sorted(SHAPES))
+    parser.add_argument("name", choices=[*sorted(SHAPES), "qwen3_5-0.8b-vl"])
     parser.add_argument("out", type=Path)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--layers", type=int, default=None)
     parser.add_argument("--quantize", type=int, choices=(4, 8), default=None)
     parser.add_argument("--tiny", action="store_true")
     args = parser.parse_args()
+    if args.name == "qwen3_5-0.8b-vl":
+        make_vl(args.out, args.dtype, args.layers, args.tiny)
+        return
     config = copy.deepcopy(SHAPES[args.name])
     if args.tiny:
         config = tiny(config)

@@ -2,13 +2,13 @@
 """The class matrix (issue 41 point 1): each model class served by mlxd and by each peer in turn,
 the same load on each, one JSON per (class, server) and one markdown table.
 
-    python bench/matrix.py --out OUT [--classes dense,hybrid,sliding,moe]
+    python bench/matrix.py --out OUT [--classes dense,hybrid,sliding,moe,vision]
         [--servers mlxd,vllm-mlx,rapid-mlx,mlx-vlm,mlx_lm.server] [--server-s 100] [--tiny]
 
 Per class the model is made once (random weights at the class's real shape: dense Qwen3-0.6B,
 hybrid Qwen3.5-0.8B, sliding-window Gemma-3-1B in bf16, MoE Qwen3-30B-A3B in 4 bits; ``--tiny``:
-the same layer patterns at small widths, for a CPU check). Per server, through HTTP with
-``mlxd bench run``:
+the same layer patterns at small widths, for a CPU check; vision: the Qwen3.5-0.8B VLM, issue
+39's comparison). Per server, through HTTP with ``mlxd bench run``:
 
   ready     seconds from the launch until its health path answers
   first     one long prompt (--long-tokens) right after, TTFT: kernels not yet built
@@ -16,6 +16,10 @@ the same layer patterns at small widths, for a CPU check). Per server, through H
   streams   --levels streams of --prompt-tokens in / --max-tokens out, from --client-procs
             processes; failed requests counted, not fatal
   prefix    a shared system prompt (--prefix-tokens) cold, then hit: TTFT of each
+
+The vision class runs two legs, as chat for every server: streams whose requests each carry an
+image of their own (--image-size pixels a side) before the text, then one image cold vs cached
+(three runs each). mlx_lm.server is not started for it (NOT_RUN says why).
 
 A server that does not come up, or dies during a leg, is recorded as such and the matrix goes
 on. Each server has --server-s seconds for all of it (legs cut at the bound keep what they
@@ -30,7 +34,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +43,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peers  # noqa: E402  (bench/ is on the path of a script run)
 
 ROOT = Path(__file__).resolve().parent.parent
-CLASSES = ("dense", "hybrid", "sliding", "moe")
+CLASSES = ("dense", "hybrid", "sliding", "moe", "vision")
 # make_shaped.py's shapes; dense comes from `mlxd make-model`.
-SHAPES = {"hybrid": "qwen3_5-0.8b", "sliding": "gemma3-1b", "moe": "qwen3_moe-30b-a3b"}
+SHAPES = {
+    "hybrid": "qwen3_5-0.8b",
+    "sliding": "gemma3-1b",
+    "moe": "qwen3_moe-30b-a3b",
+    "vision": "qwen3_5-0.8b-vl",
+}
+# Pairs not run, and why (what a CPU probe of the same versions answered).
+NOT_RUN = {
+    ("vision", "mlx_lm.server"): "refuses images: mlx-lm 0.32.2's server takes them only for a "
+    "model with its own processor (Muse Spark); a Qwen3.5 VLM's image part gets 404 \"Only "
+    "'text' content type is supported.\"",
+}
 
 
 def main() -> int:
@@ -58,16 +73,31 @@ def main() -> int:
     for cls in args.classes:
         model = make_model(cls, args)
         for k, name in enumerate(args.servers):
+            if (cls, name) in NOT_RUN:
+                _record(args, not_run(cls, name))
+                continue
             left = deadline - time.monotonic() - 15 * (len(args.servers) - k)  # each one's stop
             if left < 30:
                 print(f"budget spent: {cls} {name} not run", flush=True)
                 continue
             bound = min(args.server_s, left / (len(args.servers) - k))  # a fair share of it
-            result = run_server(cls, peers.SPECS[name], model, opts, args, bound)
-            path = args.out / f"matrix-{cls}-{name}.json"
-            path.write_text(json.dumps(result, indent=1))
-            print(_line(result), flush=True)
+            vision = replace(opts, vision=cls == "vision")
+            _record(args, run_server(cls, peers.SPECS[name], model, vision, args, bound))
     return _write_table(args.out)
+
+
+def _record(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    path = args.out / f"matrix-{result['class']}-{result['server']}.json"
+    path.write_text(json.dumps(result, indent=1))
+    print(_line(result), flush=True)
+
+
+def not_run(cls: str, name: str) -> dict[str, Any]:
+    """The record of a pair the matrix does not start: why, in its note."""
+    result: dict[str, Any] = {"class": cls, "server": name, "legs": {}, "version": ""}
+    result["failed"] = NOT_RUN[(cls, name)]
+    result["summary"] = summarize(result)
+    return result
 
 
 def make_model(cls: str, args: argparse.Namespace) -> str:
@@ -77,9 +107,16 @@ def make_model(cls: str, args: argparse.Namespace) -> str:
         return str(out)
     t0 = time.monotonic()
     cmd = _make_command(cls, out, args.tiny)
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(_make_path(cls, args))}
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     print(f"made {cls} in {time.monotonic() - t0:.0f} s: {out}", flush=True)
     return str(out)
+
+
+def _make_path(cls: str, args: argparse.Namespace) -> list[str]:
+    """The maker's PYTHONPATH: the checkout, and mlx-vlm's peer folder for the VLM."""
+    path = [str(ROOT), os.environ.get("PYTHONPATH", "")]
+    return path + ([str(args.peers_root / "mlx-vlm")] if cls == "vision" else [])
 
 
 def _make_command(cls: str, out: Path, tiny: bool) -> list[str]:
@@ -115,7 +152,11 @@ class Leg:
     cap_s: float  # the most this leg may take, before the server's own bound
 
 
-def legs(args: argparse.Namespace) -> list[Leg]:
+def legs(args: argparse.Namespace, cls: str) -> list[Leg]:
+    """The legs of a class. A VLM's: streams of image + text chat requests (one image each, of
+    its own), then one image cold vs cached (TTFT)."""
+    if cls == "vision":
+        return _vision_legs(args)
     long = ["--concurrency", "1", "--prompt-tokens", str(args.long_tokens), "--max-tokens", "8"]
     long += ["--warmup-tokens", "0"]
     streams = ["--concurrency", args.levels, "--prompt-tokens", str(args.prompt_tokens)]
@@ -130,6 +171,15 @@ def legs(args: argparse.Namespace) -> list[Leg]:
     ]
 
 
+def _vision_legs(args: argparse.Namespace) -> list[Leg]:
+    image = ["--image-size", str(args.image_size)]
+    streams = ["--concurrency", args.levels, "--prompt-tokens", str(args.prompt_tokens), *image]
+    streams += ["--max-tokens", str(args.max_tokens), "--client-procs", str(args.client_procs)]
+    repeat = ["--scenario", "shared-image", *image, "--concurrency", "1", "--max-tokens", "16"]
+    repeat += ["--prompt-tokens", str(args.prompt_tokens), "--runs", "3"]
+    return [Leg("streams", streams, 400), Leg("prefix", repeat, 90)]
+
+
 def run_server(
     cls: str,
     spec: peers.Server,
@@ -141,7 +191,7 @@ def run_server(
     """Start ``spec`` on ``model``, run the legs within ``bound_s``, stop it: the record."""
     until = time.monotonic() + bound_s
     log = args.out / f"server-{cls}-{spec.name}.log"
-    env = peers.peer_env(spec, opts.python_path, opts.peers_root, Path("/tmp"))
+    env = peers.peer_env(spec, opts.python_path, opts.peers_root, Path("/tmp"), opts.vision)
     result: dict[str, Any] = {"class": cls, "server": spec.name, "model": model, "bound_s": bound_s}
     result["version"] = peers.version(spec, opts.python, env)
     server = peers.start(spec, model, _port(args, cls, spec), opts, log)
@@ -150,7 +200,7 @@ def run_server(
     if result["ready_s"] is None:
         result["failed"] = "did not start" if not server.alive() else "not ready in time"
     else:
-        _run_legs(server, model, args, until, result)
+        _run_legs(server, model, args, until, result, cls)
     result["exit_code"] = peers.stop(server)
     if result.get("failed"):
         result["log_tail"] = peers.log_tail(log)
@@ -164,26 +214,38 @@ def _port(args: argparse.Namespace, cls: str, spec: peers.Server) -> int:
 
 
 def _run_legs(
-    server: peers.Running, model: str, args: argparse.Namespace, until: float, out: dict[str, Any]
+    server: peers.Running,
+    model: str,
+    args: argparse.Namespace,
+    until: float,
+    out: dict[str, Any],
+    cls: str,
 ) -> None:
-    for leg in legs(args):
+    for leg in legs(args, cls):
         left = until - time.monotonic()
         if left < 5:
             out["legs"][leg.name] = {"skipped": "server bound spent"}
             continue
-        out["legs"][leg.name] = bench_leg(server, model, leg, min(leg.cap_s, left), args)
+        bound = min(leg.cap_s, left)
+        out["legs"][leg.name] = bench_leg(server, model, leg, bound, args, cls == "vision")
         if not server.alive():
             out["failed"] = f"crashed during {leg.name} (exit {server.proc.returncode})"
             return
 
 
 def bench_leg(
-    server: peers.Running, model: str, leg: Leg, bound_s: float, args: argparse.Namespace
+    server: peers.Running,
+    model: str,
+    leg: Leg,
+    bound_s: float,
+    args: argparse.Namespace,
+    chat: bool = False,
 ) -> dict[str, Any]:
     """One leg as a child `mlxd bench run`; SIGINT at the bound keeps the levels it finished."""
     json_path = args.out / f".leg-{server.spec.name}-{leg.name}.json"
     json_path.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "mlxd", "bench", "run", *_target(server, model), *leg.options]
+    cmd = [sys.executable, "-m", "mlxd", "bench", "run", *_target(server, model, chat)]
+    cmd += leg.options
     cmd += ["--timeout", str(max(5, int(bound_s))), "--json", str(json_path)]
     t0 = time.monotonic()
     rc = _run_bounded(cmd, bound_s, args.out / f"bench-{server.spec.name}.txt")
@@ -194,10 +256,13 @@ def bench_leg(
     return record
 
 
-def _target(server: peers.Running, model: str) -> list[str]:
+def _target(server: peers.Running, model: str, chat: bool) -> list[str]:
+    """Where a leg's requests go; ``chat``: every server as chat, with text prompts (images
+    go in chat messages)."""
     spec = server.spec
-    out = ["--url", server.url, "--model", spec.model_name(model), "--endpoint", spec.endpoint]
-    return out + (["--text-prompts-from", model] if spec.text_prompts else [])
+    endpoint = "chat" if chat else spec.endpoint
+    out = ["--url", server.url, "--model", spec.model_name(model), "--endpoint", endpoint]
+    return out + (["--text-prompts-from", model] if spec.text_prompts or chat else [])
 
 
 def _run_bounded(cmd: list[str], bound_s: float, log: Path) -> int | str:
@@ -230,7 +295,12 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         rows = legs_.get(name, {}).get("rows") or []
         s[f"{name}_ttft_ms"] = rows[0]["ttft_p50_ms"] if rows and rows[0].get("ok") else None
     for row in legs_.get("streams", {}).get("rows") or []:
-        s[f"c{row['concurrency']}"] = {"tok_s": row["output_tok_s"], "failed": row["failed"]}
+        s[f"c{row['concurrency']}"] = {
+            "tok_s": row["output_tok_s"],
+            "failed": row["failed"],
+            "ttft_p50_ms": row.get("ttft_p50_ms"),
+            "ttft_p99_ms": row.get("ttft_p99_ms"),
+        }
     for row in legs_.get("prefix", {}).get("rows") or []:
         if row.get("group") in ("cold", "hit") and row.get("ok"):
             s[f"prefix_{row['group']}_ms"] = row["ttft_p50_ms"]
@@ -260,7 +330,8 @@ def table(results: list[dict[str, Any]]) -> str:
         key=lambda k: int(k[1:]),
     )
     head = ["class", "server", "ready s", "first / warm TTFT ms"]
-    head += [f"{k} tok/s" for k in levels] + ["prefix cold / hit TTFT ms", "note"]
+    head += [f"{k} tok/s (TTFT p50/p99 ms)" for k in levels]
+    head += ["prefix (vision: image) cold / hit TTFT ms", "note"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     order = {c: i for i, c in enumerate(CLASSES)}
     for r in sorted(
@@ -276,14 +347,16 @@ def _cells(r: dict[str, Any], levels: list[str]) -> list[str]:
     cells.append(f"{_num(s['first_ttft_ms'])} / {_num(s['warm_ttft_ms'])}")
     for k in levels:
         v = s.get(k)
-        cells.append(
-            "–"
-            if v is None
-            else f"{v['tok_s']:,.0f}" + (f" ({v['failed']} failed)" if v["failed"] else "")
-        )
+        cells.append("–" if v is None else _level_cell(v))
     cells.append(f"{_num(s.get('prefix_cold_ms'))} / {_num(s.get('prefix_hit_ms'))}")
     cut = "cut at the bound: " + ", ".join(s["cut"]) if s.get("cut") else ""
     return cells + ["; ".join(n for n in (s["failed"], cut) if n)]
+
+
+def _level_cell(v: dict[str, Any]) -> str:
+    """tok/s, TTFT p50/p99 and failures of one level."""
+    ttft = f" ({_num(v.get('ttft_p50_ms'))}/{_num(v.get('ttft_p99_ms'))})"
+    return f"{v['tok_s']:,.0f}" + ttft + (f", {v['failed']} failed" if v["failed"] else "")
 
 
 def _num(v: float | None, digits: int = 0) -> str:
@@ -356,6 +429,7 @@ def _parse_args() -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=int(env("OUTPUT", "128")))
     p.add_argument("--long-tokens", type=int, default=int(env("LONG", "4500")))
     p.add_argument("--prefix-tokens", type=int, default=int(env("PREFIX", "2000")))
+    p.add_argument("--image-size", type=int, default=int(env("IMAGE", "448")), help="vision")
     p.add_argument("--client-procs", type=int, default=int(env("CLIENT_PROCS", "8")))
     p.add_argument("--max-seqs", type=int, default=int(env("MAX_SEQS", "128")))
     p.add_argument("--mlxd-args", default=env("MLXD_ARGS", ""), help="more `mlxd start` options")

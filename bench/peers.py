@@ -41,6 +41,7 @@ class Server:
     peer_dir: str | None = None  # its folder under the peers root
     dist: str = ""  # its distribution, for the version
     env: tuple[tuple[str, str], ...] = ()  # settings it reads from the environment
+    vision_args: tuple[str, ...] = ()  # what it needs to serve a vision-language model
 
     def argv(self, model: str, port: int, max_seqs: int, extra: list[str]) -> list[str]:
         """The arguments after ``python``."""
@@ -131,8 +132,14 @@ def _main(module: str, prog: str) -> str:
 
 SPECS = {
     "mlxd": Server("mlxd", "/health", text_prompts=False, dist="mlxd"),
-    "vllm-mlx": Server("vllm-mlx", "/health", peer_dir="vllm-mlx", dist="vllm-mlx"),
-    "rapid-mlx": Server("rapid-mlx", "/health", peer_dir="rapid-mlx", dist="rapid-mlx"),
+    # --mllm: their multimodal engine (MLLM batching), which they pick by the model's name
+    # otherwise, and a made model's path names no family.
+    "vllm-mlx": Server(
+        "vllm-mlx", "/health", peer_dir="vllm-mlx", dist="vllm-mlx", vision_args=("--mllm",)
+    ),
+    "rapid-mlx": Server(
+        "rapid-mlx", "/health", peer_dir="rapid-mlx", dist="rapid-mlx", vision_args=("--mllm",)
+    ),
     # APC_ENABLED: mlx-vlm's prefix cache (automatic prefix caching) is off unless set.
     "mlx-vlm": Server(
         "mlx-vlm",
@@ -165,13 +172,18 @@ class Running:
         return self.proc.poll() is None
 
 
-def peer_env(spec: Server, python_path: str, peers_root: Path, home: Path) -> dict[str, str]:
-    """The environment a server runs in: its own folder first on PYTHONPATH, its own HOME."""
+def peer_env(
+    spec: Server, python_path: str, peers_root: Path, home: Path, vision: bool = False
+) -> dict[str, str]:
+    """The environment a server runs in: its own folder first on PYTHONPATH, its own HOME.
+    ``vision``: mlx-vlm's folder last, for those that load a VLM through mlx-vlm without
+    their own copy (mlxd, vllm-mlx; Rapid-MLX has its pinned 0.7.2 in its folder)."""
     env = {**os.environ, "HOME": str(home), "MLXD_HOME": str(home / "mlxd")}
     env.update(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
     env.update(spec.env)
     parts = [str(peers_root / spec.peer_dir)] if spec.peer_dir else []
-    env["PYTHONPATH"] = os.pathsep.join(p for p in [*parts, python_path] if p)
+    last = [str(peers_root / "mlx-vlm")] if vision and spec.peer_dir != "mlx-vlm" else []
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [*parts, python_path, *last] if p)
     return env
 
 
@@ -196,8 +208,8 @@ def _commit() -> str:
 def start(spec: Server, model: str, port: int, opts: StartOptions, log: Path) -> Running:
     """Launch ``spec`` on ``model`` in its own process group; returns at once."""
     home = Path(tempfile.mkdtemp(prefix=f"peer-{spec.name}-"))
-    env = peer_env(spec, opts.python_path, opts.peers_root, home)
-    extra = opts.extra.get(spec.name, [])
+    env = peer_env(spec, opts.python_path, opts.peers_root, home, opts.vision)
+    extra = [*opts.extra.get(spec.name, []), *(spec.vision_args if opts.vision else ())]
     cmd = [opts.python, *spec.argv(model, port, opts.max_seqs, extra)]
     with log.open("ab") as out:
         out.write(("$ " + " ".join(cmd) + "\n").encode())
@@ -216,6 +228,7 @@ class StartOptions:
     peers_root: Path
     max_seqs: int = 128
     extra: dict[str, list[str]] = field(default_factory=dict)  # per server name
+    vision: bool = False  # the model is a VLM: requests carry images
 
 
 def wait_ready(server: Running, timeout_s: float) -> float | None:

@@ -28,7 +28,7 @@ annotated-types==0.8.0 typing-inspection==0.4.5 python-multipart==0.0.34"
 SCHEMA="jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 \
 rpds-py==2026.9.1 attrs==26.1.0"
 VLLM_MLX="vllm-mlx==0.6.0 mlx-lm==0.31.3 $WEB $SCHEMA"
-RAPID_MLX="rapid-mlx==0.16.10 mlx-lm==0.31.3 $WEB $SCHEMA websockets==17.4"
+RAPID_MLX="rapid-mlx==0.16.10 mlx-lm==0.31.3 mlx-vlm==0.7.2 $WEB $SCHEMA websockets==17.4"
 MLX_VLM="mlx-vlm==0.7.10 mlx-audio==0.6.2 $WEB cryptography==50.0.2 cffi==2.1.1 pycparser==3.12"
 EXCLUDE="$(git rev-parse --git-common-dir)/info/exclude"  # a worktree's .git is a file
 case "$DEST" in /*) ;; *) grep -qx "/$DEST/" "$EXCLUDE" 2>/dev/null || echo "/$DEST/" >> "$EXCLUDE" ;; esac
@@ -40,7 +40,8 @@ dl() {
     -d "$DEST" "$@"
 }
 # shellcheck disable=SC2086  # the lists are word lists
-dl $VLLM_MLX $RAPID_MLX $MLX_VLM
+dl $VLLM_MLX $MLX_VLM
+dl $RAPID_MLX  # apart: its mlx-vlm pin (0.7.2) is not the server's (0.7.10)
 {
   echo '#!/usr/bin/env bash'
   echo '# Each peer in its own --target folder: PYTHONPATH=$PEERS_ROOT/NAME:$PYTHONPATH puts its'

@@ -198,10 +198,18 @@ def _body(target: Target, req: Request, history: list[tuple[Prompt, str]]) -> di
         messages = [{"role": "system", "content": req.prefix}] if req.prefix else []
         for user, reply in history:
             messages += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
-        body["messages"] = [*messages, {"role": "user", "content": req.user}]
+        body["messages"] = [*messages, {"role": "user", "content": _content(req)}]
     else:
         body["prompt"] = _concat([req.prefix, *(p for turn in history for p in turn), req.user])
     return body
+
+
+def _content(req: Request) -> Prompt | list[dict[str, Any]]:
+    """The last user message's content: its text, after its image where it has one."""
+    if req.image is None:
+        return req.user
+    image = {"type": "image_url", "image_url": {"url": req.image}}
+    return [image, {"type": "text", "text": req.user}]
 
 
 def _concat(parts: list[Prompt | None]) -> Prompt:

@@ -48,20 +48,28 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def prefix_summary(rows: list[dict[str, Any]]) -> list[str]:
-    """For shared-prefix rows: TTFT p50 cold vs hit per prefix length and concurrency."""
-    cold = {(r["prefix_tokens"], r["concurrency"]): r for r in rows if r.get("group") == "cold"}
+    """For shared-prefix and shared-image rows: TTFT p50 cold vs hit per prefix (or image)
+    and concurrency."""
+    cold = {(_shared(r), r["concurrency"]): r for r in rows if r.get("group") == "cold"}
     lines = []
     for r in rows:
-        c = cold.get((r.get("prefix_tokens"), r["concurrency"]))
+        c = cold.get((_shared(r), r["concurrency"]))
         if r.get("group") != "hit" or c is None:
             continue
         ratio = c["ttft_p50_ms"] / r["ttft_p50_ms"] if r["ttft_p50_ms"] > 0 else math.nan
         lines.append(
-            f"prefix {r['prefix_tokens']} tokens at concurrency {r['concurrency']}: "
+            f"{_shared(r)} at concurrency {r['concurrency']}: "
             f"TTFT p50 cold {c['ttft_p50_ms']:.0f} ms, hit {r['ttft_p50_ms']:.0f} ms "
             f"({ratio:.2f}x)"
         )
     return lines
+
+
+def _shared(row: dict[str, Any]) -> str:
+    """What a cold/hit row shares: a prefix of N tokens, or an image."""
+    if "image_size" in row:
+        return f"image {row['image_size']}x{row['image_size']}"
+    return f"prefix {row.get('prefix_tokens')} tokens"
 
 
 def failures(rows: list[dict[str, Any]]) -> list[str]:

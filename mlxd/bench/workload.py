@@ -8,11 +8,13 @@ concurrency level and gives its own rows (e.g. shared-prefix: cold, then hit, pe
 from __future__ import annotations
 
 import random
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from mlxd.bench import tasks
+from mlxd.bench.images import png_data_url
 from mlxd.bench.stats import ALL
 
 SCENARIOS = (
@@ -25,6 +27,7 @@ SCENARIOS = (
     "edit",
     "json",
     "chat",
+    "shared-image",
 )
 # Scenarios of natural text (bench/tasks.py): each request ends where the model stops.
 _TASKS: dict[str, Callable[[int], str]] = {
@@ -58,6 +61,7 @@ class Request:
     group: str = ALL
     headers: dict[str, str] = field(default_factory=dict)
     ignore_eos: bool = True  # run max_tokens whatever the model says (not for natural tasks)
+    image: str | None = None  # a data URL sent before the user's text (chat only)
 
 
 @dataclass
@@ -81,6 +85,7 @@ class WorkloadOptions:
     turns: int = 4
     mixed_lengths: tuple[int, ...] = (32, 128, 512, 2048)
     high_fraction: float = 0.25
+    image_size: int = 0  # each request's image is this many pixels a side (0: no image)
 
     def num_sessions(self, level: int) -> int:
         # Every model gets a request at every level, so each has its own row even at level 1.
@@ -114,6 +119,8 @@ def phases(scenario: str, opts: WorkloadOptions) -> list[Phase]:
     """The phases of ``scenario`` (one of ``SCENARIOS``)."""
     if scenario == "shared-prefix":
         return [p for n in opts.prefix_tokens for p in _prefix_phases(opts, n)]
+    if scenario == "shared-image":
+        return _image_phases(opts)
     if scenario in _TASKS:
         return [Phase(tags={}, make=lambda level, seed: _tasks(opts, level, seed, scenario))]
     builders: dict[str, Callable[[int, int], list[Session]]] = {
@@ -133,7 +140,10 @@ def _request(opts: WorkloadOptions, i: int, user: list[int], group: str | None =
     # Several models: requests go round-robin and each model is its own group.
     model = opts.models[i % len(opts.models)]
     label = group or (model if len(opts.models) > 1 else ALL)
-    return Request(user=user, max_tokens=opts.max_tokens, model=model, group=label)
+    req = Request(user=user, max_tokens=opts.max_tokens, model=model, group=label)
+    if opts.image_size:  # an image of its own, drawn from its text: no two requests share one
+        req.image = png_data_url(opts.image_size, zlib.crc32(repr(user).encode()))
+    return req
 
 
 def _singles(opts: WorkloadOptions, level: int, seed: int, length: int) -> list[Session]:
@@ -204,6 +214,26 @@ def _prefix_phases(opts: WorkloadOptions, prefix_tokens: int) -> list[Phase]:
     prime = _with_prefix(opts, 0, shared, suffix, -1, "hit")
     name = f"prefix {prefix_tokens}"
     return [Phase(tags, cold, name=f"{name} cold"), Phase(tags, hit, prime, f"{name} hit")]
+
+
+def _image_phases(opts: WorkloadOptions) -> list[Phase]:
+    """Cold: every request has its own image. Hit: one image, sent once first, then shared by
+    every request (the text after it differs): TTFT with the image's tokens cached."""
+    shared = png_data_url(opts.image_size, random.getrandbits(32))
+
+    def cold(level: int, seed: int) -> list[Session]:
+        prompts = make_prompts(opts.num_sessions(level), opts.prompt_tokens, seed=seed)
+        return [Session([_request(opts, i, p, group="cold")]) for i, p in enumerate(prompts)]
+
+    def hit(level: int, seed: int) -> list[Session]:
+        sessions = cold(level, seed)
+        for session in sessions:
+            session.turns[0].image, session.turns[0].group = shared, "hit"
+        return sessions
+
+    prime = hit(1, -1)[0]
+    tags = {"image_size": opts.image_size}
+    return [Phase(tags, cold, name="image cold"), Phase(tags, hit, prime, "image hit")]
 
 
 def _with_prefix(

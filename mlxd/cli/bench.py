@@ -198,6 +198,14 @@ def with_output_options(fn: _F) -> _F:
     help="priority-mix: share of high priority.",
 )
 @click.option(
+    "--image-size",
+    default=0,
+    type=click.IntRange(min=0),
+    metavar="PIXELS",
+    help="Each chat request sends one image this many pixels a side (a PNG of its own), "
+    "before its text; 0: none. shared-image needs it.",
+)
+@click.option(
     "--text-prompts-from",
     "tokenizer_path",
     default=None,
@@ -241,6 +249,8 @@ def run_command(**o: Any) -> None:
                      mostly a copy: speculative decoding's best case); use --endpoint chat
       json           CSV records to return as a JSON array; use --endpoint chat
       chat           open questions (little to copy); use --endpoint chat
+      shared-image   TTFT with an image of its own (cold) vs one image already cached
+                     (hit); needs --image-size and --endpoint chat
       failover       chat streams to a --model with fallbacks for --duration s; its worker
                      (--kill-worker) or a process (--kill-pid) is killed --kill-after s in;
                      reports requests lost, cut, served per model, time to fail over
@@ -252,6 +262,7 @@ def run_command(**o: Any) -> None:
 
     if o["scenario"] == "multi-model" and len(o["models"]) < 2:
         raise click.BadParameter("multi-model needs two or more --model", param_hint="--model")
+    _check_images(o)
     target = Target(
         o["url"],
         o["endpoint"],
@@ -275,6 +286,7 @@ def run_command(**o: Any) -> None:
         prefix_tokens=_ints(o["prefix_tokens"], "--prefix-tokens"),
         mixed_lengths=_ints(o["mixed_lengths"], "--mixed-lengths"),
         high_fraction=o["high_fraction"],
+        image_size=o["image_size"],
     )
     to_text = tokenizer_text(o["tokenizer_path"]) if o["tokenizer_path"] else None
     if to_text is None and (o["endpoint"] == "chat" or o["scenario"] == "multi-turn"):
@@ -298,6 +310,7 @@ def run_command(**o: Any) -> None:
         endpoint=o["endpoint"],
         stream=o["stream"],
         prompt_tokens=o["prompt_tokens"],
+        image_size=o["image_size"],
         max_tokens=o["max_tokens"],
         extra_body=dict(target.extra_body),
         runs=o["runs"],
@@ -309,6 +322,15 @@ def run_command(**o: Any) -> None:
     payload["rows"] = run_benchmark(target, plan, opts, _partial_writer(payload, o["json_path"]))
     payload["complete"] = True
     _finish(payload, o["json_path"], o["plot_path"])
+
+
+def _check_images(o: dict[str, Any]) -> None:
+    if o["scenario"] == "shared-image" and not o["image_size"]:
+        raise click.BadParameter("shared-image needs --image-size", param_hint="--image-size")
+    if o["image_size"] and o["endpoint"] != "chat":
+        raise click.BadParameter(
+            "images go in chat messages: add --endpoint chat", param_hint="--image-size"
+        )
 
 
 def _extra_body(text: str) -> tuple[tuple[str, Any], ...]:
