@@ -277,29 +277,3 @@ def test_image_requests_preempted_and_resumed_answer_as_mlx_vlm(
     for n, png in enumerate(pngs):
         expected = text_of(reference([png], _messages(png), PREEMPT_TOKENS))
         assert _tokens(answers[n]) == expected, n
-
-
-# A checkpoint whose image tokens attend each other both ways (the larger Gemma 4s)
-
-
-def test_bidirectional_image_attention_serves_text_and_refuses_images(
-    gemma4: Path, tmp_path: Path
-) -> None:
-    """The pool's masks are causal: such a checkpoint would answer images otherwise than
-    mlx-vlm, so it serves text only and an image is a 400."""
-    import json
-    import shutil
-
-    both_ways = tmp_path / "gemma4"
-    shutil.copytree(gemma4, both_ways)
-    config = json.loads((both_ways / "config.json").read_text(encoding="utf-8"))
-    config["text_config"]["use_bidirectional_attention"] = "vision"
-    (both_ways / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    d = start_daemon(both_ways, name="gemma4")
-    try:
-        client = openai.OpenAI(base_url=f"{d.base_url}/v1", api_key="unused", max_retries=0)
-        assert _tokens(_ask(client, _text_messages(0)))
-        with pytest.raises(openai.BadRequestError, match="does not take images .*attend both ways"):
-            _ask(client, _messages(_png(1)))
-    finally:
-        stop_daemon(d)
