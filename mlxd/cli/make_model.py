@@ -27,8 +27,9 @@ class _ConfigFailure(click.ClickException):
     show_default=True,
     help="qwen3, llama, qwen2, mistral, mamba (state-space), lfm2 (hybrid), or llava, gemma3, "
     "qwen2_5_vl, qwen3_vl, qwen3_vl_moe, qwen3_5_vl, qwen3_5_moe_vl, smolvlm, idefics3, mistral3, "
-    "llama4 or gemma4 (vision-language models; need mlxd[vision]; --size, --dtype, --quantize and "
-    "--sliding-window are ignored; with --zoo, gemma3 and gemma4 are the zoo's text models).",
+    "llama4, gemma4 or gemma4_bidirectional (its image tokens attend both ways) (vision-language "
+    "models; need mlxd[vision]; --size, --dtype, --quantize and --sliding-window are ignored; "
+    "with --zoo, gemma3 and gemma4 are the zoo's text models).",
 )
 @click.option(
     "--size",

@@ -10,10 +10,12 @@ processor keeps each image's aspect ratio within ``MAX_SOFT_TOKENS`` image token
 is 8 x 8 = 64; a 130 x 90 one 54), each image ``<|image>``, its tokens, ``<image|>``. Written by
 ``vlm_maker.make_vlm(arch="gemma4")``.
 
+``arch="gemma4_bidirectional"`` writes the same model with ``use_bidirectional_attention:
+vision`` (the larger real ones): each image's tokens attend each other both ways in prefill.
+
 Not in it (see docs/decisions/0005): K/V shared across layers (``num_kv_shared_layers``: the
 paged pool holds no shared layers, so the real E2B / E4B go to the runner on the model's own
-caches, text only) and bidirectional attention within an image (``use_bidirectional_attention:
-vision``, the larger real ones; refused for images at load).
+caches, text only).
 """
 
 from __future__ import annotations
@@ -58,8 +60,9 @@ _IMAGE_PART = (
 # Public API
 
 
-def gemma4_config() -> dict[str, Any]:
-    """The checkpoint's ``config.json``."""
+def gemma4_config(both_ways: bool = False) -> dict[str, Any]:
+    """The checkpoint's ``config.json``; ``both_ways``: image tokens attend each other both
+    ways (``use_bidirectional_attention: vision``)."""
     text = {
         **TINY_SHAPE,
         "model_type": "gemma4_text",
@@ -72,7 +75,7 @@ def gemma4_config() -> dict[str, Any]:
         "layer_types": ["sliding_attention", "full_attention"],
         "sliding_window": WINDOW,
         "final_logit_softcapping": 30.0,
-        "use_bidirectional_attention": None,
+        "use_bidirectional_attention": "vision" if both_ways else None,
         "tie_word_embeddings": True,
     }
     vision = {
@@ -110,14 +113,21 @@ def gemma4_config() -> dict[str, Any]:
     }
 
 
-def build_gemma4(out_dir: Path, seed: int, report: Progress) -> None:
+def build_gemma4_bidirectional(out_dir: Path, seed: int, report: Progress) -> None:
+    """``build_gemma4``'s checkpoint (the same seed, the same weights) whose image tokens attend
+    each other both ways."""
+    build_gemma4(out_dir, seed, report, both_ways=True)
+
+
+def build_gemma4(out_dir: Path, seed: int, report: Progress, both_ways: bool = False) -> None:
     """Write the checkpoint into the (staged, empty) ``out_dir``."""
     from mlx_vlm.models import gemma4
 
     train_tokenizer(out_dir, VOCAB_SIZE, report)
     _add_image_tokens(out_dir)
     files = {"processor_config.json": _processor()}
-    write_checkpoint(out_dir, gemma4, gemma4_config(), seed, report, files, _scale_embeddings)
+    config = gemma4_config(both_ways)
+    write_checkpoint(out_dir, gemma4, config, seed, report, files, _scale_embeddings)
 
 
 # Internal helpers

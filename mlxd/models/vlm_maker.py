@@ -41,7 +41,7 @@ VLM_ARCHS = (
 VLM_ARCHS += ("smolvlm", "idefics3")  # smolvlm_maker.py
 VLM_ARCHS += ("mistral3",)  # mistral3_maker.py
 VLM_ARCHS += ("llama4",)  # llama4_maker.py
-VLM_ARCHS += ("gemma4",)  # gemma4_maker.py
+VLM_ARCHS += ("gemma4", "gemma4_bidirectional")  # gemma4_maker.py
 IMAGE_TOKEN = "<image>"
 # One reserved id past the trained vocabulary becomes the image token; the rest stay reserved.
 VLM_VOCAB_SIZE = TRAINED_VOCAB_SIZE + 64
@@ -249,10 +249,10 @@ def gemma3_config() -> dict[str, Any]:
 
 def _builder(arch: str) -> Any:
     """The function that writes family ``arch``'s checkpoint into a directory."""
-    if arch == "gemma4":
-        from mlxd.models.gemma4_maker import build_gemma4
+    if arch in ("gemma4", "gemma4_bidirectional"):
+        from mlxd.models import gemma4_maker
 
-        return build_gemma4
+        return getattr(gemma4_maker, f"build_{arch}")
     if arch == "llama4":
         from mlxd.models.llama4_maker import build_llama4
 

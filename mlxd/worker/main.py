@@ -251,14 +251,17 @@ def _load_vlm(path: str, group: Any) -> tuple[Any, Any, Any]:
 
 def _attach_vision(config: WorkerConfig, runner: ModelRunner, vision: Any) -> str:
     """The image encoder on a runner that splices features into prefill (the paged one on
-    plain K/V, the window one, a paged runner, for Gemma 3's sliding-window layers, and the
-    hybrid one, a paged runner too, for Qwen3.5's recurrent layers); on another the VLM serves
-    text and refuses images. Returns why images are refused ("" where they are taken)."""
+    plain K/V, the window one, a paged runner, for Gemma 3's and Gemma 4's sliding-window
+    layers, and the hybrid one, a paged runner too, for Qwen3.5's recurrent layers); on
+    another (Gemma 4 E2B / E4B: K/V shared across layers) the VLM serves text and refuses
+    images. An image whose tokens attend each other both ways (the larger Gemma 4s) is
+    prefilled in one forward, its masks overlaid (``sched.image_spans``). Returns why images
+    are refused ("" where they are taken)."""
+    from mlxd.worker.runners.hybrid import HybridModelRunner
     from mlxd.worker.runners.paged import PagedModelRunner
-    from mlxd.worker.vision.gemma4 import bidirectional_images
 
-    if bidirectional_images(vision.vlm.config):
-        why = "its image tokens attend both ways, which the KV pool's causal masks cannot serve yet"
+    if vision.both_ways and isinstance(runner, HybridModelRunner):
+        why = "its image tokens attend both ways, which recurrent layers cannot"
     elif not isinstance(runner, PagedModelRunner):
         why = f"images need the paged KV runner, and this model runs on {runner}"
     else:

@@ -18,7 +18,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.e2e.conftest import Daemon, start_daemon, stop_daemon
+from tests.e2e.conftest import Daemon
 from tests.e2e.vision_parity import (
     BLOCK,
     LONG_QUESTION,
@@ -29,7 +29,6 @@ from tests.e2e.vision_parity import (
     png,
     served,
     story,
-    tokens,
 )
 
 pytest.importorskip("mlx_vlm")
@@ -125,30 +124,3 @@ def test_image_requests_preempted_and_resumed_answer_as_mlx_vlm(
     """Preempted image requests recompute their prompts (the image's K/V from the prefix cache
     or the tower again, the window layers' slabs taken anew) and their answers so far."""
     parity.check_preempted(tight, [png(20 + n) for n in range(4)])
-
-
-# A checkpoint whose image tokens attend each other both ways (the larger Gemma 4s)
-
-
-def test_bidirectional_image_attention_serves_text_and_refuses_images(
-    gemma4: Path, tmp_path: Path
-) -> None:
-    """The pool's masks are causal: such a checkpoint would answer images otherwise than
-    mlx-vlm, so it serves text only and an image is a 400."""
-    import json
-    import shutil
-
-    both_ways = tmp_path / "gemma4"
-    shutil.copytree(gemma4, both_ways)
-    config = json.loads((both_ways / "config.json").read_text(encoding="utf-8"))
-    config["text_config"]["use_bidirectional_attention"] = "vision"
-    (both_ways / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    parity = Parity(both_ways, FAMILY)
-    d = start_daemon(both_ways, name="gemma4")
-    try:
-        client = client_of(d)
-        assert tokens(parity.ask(client, story(0)))
-        with pytest.raises(openai.BadRequestError, match="does not take images .*attend both ways"):
-            parity.ask(client, parity.messages(png(1)))
-    finally:
-        stop_daemon(d)

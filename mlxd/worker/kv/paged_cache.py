@@ -11,7 +11,7 @@ the gather later without changing this contract.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import mlx.core as mx
@@ -229,6 +229,7 @@ class PagedStep:
     qpos: mx.array | None = None  # (B, L): each query's position (negative: padding)
     longest: int = 0  # the most tokens a row has after this step
     key_start: int = 0  # position of the first key read (a window's slabs gone back before it)
+    both_ways: mx.array | None = None  # (B, 1, L, K): query and key in one image (``with_spans``)
 
     @classmethod
     def build(
@@ -320,6 +321,28 @@ class PagedStep:
             key_start=start,
         )
 
+    def with_spans(self, spans: list[list[tuple[int, int]]]) -> PagedStep:
+        """This step with each row's image ``spans`` (``[start, end)`` positions) seen both
+        ways: a query inside a span sees every key of it too, as mlx-vlm's Gemma 4 overlays its
+        causal masks (``use_bidirectional_attention: vision``). A span's keys are all written
+        by this step or before it (the scheduler keeps a span in one chunk), so none is unread.
+        """
+        assert self.qpos is not None
+        keys = self._key_positions()
+        q_in, k_in = _span_ids(self.qpos, spans), _span_ids(keys, spans)
+        both = ((q_in[:, :, None] == k_in[:, None, :]) & (q_in[:, :, None] >= 0))[:, None]
+        causal = self.mask if self.mask is not None else (keys[:, None, :] <= self.qpos[..., None])
+        return replace(self, mask=causal | both, both_ways=both)
+
+    def _key_positions(self) -> mx.array:
+        """Each key's position, (B or 1, K): a fresh step's keys are its own, left-padded."""
+        assert self.qpos is not None
+        if self.fresh:
+            return self.qpos
+        keys = self.read_len if self.mask is None else self.mask.shape[-1]
+        assert keys is not None
+        return self.key_start + mx.arange(keys)[None, :]
+
     def window_mask(self, window: int) -> mx.array | None:
         """The mask of a layer that sees only its last ``window`` positions (mlx-lm's
         ``create_causal_mask(window_size=...)``: query q sees key k when q - window < k <= q),
@@ -329,17 +352,23 @@ class PagedStep:
             return None
         assert self.qpos is not None
         qpos = self.qpos[:, :, None]
-        if self.fresh:  # the step's own keys, left-padded as its queries are
-            kpos = self.qpos[:, None, :]
-        else:
-            keys = self.read_len if self.mask is None else self.mask.shape[-1]
-            assert keys is not None
-            kpos = self.key_start + mx.arange(keys)[None, None, :]
+        kpos = self._key_positions()[:, None, :]
         near = kpos > qpos - window
         if self.real is not None:  # a padding query keeps the one key it sees
             near = near | ~self.real[:, 0]
         causal = self.mask if self.mask is not None else (kpos <= qpos)[:, None]
-        return causal & near[:, None]
+        windowed = causal & near[:, None]
+        # an image's tokens see each other both ways, past the window too (as mlx-vlm's overlay)
+        return windowed if self.both_ways is None else windowed | self.both_ways
+
+
+def _span_ids(positions: mx.array, spans: list[list[tuple[int, int]]]) -> mx.array:
+    """Which of its row's ``spans`` each of ``positions`` (B or 1, N) lies in (-1: none)."""
+    width = max(1, *(len(s) for s in spans))
+    bounds = mx.array([[list(x) for x in s] + [[0, 0]] * (width - len(s)) for s in spans])
+    pos = positions[:, :, None]
+    inside = (pos >= bounds[:, None, :, 0]) & (pos < bounds[:, None, :, 1])
+    return mx.where(inside.any(axis=-1), mx.argmax(inside, axis=-1).astype(mx.int32), -1)
 
 
 class PagedKVCache:
@@ -381,7 +410,7 @@ class PagedKVCache:
         if window_size and (window := self.step.window_mask(window_size)) is not None:
             return window
         n = self.step.read_len
-        if n is None:
+        if n is None or self.step.both_ways is not None:
             return self.step.mask
         if N == 1:
             return None  # one query sees every key it reads

@@ -327,6 +327,7 @@ class PagedModelRunner(ModelRunner):
         """The caches of a forward of ``new[b]`` tokens after ``starts[b]`` for each of
         ``seqs`` (``PagedStep.build``)."""
         step = PagedStep.build([s.block_ids for s in seqs], starts, new, self.pool, exact)
+        step = with_images(step, seqs, starts, new)
         return PagedKVCache.for_step(self.pool, step)  # type: ignore[return-value]
 
     def _kv(self) -> list[tuple[KVPool, DecodeTail]]:
@@ -369,6 +370,25 @@ class PagedModelRunner(ModelRunner):
         # Rows own no K/V but their tail; their blocks go back to the pool through the scheduler.
         for _, tail in self._kv():
             tail.keep(keep, len(self.rows))
+
+
+def with_images(
+    step: PagedStep, seqs: list[Sequence], starts: list[int], new: list[int]
+) -> PagedStep:
+    """``step`` (a prefill forward of ``new[b]`` tokens after ``starts[b]`` for each of
+    ``seqs``) with the images among them whose tokens attend both ways (``image_spans``)."""
+    spans = [
+        [(a, e) for a, e in seq.image_spans if a < start + n and e > start]
+        for seq, start, n in zip(seqs, starts, new, strict=True)
+    ]
+    cut = [
+        (a, e)
+        for s, start, n in zip(spans, starts, new, strict=True)
+        for a, e in s
+        if a < start or e > start + n
+    ]
+    assert not cut, f"images {cut} attend both ways but are split across forwards"
+    return step.with_spans(spans) if any(spans) else step
 
 
 def _pack(chunks: list[PrefillChunk]) -> list[list[PrefillChunk]]:

@@ -22,7 +22,7 @@ from mlxd.worker.kv.decode_tail import VIEW_STEP, DecodeTail, decode_caches
 from mlxd.worker.kv.formats import KVFormat
 from mlxd.worker.kv.paged_cache import KVPool, PagedKVCache, PagedStep
 from mlxd.worker.kv.window_slabs import WindowSlabs
-from mlxd.worker.runners.paged import PagedModelRunner
+from mlxd.worker.runners.paged import PagedModelRunner, with_images
 from mlxd.worker.sched.sequence import Sequence
 
 
@@ -184,6 +184,7 @@ class WindowModelRunner(PagedModelRunner):
         full = super()._step_caches(seqs, starts, new, exact)
         blocks = [-(-(s + n) // self.pool.block_size) for s, n in zip(starts, new, strict=True)]
         step = PagedStep.build(self._tables(seqs, blocks), starts, new, self.windows, exact)
+        step = with_images(step, seqs, starts, new)
         return self._caches(full, PagedKVCache.for_step(self.windows, step))
 
     def _decode_caches(self, rows: list[Sequence]) -> list[Any]:

@@ -21,7 +21,8 @@ from collections.abc import Callable
 
 from mlxd.worker.kv.block_pool import BlockPool
 from mlxd.worker.kv.window_slabs import WindowSlabs
-from mlxd.worker.prefix.radix_cache import RadixCache
+from mlxd.worker.prefix.radix_cache import PrefixMatch, RadixCache
+from mlxd.worker.sched import image_spans
 from mlxd.worker.sched.sequence import Sequence
 from mlxd.worker.stats import KVReport
 
@@ -223,9 +224,7 @@ class KVLedger:
     def _admit(self, seq: Sequence, first_chunk: int, waiting: list[Sequence]) -> bool:
         """``admit``'s one attempt."""
         tokens = seq.prefill_keys
-        match = self.radix.match_prefix(  # restore: blocks the disk tier holds come back
-            tokens, max_blocks=(len(tokens) - 1) // self.pool.block_size, restore=True
-        )
+        match = self._match(seq, (len(tokens) - 1) // self.pool.block_size)
         self.radix.lock(match.node)  # so making room cannot evict the prefix we are about to use
         need = self.pool.blocks_for(len(tokens)) - match.num_blocks
         hit = match.num_blocks * self.pool.block_size
@@ -251,6 +250,17 @@ class KVLedger:
         if not seq.num_preemptions:  # a resumed sequence's own blocks are not a cache hit
             seq.num_cached = seq.num_computed
         return True
+
+    def _match(self, seq: Sequence, max_blocks: int) -> PrefixMatch:
+        """The longest cached prefix of ``seq``'s keys within ``max_blocks`` blocks that cuts
+        none of its images whose tokens attend both ways (``image_spans.hit_end``)."""
+        bs = self.pool.block_size
+        while True:  # a shorter match may end elsewhere (a windowed one: where slabs are kept)
+            # restore: blocks the disk tier holds come back
+            match = self.radix.match_prefix(seq.prefill_keys, max_blocks=max_blocks, restore=True)
+            max_blocks = image_spans.hit_end(seq.image_spans, match.num_blocks * bs, bs) // bs
+            if max_blocks == match.num_blocks:
+                return match
 
     def _ask_snapshots(self, seq: Sequence, waiting: list[Sequence]) -> None:
         """A hybrid's shared blocks are no use without a recurrent state where a prompt parts

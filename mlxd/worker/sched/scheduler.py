@@ -26,6 +26,7 @@ from mlxd.errors import Overloaded
 from mlxd.worker.kv.block_pool import BlockPool
 from mlxd.worker.kv.window_slabs import WindowSlabs
 from mlxd.worker.prefix.radix_cache import RadixCache
+from mlxd.worker.sched import image_spans
 from mlxd.worker.sched.drain_rate import DrainRate
 from mlxd.worker.sched.embed_job import EmbedJob
 from mlxd.worker.sched.kv_ledger import KVLedger
@@ -411,8 +412,9 @@ class Scheduler:
     def _chunk(self, seq: Sequence, budget: int) -> PrefillChunk:
         start = seq.num_prefilled
         end = min(seq.num_prefill_tokens, start + self._span(start, budget))
+        end = image_spans.chunk_end(seq.image_spans, start, end)  # each image in one forward
         if self.kv is not None:  # a windowed model's slabs may cover less
-            end = self.kv.window_room(seq, end)
+            end = image_spans.shrunk_end(seq.image_spans, start, self.kv.window_room(seq, end))
         return PrefillChunk(seq, start, max(start, end))
 
     def _span(self, start: int, budget: int) -> int:

@@ -75,6 +75,12 @@ class Sequence:
     prompt_keys: list[int] | None = None
 
     @property
+    def image_spans(self) -> list[tuple[int, int]]:
+        """The prompt's images whose tokens attend each other both ways, each ``[start, end)``
+        (``sched.image_spans``); none for a causal model's."""
+        return [] if self.images is None else self.images.spans
+
+    @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_ids)
 

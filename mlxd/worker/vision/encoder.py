@@ -32,7 +32,9 @@ from mlxd.errors import InvalidRequest
 from mlxd.knobs import MAX_IMAGE_PIXELS
 from mlxd.models.vision_layout import FEATURE_CACHE_BYTES
 from mlxd.protocol.messages import ImageData
+from mlxd.worker.sched import image_spans
 from mlxd.worker.vision import deepstack
+from mlxd.worker.vision.gemma4 import bidirectional_images
 from mlxd.worker.vision.mrope import MRope, MRopeTextModel, prompt_positions
 from mlxd.worker.vision.tiles import image_counts, last_run_marker
 
@@ -77,6 +79,10 @@ class PromptImages:
     # count (``vision.tiles``), and the processor's other inputs to the merge (``EXTRA_INPUTS``).
     counts: list[int] | None = None
     inputs: dict[str, np.ndarray] = field(default_factory=dict)
+    # Images whose tokens attend each other both ways (Gemma 4's ``use_bidirectional_attention:
+    # vision``): each run of placeholders, [start, end), kept whole in one forward
+    # (``sched.image_spans``); none for a causal model's.
+    spans: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def sizes(self) -> list[int]:
@@ -171,6 +177,7 @@ class ImageEncoder:
         self.tower_ratio = _tower_ratio(vlm, text)
         self.patches_per_image = _patches_per_image(vlm.config)
         self.max_pixels = MAX_IMAGE_PIXELS.default  # --max-image-pixels
+        self.both_ways = bidirectional_images(vlm.config)  # each image's tokens see each other
         from PIL import Image
 
         Image.MAX_IMAGE_PIXELS = None  # max_pixels is the limit (PIL's would refuse first)
@@ -273,6 +280,8 @@ class ImageEncoder:
         if self.last_run is not None:
             prompt_images.counts = image_counts(ids, positions, self.last_run)
         prompt_images.inputs = {k: np.asarray(out[k]) for k in EXTRA_INPUTS if k in out}
+        if self.both_ways:
+            prompt_images.spans = image_spans.runs(positions.tolist())
         sizes = prompt_images.sizes
         if sum(sizes) != len(positions) or len(sizes) != len(digests):
             raise InvalidRequest("the prompt's image placeholders do not match its images")

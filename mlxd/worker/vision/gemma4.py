@@ -45,6 +45,7 @@ class Gemma4TextModel(TextModel):
 
 def bidirectional_images(config: Any) -> bool:
     """Whether the checkpoint's image tokens attend each other both ways (the larger Gemma 4s'
-    ``use_bidirectional_attention: vision``): the pool's causal masks would answer otherwise."""
+    ``use_bidirectional_attention: vision``): each image is then prefilled in one forward,
+    its masks opened within it (``sched.image_spans``)."""
     text = getattr(config, "text_config", None)
     return getattr(text, "use_bidirectional_attention", None) == "vision"
