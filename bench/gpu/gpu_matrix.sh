@@ -18,7 +18,8 @@
 # Several GPUs: LANES="0:vision,dense,sliding 1:rows,hybrid,moe" runs each lane's items in turn on
 # its GPU (CUDA_VISIBLE_DEVICES), the lanes side by side, each with its own ports and
 # $OUT/laneN/ (a class: matrix.py; "rows": gpu_rows.sh's step time by rows, ROWS=16,24,32,48,64,
-# on the Qwen3-0.6B shape); each lane makes its models first. Then $OUT/all/matrix.md joins them.
+# on the Qwen3-0.6B shape; "prof": bench/step_profile.py at PROF_ROWS="16 64" on the dense class's
+# model, made by another lane); each lane makes its models first. Then $OUT/all/matrix.md joins them.
 # A run longer than one command: DETACH=1 starts it in its own session writing to $RUN_DIR
 # (/root/matrix-out) and returns; a later command, COLLECT=1, waits up to WAIT_S (580) for it,
 # joins the table from whatever has finished, and copies matrix.md and a tarball of the run to
@@ -59,6 +60,13 @@ lane() {  # GPU ITEMS: a lane's models made, then its items in turn on GPU
   [ -n "$classes" ] && CUDA_VISIBLE_DEVICES=$gpu "$PY" bench/matrix.py --out "$OUT/lane$gpu" \
     --classes "$classes" --make-only $([ "${TINY:-0}" = 1 ] && echo --tiny) > "$OUT/lane$gpu-make.txt" 2>&1
   for item in $items; do
+    if [ "$item" = prof ]; then  # step_profile.py on the dense shape (another lane makes it)
+      for r in ${PROF_ROWS:-16 64}; do
+        CUDA_VISIBLE_DEVICES=$gpu "$PY" bench/step_profile.py "${MODELS:-/root/models}/matrix-dense" \
+          --rows "$r" >> "$OUT/lane$gpu-prof.txt" 2>&1
+      done
+      continue
+    fi
     if [ "$item" = rows ]; then
       CUDA_VISIBLE_DEVICES=$gpu OUT="$OUT/lane$gpu" SIZES=qwen3-0.6b LEVELS="${ROWS:-16,24,32,48,64}" \
         LONG=0 bash bench/gpu/gpu_rows.sh > "$OUT/lane$gpu-rows.txt" 2>&1
