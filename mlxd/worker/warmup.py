@@ -7,10 +7,12 @@ Before serving, the engine therefore runs, on its own paths and in order of what
 requests need: a prompt of two prefill chunks (a chunk alone and one over cached keys) with the
 sampler, then decode steps at 1, 2, 4, ... rows up to ``max_num_seqs`` (at most
 ``MAX_WARM_ROWS``), every other row sampling with temperature and top-p, the rest greedily. It
-stops at the first stage that would start after ``--warmup-s`` seconds (0: no warm-up; by
-default 20 s on a GPU and none on the CPU: ``warmup_budget``). The requests go to no client;
-afterwards the prefix cache holds nothing of them, their blocks are free and the worker's
-counters start from zero. Meanwhile pings say ``warming`` with the stage
+stops at the first engine step that would start after ``--warmup-s`` seconds, within a stage
+too (0: no warm-up; by default 20 s on a GPU and none on the CPU: ``warmup_budget``): on an
+H100 a hybrid's and a MoE's stages each built kernels for longer than the whole budget, and a
+check between stages only let the worker say it serves after 90 s and more. The requests go
+to no client; afterwards the prefix cache holds nothing of them, their blocks are free and the
+worker's counters start from zero. Meanwhile pings say ``warming`` with the stage
 (``Pong.warming``), the supervisor shows the worker as ``warming`` and the gateway holds its
 requests until it is ready; a request that reaches the worker's socket early waits there.
 """
@@ -79,13 +81,18 @@ def warm_up(engine: Engine, budget_s: float, clock: Callable[[], float] = time.m
         return 0
     plan = stages(engine)
     started, done = clock(), 0
+
+    def over() -> bool:
+        return clock() - started >= budget_s or engine.should_exit
+
     channel, engine.channel = engine.channel, _Sink()  # type: ignore[assignment]
     try:
         for stage in plan:
-            if clock() - started >= budget_s or engine.should_exit:
+            if over():
                 break
             engine.warming = f"{stage.name} ({done + 1}/{len(plan)})"
-            _run(engine, stage)
+            if not _run(engine, stage, over):
+                break  # cut at the budget: not counted
             done += 1
     except Exception:  # noqa: BLE001 - a warm-up that fails costs its speed-up, not the worker
         log.exception("warm-up failed at stage %d; serving without the rest", done + 1)
@@ -97,7 +104,8 @@ def warm_up(engine: Engine, budget_s: float, clock: Callable[[], float] = time.m
     return done
 
 
-def _run(engine: Engine, stage: Stage) -> None:
+def _run(engine: Engine, stage: Stage, over: Callable[[], bool]) -> bool:
+    """Run ``stage`` step by step; False if ``over()`` cut it (``_forget`` drops what is left)."""
     for i, prompt in enumerate(stage.prompts):
         sampling = SamplingParams(
             max_tokens=stage.max_tokens,
@@ -111,8 +119,11 @@ def _run(engine: Engine, stage: Stage) -> None:
             request_id=f"warmup-{i}", prompt=TokenPrompt(token_ids=prompt), sampling=sampling
         )
         engine.dispatch(WARMUP_CLIENT, request)
-    while engine.scheduler.has_work() and not engine.should_exit:
+    while engine.scheduler.has_work():
+        if over():
+            return False
         engine.step()
+    return True
 
 
 def _forget(engine: Engine) -> None:

@@ -64,10 +64,39 @@ def test_no_budget_no_warm_up(harness_factory: Any) -> None:
     assert h.engine.stats is stats and stats.decode_steps == 0
 
 
-def test_a_short_budget_stops_between_stages(harness_factory: Any) -> None:
+def test_the_budget_stops_a_stage_between_its_steps(harness_factory: Any) -> None:
+    """A stage longer than the budget is cut at the first step past it (an H100 built kernels
+    for longer than the whole budget within one stage), and leaves nothing behind."""
+    from mlxd.worker.warmup import stages, warm_up
+
+    h: Harness = harness_factory(prefill_chunk=16, max_num_seqs=8)
+    assert stages(h.engine)[0].name == "a 32-token prompt"  # four steps: two chunks, two tokens
+    now, step = [0.0], h.engine.step
+
+    def timed_step() -> None:  # each step takes a second
+        now[0] += 1.0
+        step()
+
+    h.engine.step = timed_step  # type: ignore[method-assign]
+    assert warm_up(h.engine, 1.5, clock=lambda: now[0]) == 0
+    assert now[0] == 2.0  # steps at t=0 and t=1; none started past the budget
+    assert h.engine.scheduler.pool is not None and h.engine.scheduler.pool.num_used == 0
+    assert not h.engine.scheduler.has_work() and h.engine.warming == ""
+    h.engine.scheduler.check_invariants()
+
+
+def test_stages_that_fit_the_budget_all_count(harness_factory: Any) -> None:
     from mlxd.worker.warmup import warm_up
 
-    h: Harness = harness_factory(max_num_seqs=8)
-    ticks = iter(range(100))
-    assert warm_up(h.engine, 2.5, clock=lambda: float(next(ticks))) == 2  # t=1, 2; not 3
+    h: Harness = harness_factory(prefill_chunk=16, max_num_seqs=8)
+    now, step = [0.0], h.engine.step
+
+    def timed_step() -> None:
+        now[0] += 1.0
+        step()
+
+    h.engine.step = timed_step  # type: ignore[method-assign]
+    # the prompt stage ends at t=4, "decode at 1 rows" at t=8: cut within the third stage
+    assert warm_up(h.engine, 9.5, clock=lambda: now[0]) == 2
+    assert now[0] == 10.0
     assert h.engine.scheduler.pool is not None and h.engine.scheduler.pool.num_used == 0
