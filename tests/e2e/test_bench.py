@@ -128,6 +128,33 @@ def test_shared_prefix_reports_cold_and_hit(shared_daemon: Daemon) -> None:
     assert "prefix 64 tokens at concurrency 1: TTFT p50 cold" in result.stdout
 
 
+def test_images_need_chat(shared_daemon: Daemon) -> None:
+    result = _bench(shared_daemon, "--image-size", "32", "--concurrency", "1")
+    assert result.exit_code == 2 and "add --endpoint chat" in result.output
+
+
+def test_shared_image_reports_cold_and_hit_against_a_vlm(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    """Each cold request's own image is new to the server (nothing cached); each hit's image
+    is the primed one, whose tokens the prefix cache covers."""
+    pytest.importorskip("mlx_vlm")
+    from tests.e2e.vision_parity import made
+
+    daemon = start_daemon(made(tmp_path_factory, "llava"), name="tiny")
+    try:
+        out = tmp_path / "image.json"
+        args = ["--endpoint", "chat", "--scenario", "shared-image", "--image-size", "64"]
+        result = _bench(daemon, *args, "--concurrency", "1", "--runs", "2", "--json", str(out))
+    finally:
+        stop_daemon(daemon)
+    assert result.exit_code == 0, result.output
+    assert "image 64x64 at concurrency 1: TTFT p50 cold" in result.stdout
+    rows = {r["group"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["cold"]["ok"] == rows["hit"]["ok"] == 2
+    assert rows["cold"]["prefix_hit_rate"] == 0 < rows["hit"]["prefix_hit_rate"]
+
+
 def test_unreachable_server_is_one_line_and_nonzero() -> None:
     free_url = f"http://127.0.0.1:{free_port()}"
     result = CliRunner().invoke(main, ["bench", "run", "--url", free_url, "--model", "x"])

@@ -68,3 +68,23 @@ def test_render_turns_ids_into_text_in_place() -> None:
     render(sessions, words)
     assert sessions[0].turns[0].user == words(ids) and len(words(ids).split()) == len(ids)  # type: ignore[arg-type]
     assert isinstance(sessions[0].turns[0].prefix, str)
+
+
+def test_each_request_has_an_image_of_its_own_when_asked() -> None:
+    (phase,) = phases("throughput", _opts(image_size=32))
+    images = [s.turns[0].image for s in phase.make(4, 0)]
+    assert all(i is not None and i.startswith("data:image/png;base64,") for i in images)
+    assert len(set(images)) == 4
+    (plain,) = phases("throughput", _opts())
+    assert {s.turns[0].image for s in plain.make(2, 0)} == {None}
+
+
+def test_shared_image_hits_share_the_primed_image_and_cold_ones_never_do() -> None:
+    cold, hit = phases("shared-image", _opts(image_size=32))
+    assert cold.tags == hit.tags == {"image_size": 32} and cold.prime is None
+    cold_reqs = [s.turns[0] for s in cold.make(3, 0)]
+    assert len({r.image for r in cold_reqs}) == 3 and {r.group for r in cold_reqs} == {"cold"}
+    assert hit.prime is not None
+    hit_reqs = [s.turns[0] for s in hit.make(3, 0)]
+    assert {r.image for r in hit_reqs} == {hit.prime.turns[0].image} - {None}
+    assert {r.group for r in hit_reqs} == {"hit"} and len({tuple(r.user) for r in hit_reqs}) == 3  # type: ignore[arg-type]
