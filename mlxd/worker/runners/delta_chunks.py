@@ -1,0 +1,154 @@
+"""Gated DeltaNet prefill in chunks: a prompt's recurrence as a few matrix products per 64 tokens
+where MLX has no fused kernel for it.
+
+mlx-lm runs the gated delta rule (Qwen3.5, Qwen3-Next, OLMo hybrid, ...) through a Metal kernel
+on Apple GPUs. Elsewhere (CUDA, the CPU) its ``gated_delta_ops`` steps a Python loop over every
+token, some ten array operations a token and layer: on an H100 a 4.5k-token prompt of a
+Qwen3.5-0.8B shape took 11.0 s in mlxd and 8.4-12.9 s in every peer (docs/PERFORMANCE.md, run
+M1), against 0.13 s for a dense model of that size. ``chunked_gated_delta`` computes the same
+recurrence chunk by chunk in the WY form of the Gated DeltaNet paper (as flash-linear-attention's
+reference does): within a chunk the tokens' updates come from one triangular solve and a few
+products, and only the state passes from chunk to chunk. ``install`` swaps it in for the
+prefill of a loaded model's layers where Metal is absent; decode, prefills under ``MIN_TOKENS`` and
+anything it does not cover (a padding mask, per-dimension gates, bounded or negative gates) keep
+mlx-lm's path.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+
+CHUNK = 64  # tokens a chunk: the triangular solve's size
+# Shorter prefills keep mlx-lm's loop: the solve's fixed cost is most of their time, and the loop
+# leaves them bit-identical to the same tokens decoded one by one (a sequence recomputed after
+# preemption against its first pass; the sums of a chunk come in another order).
+MIN_TOKENS = 4 * CHUNK
+_NAME = "gated_delta_update"  # what a model's module calls, imported by this name
+
+
+def chunked_gated_delta(
+    q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array, state: mx.array
+) -> tuple[mx.array, mx.array]:
+    """The gated delta rule over a prompt, as ``gated_delta_ops`` without a mask computes it.
+
+    Shapes: q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; g (the decay, in (0, 1]) and beta [B, T, Hv];
+    state [B, Hv, Dv, Dk]. Returns y [B, T, Hv, Dv] in q's dtype and the last state (float32).
+    """
+    T, repeat, dtype = q.shape[1], v.shape[2] // q.shape[2], q.dtype
+    if repeat > 1:
+        q, k = mx.repeat(q, repeat, -2), mx.repeat(k, repeat, -2)
+    pad = -T % CHUNK
+    q, k, v, beta = (_chunks(x, pad) for x in (q, k, v, beta))
+    cum = mx.cumsum(_chunks(mx.log(g.astype(mx.float32)), pad), axis=-1)  # a padded g is 1
+    u, w, qk = _within_chunks(q, k, v, beta, cum)
+    q_decayed = q * mx.exp(cum)[..., None]
+    k_to_end = k * mx.exp(cum[..., -1:] - cum)[..., None]
+    end_decay = mx.exp(cum[..., -1])[..., None, None]
+    s, ys = state.astype(mx.float32), []
+    for c in range(q.shape[2]):  # the state from chunk to chunk
+        delta = u[:, :, c] - w[:, :, c] @ s.swapaxes(-1, -2)
+        ys.append(q_decayed[:, :, c] @ s.swapaxes(-1, -2) + qk[:, :, c] @ delta)
+        s = s * end_decay[:, :, c] + delta.swapaxes(-1, -2) @ k_to_end[:, :, c]
+    y = mx.moveaxis(mx.stack(ys, axis=2), 1, 3)  # [B, n, C, H, Dv]
+    return y.reshape(y.shape[0], -1, *y.shape[3:])[:, :T].astype(dtype), s
+
+
+def install(model: Any) -> int:
+    """Route the prefill of ``model``'s gated delta layers through ``chunked_gated_delta`` where
+    Metal is absent; returns how many model modules were patched (0 on Metal or without such
+    layers). A module is patched once, for every model of its kind in this process."""
+    if mx.metal.is_available():
+        return 0
+    modules = {type(m).__module__ for _, m in model.named_modules()}
+    patched = 0
+    for name in sorted(modules):
+        module = sys.modules.get(name)
+        original = getattr(module, _NAME, None)
+        if original is None or getattr(original, "chunked", False):
+            continue
+        setattr(module, _NAME, _chunked_update(original, _compute_g(module)))
+        patched += 1
+    return patched
+
+
+# Internal helpers
+
+
+def _chunks(x: mx.array, pad: int) -> mx.array:
+    """[B, T, H, ...] in float32, zero-padded to whole chunks, as [B, H, n, C, ...]."""
+    x = x.astype(mx.float32)
+    if pad:
+        x = mx.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+    x = x.reshape(x.shape[0], -1, CHUNK, *x.shape[2:])
+    return mx.moveaxis(x, 3, 1)
+
+
+def _within_chunks(
+    q: mx.array, k: mx.array, v: mx.array, beta: mx.array, cum: mx.array
+) -> tuple[mx.array, mx.array, mx.array]:
+    """What a chunk's tokens contribute, whatever state it starts from: the value part ``u`` and
+    the state's weights ``w`` of their updates (delta = u - w S^T), and the decayed q.k of each
+    token with the earlier ones and itself."""
+    gap = cum[..., :, None] - cum[..., None, :]  # [.., C, C]: the decay from token j to token i
+    before = mx.tril(mx.ones((CHUNK, CHUNK), dtype=mx.bool_), -1)
+    upto = mx.tril(mx.ones((CHUNK, CHUNK), dtype=mx.bool_))
+    k_beta = k * beta[..., None]
+    a = (k_beta @ k.swapaxes(-1, -2)) * mx.exp(mx.where(before, gap, -mx.inf))
+    solve = _unit_lower_inverse(a)
+    u = solve @ (v * beta[..., None])
+    w = solve @ (k_beta * mx.exp(cum)[..., None])
+    qk = (q @ k.swapaxes(-1, -2)) * mx.exp(mx.where(upto, gap, -mx.inf))
+    return u, w, qk
+
+
+def _unit_lower_inverse(a: mx.array) -> mx.array:
+    """(I + a)^-1 for strictly lower-triangular ``a`` [.., C, C], row by row (forward
+    substitution: stable where the products of a's powers would not be)."""
+    t = -a
+    for i in range(1, CHUNK):
+        row = t[..., i, :i] + (t[..., i, :i, None] * t[..., :i, :i]).sum(-2)
+        t[..., i, :i] = row
+    return t + mx.eye(CHUNK, dtype=t.dtype)
+
+
+def _compute_g(module: Any) -> Callable[..., mx.array]:
+    found = getattr(module, "compute_g", None)
+    if found is not None:
+        return found  # type: ignore[no-any-return]
+    from mlx_lm.models.gated_delta import compute_g
+
+    return compute_g  # type: ignore[no-any-return]
+
+
+def _chunked_update(original: Callable[..., Any], compute_g: Callable[..., mx.array]) -> Any:
+    """``gated_delta_update`` with the prefill it covers chunked, the rest as before."""
+
+    def update(
+        q: mx.array,
+        k: mx.array,
+        v: mx.array,
+        a: mx.array,
+        b: mx.array,
+        A_log: mx.array,  # noqa: N803 - the library's name
+        dt_bias: mx.array,
+        state: mx.array | None = None,
+        mask: mx.array | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        plain = kwargs.get("lower_bound") is None and not kwargs.get("allow_neg_eigval")
+        if q.shape[1] < MIN_TOKENS or mask is not None or not plain:
+            return original(q, k, v, a, b, A_log, dt_bias, state, mask, **kwargs)
+        g = compute_g(A_log, a, dt_bias)
+        if g.ndim != 3:  # a gate per key dimension: not chunked here
+            return original(q, k, v, a, b, A_log, dt_bias, state, mask, **kwargs)
+        if state is None:
+            shape = (q.shape[0], v.shape[2], v.shape[3], q.shape[3])
+            state = mx.zeros(shape, dtype=mx.float32)
+        return chunked_gated_delta(q, k, v, g, mx.sigmoid(b), state)
+
+    update.chunked = True  # type: ignore[attr-defined]
+    return update

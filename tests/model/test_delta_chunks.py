@@ -1,0 +1,101 @@
+"""Gated DeltaNet prefill in chunks (``runners.delta_chunks``) against mlx-lm's own per-token
+loop: the same outputs and state for any length, head grouping, starting state and dtype; and
+``install`` routes a real model's prefill through it (on the CPU, where Metal is absent) while
+decode keeps mlx-lm's step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import pytest
+
+pytestmark = pytest.mark.model
+
+
+def _inputs(t: int, hk: int, hv: int, dk: int, dv: int, dtype: Any, seed: int) -> dict[str, Any]:
+    from mlx_lm.models.gated_delta import compute_g
+
+    mx.random.seed(seed)
+    q, k = (mx.random.normal((2, t, hk, dk)) for _ in range(2))
+    q = q / mx.linalg.norm(q, axis=-1, keepdims=True) * dk**-0.5
+    k = k / mx.linalg.norm(k, axis=-1, keepdims=True)
+    a, b = mx.random.normal((2, t, hv)), mx.random.normal((2, t, hv))
+    g = compute_g(mx.random.normal((hv,)), a, mx.random.normal((hv,)))
+    state = mx.random.normal((2, hv, dv, dk)) * 0.1
+    v = mx.random.normal((2, t, hv, dv))
+    cast = {"q": q, "k": k, "v": v}
+    return {
+        **{n: x.astype(dtype) for n, x in cast.items()},
+        "g": g,
+        "beta": mx.sigmoid(b),
+        "state": state,
+    }
+
+
+@pytest.mark.parametrize(
+    ("t", "hk", "hv", "dk", "dv"),
+    [(64, 2, 2, 16, 16), (100, 2, 4, 16, 32), (1, 2, 2, 16, 16), (257, 4, 8, 32, 16)],
+)
+def test_chunks_equal_the_per_token_loop(t: int, hk: int, hv: int, dk: int, dv: int) -> None:
+    from mlx_lm.models.gated_delta import gated_delta_ops
+
+    from mlxd.worker.runners.delta_chunks import chunked_gated_delta
+
+    x = _inputs(t, hk, hv, dk, dv, mx.float32, seed=t)
+    y_loop, s_loop = gated_delta_ops(x["q"], x["k"], x["v"], x["g"], x["beta"], x["state"])
+    y, s = chunked_gated_delta(x["q"], x["k"], x["v"], x["g"], x["beta"], x["state"])
+    assert y.shape == y_loop.shape and y.dtype == y_loop.dtype and s.shape == s_loop.shape
+    assert mx.allclose(y, y_loop, atol=1e-5).item() and mx.allclose(s, s_loop, atol=1e-5).item()
+
+
+def test_bfloat16_inputs_agree_to_their_precision() -> None:
+    from mlx_lm.models.gated_delta import gated_delta_ops
+
+    from mlxd.worker.runners.delta_chunks import chunked_gated_delta
+
+    x = _inputs(130, 2, 2, 32, 32, mx.bfloat16, seed=1)
+    y_loop, s_loop = gated_delta_ops(x["q"], x["k"], x["v"], x["g"], x["beta"], x["state"])
+    y, s = chunked_gated_delta(x["q"], x["k"], x["v"], x["g"], x["beta"], x["state"])
+    assert y.dtype == mx.bfloat16 and s.dtype == mx.float32
+    assert mx.allclose(y.astype(mx.float32), y_loop.astype(mx.float32), atol=2e-2).item()
+    assert mx.allclose(s, s_loop, atol=1e-4).item()
+
+
+@pytest.mark.filterwarnings("ignore:`rope_scaling` is deprecated:FutureWarning")  # its tokenizer
+def test_install_routes_a_models_prefill_through_chunks_and_keeps_decode(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tiny Qwen3.5 (Gated DeltaNet and attention layers): after ``install`` a 300-token
+    prompt's prefill runs in chunks, a one-token decode step does not, and the logits of both
+    equal those of mlx-lm's loop."""
+    import importlib
+
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.utils import load
+
+    from mlxd.models.zoo import make_zoo_model
+    from mlxd.worker.runners import delta_chunks
+
+    model, _ = load(str(make_zoo_model(tmp_path / "m", "qwen3_5")))
+    module = importlib.import_module(type(model).__module__)
+    monkeypatch.setattr(module, "gated_delta_update", module.gated_delta_update)  # undone after
+    prompt = mx.array([[(7 * i) % 200 + 3 for i in range(300)]])
+
+    def run() -> tuple[mx.array, mx.array]:
+        cache = make_prompt_cache(model)
+        first = model(prompt, cache=cache)[:, -1]
+        return first, model(mx.array([[5]]), cache=cache)[:, -1]
+
+    expected = run()
+    assert delta_chunks.install(model) >= 1
+    assert delta_chunks.install(model) == 0  # a module is patched once
+    lengths: list[int] = []
+    chunked = delta_chunks.chunked_gated_delta
+    monkeypatch.setattr(
+        delta_chunks, "chunked_gated_delta", lambda *a: lengths.append(a[0].shape[1]) or chunked(*a)
+    )
+    got = run()
+    assert lengths and set(lengths) == {300}  # every layer's prefill; no decode step
+    for want, have in zip(expected, got, strict=True):
+        assert mx.allclose(want, have, atol=1e-4).item()
