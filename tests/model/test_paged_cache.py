@@ -160,3 +160,24 @@ def test_padding_keys_are_zeroed_so_no_real_row_reads_a_non_finite_one(context: 
     k, v = cache.update_and_fetch(keys, keys)
     assert mx.isfinite(k).all().item() and mx.isfinite(v).all().item()
     assert mx.isfinite(pool.keys[0]).all().item() and mx.isfinite(pool.values[0]).all().item()
+
+
+@pytest.mark.parametrize("context", [0, 16], ids=["fresh", "cached"])
+def test_image_spans_keep_one_mask_per_row_for_every_head(context: int) -> None:
+    """Two rows of one length, each with an image whose tokens attend both ways: the overlaid
+    mask is (rows, 1, queries, keys), one per row broadcast over heads (two rows with no mask
+    of their own made it (2, 2, ...): a forward of two image prompts together failed)."""
+    import mlx.core as mx
+
+    from mlxd.worker.kv.paged_cache import KVPool, PagedKVCache, PagedStep
+
+    pool = KVPool(
+        1, num_blocks=8, block_size=16, n_kv_heads=1, k_head_dim=4, v_head_dim=4, dtype=mx.float32
+    )
+    step = PagedStep.build([[0, 1, 4], [2, 3, 5]], [context, context], [6, 6], pool)
+    step = step.with_spans([[(context + 1, context + 4)], [(context + 2, context + 5)]])
+    mask = PagedKVCache.for_step(pool, step)[0].make_mask(6, return_array=True)
+    assert isinstance(mask, mx.array) and mask.shape == (2, 1, 6, context + 6)
+    first = mask[0, 0, 1:4, context + 1 : context + 4]  # row 0's image: both ways
+    assert first.all().item() and not mask[1, 0, 1, context + 3].item()  # row 1's is elsewhere
+    assert mask[1, 0, 2, context + 4].item()  # row 1's image: a query sees a later image key

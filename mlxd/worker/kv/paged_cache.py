@@ -331,7 +331,8 @@ class PagedStep:
         keys = self._key_positions()
         q_in, k_in = _span_ids(self.qpos, spans), _span_ids(keys, spans)
         both = ((q_in[:, :, None] == k_in[:, None, :]) & (q_in[:, :, None] >= 0))[:, None]
-        causal = self.mask if self.mask is not None else (keys[:, None, :] <= self.qpos[..., None])
+        if (causal := self.mask) is None:  # (B, 1, L, K): one per row, broadcast over heads
+            causal = (keys[:, None, :] <= self.qpos[..., None])[:, None]
         return replace(self, mask=causal | both, both_ways=both)
 
     def _key_positions(self) -> mx.array:
