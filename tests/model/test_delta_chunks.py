@@ -99,3 +99,16 @@ def test_install_routes_a_models_prefill_through_chunks_and_keeps_decode(
     assert lengths and set(lengths) == {300}  # every layer's prefill; no decode step
     for want, have in zip(expected, got, strict=True):
         assert mx.allclose(want, have, atol=1e-4).item()
+
+
+def test_a_module_calling_another_librarys_function_is_left_alone(tmp_path: Any) -> None:
+    """mlx-vlm's Qwen3.5 layers call mlx-vlm's own ``gated_delta_update`` (a chunked scan where
+    Metal is absent already, whose cache holds the state): ``install`` patches nothing there."""
+    pytest.importorskip("mlx_vlm")
+    from mlx_vlm import load
+
+    from mlxd.models.vlm_maker import make_vlm
+    from mlxd.worker.runners import delta_chunks
+
+    model, _ = load(str(make_vlm(tmp_path / "vl", arch="qwen3_5_vl", progress=lambda _: None)))
+    assert delta_chunks.install(model) == 0

@@ -28,6 +28,9 @@ CHUNK = 64  # tokens a chunk: the triangular solve's size
 # preemption against its first pass; the sums of a chunk come in another order).
 MIN_TOKENS = 4 * CHUNK
 _NAME = "gated_delta_update"  # what a model's module calls, imported by this name
+# Whose function is replaced: mlx-lm's, which loops where Metal is absent. mlx-vlm's Qwen3.5
+# brings its own (a chunked scan there already, and a cache-owning signature).
+_LOOPS = "mlx_lm.models.gated_delta"
 
 
 def chunked_gated_delta(
@@ -59,8 +62,9 @@ def chunked_gated_delta(
 
 def install(model: Any) -> int:
     """Route the prefill of ``model``'s gated delta layers through ``chunked_gated_delta`` where
-    Metal is absent; returns how many model modules were patched (0 on Metal or without such
-    layers). A module is patched once, for every model of its kind in this process."""
+    Metal is absent; returns how many model modules were patched (0 on Metal, without such
+    layers, or where a module calls another library's function). A module is patched once, for
+    every model of its kind in this process."""
     if mx.metal.is_available():
         return 0
     modules = {type(m).__module__ for _, m in model.named_modules()}
@@ -68,7 +72,7 @@ def install(model: Any) -> int:
     for name in sorted(modules):
         module = sys.modules.get(name)
         original = getattr(module, _NAME, None)
-        if original is None or getattr(original, "chunked", False):
+        if getattr(original, "__module__", None) != _LOOPS:  # not mlx-lm's, or patched already
             continue
         setattr(module, _NAME, _chunked_update(original, _compute_g(module)))
         patched += 1
@@ -150,5 +154,4 @@ def _chunked_update(original: Callable[..., Any], compute_g: Callable[..., mx.ar
             state = mx.zeros(shape, dtype=mx.float32)
         return chunked_gated_delta(q, k, v, g, mx.sigmoid(b), state)
 
-    update.chunked = True  # type: ignore[attr-defined]
     return update
