@@ -161,6 +161,7 @@ def legs(args: argparse.Namespace, cls: str) -> list[Leg]:
     long += ["--warmup-tokens", "0"]
     streams = ["--concurrency", args.levels, "--prompt-tokens", str(args.prompt_tokens)]
     streams += ["--max-tokens", str(args.max_tokens), "--client-procs", str(args.client_procs)]
+    streams += ["--requests-per-level", "4"]  # one stream: 4 requests in turn, not one (run M1)
     prefix = ["--scenario", "shared-prefix", "--prefix-tokens", str(args.prefix_tokens)]
     prefix += ["--concurrency", "1", "--max-tokens", "16"]
     return [
@@ -175,6 +176,7 @@ def _vision_legs(args: argparse.Namespace) -> list[Leg]:
     image = ["--image-size", str(args.image_size)]
     streams = ["--concurrency", args.levels, "--prompt-tokens", str(args.prompt_tokens), *image]
     streams += ["--max-tokens", str(args.max_tokens), "--client-procs", str(args.client_procs)]
+    streams += ["--requests-per-level", "4"]
     repeat = ["--scenario", "shared-image", *image, "--concurrency", "1", "--max-tokens", "16"]
     repeat += ["--prompt-tokens", str(args.prompt_tokens), "--runs", "3"]
     return [Leg("streams", streams, 400), Leg("prefix", repeat, 90)]
