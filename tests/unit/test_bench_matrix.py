@@ -19,6 +19,7 @@ def _row(c: int, tok_s: float, ttft: float, failed: int = 0, group: str = "all")
         "concurrency": c,
         "output_tok_s": tok_s,
         "ttft_p50_ms": ttft,
+        "ttft_p99_ms": ttft * 2,
         "failed": failed,
         "ok": c - failed,
         "group": group,
@@ -38,7 +39,7 @@ def _result() -> dict[str, Any]:
 def test_summary_takes_each_number_from_its_leg() -> None:
     s = matrix.summarize(_result())
     assert (s["first_ttft_ms"], s["warm_ttft_ms"]) == (1200.0, 300.0)
-    assert s["c64"] == {"tok_s": 2000, "failed": 3}
+    assert s["c64"] == {"tok_s": 2000, "failed": 3, "ttft_p50_ms": 20, "ttft_p99_ms": 40}
     assert (s["prefix_cold_ms"], s["prefix_hit_ms"]) == (400.0, 40.0)
 
 
@@ -49,7 +50,7 @@ def test_table_keeps_a_server_that_did_not_start() -> None:
     dead["summary"] = matrix.summarize(dead)
     lines = matrix.table([dead, ok]).splitlines()
     assert lines[2].startswith(
-        "| dense | mlxd abc | 9.5 | 1,200 / 300 | 100 | 900 | 2,000 (3 failed)"
+        "| dense | mlxd abc | 9.5 | 1,200 / 300 | 100 (5/10) | 900 (9/18) | 2,000 (20/40), 3 failed"
     )
     assert lines[3].endswith("| – / – | did not start |")
 
@@ -71,3 +72,16 @@ def test_growth_falls_back_to_rss_without_a_gpu() -> None:
     ]
     g = soak_peer.growth(samples, baseline_s=60)
     assert (g["measure"], g["baseline_mb"], g["growth_pct"]) == ("tree_rss_mb", 200.0, 5.0)
+
+
+def test_vision_runs_its_own_legs_as_chat_and_records_what_it_does_not_start() -> None:
+    import argparse
+
+    args = argparse.Namespace(
+        levels="1,16", prompt_tokens=128, max_tokens=128, client_procs=8, image_size=448
+    )
+    legs = {leg.name: leg.options for leg in matrix.legs(args, "vision")}
+    assert set(legs) == {"streams", "prefix"}
+    assert "--image-size" in legs["streams"] and "shared-image" in legs["prefix"]
+    skipped = matrix.not_run("vision", "mlx_lm.server")
+    assert "refuses images" in skipped["failed"] and skipped["summary"]["failed"]
