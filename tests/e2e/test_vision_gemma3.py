@@ -31,7 +31,7 @@ from tests.e2e.vision_parity import (
 )
 
 pytest.importorskip("mlx_vlm")
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.families]
 
 FAMILY = Family(
     name="gemma3",

@@ -34,6 +34,7 @@ from tests.e2e.vision_parity import (
 pytest.importorskip("mlx_vlm")
 pytestmark = [
     pytest.mark.e2e,
+    pytest.mark.families,
     # mlx-vlm's processor builds Gemma 4's audio feature extractor too, which warns so
     pytest.mark.filterwarnings("ignore:At least one mel filter:UserWarning"),
 ]

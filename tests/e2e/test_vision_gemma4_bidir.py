@@ -40,6 +40,7 @@ QUESTION = LONG_QUESTION
 MAX_TOKENS = FAMILY.max_tokens
 pytestmark = [
     pytest.mark.e2e,
+    pytest.mark.families,
     pytest.mark.filterwarnings("ignore:At least one mel filter:UserWarning"),
 ]
 

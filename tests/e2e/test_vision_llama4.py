@@ -35,7 +35,7 @@ from tests.e2e.vision_parity import (
 )
 
 pytest.importorskip("mlx_vlm")
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.families]
 
 SQUARE = (90, 90)  # one tile: 16 image tokens
 WIDE = (120, 60)  # 1 x 2 tiles and the global one: 48

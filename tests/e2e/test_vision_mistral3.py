@@ -33,7 +33,7 @@ from tests.e2e.vision_parity import (
 )
 
 pytest.importorskip("mlx_vlm")
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.families]
 
 SQUARE = (130, 90)  # 6 rows of 8 image tokens: 48
 WIDE = (120, 50)  # 4 rows of 8: 32

@@ -30,7 +30,7 @@ from tests.e2e.vision_parity import (
 )
 
 pytest.importorskip("mlx_vlm")
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.families]
 
 SQUARE = (224, 224)  # 64 image tokens: two whole 32-token blocks with the text before them
 # Its processor's pixels and each image's patch grid (time, height, width); no attention mask.

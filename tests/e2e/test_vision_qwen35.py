@@ -36,7 +36,7 @@ from tests.e2e.vision_parity import (
 )
 
 pytest.importorskip("mlx_vlm")
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.families]
 
 SQUARE = (224, 224)  # 49 image tokens at 4..52: a 75-token prompt, its hit two 32-token blocks
 # Its processor's pixels and each image's patch grid (time, height, width); no attention mask.

@@ -36,7 +36,7 @@ from tests.e2e.vision_parity import (
 )
 
 pytest.importorskip("mlx_vlm")
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.families]
 
 SQUARE = (256, 256)  # 64 image tokens: two whole 32-token blocks with the text before them
 CHUNK = 16  # prefill tokens a step in the chunked daemon: an image spans five chunks

@@ -36,7 +36,7 @@ from tests.e2e.vision_parity import (
 )
 
 pytest.importorskip("mlx_vlm")
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.families]
 
 SQUARE = (130, 90)  # 2 x 2 tiles and the global one: 80 image tokens
 WIDE = (120, 50)  # 1 x 2 tiles and the global one: 48
