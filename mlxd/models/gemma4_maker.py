@@ -20,20 +20,21 @@ caches, text only).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from mlxd.models.maker import Progress
 from mlxd.models.presets import TINY_SHAPE
 from mlxd.models.tokenizer_maker import (
-    CHAT_TEMPLATE,
     EOS_TOKEN_ID,
     PAD_TOKEN_ID,
-    RESERVED_TOKEN,
     TRAINED_VOCAB_SIZE,
 )
-from mlxd.models.vlm_maker import special_token, train_tokenizer, write_checkpoint, write_json
+from mlxd.models.vlm_maker import (
+    add_image_tokens,
+    train_tokenizer,
+    write_checkpoint,
+)
 
 PATCH_SIZE = 4
 POOLING = 2  # 2 x 2 patches pooled into one image token of 8 x 8 pixels
@@ -50,7 +51,6 @@ PER_LAYER_INPUT = 16  # each layer's own slice of the per-layer embedding table
 # Gemma ties its output head to the embeddings: random ones as large as the other weights carry
 # each token into its own logits (every greedy answer one token repeated); smaller ones vary.
 _EMBED_SCALE = 0.1
-_TEXT_PART = "{%- if part.type == 'text' -%}{{- part.text -}}{%- endif -%}"
 _IMAGE_PART = (
     "{%- if part.type == 'text' -%}{{- part.text -}}"
     "{%- elif part.type in ['image', 'image_url'] -%}{{- '" + IMAGE_TOKEN + "' -}}{%- endif -%}"
@@ -137,27 +137,14 @@ def _add_image_tokens(out_dir: Path) -> None:
     """The first reserved tokens become Gemma 4's image tokens (special, never split), named in
     the tokenizer's config as its processor reads them (``tokenizer.image_token``, ...); the chat
     template renders an image part as ``<|image|>``, which the processor expands."""
-    path = out_dir / "tokenizer.json"
-    spec = json.loads(path.read_text(encoding="utf-8"))
-    vocab = spec["model"]["vocab"]
-    for n, (token, token_id) in enumerate(TOKEN_IDS.items()):
-        assert vocab.pop(RESERVED_TOKEN.format(n)) == token_id
-        vocab[token] = token_id
-        spec["added_tokens"].append(special_token(token, token_id))
-    path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
-    config_path = out_dir / "tokenizer_config.json"
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    assert _TEXT_PART in CHAT_TEMPLATE
-    config["chat_template"] = CHAT_TEMPLATE.replace(_TEXT_PART, _IMAGE_PART)
-    config["processor_class"] = "Gemma4Processor"
-    config["extra_special_tokens"] = {
+    names = {
         "image_token": IMAGE_TOKEN,
         "boi_token": BOI_TOKEN,
         "eoi_token": EOI_TOKEN,
         "audio_token": AUDIO_TOKEN,
         "video_token": VIDEO_TOKEN,
     }
-    write_json(config_path, config)
+    add_image_tokens(out_dir, TOKEN_IDS, _IMAGE_PART, "Gemma4Processor", names)
 
 
 def _scale_embeddings(model: Any) -> None:

@@ -14,20 +14,21 @@ global one (48). Written by ``vlm_maker.make_vlm(arch="llama4")``.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from mlxd.models.maker import Progress
 from mlxd.models.presets import TINY_SHAPE
 from mlxd.models.tokenizer_maker import (
-    CHAT_TEMPLATE,
     EOS_TOKEN_ID,
     PAD_TOKEN_ID,
-    RESERVED_TOKEN,
     TRAINED_VOCAB_SIZE,
 )
-from mlxd.models.vlm_maker import special_token, train_tokenizer, write_checkpoint, write_json
+from mlxd.models.vlm_maker import (
+    add_image_tokens,
+    train_tokenizer,
+    write_checkpoint,
+)
 
 TILE = 112
 PATCH_SIZE = 14  # the processor's own (it reads no patch size from the checkpoint)
@@ -47,7 +48,6 @@ TOKENS = (
 )
 TOKEN_IDS = {t: TRAINED_VOCAB_SIZE + n for n, t in enumerate(TOKENS)}
 VOCAB_SIZE = TRAINED_VOCAB_SIZE + 64
-_TEXT_PART = "{%- if part.type == 'text' -%}{{- part.text -}}{%- endif -%}"
 _IMAGE_PART = (
     "{%- if part.type == 'text' -%}{{- part.text -}}"
     "{%- elif part.type in ['image', 'image_url'] -%}{{- '" + IMAGE_TOKEN + "' -}}{%- endif -%}"
@@ -141,20 +141,7 @@ def build_llama4(out_dir: Path, seed: int, report: Progress) -> None:
 def _add_image_tokens(out_dir: Path) -> None:
     """The first reserved tokens become Llama 4's image tokens (special, never split); the
     chat template renders an image part as ``<|image|>``, which the processor expands."""
-    path = out_dir / "tokenizer.json"
-    spec = json.loads(path.read_text(encoding="utf-8"))
-    vocab = spec["model"]["vocab"]
-    for n, (token, token_id) in enumerate(TOKEN_IDS.items()):
-        assert vocab.pop(RESERVED_TOKEN.format(n)) == token_id
-        vocab[token] = token_id
-        spec["added_tokens"].append(special_token(token, token_id))
-    path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
-    config_path = out_dir / "tokenizer_config.json"
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    assert _TEXT_PART in CHAT_TEMPLATE
-    config["chat_template"] = CHAT_TEMPLATE.replace(_TEXT_PART, _IMAGE_PART)
-    config["processor_class"] = "Llama4Processor"
-    write_json(config_path, config)
+    add_image_tokens(out_dir, TOKEN_IDS, _IMAGE_PART, "Llama4Processor")
 
 
 def _preprocessor() -> dict[str, Any]:

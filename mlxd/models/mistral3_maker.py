@@ -13,20 +13,21 @@ row: a row's ``[IMG]`` tokens, ``[IMG_BREAK]`` between rows, ``[IMG_END]`` after
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from mlxd.models.maker import Progress
 from mlxd.models.presets import TINY_SHAPE
 from mlxd.models.tokenizer_maker import (
-    CHAT_TEMPLATE,
     EOS_TOKEN_ID,
     PAD_TOKEN_ID,
-    RESERVED_TOKEN,
     TRAINED_VOCAB_SIZE,
 )
-from mlxd.models.vlm_maker import special_token, train_tokenizer, write_checkpoint, write_json
+from mlxd.models.vlm_maker import (
+    add_image_tokens,
+    train_tokenizer,
+    write_checkpoint,
+)
 
 PATCH_SIZE = 4
 MERGE_SIZE = 2  # 2 x 2 patches: one image token of 8 x 8 pixels
@@ -46,7 +47,6 @@ ROPE = {
 }
 _CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 _CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
-_TEXT_PART = "{%- if part.type == 'text' -%}{{- part.text -}}{%- endif -%}"
 _IMAGE_PART = (
     "{%- if part.type == 'text' -%}{{- part.text -}}"
     "{%- elif part.type in ['image', 'image_url'] -%}{{- '" + IMAGE_TOKEN + "' -}}{%- endif -%}"
@@ -121,20 +121,7 @@ def build_mistral3(out_dir: Path, seed: int, report: Progress) -> None:
 def _add_image_tokens(out_dir: Path) -> None:
     """The first reserved tokens become Pixtral's image tokens (special, never split); the
     chat template renders an image part as ``[IMG]``, which the processor expands row by row."""
-    path = out_dir / "tokenizer.json"
-    spec = json.loads(path.read_text(encoding="utf-8"))
-    vocab = spec["model"]["vocab"]
-    for n, (token, token_id) in enumerate(TOKEN_IDS.items()):
-        assert vocab.pop(RESERVED_TOKEN.format(n)) == token_id
-        vocab[token] = token_id
-        spec["added_tokens"].append(special_token(token, token_id))
-    path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
-    config_path = out_dir / "tokenizer_config.json"
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    assert _TEXT_PART in CHAT_TEMPLATE
-    config["chat_template"] = CHAT_TEMPLATE.replace(_TEXT_PART, _IMAGE_PART)
-    config["processor_class"] = "Mistral3Processor"
-    write_json(config_path, config)
+    add_image_tokens(out_dir, TOKEN_IDS, _IMAGE_PART, "Mistral3Processor")
 
 
 def _preprocessor() -> dict[str, Any]:

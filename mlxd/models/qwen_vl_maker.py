@@ -9,20 +9,21 @@ between ``MIN_PIXELS`` and ``MAX_PIXELS``, so the image tokens follow the image'
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from mlxd.models.maker import Progress
 from mlxd.models.presets import TINY_SHAPE
 from mlxd.models.tokenizer_maker import (
-    CHAT_TEMPLATE,
     EOS_TOKEN_ID,
     PAD_TOKEN_ID,
-    RESERVED_TOKEN,
     TRAINED_VOCAB_SIZE,
 )
-from mlxd.models.vlm_maker import special_token, train_tokenizer, write_checkpoint, write_json
+from mlxd.models.vlm_maker import (
+    add_image_tokens,
+    train_tokenizer,
+    write_checkpoint,
+)
 
 # The reserved ids past the trained vocabulary that become Qwen's vision tokens, in id order.
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
@@ -38,7 +39,6 @@ MAX_PIXELS = 224 * 224  # at most 64 image tokens an image
 MROPE_SECTION = [2, 3, 3]
 _CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 _CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
-_TEXT_PART = "{%- if part.type == 'text' -%}{{- part.text -}}{%- endif -%}"
 _IMAGE_PART = (
     "{%- if part.type == 'text' -%}{{- part.text -}}"
     "{%- elif part.type in ['image', 'image_url'] -%}"
@@ -111,21 +111,8 @@ def build_qwen2_5_vl(out_dir: Path, seed: int, report: Progress) -> None:
 def _add_vision_tokens(out_dir: Path) -> None:
     """The first reserved tokens become Qwen's vision tokens (special, never split); the chat
     template renders an image part as ``<|vision_start|><|image_pad|><|vision_end|>``."""
-    path = out_dir / "tokenizer.json"
-    spec = json.loads(path.read_text(encoding="utf-8"))
-    vocab = spec["model"]["vocab"]
-    for n, token in enumerate(VISION_TOKENS):
-        token_id = TRAINED_VOCAB_SIZE + n
-        assert vocab.pop(RESERVED_TOKEN.format(n)) == token_id
-        vocab[token] = token_id
-        spec["added_tokens"].append(special_token(token, token_id))
-    path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
-    config_path = out_dir / "tokenizer_config.json"
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    assert _TEXT_PART in CHAT_TEMPLATE
-    config["chat_template"] = CHAT_TEMPLATE.replace(_TEXT_PART, _IMAGE_PART)
-    config["processor_class"] = "Qwen2_5_VLProcessor"
-    write_json(config_path, config)
+    ids = {token: TRAINED_VOCAB_SIZE + n for n, token in enumerate(VISION_TOKENS)}
+    add_image_tokens(out_dir, ids, _IMAGE_PART, "Qwen2_5_VLProcessor")
 
 
 def _preprocessor() -> dict[str, Any]:

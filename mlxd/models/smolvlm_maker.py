@@ -13,20 +13,21 @@ Written by ``vlm_maker.make_vlm(arch="smolvlm")``.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from mlxd.models.maker import Progress
 from mlxd.models.presets import TINY_SHAPE
 from mlxd.models.tokenizer_maker import (
-    CHAT_TEMPLATE,
     EOS_TOKEN_ID,
     PAD_TOKEN_ID,
-    RESERVED_TOKEN,
     TRAINED_VOCAB_SIZE,
 )
-from mlxd.models.vlm_maker import special_token, train_tokenizer, write_checkpoint, write_json
+from mlxd.models.vlm_maker import (
+    add_image_tokens,
+    train_tokenizer,
+    write_checkpoint,
+)
 
 TILE = 32  # the tower's side: every tile and the global image
 LONGEST_EDGE = 2 * TILE  # at most 2 x 2 tiles
@@ -45,7 +46,6 @@ ROW_COL_TOKENS = tuple(
 TOKENS = (IMAGE_TOKEN, FAKE_TOKEN, GLOBAL_TOKEN, END_OF_UTTERANCE, *ROW_COL_TOKENS)
 TOKEN_IDS = {t: TRAINED_VOCAB_SIZE + n for n, t in enumerate(TOKENS)}
 VOCAB_SIZE = TRAINED_VOCAB_SIZE + 64
-_TEXT_PART = "{%- if part.type == 'text' -%}{{- part.text -}}{%- endif -%}"
 _IMAGE_PART = (
     "{%- if part.type == 'text' -%}{{- part.text -}}"
     "{%- elif part.type in ['image', 'image_url'] -%}{{- '" + IMAGE_TOKEN + "' -}}{%- endif -%}"
@@ -132,20 +132,7 @@ def _build(out_dir: Path, seed: int, report: Progress, arch: str) -> None:
 def _add_image_tokens(out_dir: Path, processor_class: str) -> None:
     """The first reserved tokens become the image tokens (special, never split); the chat
     template renders an image part as ``<image>``, which the processor expands into tiles."""
-    path = out_dir / "tokenizer.json"
-    spec = json.loads(path.read_text(encoding="utf-8"))
-    vocab = spec["model"]["vocab"]
-    for n, (token, token_id) in enumerate(TOKEN_IDS.items()):
-        assert vocab.pop(RESERVED_TOKEN.format(n)) == token_id
-        vocab[token] = token_id
-        spec["added_tokens"].append(special_token(token, token_id))
-    path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
-    config_path = out_dir / "tokenizer_config.json"
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    assert _TEXT_PART in CHAT_TEMPLATE
-    config["chat_template"] = CHAT_TEMPLATE.replace(_TEXT_PART, _IMAGE_PART)
-    config["processor_class"] = processor_class
-    write_json(config_path, config)
+    add_image_tokens(out_dir, TOKEN_IDS, _IMAGE_PART, processor_class)
 
 
 def _preprocessor(image_processor: str, processor_class: str) -> dict[str, Any]:

@@ -244,6 +244,35 @@ def gemma3_config() -> dict[str, Any]:
     }
 
 
+def add_image_tokens(
+    out_dir: Path,
+    token_ids: dict[str, int],
+    image_part: str,
+    processor_class: str,
+    names: dict[str, str] | None = None,
+) -> None:
+    """The first reserved tokens become ``token_ids`` (special, never split); the chat template
+    renders an image part as ``image_part`` (a replacement of the text-only template's content
+    macro); the tokenizer's config names the processor and, ``names``, the tokens it reads
+    (``tokenizer.boi_token``, ...)."""
+    path = out_dir / "tokenizer.json"
+    spec = json.loads(path.read_text(encoding="utf-8"))
+    vocab = spec["model"]["vocab"]
+    for n, (token, token_id) in enumerate(token_ids.items()):
+        assert vocab.pop(RESERVED_TOKEN.format(n)) == token_id
+        vocab[token] = token_id
+        spec["added_tokens"].append(special_token(token, token_id))
+    path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
+    config_path = out_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    assert _TEXT_PART in CHAT_TEMPLATE
+    config["chat_template"] = CHAT_TEMPLATE.replace(_TEXT_PART, image_part)
+    config["processor_class"] = processor_class
+    if names is not None:
+        config["extra_special_tokens"] = names
+    write_json(config_path, config)
+
+
 # Internal helpers
 
 
@@ -354,27 +383,13 @@ def _add_image_token(out_dir: Path) -> None:
 
 
 def _add_gemma3_tokens(out_dir: Path) -> None:
-    """Gemma 3's image tokens in the first reserved ids (special, never split), named in the
-    tokenizer's config as its processor reads them (``tokenizer.boi_token``, ...)."""
-    path = out_dir / "tokenizer.json"
-    spec = json.loads(path.read_text(encoding="utf-8"))
-    vocab = spec["model"]["vocab"]
-    for n, (token, token_id) in enumerate(GEMMA3_TOKEN_IDS.items()):
-        assert vocab.pop(RESERVED_TOKEN.format(n)) == token_id
-        vocab[token] = token_id
-        spec["added_tokens"].append(special_token(token, token_id))
-    path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
-    config_path = out_dir / "tokenizer_config.json"
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    assert _TEXT_PART in CHAT_TEMPLATE
-    config["chat_template"] = CHAT_TEMPLATE.replace(_TEXT_PART, _GEMMA3_IMAGE_PART)
-    config["processor_class"] = "Gemma3Processor"
-    config["extra_special_tokens"] = {
+    """Gemma 3's image tokens in the first reserved ids, named as its processor reads them."""
+    names = {
         "image_token": GEMMA3_IMAGE_TOKEN,
         "boi_token": GEMMA3_BOI_TOKEN,
         "eoi_token": GEMMA3_EOI_TOKEN,
     }
-    write_json(config_path, config)
+    add_image_tokens(out_dir, GEMMA3_TOKEN_IDS, _GEMMA3_IMAGE_PART, "Gemma3Processor", names)
 
 
 def _gemma3_preprocessor() -> dict[str, Any]:
