@@ -74,7 +74,7 @@ def install(model: Any) -> int:
         original = getattr(module, _NAME, None)
         if getattr(original, "__module__", None) != _LOOPS:  # not mlx-lm's, or patched already
             continue
-        setattr(module, _NAME, _chunked_update(original, _compute_g(module)))
+        setattr(module, _NAME, _chunked_update(original))
         patched += 1
     return patched
 
@@ -119,17 +119,9 @@ def _unit_lower_inverse(a: mx.array) -> mx.array:
     return t + mx.eye(CHUNK, dtype=t.dtype)
 
 
-def _compute_g(module: Any) -> Callable[..., mx.array]:
-    found = getattr(module, "compute_g", None)
-    if found is not None:
-        return found  # type: ignore[no-any-return]
-    from mlx_lm.models.gated_delta import compute_g
-
-    return compute_g  # type: ignore[no-any-return]
-
-
-def _chunked_update(original: Callable[..., Any], compute_g: Callable[..., mx.array]) -> Any:
+def _chunked_update(original: Callable[..., Any]) -> Any:
     """``gated_delta_update`` with the prefill it covers chunked, the rest as before."""
+    from mlx_lm.models.gated_delta import compute_g  # the one ``original`` uses (``_LOOPS``)
 
     def update(
         q: mx.array,
