@@ -27,6 +27,7 @@ from mlxd.worker.build import build_engine, build_runner, save_snapshots
 from mlxd.worker.control import Control
 from mlxd.worker.embedder import Embedder
 from mlxd.worker.engine import TEXT_ONLY, Engine
+from mlxd.worker.kv import attention_shapes
 from mlxd.worker.runners import delta_chunks
 from mlxd.worker.runners.base import ModelRunner
 from mlxd.worker.runners.output_head import last_position_only
@@ -107,6 +108,8 @@ def _load_all(config: WorkerConfig) -> _Loaded:
     compute = cpu_backend.prepare(model, config.dtype)  # float32 on the CPU; GEMM probe
     if delta_chunks.install(model):  # this process's gated delta prefill, where Metal is absent
         log.info("gated delta prefill in %d-token chunks", delta_chunks.CHUNK)
+    if attention_shapes.install():  # exact-length prefills' queries padded inside attention
+        log.info("attention queries padded to planned lengths")
     channel = _channel(config, group)
     runner, pool, max_context = build_runner(
         model, set(tokenizer.eos_token_ids), config, max_context

@@ -279,3 +279,51 @@ def test_the_kv_budget_holds_every_rows_state_and_the_snapshots(model_path: Path
         expected = split_kv_budget(budget - reserved, KVPool.bytes_per_token(model), BLOCK)[0]
         assert blocks(rows) == (expected, int(budget * STATE_SHARE))
     assert blocks(8)[0] < blocks(1)[0]
+
+
+def test_queries_padded_inside_attention_leave_every_output_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where attention plans are built per shape (CUDA), a hybrid's exact spans reach attention
+    with queries padded to the planned lengths (``attention_shapes.install``): batched and
+    preempted rows still equal mlx-lm's alone, and no multi-query call has another length.
+    Four layers, so an attention layer's output feeds the next layers' (in the two-layer zoo
+    model the last layer is the attention, whose prefill output nothing reads)."""
+    import mlx.core as mx
+
+    from mlxd.models.maker import write_model
+    from mlxd.models.zoo import zoo_config
+    from mlxd.worker.kv import attention_shapes
+
+    config = {**zoo_config("qwen3_next"), "num_hidden_layers": 4}
+    model_path = write_model(tmp_path / "m", config, seed=0, progress=lambda line: None)
+
+    tok_prompts = [PROMPTS[2] * 2, PROMPTS[0], PROMPTS[3] * 3]
+    h0 = Harness(model_path, block_size=BLOCK)
+    prompts = [h0.engine.encoder.tokenizer.encode(p) for p in tok_prompts]
+    h0.close()
+    expected = [reference_ids(model_path, ids, 24) for ids in prompts]
+    seen: list[int] = []
+    exact = mx.fast.scaled_dot_product_attention
+
+    def recording(q: mx.array, *args: Any, **kwargs: Any) -> mx.array:
+        if isinstance(kwargs.get("mask"), mx.array):
+            seen.append(q.shape[-2])
+        return exact(q, *args, **kwargs)
+
+    monkeypatch.setattr(attention_shapes, "BUCKETED", True)
+    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", recording)
+    assert attention_shapes.install()
+    h = Harness(model_path, block_size=BLOCK, num_blocks=12)
+    try:
+        from tests.model.conftest import Result
+
+        for i, ids in enumerate(prompts):
+            h.results[f"r{i}"] = Result()
+            h.generate_ids(f"r{i}", ids, max_tokens=24, ignore_eos=True)
+        results = h.run()
+    finally:
+        h.close()
+    assert [results[f"r{i}"].token_ids for i in range(len(prompts))] == expected
+    multi = [n for n in seen if n > 1]
+    assert multi and all(attention_shapes.queries(n) == n for n in multi)

@@ -1,7 +1,11 @@
-"""The padded attention lengths (``attention_shapes``): never shorter, little longer, few."""
+"""The padded attention lengths (``attention_shapes``): never shorter, little longer, few; and
+queries padded inside an attention call give the exact call's output."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import mlx.core as mx
 import pytest
 
 from mlxd.worker.kv import attention_shapes
@@ -38,3 +42,67 @@ def test_key_blocks_pad_only_multi_query_steps() -> None:
         assert attention_shapes.key_blocks(n, multi_query=False) == n
     assert {attention_shapes.key_blocks(n, True) for n in range(65, 129)} == {80, 96, 112, 128}
     assert [attention_shapes.key_blocks(n, True) for n in (1, 2, 3, 5)] == [1, 2, 3, 5]
+
+
+def _attend_recording(seen: list[int]) -> Any:
+    def attend(q: mx.array, k: mx.array, v: mx.array, **kwargs: Any) -> mx.array:
+        seen.append(q.shape[-2])
+        return mx.fast.scaled_dot_product_attention(q, k, v, **kwargs)
+
+    return attend
+
+
+@pytest.mark.usefixtures("bucketed")
+@pytest.mark.parametrize("kind", ["bool", "additive", "one_row"])
+@pytest.mark.parametrize("n", [3, 5, 17, 37])
+def test_padded_attention_equals_exact_attention(kind: str, n: int) -> None:
+    """Queries padded inside the call: the planned length reaches attention, the output is
+    the exact call's, every value finite."""
+    keys = 48
+    q = mx.random.normal((2, 4, n, 16), key=mx.random.key(n))
+    k = mx.random.normal((2, 2, keys, 16), key=mx.random.key(n + 1))
+    v = mx.random.normal((2, 2, keys, 16), key=mx.random.key(n + 2))
+    sees = mx.arange(keys)[None, :] <= (mx.arange(n)[:, None] + keys - n)  # causal, at the end
+    sees = mx.broadcast_to(sees, (2, 1, n, keys))
+    if kind == "additive":
+        mask = mx.where(sees, 0.0, -1e9).astype(mx.float32)
+    elif kind == "one_row":
+        mask = sees[:, :, -1:, :]
+    else:
+        mask = sees
+    seen: list[int] = []
+    padded = attention_shapes.padded_attention(_attend_recording(seen))
+    out = padded(q, k, v, scale=0.25, mask=mask)
+    exact = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25, mask=mask)
+    assert seen == [attention_shapes.queries(n)] and seen[0] > n
+    assert out.shape == exact.shape
+    assert mx.allclose(out, exact, atol=1e-5).item()
+
+
+@pytest.mark.usefixtures("bucketed")
+def test_padded_attention_leaves_other_calls_alone() -> None:
+    """One query, a planned length already, or a mask given as a string or not at all."""
+    q8 = mx.zeros((1, 2, 8, 16))
+    q5 = mx.zeros((1, 2, 5, 16))
+    kv = mx.zeros((1, 2, 8, 16))
+    seen: list[int] = []
+    padded = attention_shapes.padded_attention(_attend_recording(seen))
+    padded(q8, kv, kv, scale=1.0, mask=mx.ones((8, 8), dtype=mx.bool_))
+    padded(q5, kv, kv, scale=1.0, mask="causal")
+    padded(q5, kv, kv, scale=1.0, mask=None)
+    padded(q5[:, :, :1], kv, kv, scale=1.0, mask=mx.ones((1, 8), dtype=mx.bool_))
+    assert seen == [8, 5, 5, 1]
+
+
+def test_install_wraps_once_and_only_where_plans_are_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    original = mx.fast.scaled_dot_product_attention
+    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", original)
+    monkeypatch.setattr(attention_shapes, "BUCKETED", False)
+    assert not attention_shapes.install()
+    assert mx.fast.scaled_dot_product_attention is original
+    monkeypatch.setattr(attention_shapes, "BUCKETED", True)
+    assert attention_shapes.install()
+    assert not attention_shapes.install()  # wrapped once
+    assert mx.fast.scaled_dot_product_attention is not original

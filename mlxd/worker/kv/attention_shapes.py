@@ -16,9 +16,21 @@ shorter rows already are.
 
 Other backends build no plans, so there the lengths stay exact; ``BUCKETED`` says which applies
 (tests set it to run the padded path on the CPU).
+
+A forward whose rows cannot be padded (a hybrid's recurrent layers would fold padding into their
+state: ``runners.hybrid`` prefills exact spans) still reaches attention with the bucketed keys of
+its ``PagedStep``; ``install`` pads its queries there, inside the attention call alone
+(``padded_attention``), so that a prompt of a length not seen before builds no plan either. On an
+H200 a one-row prefill of a new length took 423 ms against 220 ms for the same length again in
+mlx-vlm's Qwen3.5 language model, and a Qwen3-0.6B's 52 ms against 8 ms (``bench/shape_cost.py``);
+of each op only attention paid: 63 ms with a causal mask, 1.06 s with an array mask, where a
+matmul paid 4 ms (``bench/op_shape_cost.py``, docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import mlx.core as mx
 
@@ -44,3 +56,43 @@ def key_blocks(n: int, multi_query: bool) -> int:
 def _round(n: int) -> int:
     step = 1 << max(0, n.bit_length() - 3)  # 4 steps per octave
     return -(-n // step) * step
+
+
+def install() -> bool:
+    """Route this process's ``mx.fast.scaled_dot_product_attention`` through
+    ``padded_attention`` where attention plans are built per shape; whether it did (once)."""
+    current = mx.fast.scaled_dot_product_attention
+    if not BUCKETED or getattr(current, "pads_queries", False):
+        return False
+    mx.fast.scaled_dot_product_attention = padded_attention(current)
+    return True
+
+
+def padded_attention(attend: Callable[..., mx.array]) -> Callable[..., mx.array]:
+    """``attend`` with a multi-query call's queries padded to ``queries(n)`` rows where it
+    has an array mask, which gives each row its keys: the padding rows see every key (so
+    their output is finite) and are cut off the output. Other calls pass as they are."""
+
+    def attention(q: mx.array, k: mx.array, v: mx.array, *args: Any, **kwargs: Any) -> mx.array:
+        mask = kwargs.get("mask")
+        n = q.shape[-2]
+        width = queries(n)
+        if width == n or not isinstance(mask, mx.array):
+            return attend(q, k, v, *args, **kwargs)
+        grow = [(0, 0)] * (q.ndim - 2) + [(0, width - n), (0, 0)]
+        kwargs["mask"] = _padded_mask(mask, width)
+        return attend(mx.pad(q, grow), k, v, *args, **kwargs)[..., :n, :]
+
+    attention.pads_queries = True  # type: ignore[attr-defined]
+    return attention
+
+
+def _padded_mask(mask: mx.array, width: int) -> mx.array:
+    """``mask`` with rows up to ``width`` that see every key (a row broadcast over the
+    queries stays one row)."""
+    n = mask.shape[-2]
+    if n == 1:
+        return mask
+    shape = (*mask.shape[:-2], width - n, mask.shape[-1])
+    see = mx.ones(shape, dtype=mx.bool_) if mask.dtype == mx.bool_ else mx.zeros(shape, mask.dtype)
+    return mx.concatenate([mask, see], axis=-2)
