@@ -286,7 +286,8 @@ def test_queries_padded_inside_attention_leave_every_output_exact(
 ) -> None:
     """Where attention plans are built per shape (CUDA), a hybrid's exact spans reach attention
     with queries padded to the planned lengths (``attention_shapes.install``): batched and
-    preempted rows still equal mlx-lm's alone, and no multi-query call has another length.
+    preempted rows still equal mlx-lm's alone, and no multi-query call has other lengths of
+    queries or keys.
     Four layers, so an attention layer's output feeds the next layers' (in the two-layer zoo
     model the last layer is the attention, whose prefill output nothing reads)."""
     import mlx.core as mx
@@ -306,10 +307,10 @@ def test_queries_padded_inside_attention_leave_every_output_exact(
     seen: list[int] = []
     exact = mx.fast.scaled_dot_product_attention
 
-    def recording(q: mx.array, *args: Any, **kwargs: Any) -> mx.array:
-        if isinstance(kwargs.get("mask"), mx.array):
-            seen.append(q.shape[-2])
-        return exact(q, *args, **kwargs)
+    def recording(q: mx.array, k: mx.array, *args: Any, **kwargs: Any) -> mx.array:
+        if isinstance(kwargs.get("mask"), mx.array) and q.shape[-2] > 1:
+            seen.extend([q.shape[-2], k.shape[-2]])
+        return exact(q, k, *args, **kwargs)
 
     monkeypatch.setattr(attention_shapes, "BUCKETED", True)
     monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", recording)
@@ -325,5 +326,4 @@ def test_queries_padded_inside_attention_leave_every_output_exact(
     finally:
         h.close()
     assert [results[f"r{i}"].token_ids for i in range(len(prompts))] == expected
-    multi = [n for n in seen if n > 1]
-    assert multi and all(attention_shapes.queries(n) == n for n in multi)
+    assert seen and all(attention_shapes.queries(n) == n for n in seen)

@@ -44,9 +44,11 @@ def test_key_blocks_pad_only_multi_query_steps() -> None:
     assert [attention_shapes.key_blocks(n, True) for n in (1, 2, 3, 5)] == [1, 2, 3, 5]
 
 
-def _attend_recording(seen: list[int]) -> Any:
+def _attend_recording(seen: list[int], keys: list[int] | None = None) -> Any:
     def attend(q: mx.array, k: mx.array, v: mx.array, **kwargs: Any) -> mx.array:
         seen.append(q.shape[-2])
+        if keys is not None:
+            keys.append(k.shape[-2])
         return mx.fast.scaled_dot_product_attention(q, k, v, **kwargs)
 
     return attend
@@ -54,11 +56,10 @@ def _attend_recording(seen: list[int]) -> Any:
 
 @pytest.mark.usefixtures("bucketed")
 @pytest.mark.parametrize("kind", ["bool", "additive", "one_row"])
-@pytest.mark.parametrize("n", [3, 5, 17, 37])
-def test_padded_attention_equals_exact_attention(kind: str, n: int) -> None:
-    """Queries padded inside the call: the planned length reaches attention, the output is
+@pytest.mark.parametrize(("n", "keys"), [(3, 48), (5, 48), (17, 48), (37, 48), (37, 37), (5, 5)])
+def test_padded_attention_equals_exact_attention(kind: str, n: int, keys: int) -> None:
+    """Queries and keys padded inside the call: planned lengths reach attention, the output is
     the exact call's, every value finite."""
-    keys = 48
     q = mx.random.normal((2, 4, n, 16), key=mx.random.key(n))
     k = mx.random.normal((2, 2, keys, 16), key=mx.random.key(n + 1))
     v = mx.random.normal((2, 2, keys, 16), key=mx.random.key(n + 2))
@@ -71,10 +72,13 @@ def test_padded_attention_equals_exact_attention(kind: str, n: int) -> None:
     else:
         mask = sees
     seen: list[int] = []
-    padded = attention_shapes.padded_attention(_attend_recording(seen))
+    seen_keys: list[int] = []
+    padded = attention_shapes.padded_attention(_attend_recording(seen, seen_keys))
     out = padded(q, k, v, scale=0.25, mask=mask)
     exact = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25, mask=mask)
     assert seen == [attention_shapes.queries(n)] and seen[0] > n
+    assert seen_keys == [attention_shapes.queries(keys)]
+    assert mx.all(mx.isfinite(out)).item()
     assert out.shape == exact.shape
     assert mx.allclose(out, exact, atol=1e-5).item()
 

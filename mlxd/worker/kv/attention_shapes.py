@@ -18,9 +18,9 @@ Other backends build no plans, so there the lengths stay exact; ``BUCKETED`` say
 (tests set it to run the padded path on the CPU).
 
 A forward whose rows cannot be padded (a hybrid's recurrent layers would fold padding into their
-state: ``runners.hybrid`` prefills exact spans) still reaches attention with the bucketed keys of
-its ``PagedStep``; ``install`` pads its queries there, inside the attention call alone
-(``padded_attention``), so that a prompt of a length not seen before builds no plan either. On an
+state: ``runners.hybrid`` prefills exact spans) reaches attention with exact queries, and with
+exact keys where it starts a prompt (its own); ``install`` pads both inside the attention call
+alone (``padded_attention``), so a prompt of a length not seen before builds no plan either. On an
 H200 a one-row prefill of a new length took 423 ms against 220 ms for the same length again in
 mlx-vlm's Qwen3.5 language model, and a Qwen3-0.6B's 52 ms against 8 ms (``bench/shape_cost.py``);
 of each op only attention paid: 63 ms with a causal mask, 1.06 s with an array mask, where a
@@ -69,30 +69,41 @@ def install() -> bool:
 
 
 def padded_attention(attend: Callable[..., mx.array]) -> Callable[..., mx.array]:
-    """``attend`` with a multi-query call's queries padded to ``queries(n)`` rows where it
-    has an array mask, which gives each row its keys: the padding rows see every key (so
-    their output is finite) and are cut off the output. Other calls pass as they are."""
+    """``attend`` with a multi-query call's queries and keys padded to planned lengths
+    (``queries``) where it has an array mask, which says what each row sees: padding keys are
+    zeros no row sees, padding rows see every key (so their output is finite) and are cut off
+    the output. Other calls pass as they are."""
 
     def attention(q: mx.array, k: mx.array, v: mx.array, *args: Any, **kwargs: Any) -> mx.array:
         mask = kwargs.get("mask")
-        n = q.shape[-2]
-        width = queries(n)
-        if width == n or not isinstance(mask, mx.array):
+        n, m = q.shape[-2], k.shape[-2]
+        rows, keys = queries(n), queries(m)
+        if (rows, keys) == (n, m) or n == 1 or not isinstance(mask, mx.array):
             return attend(q, k, v, *args, **kwargs)
-        grow = [(0, 0)] * (q.ndim - 2) + [(0, width - n), (0, 0)]
-        kwargs["mask"] = _padded_mask(mask, width)
-        return attend(mx.pad(q, grow), k, v, *args, **kwargs)[..., :n, :]
+        kwargs["mask"] = _padded_mask(mask, rows, keys)
+        q, k, v = _pad(q, rows), _pad(k, keys), _pad(v, keys)
+        return attend(q, k, v, *args, **kwargs)[..., :n, :]
 
     attention.pads_queries = True  # type: ignore[attr-defined]
     return attention
 
 
-def _padded_mask(mask: mx.array, width: int) -> mx.array:
-    """``mask`` with rows up to ``width`` that see every key (a row broadcast over the
-    queries stays one row)."""
-    n = mask.shape[-2]
-    if n == 1:
+def _pad(x: mx.array, length: int) -> mx.array:
+    """``x`` (..., L, D) with zero rows up to ``length``."""
+    grow = length - x.shape[-2]
+    return x if not grow else mx.pad(x, [(0, 0)] * (x.ndim - 2) + [(0, grow), (0, 0)])
+
+
+def _padded_mask(mask: mx.array, rows: int, keys: int) -> mx.array:
+    """``mask`` (..., L or 1, K) with key columns up to ``keys`` that no row sees, then rows up
+    to ``rows`` that see every key (a row broadcast over the queries stays one row)."""
+    boolean = mask.dtype == mx.bool_
+    if keys > mask.shape[-1]:
+        shape = (*mask.shape[:-1], keys - mask.shape[-1])
+        hidden = mx.zeros(shape, mx.bool_) if boolean else mx.full(shape, -mx.inf, mask.dtype)
+        mask = mx.concatenate([mask, hidden], axis=-1)
+    if mask.shape[-2] == 1 or rows == mask.shape[-2]:
         return mask
-    shape = (*mask.shape[:-2], width - n, mask.shape[-1])
-    see = mx.ones(shape, dtype=mx.bool_) if mask.dtype == mx.bool_ else mx.zeros(shape, mask.dtype)
+    shape = (*mask.shape[:-2], rows - mask.shape[-2], keys)
+    see = mx.ones(shape, mx.bool_) if boolean else mx.zeros(shape, mask.dtype)
     return mx.concatenate([mask, see], axis=-2)
