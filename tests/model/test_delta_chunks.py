@@ -101,14 +101,44 @@ def test_install_routes_a_models_prefill_through_chunks_and_keeps_decode(
         assert mx.allclose(want, have, atol=1e-4).item()
 
 
-def test_a_module_calling_another_librarys_function_is_left_alone(tmp_path: Any) -> None:
+def test_the_blocked_inverse_equals_forward_substitution() -> None:
+    """(I + a)^-1 by doubling diagonal blocks against row-by-row substitution, for the
+    strictly lower matrices a chunk makes (entries up to 1) and larger ones."""
+    from mlxd.worker.runners.delta_chunks import CHUNK, _unit_lower_inverse
+
+    for scale, seed in ((0.1, 1), (1.0, 2)):
+        a = mx.tril(mx.random.normal((2, 3, 2, CHUNK, CHUNK), key=mx.random.key(seed)), -1)
+        a = a * scale
+        t = -a
+        for i in range(1, CHUNK):
+            t[..., i, :i] = t[..., i, :i] + (t[..., i, :i, None] * t[..., :i, :i]).sum(-2)
+        want = t + mx.eye(CHUNK)
+        got = _unit_lower_inverse(a)
+        assert mx.allclose(got, want, rtol=1e-4, atol=1e-5 * mx.abs(want).max().item()).item()
+
+
+def test_mlx_vlm_keeps_its_scan_with_the_blocked_inverse(tmp_path: Any) -> None:
     """mlx-vlm's Qwen3.5 layers call mlx-vlm's own ``gated_delta_update`` (a chunked scan where
-    Metal is absent already, whose cache holds the state): ``install`` patches nothing there."""
+    Metal is absent already, whose cache holds the state): ``install`` leaves it, gives its
+    chunks the blocked inverse, and the language model's logits over a prompt agree."""
     pytest.importorskip("mlx_vlm")
     from mlx_vlm import load
+    from mlx_vlm.models.qwen3_5 import gated_delta as vlm_scan
 
     from mlxd.models.vlm_maker import make_vlm
     from mlxd.worker.runners import delta_chunks
 
     model, _ = load(str(make_vlm(tmp_path / "vl", arch="qwen3_5_vl", progress=lambda _: None)))
-    assert delta_chunks.install(model) == 0
+    lm = model.language_model
+    ids = mx.array([[(13 * i) % 200 + 5 for i in range(150)]])
+    scan, inverse = vlm_scan.gated_delta_update, vlm_scan._invert_unit_lower
+    want = lm(ids, cache=lm.make_cache()).logits
+    try:
+        assert delta_chunks.install(model) == 1
+        assert vlm_scan._invert_unit_lower is not inverse
+        assert vlm_scan.gated_delta_update is scan
+        assert delta_chunks.install(model) == 0  # once
+        got = lm(ids, cache=lm.make_cache()).logits
+    finally:
+        vlm_scan._invert_unit_lower = inverse
+    assert mx.allclose(got, want, atol=1e-4).item()

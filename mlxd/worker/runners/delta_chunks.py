@@ -31,6 +31,12 @@ _NAME = "gated_delta_update"  # what a model's module calls, imported by this na
 # Whose function is replaced: mlx-lm's, which loops where Metal is absent. mlx-vlm's Qwen3.5
 # brings its own (a chunked scan there already, and a cache-owning signature).
 _LOOPS = "mlx_lm.models.gated_delta"
+# mlx-vlm's scan inverts each chunk's unit lower-triangular matrix row by row (``_invert_unit_
+# lower``); ``install`` gives it the blocked inverse: an H200 probe of a 352-token Qwen3.5 VLM
+# prompt spent most of the prefill's host time launching that loop's kernels.
+_VLM_FAMILY = "mlx_vlm.models.qwen3_5"
+_VLM_SCAN = "mlx_vlm.models.qwen3_5.gated_delta"
+_VLM_INVERSE = "_invert_unit_lower"
 
 
 def chunked_gated_delta(
@@ -62,13 +68,14 @@ def chunked_gated_delta(
 
 def install(model: Any) -> int:
     """Route the prefill of ``model``'s gated delta layers through ``chunked_gated_delta`` where
-    Metal is absent; returns how many model modules were patched (0 on Metal, without such
-    layers, or where a module calls another library's function). A module is patched once, for
-    every model of its kind in this process."""
+    Metal is absent, and give mlx-vlm's Qwen3.5 scan (which ``model``'s modules call instead of
+    mlx-lm's function, left to them) the blocked chunk inverse; returns how many modules were
+    patched (0 on Metal or without such layers). A module is patched once, for every model of
+    its kind in this process."""
     if mx.metal.is_available():
         return 0
     modules = {type(m).__module__ for _, m in model.named_modules()}
-    patched = 0
+    patched = _install_vlm_inverse(modules)
     for name in sorted(modules):
         module = sys.modules.get(name)
         original = getattr(module, _NAME, None)
@@ -80,6 +87,18 @@ def install(model: Any) -> int:
 
 
 # Internal helpers
+
+
+def _install_vlm_inverse(modules: set[str]) -> int:
+    """mlx-vlm's Qwen3.5 prefill (its own chunked scan, kept) with its chunks' triangular
+    inverse by ``_unit_lower_inverse``: 1 when patched now."""
+    scan = sys.modules.get(_VLM_SCAN)
+    if not any(name.startswith(_VLM_FAMILY) for name in modules) or scan is None:
+        return 0
+    if getattr(scan, _VLM_INVERSE, None) in (None, _vlm_inverse):
+        return 0
+    setattr(scan, _VLM_INVERSE, _vlm_inverse)
+    return 1
 
 
 def _chunks(x: mx.array, pad: int) -> mx.array:
@@ -110,13 +129,30 @@ def _within_chunks(
 
 
 def _unit_lower_inverse(a: mx.array) -> mx.array:
-    """(I + a)^-1 for strictly lower-triangular ``a`` [.., C, C], row by row (forward
-    substitution: stable where the products of a's powers would not be)."""
-    t = -a
-    for i in range(1, CHUNK):
-        row = t[..., i, :i] + (t[..., i, :i, None] * t[..., :i, :i]).sum(-2)
-        t[..., i, :i] = row
-    return t + mx.eye(CHUNK, dtype=t.dtype)
+    """(I + a)^-1 for strictly lower-triangular ``a`` [.., C, C] (C a power of two), by
+    diagonal blocks of doubling size: each level's new off-diagonal block is -X22 L21 X11 of the
+    two inverted halves, a few batched products a level, log2(C) levels. A row-by-row forward
+    substitution (as mlx-vlm's and mlx-lm's references run it) is as exact but launches C
+    steps of kernels a layer, which on CUDA cost more than the chunk's arithmetic."""
+    size, lead = a.shape[-1], a.shape[:-2]
+    x = mx.ones((*lead, size, 1, 1), dtype=a.dtype)  # the 1 x 1 diagonal blocks' inverses
+    s = 1
+    while s < size:
+        n = size // (2 * s)
+        blocks = mx.diagonal(a.reshape(*lead, n, 2 * s, n, 2 * s), axis1=-4, axis2=-2)
+        low = mx.moveaxis(blocks, -1, -3)[..., s:, :s]  # (.., n, s, s): each pair's L21
+        pair = x.reshape(*lead, n, 2, s, s)
+        x11, x22 = pair[..., 0, :, :], pair[..., 1, :, :]
+        top = mx.concatenate([x11, mx.zeros_like(x11)], axis=-1)
+        bottom = mx.concatenate([-(x22 @ low @ x11), x22], axis=-1)
+        x = mx.concatenate([top, bottom], axis=-2)
+        s *= 2
+    return x.reshape(*lead, size, size)
+
+
+def _vlm_inverse(t: mx.array, size: int) -> mx.array:
+    """mlx-vlm's ``_invert_unit_lower(I + a, C)`` by ``_unit_lower_inverse``."""
+    return _unit_lower_inverse(t - mx.eye(size, dtype=t.dtype))
 
 
 def _chunked_update(original: Callable[..., Any]) -> Any:
