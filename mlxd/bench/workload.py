@@ -136,7 +136,7 @@ def phases(scenario: str, opts: WorkloadOptions) -> list[Phase]:
 # Internal helpers
 
 
-def _request(opts: WorkloadOptions, i: int, user: list[int], group: str | None = None) -> Request:
+def _request(opts: WorkloadOptions, i: int, user: Prompt, group: str | None = None) -> Request:
     # Several models: requests go round-robin and each model is its own group.
     model = opts.models[i % len(opts.models)]
     label = group or (model if len(opts.models) > 1 else ALL)
@@ -156,8 +156,8 @@ def _tasks(opts: WorkloadOptions, level: int, seed: int, scenario: str) -> list[
     ending where the model stops (at most ``max_tokens``)."""
     out = []
     for i in range(opts.num_sessions(level)):
-        req = _request(opts, i, [])
-        req.user, req.ignore_eos = _TASKS[scenario](seed * 100_003 + i), False
+        req = _request(opts, i, _TASKS[scenario](seed * 100_003 + i))  # its image from its text
+        req.ignore_eos = False
         out.append(Session([req]))
     return out
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from mlxd.bench.workload import WorkloadOptions, make_prompts, phases, render, words
 
 
@@ -70,8 +72,9 @@ def test_render_turns_ids_into_text_in_place() -> None:
     assert isinstance(sessions[0].turns[0].prefix, str)
 
 
-def test_each_request_has_an_image_of_its_own_when_asked() -> None:
-    (phase,) = phases("throughput", _opts(image_size=32))
+@pytest.mark.parametrize("scenario", ["throughput", "chat", "json"])
+def test_each_request_has_an_image_of_its_own_when_asked(scenario: str) -> None:
+    (phase,) = phases(scenario, _opts(image_size=32))
     images = [s.turns[0].image for s in phase.make(4, 0)]
     assert all(i is not None and i.startswith("data:image/png;base64,") for i in images)
     assert len(set(images)) == 4
