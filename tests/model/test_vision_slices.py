@@ -1,7 +1,7 @@
 """The vision tower in bounded slices (``ImageEncoder.encode_ahead``) on the made tiny LLaVA:
-a step runs the tower on as many images as its budget buys (one at least), a chunk stops
-before an image not encoded in an earlier step, and one image's features alone are the
-joint pass's."""
+a step runs the tower on as many images as its budget buys (one at least) and splices them in
+that step's chunk, which stops before the first image left for a later step; one image's
+features alone are the joint pass's."""
 
 from __future__ import annotations
 
@@ -74,13 +74,13 @@ def test_a_step_encodes_one_image_when_its_budget_buys_one(encoder: Any) -> None
     seq = _sequence(encoder, 100)
     img, n = seq.images, len(seq.prompt_ids)
     before = encoder.counters.encoded
-    edges = [0] + [img.first_position(k) for k in range(IMAGES)] + [n]
-    for step in range(IMAGES + 1):  # each step's chunk runs from where the last one stopped
+    edges = [0] + [img.first_position(k) for k in range(1, IMAGES)] + [n]
+    for step in range(IMAGES):  # each step's chunk runs from where the last one stopped
         kept = encoder.encode_ahead([PrefillChunk(seq, edges[step], n)], budget=1)
-        # image ``step`` ran through the tower; the chunk stops before it, having spliced the
-        # one before it (encoded a step earlier); the last one runs through to the end
+        # image ``step`` ran through the tower and is spliced in this step; the chunk stops
+        # before the next (the budget buys one); the last one runs through to the end
         assert kept == [PrefillChunk(seq, edges[step], edges[step + 1])]
-        assert encoder.counters.encoded - before == min(step + 1, IMAGES)
+        assert encoder.counters.encoded - before == step + 1
     whole = encoder._encode(seq, img)  # the joint pass, all images at once
     ahead = encoder._from_parts(img)
     assert mx.array_equal(ahead, whole).item()  # bit for bit
@@ -93,10 +93,10 @@ def test_a_large_budget_encodes_every_image_in_one_step(encoder: Any) -> None:
     before = encoder.counters.encoded
     kept = encoder.encode_ahead([PrefillChunk(seq, 0, len(seq.prompt_ids))], budget=10_000)
     assert encoder.counters.encoded - before == IMAGES
-    assert kept == [PrefillChunk(seq, 0, seq.images.first_position(0))]  # spliced next step
-    again = encoder.encode_ahead([PrefillChunk(seq, kept[0].end, len(seq.prompt_ids))], 1)
+    assert kept == [PrefillChunk(seq, 0, len(seq.prompt_ids))]  # all spliced in this step
+    again = encoder.encode_ahead([PrefillChunk(seq, 0, len(seq.prompt_ids))], 1)
     assert encoder.counters.encoded - before == IMAGES  # no tower: all are at hand
-    assert again == [PrefillChunk(seq, kept[0].end, len(seq.prompt_ids))]
+    assert again == kept
 
 
 def test_images_in_the_feature_cache_cost_nothing(encoder: Any) -> None:

@@ -5,9 +5,9 @@ processor (resize, normalize, the placeholder tokens each image becomes) on a th
 the engine's MLX thread: a burst of large images never stalls a decode step. The vision tower
 runs on the engine thread, lazily, when a prefill chunk first reaches an image's placeholders
 (a prompt whose images all sit in a prefix-cache hit never runs it), one image at a time and
-as many per step as the step's prefill budget buys (``encode_ahead``: the chunk waits for the
-rest), so a burst of images stalls running streams about as long as a prompt chunk does;
-``embeddings`` splices the features into a later chunk's token embeddings at the placeholder
+as many per step as the step's prefill budget buys (``encode_ahead``: the chunk stops before
+the rest), so a burst of images stalls running streams about as long as a prompt chunk does;
+``embeddings`` splices the features into that step's chunk's token embeddings at the placeholder
 positions (and, for Qwen3-VL, ``deepstack`` hands the chunk's deepstack features to the
 decoder). The features are dropped once the prompt's prefill is done; each image's are kept by
 its digest in a bounded ``FeatureCache`` too, so a prompt whose image is only partly in the
@@ -211,9 +211,9 @@ class ImageEncoder:
         """Run the tower for the images this step's ``chunks`` reach, a bounded slice per step,
         so a burst of images stalls the running streams no longer than a prefill chunk does:
         images whose estimated cost (``image_cost``, in prompt tokens) fits ``budget``, at least
-        one. A chunk that reaches an image not encoded in an earlier step stops before it and
-        takes it in a later step; chunks left with no tokens wait (their rows stay prefilling).
-        """
+        one, each spliced in the step that encodes it (a prompt's text and its image in one
+        forward). A chunk that reaches an image left for a later step stops before it; chunks
+        left with no tokens wait (their rows stay prefilling)."""
         kept: list[PrefillChunk] = []
         spent = 0.0
         for chunk in chunks:
@@ -317,18 +317,18 @@ class ImageEncoder:
         )
 
     def _encode_for(self, chunk: PrefillChunk, budget: int, spent: float) -> tuple[int, float]:
-        """Where ``chunk`` may end this step (before its first image not encoded in an earlier
-        step) and the step's cost spent, once the images it reaches went through the tower as
-        far as ``budget`` allows."""
+        """Where ``chunk`` may end this step (before its first image the budget leaves for a
+        later step) and the step's cost spent, once the images it reaches went through the
+        tower as far as ``budget`` allows: those are spliced in this very step."""
         img, end = chunk.seq.images, chunk.end
         if img is None or img.features is not None:
             return end, spent
         for n in img.owners(chunk.start, chunk.end):
             if self._ready(img, n):
                 continue
-            end = min(end, img.first_position(n))  # spliced in a later step, not this one
-            if not spent or spent + self.image_cost(img, n) <= budget:
-                spent += self._encode_one(chunk.seq, img, n)
+            if spent and spent + self.image_cost(img, n) > budget:
+                return min(end, img.first_position(n)), spent  # it and the rest: a later step
+            spent += self._encode_one(chunk.seq, img, n)
             if img.features is not None:  # the family's images went through whole
                 break
         return end, spent
