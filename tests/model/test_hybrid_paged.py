@@ -327,3 +327,43 @@ def test_queries_padded_inside_attention_leave_every_output_exact(
         h.close()
     assert [results[f"r{i}"].token_ids for i in range(len(prompts))] == expected
     assert seen and all(attention_shapes.queries(n) == n for n in seen)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_next", "olmo_hybrid"])
+def test_a_rounds_spans_of_several_lengths_share_one_padded_forward(
+    arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prompts of different lengths arriving together: where the recurrent layers take the
+    caches' ``lengths`` (Qwen3-Next), a round's spans of one rounded length go in one forward,
+    padded after the shorter ones' tokens, and every output still equals mlx-lm's alone; where
+    they do not (OLMo hybrid's), only spans of one length share a forward."""
+    from mlxd.worker.runners.hybrid import HybridModelRunner
+
+    model_path = make_zoo_model(tmp_path / arch, arch)
+    forwards: list[list[int]] = []
+    run = HybridModelRunner._run
+
+    def counted(self: HybridModelRunner, spans: list[Any]) -> None:
+        forwards.append([s.stop - s.start for s in spans])
+        run(self, spans)
+
+    monkeypatch.setattr(HybridModelRunner, "_run", counted)
+    h = Harness(model_path, block_size=BLOCK)
+    try:
+        pads = h.engine.runner.pads_spans
+        tok = h.engine.encoder.tokenizer
+        ids = tok.encode(LONG)
+        prompts = [ids[:n] for n in (43, 45, 47, 60)]  # tails past their last block: 10-14, 11
+        from tests.model.conftest import Result
+
+        for i, ids in enumerate(prompts):
+            h.results[f"r{i}"] = Result()
+            h.generate_ids(f"r{i}", ids, max_tokens=12, ignore_eos=True)
+        results = h.run()
+    finally:
+        h.close()
+    assert pads == (arch == "qwen3_next")
+    mixed = [f for f in forwards if len(set(f)) > 1]
+    assert bool(mixed) == pads  # several lengths in one forward only where padding is taken
+    for i, ids in enumerate(prompts):
+        assert results[f"r{i}"].token_ids == reference_ids(model_path, ids, 12), i

@@ -40,7 +40,13 @@ BUCKETED = PLANNED
 
 def queries(n: int) -> int:
     """The query window a forward of at most ``n`` new tokens per row uses."""
-    if not BUCKETED or n <= 1:
+    return rounded(n) if BUCKETED else n
+
+
+def rounded(n: int) -> int:
+    """``n`` rounded up to a power of two up to 16, to 4 lengths per octave above (at most
+    25 % more), whatever the backend."""
+    if n <= 1:
         return n
     if n <= 16:
         return 1 << (n - 1).bit_length()

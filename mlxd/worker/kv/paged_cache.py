@@ -239,11 +239,14 @@ class PagedStep:
         new_lens: list[int],
         pool: KVPool,
         exact: bool = False,
+        right: bool = False,
     ) -> PagedStep:
         """Rows have ``context_lens[b]`` tokens cached and ``new_lens[b]`` new ones, right-aligned
         in a query window of ``attention_shapes.queries(max(new_lens))`` tokens (shorter rows
         are left-padded; the caller pads its tokens the same way); ``exact``: a window of
-        ``max(new_lens)``, whatever the backend (a recurrent layer cannot skip padding).
+        ``max(new_lens)``, whatever the backend (a recurrent layer cannot skip padding);
+        ``right``: rows left-aligned instead, padded after their tokens (where a recurrent
+        layer takes padding: ``runners.hybrid``).
 
         Leading blocks no row has (-1: a window layer's slabs gone back) are not read: the
         keys start at ``key_start``, so a window layer's read stays near its window."""
@@ -263,12 +266,16 @@ class PagedStep:
         )
         table = mx.array([t + [-1] * (width - len(t)) for t in block_tables])
         table = mx.where(table < 0, pool.scratch_block, table)  # -1: no block, read the scratch
-        ctx = mx.array(context_lens)
-        pad = q_len - mx.array(new_lens)
-        total = ctx + q_len - pad  # tokens per row after this step
-        # query i of row b is position ctx + i - pad (negative: padding)
-        qpos = ctx[:, None] + mx.arange(q_len)[None, :] - pad[:, None]
-        real = qpos >= ctx[:, None]
+        ctx, lens = mx.array(context_lens), mx.array(new_lens)
+        total = ctx + lens  # tokens per row after this step
+        cols = mx.arange(q_len)[None, :]
+        # query i of row b is position ctx + i - pad (below ctx: padding); right-aligned rows'
+        # padding after them is at -1
+        pad = mx.zeros_like(lens) if right else q_len - lens
+        qpos = ctx[:, None] + cols - pad[:, None]
+        real = (qpos >= ctx[:, None]) & (qpos < total[:, None])
+        if right:
+            qpos = mx.where(real, qpos, -1)
         block = mx.take_along_axis(table, mx.maximum(qpos - start, 0) // bs, axis=1)
         write = mx.where(real, block * bs + mx.maximum(qpos, 0) % bs, pool.scratch_block * bs)
         write, table = write.reshape(-1).astype(mx.int32), table.astype(mx.int32)
@@ -294,7 +301,9 @@ class PagedStep:
         if fresh:  # keys are the step's own, left-padded: key j is query j of the same row
             kpos = mx.arange(q_len)[None, None, :]
             qcol = mx.arange(q_len)[None, :, None]
-            mask = (kpos <= qcol) & (kpos >= pad[:, None, None])
+            mask = (
+                (kpos <= qcol) & (kpos >= pad[:, None, None]) & (kpos < (pad + lens)[:, None, None])
+            )
             mask = mask | ((kpos == 0) & ~real[:, :, None])  # padding queries see one key
             return cls(
                 write,

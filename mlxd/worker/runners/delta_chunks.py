@@ -10,8 +10,8 @@ recurrence chunk by chunk in the WY form of the Gated DeltaNet paper (as flash-l
 reference does): within a chunk the tokens' updates come from one triangular solve and a few
 products, and only the state passes from chunk to chunk. ``install`` swaps it in for the
 prefill of a loaded model's layers where Metal is absent; decode, prefills under ``MIN_TOKENS`` and
-anything it does not cover (a padding mask, per-dimension gates, bounded or negative gates) keep
-mlx-lm's path.
+anything it does not cover (per-dimension gates, bounded or negative gates) keep mlx-lm's path.
+A padding mask (rows padded after their tokens) makes the padding neither decay nor update.
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ def _chunked_update(original: Callable[..., Any]) -> Any:
         **kwargs: Any,
     ) -> Any:
         plain = kwargs.get("lower_bound") is None and not kwargs.get("allow_neg_eigval")
-        if q.shape[1] < MIN_TOKENS or mask is not None or not plain:
+        if q.shape[1] < MIN_TOKENS or not plain:
             return original(q, k, v, a, b, A_log, dt_bias, state, mask, **kwargs)
         g = compute_g(A_log, a, dt_bias)
         if g.ndim != 3:  # a gate per key dimension: not chunked here
@@ -180,6 +180,9 @@ def _chunked_update(original: Callable[..., Any]) -> Any:
         if state is None:
             shape = (q.shape[0], v.shape[2], v.shape[3], q.shape[3])
             state = mx.zeros(shape, dtype=mx.float32)
-        return chunked_gated_delta(q, k, v, g, mx.sigmoid(b), state)
+        beta = mx.sigmoid(b)
+        if mask is not None:  # padding (after a row's tokens) neither decays nor updates
+            g, beta = mx.where(mask[..., None], g, 1.0), mx.where(mask[..., None], beta, 0.0)
+        return chunked_gated_delta(q, k, v, g, beta, state)
 
     return update

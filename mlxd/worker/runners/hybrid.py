@@ -12,13 +12,15 @@ block boundary of each prefill, about every ``radix_cache.STATE_EVERY`` tokens, 
 scheduler asks (where a prompt parts from the cached blocks, or from a waiting prompt that
 shares its first block), and at the last boundary each decoding row passed (a finished
 sequence's next turn, a preempted one's resume). A hit restores the blocks by reference and the
-state by copy. Prefill runs without padding, which a recurrent layer would fold into its state:
-spans of one length, from any rows, share a forward. Drafts are not verified (``speculates``):
-rejected tokens would have moved the state.
+state by copy. Spans of one length, from any rows, share a forward; so do spans of one rounded
+length where the recurrent layers take padding after a row's tokens (the caches' ``lengths``:
+``_takes_padding`` asks the loaded model), which otherwise they would fold into their state.
+Drafts are not verified (``speculates``): rejected tokens would have moved the state.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,15 +28,17 @@ import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache
 
 from mlxd.config import STATE_SHARE
-from mlxd.worker.kv import layer_caches
+from mlxd.worker.kv import attention_shapes, layer_caches
 from mlxd.worker.kv.paged_cache import KVPool, PagedKVCache, PagedStep
 from mlxd.worker.prefix.radix_cache import state_cuts
 from mlxd.worker.runners.paged import PagedModelRunner
 from mlxd.worker.sched.scheduler import PrefillChunk, Scheduler
 from mlxd.worker.sched.sequence import Sequence
 
+log = logging.getLogger(__name__)
+
 # Rows a prefill step may take a whole chunk of each while no row decodes (``Scheduler.
-# prefill_rows``; spans of one length share a forward): on an H200, eight 4,000-token prompts of
+# prefill_rows``; spans of one (rounded) length share a forward): on an H200, eight 4,000-token prompts of
 # a Qwen3.5-0.8B shape took 6.6 s each one after the other, and mlx_lm.server prefilled all
 # eight in 10.8 s together (docs/PERFORMANCE.md).
 PREFILL_ROWS = 8
@@ -115,6 +119,8 @@ class HybridModelRunner(PagedModelRunner):
         self._attention = layer_caches.attention_entries(layer_caches.model_caches(model))
         self._states: list[ArraysCache] = []  # the decode rows', one per recurrent layer
         self._own: dict[Sequence, tuple[int, list[ArraysCache]]] = {}  # prefilling: tokens, state
+        # spans of several lengths share a forward, padded after their tokens (``_takes_padding``)
+        self.pads_spans = _takes_padding(model)
 
     # Public API
 
@@ -176,13 +182,13 @@ class HybridModelRunner(PagedModelRunner):
 
     def _forward(self, group: list[PrefillChunk]) -> None:
         """Every chunk (without a prompt's last token) in spans between its snapshot cuts; in
-        rounds, each row's next span, spans of one length in one forward (no padding)."""
+        rounds, each row's next span, spans of one length in one forward, or of one rounded
+        length, padded after the shorter ones' tokens, where the layers take it (``pads_spans``)."""
         plans = [self._spans(chunk) for chunk in group]
         while any(plans):
             spans = [plan.pop(0) for plan in plans if plan]
-            for n in sorted({s.stop - s.start for s in spans}):
-                rows = [s for s in spans if s.stop - s.start == n]
-                if n:
+            for rows in self._batches(spans):
+                if rows[0].stop > rows[0].start:
                     self._run(rows)
                 for span in rows:
                     span.seq.num_computed = span.stop
@@ -206,6 +212,13 @@ class HybridModelRunner(PagedModelRunner):
             _Span(seq, a, b, b in cuts) for a, b in zip([chunk.start, *stops], stops, strict=False)
         ]
 
+    def _batches(self, spans: list[_Span]) -> list[list[_Span]]:
+        """A round's forwards: spans of one length together, or where padding is taken, of one
+        rounded length (``attention_shapes.rounded``: at most a quarter of a forward padding)."""
+        size = attention_shapes.rounded if self.pads_spans else int
+        groups = sorted({size(s.stop - s.start) for s in spans})
+        return [[s for s in spans if size(s.stop - s.start) == g] for g in groups]
+
     def _state_at(self, seq: Sequence, start: int) -> list[ArraysCache]:
         """The recurrent state after ``seq``'s first ``start`` tokens: none yet, its own from
         the last chunk, or the prefix hit's snapshot."""
@@ -226,13 +239,21 @@ class HybridModelRunner(PagedModelRunner):
         seqs = [s.seq for s in spans]
         own = [self._own[s][1] for s in seqs]
         starts, lengths = [s.start for s in spans], [s.stop - s.start for s in spans]
-        step = PagedStep.build([s.block_ids for s in seqs], starts, lengths, self.pool, exact=True)
-        tokens = mx.array([s.seq.prefill_ids[s.start : s.stop] for s in spans])
+        padded = len(set(lengths)) > 1
+        step = PagedStep.build(
+            [s.block_ids for s in seqs], starts, lengths, self.pool, exact=True, right=padded
+        )
+        width = max(lengths)
+        tokens = mx.array([_padded(s.seq.prefill_ids[s.start : s.stop], width) for s in spans])
         states = own[0] if len(own) == 1 else layer_caches.merge(own)
         for cache in states:  # a merge of empty states marks padding there is none of
             cache.left_padding = cache.lengths = None
+            if padded:  # each row's state stops at its own last token
+                cache.lengths = mx.array(lengths)
         layers = self._caches(PagedKVCache.for_step(self.pool, step), states)
         self.model(tokens, cache=layers, **self._vision_inputs(tokens, spans))
+        for cache in states:
+            cache.lengths = None
         if len(own) > 1:
             for i, caches in enumerate(own):
                 row = mx.array([i])
@@ -243,13 +264,16 @@ class HybridModelRunner(PagedModelRunner):
         mx.eval([layer_caches.arrays(caches) for caches in own])  # the graph one forward deep
 
     def _vision_inputs(self, tokens: mx.array, spans: list[_Span]) -> dict[str, Any]:
-        """A VLM's extras for a forward of ``spans`` (no padding: a row's columns are its
-        span's positions): image features spliced into the embeddings where a span holds
+        """A VLM's extras for a forward of ``spans`` (each row's columns its span's positions,
+        then padding): image features spliced into the embeddings where a span holds
         placeholders, and its rows' mRoPE positions (Qwen3.5); nothing for a text model."""
         if self.vision is None:
             return {}
-        extra = self._positions([(s.seq, list(range(s.start, s.stop))) for s in spans])
-        embeds = self.vision.embeddings(tokens, [(s.seq, s.start, s.stop) for s in spans])
+        width = tokens.shape[1]
+        rows = [(s.seq, _padded(list(range(s.start, s.stop)), width, -1)) for s in spans]
+        extra = self._positions(rows)
+        parts = [(s.seq, s.start, s.stop) for s in spans]
+        embeds = self.vision.embeddings(tokens, parts, right=True)
         return extra if embeds is None else {**extra, "input_embeddings": embeds}
 
     def _enter(self, seqs: list[Sequence]) -> None:
@@ -266,3 +290,42 @@ class HybridModelRunner(PagedModelRunner):
     def _filter_cache(self, keep: list[int]) -> None:
         super()._filter_cache(keep)
         self._states = layer_caches.keep_rows(self._states, keep)
+
+
+def _padded(values: list[int], width: int, fill: int = 0) -> list[int]:
+    return values + [fill] * (width - len(values))
+
+
+def _takes_padding(model: Any) -> bool:
+    """Whether ``model``'s recurrent layers leave a row padded after its tokens (the caches'
+    ``lengths``) as it would be alone: two rows with state, continued by 3 and 6 tokens in one
+    padded forward, against each alone (mlx-lm's Qwen3.5 and Qwen3-Next layers, and mlx-vlm's
+    Qwen3.5, take the lengths; a layer that does not would fold the padding into its state)."""
+    try:
+        rows = [[5, 9, 13, 17, 21], [8, 6, 4, 2, 11]], [[3, 7, 12], [14, 15, 16, 19, 23, 29]]
+        together = _recurrent_after(model, rows[0], rows[1])
+        alone = [_recurrent_after(model, [p], [c]) for p, c in zip(*rows, strict=True)]
+    except Exception:  # noqa: BLE001 - a layer that cannot take the lengths: no padding
+        log.debug("recurrent layers take no padding", exc_info=True)
+        return False
+    return all(
+        mx.allclose(a[i : i + 1], b, atol=1e-4).item()
+        for i, row in enumerate(alone)
+        for a, b in zip(together, row, strict=True)
+    )
+
+
+def _recurrent_after(model: Any, prefix: list[list[int]], more: list[list[int]]) -> list[mx.array]:
+    """Every recurrent array after rows ``prefix`` (of one length) then ``more`` (padded after
+    the shorter ones, with the caches' ``lengths``), through the model's own caches."""
+    caches = layer_caches.model_caches(model)
+    model(mx.array(prefix), cache=caches)
+    width = max(len(m) for m in more)
+    attention = layer_caches.attention_entries(caches)
+    recurrent = [c for c, a in zip(caches, attention, strict=True) if not a]
+    for cache in recurrent:
+        cache.lengths = mx.array([len(m) for m in more]) if len(more) > 1 else None
+    model(mx.array([_padded(m, width) for m in more]), cache=caches)
+    out = [a for c in recurrent for a in c.cache if a is not None]
+    mx.eval(out)
+    return out

@@ -188,11 +188,12 @@ class ImageEncoder:
         return self.pool.submit(self._prepare, text, images)
 
     def embeddings(
-        self, tokens: mx.array, parts: list[tuple[Sequence, int, int]]
+        self, tokens: mx.array, parts: list[tuple[Sequence, int, int]], right: bool = False
     ) -> mx.array | None:
-        """The input embeddings of a left-padded prefill forward of ``tokens`` (B, W), whose
-        row ``b`` holds ``parts[b]``'s sequence's prefill positions ``start .. end``, with
-        image features at their placeholders; None when no row reaches an image."""
+        """The input embeddings of a left-padded prefill forward of ``tokens`` (B, W) (with
+        ``right``: padded after each row's tokens), whose row ``b`` holds ``parts[b]``'s
+        sequence's prefill positions ``start .. end``, with image features at their
+        placeholders; None when no row reaches an image."""
         if not any(s.images is not None and s.images.overlaps(a, e) for s, a, e in parts):
             return None
         h = self.text.embed(tokens)
@@ -201,7 +202,7 @@ class ImageEncoder:
             img = seq.images
             if img is None or not img.overlaps(start, end):
                 continue
-            picked, columns = _in_chunk(img, start, end, width)
+            picked, columns = _in_chunk(img, start, end, end - start if right else width)
             features = self._features(seq, img)
             spliced = features[mx.array(picked)][:, : h.shape[-1]]  # deepstack's lie past it
             h[b, mx.array(columns)] = spliced.astype(h.dtype)
