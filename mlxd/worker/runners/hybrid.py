@@ -38,9 +38,9 @@ from mlxd.worker.sched.sequence import Sequence
 log = logging.getLogger(__name__)
 
 # Rows a prefill step may take a whole chunk of each while no row decodes (``Scheduler.
-# prefill_rows``; spans of one (rounded) length share a forward): on an H200, eight 4,000-token prompts of
-# a Qwen3.5-0.8B shape took 6.6 s each one after the other, and mlx_lm.server prefilled all
-# eight in 10.8 s together (docs/PERFORMANCE.md).
+# prefill_rows``; spans of one (rounded) length share a forward): on an H200, eight 4,000-token
+# prompts of a Qwen3.5-0.8B shape took 6.6 s each one after the other, and mlx_lm.server
+# prefilled all eight in 10.8 s together (docs/PERFORMANCE.md).
 PREFILL_ROWS = 8
 
 
