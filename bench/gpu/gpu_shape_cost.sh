@@ -5,11 +5,7 @@
 # shape_cost.jsonl, probe-graphs-off/. Setup as gpu_matrix.sh's. Knobs: CLASSES (vision,hybrid,
 # dense), TOKENS (352 4500).
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-[ -f /root/mlx-env.sh ] && source /root/mlx-env.sh
-PEERS_ROOT="${PEERS_ROOT:-/root/peers}"
-export PYTHONPATH="$PWD:${PYTHONPATH:-}:$PEERS_ROOT/mlx-vlm" PYTHONUNBUFFERED=1
-export OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
+source "$(dirname "$0")/vision_env.sh"
 classes="${CLASSES:-vision,hybrid,dense}"
 python3 bench/matrix.py --out "$OUT/made" --classes "$classes" --make-only > "$OUT/make.txt" 2>&1
 for c in ${classes//,/ }; do

@@ -8,11 +8,7 @@
 # --target /root/pyspy). Knobs: MLXD_ARGS, LEVELS (of the peer: 1,16), SERVER_S (120), STAGES=0 (no in-process
 # stages), PEER=0 (no mlx-vlm leg).
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-[ -f /root/mlx-env.sh ] && source /root/mlx-env.sh
-PEERS_ROOT="${PEERS_ROOT:-/root/peers}"
-export PYTHONPATH="$PWD:${PYTHONPATH:-}:$PEERS_ROOT/mlx-vlm" PYTHONUNBUFFERED=1
-export OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
+source "$(dirname "$0")/vision_env.sh"
 SPY="${SPY:-/root/pyspy/bin/py-spy}"
 M="${MODELS:-/root/models}/matrix-vision"
 python3 bench/matrix.py --out "$OUT" --classes vision --make-only > "$OUT/make.txt" 2>&1

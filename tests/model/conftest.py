@@ -194,6 +194,14 @@ class Harness:
         self.generate_ids(rid, ids, max_tokens=max_tokens, ignore_eos=True)
         return self.run()[rid]
 
+    def run_together(self, prompts: list[list[int]], max_tokens: int = 12) -> list[list[int]]:
+        """Greedy requests of each of ``prompts`` (EOS ignored), all sent at once and run to
+        their ends: each one's token ids."""
+        for i, ids in enumerate(prompts):
+            self.generate_ids(f"r{i}", ids, max_tokens=max_tokens, ignore_eos=True)
+        results = self.run()
+        return [results[f"r{i}"].token_ids for i in range(len(prompts))]
+
     def embed(self, rid: str, texts: list[str]) -> None:
         self.results[rid] = Result()
         self.send(Embed(request_id=rid, inputs=[TextPrompt(text=t) for t in texts]))

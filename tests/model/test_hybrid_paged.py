@@ -111,19 +111,14 @@ def test_batched_and_preempted_rows_equal_mlx_lm(model_path: Path) -> None:
     try:
         tok = h.engine.encoder.tokenizer
         prompts = [tok.encode(p * 2) for p in PROMPTS[:4]]
-        from tests.model.conftest import Result
-
-        for i, ids in enumerate(prompts):
-            h.results[f"r{i}"] = Result()
-            h.generate_ids(f"r{i}", ids, max_tokens=40, ignore_eos=True)
-        results = h.run()
+        outputs = h.run_together(prompts, max_tokens=40)
         preemptions = h.engine.scheduler.counters.preemptions
         h.engine.scheduler.check_invariants()
     finally:
         h.close()
     assert preemptions > 0
     for i, ids in enumerate(prompts):
-        assert results[f"r{i}"].token_ids == reference_ids(model_path, ids, 40), i
+        assert outputs[i] == reference_ids(model_path, ids, 40), i
 
 
 def test_a_wave_sharing_a_system_prompt_computes_it_once(model_path: Path) -> None:
@@ -317,15 +312,10 @@ def test_queries_padded_inside_attention_leave_every_output_exact(
     assert attention_shapes.install()
     h = Harness(model_path, block_size=BLOCK, num_blocks=12)
     try:
-        from tests.model.conftest import Result
-
-        for i, ids in enumerate(prompts):
-            h.results[f"r{i}"] = Result()
-            h.generate_ids(f"r{i}", ids, max_tokens=24, ignore_eos=True)
-        results = h.run()
+        outputs = h.run_together(prompts, max_tokens=24)
     finally:
         h.close()
-    assert [results[f"r{i}"].token_ids for i in range(len(prompts))] == expected
+    assert outputs == expected
     assert seen and all(attention_shapes.queries(n) == n for n in seen)
 
 
@@ -354,16 +344,11 @@ def test_a_rounds_spans_of_several_lengths_share_one_padded_forward(
         tok = h.engine.encoder.tokenizer
         ids = tok.encode(LONG)
         prompts = [ids[:n] for n in (43, 45, 47, 60)]  # tails past their last block: 10-14, 11
-        from tests.model.conftest import Result
-
-        for i, ids in enumerate(prompts):
-            h.results[f"r{i}"] = Result()
-            h.generate_ids(f"r{i}", ids, max_tokens=12, ignore_eos=True)
-        results = h.run()
+        outputs = h.run_together(prompts)
     finally:
         h.close()
     assert pads == (arch == "qwen3_next")
     mixed = [f for f in forwards if len(set(f)) > 1]
     assert bool(mixed) == pads  # several lengths in one forward only where padding is taken
     for i, ids in enumerate(prompts):
-        assert results[f"r{i}"].token_ids == reference_ids(model_path, ids, 12), i
+        assert outputs[i] == reference_ids(model_path, ids, 12), i
