@@ -42,6 +42,7 @@ dl() {
 # shellcheck disable=SC2086  # the lists are word lists
 dl $VLLM_MLX $MLX_VLM
 dl $RAPID_MLX  # apart: its mlx-vlm pin (0.7.2) is not the server's (0.7.10)
+dl py-spy==0.4.3  # the sampler of gpu_vision_probe.sh (installed to /root/pyspy by hand)
 {
   echo '#!/usr/bin/env bash'
   echo '# Each peer in its own --target folder: PYTHONPATH=$PEERS_ROOT/NAME:$PYTHONPATH puts its'
