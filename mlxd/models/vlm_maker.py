@@ -320,7 +320,7 @@ def _build_llava(out_dir: Path, seed: int, report: Progress) -> None:
     from mlx_vlm.models import llava
 
     train_tokenizer(out_dir, VLM_VOCAB_SIZE, report)
-    _add_image_token(out_dir)
+    add_image_tokens(out_dir, {IMAGE_TOKEN: IMAGE_TOKEN_ID}, _IMAGE_PART, "LlavaProcessor")
     processor = {
         "processor_class": "LlavaProcessor",
         "patch_size": PATCH_SIZE,
@@ -363,23 +363,6 @@ def _model_config(family: Any, config: dict[str, Any]) -> Any:
 
     model_config = family.ModelConfig.from_dict(config)
     return update_module_configs(model_config, family, config, ["text", "vision"])
-
-
-def _add_image_token(out_dir: Path) -> None:
-    """The first reserved token becomes the image token: special, never split."""
-    path = out_dir / "tokenizer.json"
-    spec = json.loads(path.read_text(encoding="utf-8"))
-    vocab = spec["model"]["vocab"]
-    assert vocab.pop(RESERVED_TOKEN.format(0)) == IMAGE_TOKEN_ID
-    vocab[IMAGE_TOKEN] = IMAGE_TOKEN_ID
-    spec["added_tokens"].append(special_token(IMAGE_TOKEN, IMAGE_TOKEN_ID))
-    path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
-    config_path = out_dir / "tokenizer_config.json"
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    assert _TEXT_PART in CHAT_TEMPLATE
-    config["chat_template"] = CHAT_TEMPLATE.replace(_TEXT_PART, _IMAGE_PART)
-    config["processor_class"] = "LlavaProcessor"
-    write_json(config_path, config)
 
 
 def _add_gemma3_tokens(out_dir: Path) -> None:
