@@ -42,10 +42,11 @@ class HybridMRopeTextModel(MRopeTextModel):
 
         mask = create_attention_mask(h, attention_cache)
         rotary = self._rotary(h, position_ids)
-        padding = _padding_mask(caches, h.shape[1])
+        recurrent = caches[decoder.ssm_idx]  # its lengths: rows the hybrid runner padded after
+        padding = None if recurrent is None else recurrent.make_mask(h.shape[1])
         for layer, c in zip(decoder.layers, caches, strict=True):
             x = layer.input_layernorm(h)
-            if layer.is_linear:  # masked where the hybrid runner pads rows after their tokens
+            if layer.is_linear:
                 h = h + layer.linear_attn(x, padding, c)
             else:
                 h = h + _attention(layer.self_attn, x, mask, c, position_ids, rotary)
@@ -68,13 +69,6 @@ class HybridMRopeTextModel(MRopeTextModel):
         if lm.args.tie_word_embeddings:
             return lm.model.embed_tokens.as_linear(out)  # type: ignore[no-any-return]
         return lm.lm_head(out)  # type: ignore[no-any-return]
-
-
-def _padding_mask(caches: list[Any], length: int) -> mx.array | None:
-    """(B, L): which columns are a row's tokens, where the recurrent caches have ``lengths``
-    (rows padded after their tokens); None without."""
-    lengths = next((c.lengths for c in caches if getattr(c, "lengths", None) is not None), None)
-    return None if lengths is None else mx.arange(length)[None, :] < lengths[:, None]
 
 
 def _attention(
