@@ -301,9 +301,7 @@ class PagedStep:
         if fresh:  # keys are the step's own, left-padded: key j is query j of the same row
             kpos = mx.arange(q_len)[None, None, :]
             qcol = mx.arange(q_len)[None, :, None]
-            mask = (
-                (kpos <= qcol) & (kpos >= pad[:, None, None]) & (kpos < (pad + lens)[:, None, None])
-            )
+            mask = (kpos <= qcol) & real[:, None, :]  # key j is query j: a row's own tokens
             mask = mask | ((kpos == 0) & ~real[:, :, None])  # padding queries see one key
             return cls(
                 write,
