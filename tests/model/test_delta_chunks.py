@@ -97,6 +97,10 @@ def test_install_routes_a_models_prefill_through_chunks_and_keeps_decode(
     )
     got = run()
     assert lengths and set(lengths) == {300}  # every layer's prefill; no decode step
+    lengths.clear()
+    for n in (delta_chunks.MIN_TOKENS - 1, delta_chunks.MIN_TOKENS):
+        model(prompt[:, :n], cache=make_prompt_cache(model))
+    assert set(lengths) == {delta_chunks.MIN_TOKENS}  # shorter spans keep the loop
     for want, have in zip(expected, got, strict=True):
         assert mx.allclose(want, have, atol=1e-4).item()
 

@@ -23,10 +23,13 @@ from typing import Any
 import mlx.core as mx
 
 CHUNK = 64  # tokens a chunk: the triangular solve's size
-# Shorter prefills keep mlx-lm's loop: the solve's fixed cost is most of their time, and the loop
-# leaves them bit-identical to the same tokens decoded one by one (a sequence recomputed after
-# preemption against its first pass; the sums of a chunk come in another order).
-MIN_TOKENS = 4 * CHUNK
+# Shorter spans (a verification window, a few tokens after a prefix hit) keep mlx-lm's loop: some
+# ten kernels a token and layer, against a chunk's fixed few hundred. Where kernels are launched
+# one by one the loop costs more from a few dozen tokens on: on an H200, chunks from 64 tokens
+# instead of 256 took a 128-token prompt's TTFT from 303 to 153 ms and 16 streams from 384-539
+# to 904-1,085 tok/s, with the prompt's last 31 tokens (after its last block boundary) still in
+# the loop (docs/PERFORMANCE.md, run HP1).
+MIN_TOKENS = 16
 _NAME = "gated_delta_update"  # what a model's module calls, imported by this name
 # Whose function is replaced: mlx-lm's, which loops where Metal is absent. mlx-vlm's Qwen3.5
 # brings its own (a chunked scan there already, and a cache-owning signature).
