@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Where the text hybrid's 16-stream time goes (issue 41): the matrix's Qwen3.5-0.8B shape served
-# by mlxd, one stream (4 requests) and then 16 streams three times in a row (does a repeated load
+# by mlxd, a 4,500-token prompt right after the start and another, one stream (4 requests) and then 16 streams three times in a row (does a repeated load
 # still pay for new shapes?), py-spy sampling the worker through the last 16-stream load, then a
 # 2000-token shared prefix cold and hit. VARIANTS (default "base") names the trees to compare:
 # "base" is the checkout; "minN" the same with Gated DeltaNet chunks from N tokens
@@ -18,7 +18,7 @@ bench() {  # NAME ARGS...: one bench invocation, its last table row kept in summ
   python3 -m mlxd bench run --url http://127.0.0.1:8591 --model bench --prompt-tokens 128 \
     --max-tokens 128 --client-procs 8 "$@" > "$OUT/bench-$name.txt" 2>&1
   echo "$name: $(grep -E '^ +[0-9]+ ' "$OUT/bench-$name.txt" | tail -2 | tr -s ' ' | tr '\n' '|')" \
-    >> "$OUT/summary.txt"
+    | tee -a "$OUT/summary.txt"
 }
 variant() {  # NAME: a daemon of this tree, its loads, stopped
   local t0=$SECONDS
@@ -26,8 +26,12 @@ variant() {  # NAME: a daemon of this tree, its loads, stopped
     ${MLXD_ARGS:-} > "$OUT/mlxd-$1.log" 2>&1 &
   local daemon=$!
   for _ in $(seq 150); do curl -sf localhost:8591/health | grep -q '"ready":true' && break; sleep 1; done
-  echo "$1: ready after $((SECONDS - t0)) s" >> "$OUT/summary.txt"
+  echo "$1: ready after $((SECONDS - t0)) s" | tee -a "$OUT/summary.txt"
   local worker spy=; worker=$(pgrep -f "mlxd worker serve" | head -1)
+  for leg in first warm; do  # a 4,500-token prompt right after the start, then another
+    bench "$1-$leg" --prompt-tokens 4500 --max-tokens 1 --concurrency 1 --requests-per-level 1 \
+      --warmup-tokens 0 --seed "${#leg}"
+  done
   bench "$1-c1" --concurrency 1 --requests-per-level 4
   for i in 1 2 3; do
     if [ "$i" = 3 ] && [ -x "$SPY" ]; then
@@ -47,5 +51,5 @@ for v in ${VARIANTS:-base}; do
   variant "$v"
   mv "$D.probe" "$D"
 done
-cat "$OUT/summary.txt"
+
 (cd "$OUT" && tar czf probe.tgz mlxd-*.log bench-*.txt pyspy-* 2>/dev/null && rm -f mlxd-*.log bench-*.txt pyspy-*)
