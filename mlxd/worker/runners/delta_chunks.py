@@ -16,6 +16,7 @@ A padding mask (rows padded after their tokens) makes the padding neither decay 
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -120,8 +121,7 @@ def _within_chunks(
     the state's weights ``w`` of their updates (delta = u - w S^T), and the decayed q.k of each
     token with the earlier ones and itself."""
     gap = cum[..., :, None] - cum[..., None, :]  # [.., C, C]: the decay from token j to token i
-    before = mx.tril(mx.ones((CHUNK, CHUNK), dtype=mx.bool_), -1)
-    upto = mx.tril(mx.ones((CHUNK, CHUNK), dtype=mx.bool_))
+    before, upto = _triangles()
     k_beta = k * beta[..., None]
     a = (k_beta @ k.swapaxes(-1, -2)) * mx.exp(mx.where(before, gap, -mx.inf))
     solve = _unit_lower_inverse(a)
@@ -129,6 +129,16 @@ def _within_chunks(
     w = solve @ (k_beta * mx.exp(cum)[..., None])
     qk = (q @ k.swapaxes(-1, -2)) * mx.exp(mx.where(upto, gap, -mx.inf))
     return u, w, qk
+
+
+@functools.cache
+def _triangles() -> tuple[mx.array, mx.array]:
+    """A chunk's strictly lower and lower triangles (True below, and on, the diagonal): built
+    once, not five kernels each in every layer's every prefill."""
+    ones = mx.ones((CHUNK, CHUNK), dtype=mx.bool_)
+    triangles = mx.tril(ones, -1), mx.tril(ones)
+    mx.eval(triangles)
+    return triangles
 
 
 def _unit_lower_inverse(a: mx.array) -> mx.array:
