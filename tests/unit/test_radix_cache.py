@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mlxd.worker.kv.block_pool import BlockPool
-from mlxd.worker.prefix.radix_cache import RadixCache
+from mlxd.worker.prefix.radix_cache import STATE_EVERY, RadixCache, state_cuts
 
 BS = 4
 
@@ -199,3 +199,15 @@ def test_a_state_larger_than_the_budget_is_not_kept() -> None:
     cache.insert(list(range(8)), pool.allocate(2), {8: _State(10)})
     assert cache.state_bytes == 0
     assert cache.match_prefix(list(range(9))).block_ids == []
+
+
+def test_state_cuts_leave_out_a_periodic_cut_near_another() -> None:
+    """A hybrid runs a forward per span between cuts: a periodic cut within a quarter period of
+    the last block boundary or an asked cut is left out; one farther away is kept."""
+    every, block = STATE_EVERY, 32
+    # a 2,139-token prompt: its last block boundary (2,112) is 64 tokens after the period's 2,048
+    assert state_cuts(block, 2139, set(), 0, 2138) == {every, 2112}
+    # the same prompt after a hit asked at 1,984: 1,984 -> 2,112 is one span, not two
+    assert state_cuts(block, 2139, {1984}, 1984, 2138) == {2112}
+    # far from both: kept
+    assert state_cuts(block, 3000, {1500}, 0, 2999) == {every, 1500, 2 * every, 2976}

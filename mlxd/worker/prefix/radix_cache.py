@@ -36,7 +36,8 @@ from mlxd.worker.prefix.disk_cache import block_digest
 
 _clock = itertools.count()  # a logical clock: LRU order without reading time
 # Prefill keeps a state about every this many tokens (rounded to blocks): a prompt that parts
-# from an earlier one recomputes at most this much of what they share.
+# from an earlier one recomputes at most this much of what they share, and a quarter more where
+# ``state_cuts`` leaves out a periodic cut near another.
 STATE_EVERY = 1024
 
 
@@ -46,11 +47,14 @@ def state_cuts(
     """Where a prefill from token ``start`` to ``end`` keeps states for the prefix cache: the
     prompt's last block boundary (a repeated prompt hits there), where the scheduler ``asked``
     (where the prompt parts from the cache or from a prompt waiting on it), and every
-    ``STATE_EVERY`` tokens (a later prompt parting from this one hits close by)."""
+    ``STATE_EVERY`` tokens (a later prompt parting from this one hits close by), but not within
+    a quarter of that of one of the others: a hybrid runs a forward per span between cuts, and on
+    an H200 each cost some 50 ms whatever its length (docs/PERFORMANCE.md, runs HP1-HP2)."""
     step = max(block_size, STATE_EVERY // block_size * block_size)
-    every = range(-(-(start + 1) // step) * step, end + 1, step)
-    cuts = {(prompt_tokens - 1) // block_size * block_size, *asked, *every}
-    return {c for c in cuts if start < c <= end}
+    kept = {(prompt_tokens - 1) // block_size * block_size, *asked}
+    periodic = range(-(-(start + 1) // step) * step, end + 1, step)
+    every = [c for c in periodic if all(abs(c - k) >= step // 4 for k in kept)]
+    return {c for c in (*kept, *every) if start < c <= end}
 
 
 @dataclass(eq=False)
