@@ -29,7 +29,7 @@ CHUNK = 64  # tokens a chunk: the triangular solve's size
 # one by one the loop costs more from a few dozen tokens on: on an H200, chunks from 64 tokens
 # instead of 256 took a 128-token prompt's TTFT from 303 to 153 ms and 16 streams from 384-539
 # to 904-1,085 tok/s, with the prompt's last 31 tokens (after its last block boundary) still in
-# the loop (docs/PERFORMANCE.md, run HP1).
+# the loop; from 16, the steadiest of the two, 894-940 (docs/PERFORMANCE.md, runs HP1-HP2).
 MIN_TOKENS = 16
 _NAME = "gated_delta_update"  # what a model's module calls, imported by this name
 # Whose function is replaced: mlx-lm's, which loops where Metal is absent. mlx-vlm's Qwen3.5
