@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Where the text hybrid's 16-stream time goes (issue 41): the matrix's Qwen3.5-0.8B shape served
-# by mlxd, a 4,500-token prompt right after the start and another, one stream (4 requests) and then 16 streams three times in a row (does a repeated load
-# still pay for new shapes?), py-spy sampling the worker through the last 16-stream load, then a
-# 2000-token shared prefix cold and hit. VARIANTS (default "base") names the trees to compare:
+# by mlxd, a 4,500-token prompt right after the start and another, one stream (4 requests), then
+# 16 streams three times in a row with new prompts (does a repeated load still pay for new
+# shapes?), py-spy sampling the worker through the last 16-stream load, then a 2000-token shared
+# prefix cold and hit. VARIANTS (default "base") names the trees to compare:
 # "base" is the checkout; "minN" the same with Gated DeltaNet chunks from N tokens
 # (delta_chunks.MIN_TOKENS = N, edited in this machine's copy and put back).
 # $OUT: probe.tgz (worker logs, bench output, py-spy stacks), summary.txt.
@@ -25,7 +26,7 @@ variant() {  # NAME: a daemon of this tree, its loads, stopped
   python3 -m mlxd start --model bench="$M" --port 8591 --max-num-seqs 128 --max-queued 1024 \
     ${MLXD_ARGS:-} > "$OUT/mlxd-$1.log" 2>&1 &
   local daemon=$!
-  for _ in $(seq 150); do curl -sf localhost:8591/health | grep -q '"ready":true' && break; sleep 1; done
+  wait_ready 8591 150
   echo "$1: ready after $((SECONDS - t0)) s" | tee -a "$OUT/summary.txt"
   local worker spy=; worker=$(pgrep -f "mlxd worker serve" | head -1)
   for leg in first warm; do  # a 4,500-token prompt right after the start, then another
@@ -51,5 +52,4 @@ for v in ${VARIANTS:-base}; do
   variant "$v"
   mv "$D.probe" "$D"
 done
-
 (cd "$OUT" && tar czf probe.tgz mlxd-*.log bench-*.txt pyspy-* 2>/dev/null && rm -f mlxd-*.log bench-*.txt pyspy-*)

@@ -16,7 +16,7 @@ python3 bench/matrix.py --out "$OUT" --classes vision --make-only > "$OUT/make.t
   > "$OUT/stages.txt" 2>&1
 python3 -m mlxd start --model v="$M" --port 8590 ${MLXD_ARGS:-} > "$OUT/mlxd.log" 2>&1 &
 daemon=$!
-for _ in $(seq 120); do curl -sf localhost:8590/health | grep -q '"ready":true' && break; sleep 1; done
+wait_ready 8590 120
 worker=$(pgrep -f "mlxd worker serve" | head -1)
 load() {  # NAME LEVEL REQUESTS: one bench level with the worker sampled
   [ -x "$SPY" ] && "$SPY" record -p "$worker" -d "${SPY_S:-25}" -r 200 -f raw --threads --nonblocking \

@@ -244,7 +244,9 @@ class HybridModelRunner(PagedModelRunner):
             [s.block_ids for s in seqs], starts, lengths, self.pool, exact=True, right=padded
         )
         width = max(lengths)
-        tokens = mx.array([_padded(s.seq.prefill_ids[s.start : s.stop], width) for s in spans])
+        tokens = mx.array(
+            [_right_padded(s.seq.prefill_ids[s.start : s.stop], width) for s in spans]
+        )
         states = own[0] if len(own) == 1 else layer_caches.merge(own)
         for cache in states:  # a merge of empty states marks padding there is none of
             cache.left_padding = cache.lengths = None
@@ -270,7 +272,7 @@ class HybridModelRunner(PagedModelRunner):
         if self.vision is None:
             return {}
         width = tokens.shape[1]
-        rows = [(s.seq, _padded(list(range(s.start, s.stop)), width, -1)) for s in spans]
+        rows = [(s.seq, _right_padded(list(range(s.start, s.stop)), width, -1)) for s in spans]
         extra = self._positions(rows)
         parts = [(s.seq, s.start, s.stop) for s in spans]
         embeds = self.vision.embeddings(tokens, parts, right=True)
@@ -292,7 +294,7 @@ class HybridModelRunner(PagedModelRunner):
         self._states = layer_caches.keep_rows(self._states, keep)
 
 
-def _padded(values: list[int], width: int, fill: int = 0) -> list[int]:
+def _right_padded(values: list[int], width: int, fill: int = 0) -> list[int]:
     return values + [fill] * (width - len(values))
 
 
@@ -325,7 +327,7 @@ def _recurrent_after(model: Any, prefix: list[list[int]], more: list[list[int]])
     recurrent = [c for c, a in zip(caches, attention, strict=True) if not a]
     for cache in recurrent:
         cache.lengths = mx.array([len(m) for m in more]) if len(more) > 1 else None
-    model(mx.array([_padded(m, width) for m in more]), cache=caches)
+    model(mx.array([_right_padded(m, width) for m in more]), cache=caches)
     out = [a for c in recurrent for a in c.cache if a is not None]
     mx.eval(out)
     return out
