@@ -16,6 +16,7 @@ serve_mlxd() {  # NAME CHECKOUT PORT
   (cd "$2" && PYTHONPATH="$2:$PYTHONPATH" MLXD_HOME="/root/home-$1" python3 -m mlxd start \
     --model "smol=$F16" --port "$3" --log-level warning > "$OUT/$1.log" 2>&1 &)
 }
+trap 'pkill -f -- "--port 812[345]" || true' EXIT  # the servers below stop with the script
 servers=(--server "mlxd=http://127.0.0.1:8123#smol" --server "mlx_lm=http://127.0.0.1:8124#$F16")
 serve_mlxd mlxd "$PWD" 8123
 python3 -m mlx_lm server --model "$F16" --port 8124 > "$OUT/mlx_lm.log" 2>&1 &

@@ -15,11 +15,17 @@
 # then one run per class (each fits 600 s: BUDGET_S=540 is shared fairly among the servers,
 # at most SERVER_S=100 each; the servers' bounds are in each JSON):
 #   CLASSES=dense bash bench/gpu/gpu_matrix.sh
-# Several GPUs: LANES="0:vision,dense,sliding 1:rows,hybrid,moe" runs each lane's items in turn on
-# its GPU (CUDA_VISIBLE_DEVICES), the lanes side by side, each with its own ports and
-# $OUT/laneN/ (a class: matrix.py; "rows": gpu_rows.sh's step time by rows, ROWS=16,24,32,48,64,
-# on the Qwen3-0.6B shape; "prof": bench/step_profile.py at PROF_ROWS="16 64" on the dense class's
-# model, made by another lane); each lane makes its models first. Then $OUT/all/matrix.md joins them.
+# Several GPUs: LANES="0:prime:dense,dense,soak:mlxd:hybrid 1:make:moe,soak:mlxd:moe,fidelity"
+# runs each lane's items in turn on its GPU (CUDA_VISIBLE_DEVICES), the lanes side by side, each
+# with its own ports and $OUT/laneN/. Items: a class (matrix.py); make:CLASS (its model, which
+# items of other lanes wait for); prime:CLASS (mlxd's engine runs one LONG prompt in-process: a
+# fresh machine compiles MLX's CUDA kernels in the first process that needs them, which would
+# otherwise charge whichever server is timed first); engine:CLASS (`mlxd bench engine` against
+# mlx-lm's BatchGenerator in-process, ENGINE_LEVELS=1,16); soak:SERVER:CLASS (bench/soak_peer.py,
+# DURATION=600 s at STREAMS=32, into $OUT/soak/); fidelity (gpu_fidelity.sh once $GGUF is there);
+# rows (gpu_rows.sh's step time by rows, ROWS=16,24,32,48,64, on the Qwen3-0.6B shape); prof
+# (bench/step_profile.py at PROF_ROWS="16 64" on the dense model). Then $OUT/all/matrix.md joins
+# the classes and $OUT/soak/soak.md the soaks.
 # A run longer than one command: DETACH=1 starts it in its own session writing to $RUN_DIR
 # (/root/matrix-out) and returns; a later command, COLLECT=1, waits up to WAIT_S (580) for it,
 # joins the table from whatever has finished, and copies matrix.md and a tarball of the run to
@@ -32,7 +38,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 [ -f /root/mlx-env.sh ] && source /root/mlx-env.sh
-export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+export CUDA_DEVICE_ORDER=PCI_BUS_ID  # CUDA's GPU numbers are nvidia-smi's (soak's memory samples)
 PY="${PYTHON:-python3}"
 export OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
 RUN_DIR="${RUN_DIR:-/root/matrix-out}"
@@ -44,8 +51,9 @@ if [ "${COLLECT:-0}" = 1 ]; then
   for _ in $(seq "${WAIT_S:-580}"); do [ -f "$RUN_DIR/done" ] && break; sleep 1; done
   join_tables "$RUN_DIR"; mkdir -p "$OUT"
   [ -f "$RUN_DIR/done" ] || echo "not done yet: what has finished so far"
+  [ -d "$RUN_DIR/soak" ] && "$PY" bench/soak_peer.py --out "$RUN_DIR/soak" --report > /dev/null 2>&1
   tar czf "$OUT/matrix-run.tgz" -C "$RUN_DIR" . && cp "$RUN_DIR/all/matrix.md" "$OUT/" 2>/dev/null
-  cat "$RUN_DIR/all/matrix.md" 2>/dev/null; tail -3 "$RUN_DIR"/lane*.txt 2>/dev/null
+  cat "$RUN_DIR/all/matrix.md" "$RUN_DIR/soak/soak.md" 2>/dev/null; tail -3 "$RUN_DIR"/lane*.txt 2>/dev/null
   exit 0
 fi
 if [ "${DETACH:-0}" = 1 ]; then
@@ -54,35 +62,60 @@ if [ "${DETACH:-0}" = 1 ]; then
   echo "started in its own session: COLLECT=1 bash $0"
   exit 0
 fi
-lane() {  # GPU ITEMS: a lane's models made, then its items in turn on GPU
-  local gpu=$1 items=${2//,/ } classes
-  classes=$(echo "$items" | tr ' ' '\n' | grep -v '^rows$' | paste -sd,)
-  [ -n "$classes" ] && CUDA_VISIBLE_DEVICES=$gpu "$PY" bench/matrix.py --out "$OUT/lane$gpu" \
-    --classes "$classes" --make-only $([ "${TINY:-0}" = 1 ] && echo --tiny) > "$OUT/lane$gpu-make.txt" 2>&1
-  for item in $items; do
-    if [ "$item" = prof ]; then  # step_profile.py on the dense shape (another lane makes it)
-      for r in ${PROF_ROWS:-16 64}; do
-        CUDA_VISIBLE_DEVICES=$gpu "$PY" bench/step_profile.py "${MODELS:-/root/models}/matrix-dense" \
-          --rows "$r" >> "$OUT/lane$gpu-prof.txt" 2>&1
-      done
-      continue
-    fi
-    if [ "$item" = rows ]; then
-      CUDA_VISIBLE_DEVICES=$gpu OUT="$OUT/lane$gpu" SIZES=qwen3-0.6b LEVELS="${ROWS:-16,24,32,48,64}" \
-        LONG=0 bash bench/gpu/gpu_rows.sh > "$OUT/lane$gpu-rows.txt" 2>&1
-      continue
-    fi
-    CUDA_VISIBLE_DEVICES=$gpu "$PY" bench/matrix.py --out "$OUT/lane$gpu" --classes "$item" \
-      --port $((8400 + 100 * gpu)) --budget-s "${BUDGET_S:-540}" $([ "${TINY:-0}" = 1 ] && echo --tiny) \
-      >> "$OUT/lane$gpu.txt" 2>&1
-  done
+model_dir() { echo "${MODELS:-/root/models}/matrix-$1$([ "${TINY:-0}" = 1 ] && echo -tiny)"; }
+make_model() {  # CLASS: its model made (matrix.py makes each once)
+  # shellcheck disable=SC2046  # TINY adds one option
+  "$PY" bench/matrix.py --out "$OUT/make" --classes "$1" --make-only \
+    $([ "${TINY:-0}" = 1 ] && echo --tiny) >> "$OUT/make.txt" 2>&1
+}
+made() {  # CLASS: its model, once the lane making it (make:CLASS) is done
+  while [ -f "$(model_dir "$1").making" ]; do sleep 5; done
+  make_model "$1"
+}
+item() {  # GPU ITEM: one item of a lane, on GPU (its output in $OUT/laneGPU*)
+  local gpu=$1 kind=${2%%:*} arg=${2#*:} dir="$OUT/lane$1"
+  export CUDA_VISIBLE_DEVICES=$gpu; mkdir -p "$dir"
+  case $kind in
+    make) make_model "$arg"; rm -f "$(model_dir "$arg").making" ;;
+    prime) made "$arg"; timeout -k 5 300 "$PY" -m mlxd bench engine --model "$(model_dir "$arg")" \
+      --no-compare-mlx-lm --speculate off --concurrency 1 --prompt-tokens "${LONG:-4500}" --max-tokens 8 \
+      >> "$dir-prime.txt" 2>&1 ;;
+    engine) made "$arg"; "$PY" -m mlxd bench engine --model "$(model_dir "$arg")" --speculate off \
+      --concurrency "${ENGINE_LEVELS:-1,16}" --prompt-tokens 128 --max-tokens 128 \
+      --json "$dir/engine-$arg.json" >> "$dir-engine.txt" 2>&1 ;;
+    soak) made "${arg#*:}"; "$PY" bench/soak_peer.py --out "$OUT/soak" --server "${arg%%:*}" \
+      --model "$(model_dir "${arg#*:}")" --label "${arg/:/-}" --duration "${DURATION:-600}" \
+      --streams "${STREAMS:-32}" --port $((8490 + 100 * gpu)) $(nvidia-smi -L > /dev/null 2>&1 && echo --gpu "$gpu") ${SOAK_ARGS:-} \
+      >> "$dir-soak.txt" 2>&1 ;;
+    fidelity) for _ in $(seq 600); do [ -f "${GGUF:-/root/smollm2.gguf}" ] && break; sleep 1; done
+      OUT="$dir/fidelity" bash bench/gpu/gpu_fidelity.sh > "$dir-fidelity.txt" 2>&1 ;;
+    rows) OUT="$dir" SIZES=qwen3-0.6b LEVELS="${ROWS:-16,24,32,48,64}" LONG=0 \
+      bash bench/gpu/gpu_rows.sh > "$dir-rows.txt" 2>&1 ;;
+    prof) for r in ${PROF_ROWS:-16 64}; do
+        "$PY" bench/step_profile.py "$(model_dir dense)" --rows "$r" >> "$dir-prof.txt" 2>&1
+      done ;;
+    *) made "$kind"  # a class
+      # shellcheck disable=SC2046  # TINY adds one option
+      "$PY" bench/matrix.py --out "$dir" --classes "$kind" --port $((8400 + 100 * gpu)) \
+        --budget-s "${BUDGET_S:-540}" $([ "${TINY:-0}" = 1 ] && echo --tiny) >> "$dir.txt" 2>&1 ;;
+  esac
+}
+lane() {  # GPU ITEMS: a lane's items in turn on GPU
+  local gpu=$1 it
+  for it in ${2//,/ }; do echo "$(date -u +%T) $it" >> "$OUT/lane$gpu-items.txt"; item "$gpu" "$it"; done
+  echo "$(date -u +%T) done" >> "$OUT/lane$gpu-items.txt"
 }
 if [ -n "${LANES:-}" ]; then
   mkdir -p "$OUT"; date -u > "$OUT/started"
   nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader > "$OUT/machine.txt" 2>&1
   echo "commit ${MLXD_COMMIT:-$(git log -1 --format=%h 2>/dev/null)} LANES=$LANES" >> "$OUT/machine.txt"
+  for it in ${LANES//,/ }; do  # every model a lane makes, so that other lanes wait for it
+    case $it in *make:*) mkdir -p "${MODELS:-/root/models}"; touch "$(model_dir "${it##*make:}").making" ;; esac
+  done
   for spec in $LANES; do lane "${spec%%:*}" "${spec#*:}" & done
-  wait; join_tables "$OUT"; date -u > "$OUT/done"; exit 0
+  wait; join_tables "$OUT"
+  [ -d "$OUT/soak" ] && "$PY" bench/soak_peer.py --out "$OUT/soak" --report > /dev/null 2>&1
+  date -u > "$OUT/done"; exit 0
 fi
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no GPU"
   "$PY" -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device())"
