@@ -85,6 +85,9 @@ VIEW_SHARE = 0.2
 # Of a hybrid model's KV budget, the share its prefix cache's recurrent-state snapshots may hold
 # (worker/runners/hybrid.py); the pool and the view split the rest.
 STATE_SHARE = 0.25
+# ... of its budget at most, and of what the pool holds at the moment beside it (the snapshots
+# follow the load, as the pool does), but never less than this many bytes.
+STATE_FLOOR = 2**30
 
 
 def split_kv_budget(budget: int, per_token: int, block_size: int) -> tuple[int, int]:

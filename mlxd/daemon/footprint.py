@@ -33,6 +33,7 @@ DEFAULT_KV_BYTES = 2 * 2**30
 DEFAULT_CONTEXT = 4096
 RUNTIME_BYTES = 256 * 2**20  # a tiny model's worker idles at ~130 MB RSS (Python, MLX, tokenizer)
 HEADROOM_SHARE = 0.10  # of weights + KV: activations and the MLX buffer cache
+UNCAPPED_CACHE_FLOOR = 2**30  # the least buffer cache a worker keeps without --max-memory
 _DTYPE_BYTES = kv_layout.DTYPE_BYTES
 
 
@@ -70,10 +71,13 @@ def device_share(size: Footprint, ranks: int) -> Footprint:
     )
 
 
-def buffer_cache_bytes(size: Footprint) -> int:
-    """The cap on a worker's MLX buffer cache under ``--max-memory``: the headroom's share for
-    activations and cached buffers (the headroom less the fixed runtime), at least 64 MiB."""
-    return max(64 * 2**20, size.headroom_bytes - RUNTIME_BYTES)
+def buffer_cache_bytes(size: Footprint, capped: bool = True) -> int:
+    """The cap on a worker's MLX buffer cache: the headroom's share for activations and cached
+    buffers (the headroom less the fixed runtime), at least 64 MiB under ``--max-memory``
+    (``capped``) and ``UNCAPPED_CACHE_FLOOR`` without it. MLX's own default is the device's
+    memory limit (95 % of a GPU, the recommended working set on Metal): an uncapped worker
+    kept every freed buffer until it held the whole card (docs/PERFORMANCE.md, run S1)."""
+    return max(64 * 2**20 if capped else UNCAPPED_CACHE_FLOOR, size.headroom_bytes - RUNTIME_BYTES)
 
 
 def footprint(spec: ModelSpec, config: ServeConfig) -> Footprint:

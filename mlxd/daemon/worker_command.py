@@ -31,9 +31,9 @@ def worker_command(worker: WorkerProcess, config: ServeConfig, log_level: str) -
 
 def worker_config(worker: WorkerProcess, config: ServeConfig) -> WorkerConfig:
     """What ``worker`` runs: its model and endpoints, the daemon's knobs, the model's dtype and
-    KV budget, and under ``--max-memory`` its buffer cache held to the reservation. A group's
-    ranks each get their share of the KV (their pools hold as many tokens as one worker's, in
-    a ``group_size``-th of the bytes: each keeps that share of the heads)."""
+    KV budget, and its buffer cache held to its headroom (``footprint.buffer_cache_bytes``). A
+    group's ranks each get their share of the KV (their pools hold as many tokens as one
+    worker's, in a ``group_size``-th of the bytes: each keeps that share of the heads)."""
     ranks = worker.spec.group_size or 1
     share = device_share(worker.size, ranks)
     kv_gb = kv_cache_gb(worker.spec, config)
@@ -52,7 +52,7 @@ def worker_config(worker: WorkerProcess, config: ServeConfig) -> WorkerConfig:
         scheduler=config.scheduler,
         cache=dataclasses.replace(config.cache, kv_cache_gb=kv_gb),
         max_context=config.max_context,
-        buffer_cache_bytes=buffer_cache_bytes(share) if capped else None,
+        buffer_cache_bytes=buffer_cache_bytes(share, capped),
         dtype=worker.spec.dtype or config.dtype,
         max_image_pixels=config.max_image_pixels,
         group_size=ranks,

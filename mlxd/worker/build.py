@@ -179,7 +179,7 @@ def build_runner(
         )
     else:
         runner = PagedModelRunner(model, eos_token_ids, pool, max_view_tokens=view_tokens)
-    return runner, BlockPool(num_blocks, bs), max_context
+    return runner, BlockPool(num_blocks, bs, held=lambda: pool.capacity), max_context
 
 
 def scheduler_config(config: WorkerConfig, runner: ModelRunner) -> SchedulerConfig:

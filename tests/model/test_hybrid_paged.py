@@ -352,3 +352,23 @@ def test_a_rounds_spans_of_several_lengths_share_one_padded_forward(
     assert bool(mixed) == pads  # several lengths in one forward only where padding is taken
     for i, ids in enumerate(prompts):
         assert outputs[i] == reference_ids(model_path, ids, 12), i
+
+
+def test_snapshots_follow_the_pool_the_runner_holds(model_path: Path) -> None:
+    """A large budget lets snapshots take a quarter of it, but at a given moment only their
+    share beside the pool's arrays as they are, at least ``STATE_FLOOR``: their memory follows
+    the load as the pool's does (run S1: they had grown a soak's worker by 17 GB)."""
+    from mlxd.config import STATE_FLOOR, CacheConfig, SchedulerConfig, WorkerConfig
+    from mlxd.worker.build import build_runner
+    from mlxd.worker.sched.scheduler import Scheduler
+    from tests.model.conftest import load_model
+
+    model, _ = load_model(model_path)
+    config = WorkerConfig(
+        model=str(model_path), name="h", endpoint="ipc:///tmp/h", cache=CacheConfig(kv_cache_gb=64)
+    )
+    runner, pool, _ = build_runner(model, {0}, config, 1 << 16)
+    scheduler = Scheduler(SchedulerConfig(), pool=pool)
+    runner.fit_scheduler(scheduler)
+    assert scheduler.radix is not None and runner.state_budget == 16 * 2**30  # type: ignore[attr-defined]
+    assert scheduler.radix.state_limit == STATE_FLOOR

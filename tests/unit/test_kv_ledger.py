@@ -184,3 +184,22 @@ def test_a_windowed_prompt_takes_slabs_a_chunk_ahead_and_gives_them_all_back() -
     _check(kv, live)
     _free(kv, seq, live, cache=False)
     assert (kv.pool.num_used, kv.windows.pool.num_used) == (0, 0)
+
+
+def test_cached_blocks_go_before_the_pool_s_arrays_grow() -> None:
+    """Memory follows the sequences in flight: with the arrays holding 8 of 64 ids, a new
+    prompt takes the ids a finished one left cached, not ids past the arrays; the arrays grow
+    only for what no cached block can give (run S1: the cache grew a soak's pool to 30 GB)."""
+    held = [8]
+    kv, live = KVLedger(BlockPool(64, BS, held=lambda: held[0])), []
+    first = _seq("a", list(range(24)))  # 6 blocks, cached when it ends
+    _prefilled(kv, first, live)
+    _free(kv, first, live)
+    assert kv.radix.num_cached_blocks == 6
+    second = _seq("b", list(range(100, 124)))
+    _prefilled(kv, second, live)
+    assert max(second.block_ids) < held[0]
+    assert kv.radix.match_prefix(list(range(24))).num_blocks == 0  # the first's went
+    third = _seq("c", list(range(200, 224)))  # nothing left to evict: ids past the arrays
+    _prefilled(kv, third, live)
+    assert max(third.block_ids) >= held[0]

@@ -193,6 +193,24 @@ def test_states_stay_within_their_budget_least_recently_used_first_and_go_with_t
     cache.check_invariants()
 
 
+def test_states_stay_within_the_room_the_runner_gives_them_now() -> None:
+    """A hybrid's snapshots follow its pool (``room``): with room for two states of a budget
+    of ten, a third pushes the least recent out; with more room, they stay."""
+    pool, cache = _cache()
+    room = [20]
+    cache.keep_states(100, lambda: room[0])
+    for k in range(3):
+        ids = pool.allocate(2)
+        cache.insert(list(range(100 * k, 100 * k + 8)), ids, {8: _State(10)})
+        pool.release(ids)
+    assert cache.state_bytes == 20 and cache.match_prefix(list(range(9))).block_ids == []
+    room[0] = 100
+    ids = pool.allocate(2)
+    cache.insert(list(range(300, 308)), ids, {8: _State(10)})
+    assert cache.state_bytes == 30
+    cache.check_invariants()
+
+
 def test_a_state_larger_than_the_budget_is_not_kept() -> None:
     pool, cache = _cache()
     cache.keep_states(5)

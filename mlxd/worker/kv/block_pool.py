@@ -6,7 +6,9 @@ cache for each block it indexes. A block whose count drops to zero is free again
 
 The lowest free id is handed out first, so the blocks in use stay packed at the low end and
 the pool's arrays (which grow in chunks up to ``num_blocks``, see ``paged_cache.KVPool``) need
-only reach the highest of them.
+only reach the highest of them. ``num_free_held`` counts the free ids the arrays already hold:
+the ledger evicts cached blocks to stay within them before it lets the arrays grow, so the
+pool's memory follows the sequences in flight and the prefix cache lives in what they left.
 
 A sliding-window model keeps two kinds of blocks (its full-attention layers' and its window
 layers', ``window_slabs``) in two pools of ids that draw from one ``KVBudget`` of bytes, each
@@ -47,9 +49,12 @@ class BlockPool:
         cost: int = 1,
         capacity: int = 0,
         grow: Callable[[int, int], int] | None = None,
+        held: Callable[[], int] | None = None,
     ) -> None:
         """``capacity``: the ids the arrays hold now (paid at once); ``grow(block_id, limit)``
-        makes them hold ``block_id``, within ``limit`` ids, and returns how many they hold."""
+        makes them hold ``block_id``, within ``limit`` ids, and returns how many they hold.
+        Without a budget, ``held()`` says how many ids the arrays hold (they grow as written:
+        ``KVPool.ensure``); neither: all of them."""
         if num_blocks < 1 or block_size < 1 or cost < 1:
             raise ValueError("a block pool needs at least one block of at least one token")
         self.num_blocks = num_blocks
@@ -60,6 +65,7 @@ class BlockPool:
         self._free: list[int] = list(range(num_blocks))  # a min-heap
         self.capacity = num_blocks
         self._grow = grow or (lambda block_id, limit: block_id + 1)
+        self._held = held or (lambda: self.capacity)
         if budget is not None:
             self.capacity = capacity
             budget.used += capacity * cost
@@ -72,6 +78,14 @@ class BlockPool:
             return len(self._free)
         beyond = self.num_blocks - self.capacity  # free: never handed out past the arrays
         return self._free_below + min(beyond, self.budget.free // self.cost)
+
+    @property
+    def num_free_held(self) -> int:
+        """Free ids the arrays hold already: taking more makes them grow. (Ids handed out and
+        not yet written may lie past the arrays; counted as inside, they only make this low.)"""
+        if self.budget is not None:
+            return self._free_below
+        return max(0, min(self.num_blocks, self._held()) - self.num_used)
 
     def growth_bytes(self, n: int) -> int:
         """What the budget must add for ``n`` more ids (those past the arrays' free ones)."""

@@ -115,15 +115,25 @@ class RadixCache:
         self.tier: Tier | None = None  # set by the worker with --kv-disk-gb
         self.num_restored_blocks = 0  # loaded from the tier
         self.state_budget: int | None = None  # bytes of recurrent states (None: no states)
+        self._state_room: Callable[[], int] | None = None  # their share now (``keep_states``)
         self.state_bytes = 0
         self._stated: set[TreeNode] = set()  # the nodes holding a state (trimmed by LRU)
         self.slabs: BlockPool | None = None  # a windowed model's window slabs (``keep_slabs``)
         self._span: Callable[[int], range] = lambda tokens: range(0)
         self._slabbed: set[TreeNode] = set()
 
-    def keep_states(self, budget: int) -> None:
-        """The model has recurrent state: matches end at nodes holding one; ``budget`` bytes."""
-        self.state_budget = budget
+    def keep_states(self, budget: int, room: Callable[[], int] | None = None) -> None:
+        """The model has recurrent state: matches end at nodes holding one; ``budget`` bytes at
+        most, and ``room()`` at the moment (the runner's share beside the pool it holds now)."""
+        self.state_budget, self._state_room = budget, room
+
+    @property
+    def state_limit(self) -> int:
+        """Bytes the states may take now: the budget, or less while the pool holds little."""
+        assert self.state_budget is not None
+        if self._state_room is None:
+            return self.state_budget
+        return min(self.state_budget, self._state_room())
 
     def keep_slabs(self, slabs: BlockPool, span: Callable[[int], range]) -> None:
         """The model has window layers, their K/V in ``slabs``: nodes keep their block's slab,
@@ -367,7 +377,7 @@ class RadixCache:
 
     def _keep_state(self, node: TreeNode, state: Any) -> None:
         """Store ``state`` on ``node`` (a newer one replaces it: both hold the same tokens)."""
-        if self.state_budget is None or state.nbytes > self.state_budget:
+        if self.state_budget is None or state.nbytes > self.state_limit:
             return
         self._drop_state(node)
         node.state = state
@@ -382,11 +392,11 @@ class RadixCache:
 
     def _trim_states(self) -> None:
         """Drop the least recently used states until they fit the budget."""
-        assert self.state_budget is not None
-        if self.state_bytes <= self.state_budget:
+        limit = self.state_limit
+        if self.state_bytes <= limit:
             return
         for node in sorted(self._stated, key=lambda n: n.last_access):
-            if self.state_bytes <= self.state_budget:
+            if self.state_bytes <= limit:
                 break
             self._drop_state(node)
 

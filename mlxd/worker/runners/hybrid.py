@@ -27,7 +27,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache
 
-from mlxd.config import STATE_SHARE
+from mlxd.config import STATE_FLOOR, STATE_SHARE
 from mlxd.worker.kv import attention_shapes, layer_caches
 from mlxd.worker.kv.paged_cache import KVPool, PagedKVCache, PagedStep
 from mlxd.worker.prefix.radix_cache import state_cuts
@@ -127,7 +127,7 @@ class HybridModelRunner(PagedModelRunner):
     def fit_scheduler(self, scheduler: Scheduler) -> None:
         """Its prefix cache keeps recurrent states, and a step prefills several rows."""
         if scheduler.radix is not None:
-            scheduler.radix.keep_states(self.state_budget)
+            scheduler.radix.keep_states(self.state_budget, self._state_room)
             scheduler.prefill_rows = PREFILL_ROWS
 
     def decode_step(self) -> list[Any]:
@@ -171,6 +171,14 @@ class HybridModelRunner(PagedModelRunner):
         )
 
     # Internal helpers
+
+    def _state_room(self) -> int:
+        """What the prefix cache's snapshots may take now: ``STATE_SHARE`` of it beside the
+        pool's arrays as they are (they grow with the sequences in flight), at least
+        ``STATE_FLOOR``; so snapshots, as blocks, follow the load instead of filling the whole
+        budget over hours (run S1)."""
+        held = sum(a.nbytes for a in self.pool.arrays)
+        return max(STATE_FLOOR, int(held * STATE_SHARE / (1 - STATE_SHARE)))
 
     def _caches(self, paged: list[Any], states: list[ArraysCache]) -> list[Any]:
         """The model's cache list: the pool's layers and the recurrent ones, in its order."""

@@ -4,8 +4,9 @@ The scheduler decides who runs; the ledger answers whether their K/V fits. It ow
 the prefix cache over it (``RadixCache``) and, for a sliding-window model, the window slabs and the
 runner's ``reclaim``. ``admit`` gives a prompt its cached prefix and new blocks, ``grow`` a decode
 step's next block, ``free`` gives a sequence's blocks back (the full blocks of its known tokens
-stay cached). Each makes room first by evicting unreferenced cached blocks; when that is not
-enough it says no, and the scheduler preempts the ``victim`` the ledger names and frees it here.
+stay cached). Each makes room first by evicting unreferenced cached blocks, before the pool's
+arrays grow past what they hold (so memory follows the sequences in flight, not the cache's
+history); when that is not enough it says no, and the scheduler preempts the ``victim`` the ledger names and frees it here.
 
 A hybrid's prefix cache also keeps recurrent-state snapshots: the ledger asks prefilling prompts
 to take them where waiting ones part from them (``prefix_in_flight``), and indexes them as they
@@ -25,6 +26,9 @@ from mlxd.worker.prefix.radix_cache import PrefixMatch, RadixCache
 from mlxd.worker.sched import image_spans
 from mlxd.worker.sched.sequence import Sequence
 from mlxd.worker.stats import KVReport
+
+
+EVICT_BATCH = 16  # cached blocks evicted at least, once the pool's arrays are full
 
 
 class KVLedger:
@@ -282,11 +286,13 @@ class KVLedger:
 
     def _make_room(self, num_blocks: int, slabs: int = 0) -> bool:
         """Whether ``num_blocks`` blocks (and ``slabs`` window slabs) are free, evicting
-        unreferenced cached blocks (and the prefix cache's slabs) if needed."""
-        short = num_blocks - self.pool.num_free
+        unreferenced cached blocks (and the prefix cache's slabs) if needed. Cached blocks go
+        before the pool's arrays grow: memory grows for the sequences in flight, never for the
+        cache (``EVICT_BATCH`` at a time, since each eviction walks the tree)."""
+        short = num_blocks - self.pool.num_free_held
+        if short > 0:
+            self.radix.evict(max(short, EVICT_BATCH))
         if self.windows is None:
-            if short > 0:
-                self.radix.evict(short)
             return self.pool.num_free >= num_blocks
         reclaimed = False
         while not self._fits(num_blocks, slabs):
