@@ -6,7 +6,8 @@ runner's ``reclaim``. ``admit`` gives a prompt its cached prefix and new blocks,
 step's next block, ``free`` gives a sequence's blocks back (the full blocks of its known tokens
 stay cached). Each makes room first by evicting unreferenced cached blocks, before the pool's
 arrays grow past what they hold (so memory follows the sequences in flight, not the cache's
-history); when that is not enough it says no, and the scheduler preempts the ``victim`` the ledger names and frees it here.
+history); when that is not enough it says no, and the scheduler preempts the ``victim`` the
+ledger names and frees it here.
 
 A hybrid's prefix cache also keeps recurrent-state snapshots: the ledger asks prefilling prompts
 to take them where waiting ones part from them (``prefix_in_flight``), and indexes them as they
@@ -26,7 +27,6 @@ from mlxd.worker.prefix.radix_cache import PrefixMatch, RadixCache
 from mlxd.worker.sched import image_spans
 from mlxd.worker.sched.sequence import Sequence
 from mlxd.worker.stats import KVReport
-
 
 EVICT_BATCH = 16  # cached blocks evicted at least, once the pool's arrays are full
 
