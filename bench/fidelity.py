@@ -16,6 +16,12 @@ computes as that variant does.
 
 ``--float16 SRC`` first writes DIR as SRC's weights cast to float16 (the real model of the
 tests is converted to float32 on the CPU).
+
+Every parting (a served answer that is not mlx-lm's) is then shown as a near-tie or not: at its
+first differing token, after the prompt and the tokens both share, mlx-lm's log-probabilities
+of its own token and of the server's, their margin and the server token's rank (``partings``
+in the JSON). ``--partings-of OLD.json`` does only that, for
+the answers of an earlier run (e.g. the GPU's, on this machine).
 """
 
 from __future__ import annotations
@@ -158,6 +164,51 @@ def summary(ref: dict[str, list[str]], servers: dict[str, dict[str, list[str]]])
     return out
 
 
+def partings(model_dir: Path, result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each served answer that parts from mlx-lm's: where, and mlx-lm's top-2 margin there."""
+    import mlx_lm
+
+    model, tokenizer = mlx_lm.load(str(model_dir))[:2]
+    out = []
+    for name, got in result["servers"].items():
+        for kind, answers in got.items():
+            for i, (ans, ref) in enumerate(
+                zip(answers, result["reference"]["mlx_lm"], strict=True)
+            ):
+                if ans != ref:
+                    row = _parting(model, tokenizer, PROMPTS[i], ref, ans)
+                    out.append({"server": name, "kind": kind, "prompt": i, **row})
+    return out
+
+
+def _parting(model: Any, tokenizer: Any, prompt: str, ref: str, got: str) -> dict[str, Any]:
+    """The first token where ``got`` leaves ``ref`` and mlx-lm's log-probabilities there."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    a, b = (
+        tokenizer.encode(ref, add_special_tokens=False),
+        tokenizer.encode(got, add_special_tokens=False),
+    )
+    k = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    if k >= min(len(a), len(b)):
+        return {"token": k, "note": "one answer ends where the other goes on"}
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True
+    )
+    cache = make_prompt_cache(model)  # as mlx-lm's generate: all but the last token, then it
+    model(mx.array([ids[:-1]]), cache=cache)
+    logits = model(mx.array([[ids[-1], *a[:k]]]), cache=cache)[0, -1]
+    lp = logits.astype(mx.float32) - mx.logsumexp(logits.astype(mx.float32))
+    return {
+        "token": k,
+        "ids": [a[k], b[k]],  # mlx-lm's, the server's
+        "text": [tokenizer.decode(a[: k + 1])[-12:], tokenizer.decode(b[: k + 1])[-12:]],
+        "margin": round(float(lp[a[k]] - lp[b[k]]), 4),
+        "server_rank": int((lp > lp[b[k]]).sum().item()),  # 1: mlx-lm's runner-up
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, required=True, help="mlx-lm directory (the reference)")
@@ -165,7 +216,11 @@ def main() -> None:
     ap.add_argument("--server", action="append", default=[], help="NAME=URL[#MODEL]")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--partings-of", type=Path, help="only the partings of this earlier JSON")
     args = ap.parse_args()
+    if args.partings_of:
+        print(json.dumps(partings(args.model, json.loads(args.partings_of.read_text())), indent=1))
+        return
     if args.float16:
         to_float16(args.float16, args.model)
     t0 = time.time()
@@ -176,8 +231,14 @@ def main() -> None:
         name, _, rest = spec.partition("=")
         url, _, model = rest.partition("#")
         servers[name] = served(url, model or "default", args.max_tokens)
-    result = {"summary": summary(ref, servers), "reference": ref, "servers": servers}
+    result: dict[str, Any] = {
+        "summary": summary(ref, servers),
+        "reference": ref,
+        "servers": servers,
+    }
+    result["partings"] = partings(args.model, result)
     print(json.dumps(result["summary"], indent=1))
+    print(json.dumps(result["partings"], indent=1))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
 
