@@ -10,8 +10,8 @@
 #
 # Setup: ../shared/gpu/stage.sh (.gpuA/.gpuB) and bench/gpu/stage_peers.sh (.gpuP), installed:
 #   run 1 (carry .gpuA): bash .gpuA/install.sh a
-#   run 2 (carry .gpuB .gpuP): bash .gpuB/install.sh b && bash .gpuP/install_peers.sh \
-#        && MAKE_ONLY=1 CLASSES=dense,hybrid,sliding,moe bash bench/gpu/gpu_matrix.sh
+#   run 2 (carry .gpuB): bash .gpuB/install.sh b
+#   run 3 (carry .gpuP): bash .gpuP/install_peers.sh && MAKE_ONLY=1 CLASSES=... bash bench/gpu/gpu_matrix.sh
 # then one run per class (each fits 600 s: BUDGET_S=540 is shared fairly among the servers,
 # at most SERVER_S=100 each; the servers' bounds are in each JSON):
 #   CLASSES=dense bash bench/gpu/gpu_matrix.sh
