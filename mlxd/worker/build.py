@@ -179,7 +179,10 @@ def build_runner(
         )
     else:
         runner = PagedModelRunner(model, eos_token_ids, pool, max_view_tokens=view_tokens)
-    return runner, BlockPool(num_blocks, bs, held=lambda: pool.capacity), max_context
+    blocks = BlockPool(
+        num_blocks, bs, held=lambda: pool.capacity, reserve=lambda n: pool.ensure(n - 1)
+    )
+    return runner, blocks, max_context
 
 
 def scheduler_config(config: WorkerConfig, runner: ModelRunner) -> SchedulerConfig:

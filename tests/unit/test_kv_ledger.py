@@ -186,20 +186,55 @@ def test_a_windowed_prompt_takes_slabs_a_chunk_ahead_and_gives_them_all_back() -
     assert (kv.pool.num_used, kv.windows.pool.num_used) == (0, 0)
 
 
-def test_cached_blocks_go_before_the_pool_s_arrays_grow() -> None:
-    """Memory follows the sequences in flight: with the arrays holding 8 of 64 ids, a new
-    prompt takes the ids a finished one left cached, not ids past the arrays; the arrays grow
-    only for what no cached block can give (run S1: the cache grew a soak's pool to 30 GB)."""
-    held = [8]
-    kv, live = KVLedger(BlockPool(64, BS, held=lambda: held[0])), []
-    first = _seq("a", list(range(24)))  # 6 blocks, cached when it ends
+def test_cached_blocks_go_before_the_arrays_grow_past_twice_the_load() -> None:
+    """Memory follows the load: with the arrays holding 4 ids, twice the 2 blocks a sequence
+    has held, a new prompt takes the ids a finished one left cached, not ids past the arrays;
+    they grow only for what no cached block can give (run S1: the cache had grown a soak's
+    pool toward its whole budget)."""
+    held = 4
+    kv, live = KVLedger(BlockPool(64, BS, held=lambda: held)), []
+    for start in (0, 50):  # two prompts of 2 blocks each, cached when they end
+        done = _seq(f"a{start}", list(range(start, start + 8)))
+        _prefilled(kv, done, live)
+        _free(kv, done, live)
+    assert kv.radix.num_cached_blocks == 4
+    second = _seq("b", list(range(100, 108)))
+    _prefilled(kv, second, live)
+    assert max(second.block_ids) < held
+    assert kv.radix.match_prefix(list(range(8)) + [9]).num_blocks == 0  # the first's went
+    third = _seq("c", list(range(200, 208)))  # the eviction took 16 at most: both went
+    _prefilled(kv, third, live)
+    assert max(third.block_ids) < held
+    fourth = _seq("d", list(range(300, 308)))  # nothing cached left: the arrays grow
+    _prefilled(kv, fourth, live)
+    assert min(fourth.block_ids) >= held
+
+
+def test_below_twice_the_load_a_conversation_keeps_its_prefix_through_another() -> None:
+    """An agent's context stays cached while a sub-agent takes its turn: the arrays (3 ids)
+    hold less than twice the load's peak (2 blocks), so they grow rather than evict it."""
+    kv, live = KVLedger(BlockPool(64, BS, held=lambda: 3)), []
+    first = _seq("a", list(range(8)))
     _prefilled(kv, first, live)
     _free(kv, first, live)
-    assert kv.radix.num_cached_blocks == 6
-    second = _seq("b", list(range(100, 124)))
-    _prefilled(kv, second, live)
-    assert max(second.block_ids) < held[0]
-    assert kv.radix.match_prefix(list(range(24))).num_blocks == 0  # the first's went
-    third = _seq("c", list(range(200, 224)))  # nothing left to evict: ids past the arrays
-    _prefilled(kv, third, live)
-    assert max(third.block_ids) >= held[0]
+    _prefilled(kv, _seq("b", list(range(100, 108))), live)
+    assert kv.radix.match_prefix(list(range(8)) + [9]).num_blocks == 2
+
+
+def test_the_arrays_grow_to_twice_the_load_s_peak_at_once() -> None:
+    """While the load sets its peak, the arrays take twice it in one growth (``reserve``), so
+    the memory steps up with the load and the cache then fills room already there."""
+    held, asked = [2], []
+
+    def reserve(n: int) -> None:
+        asked.append(n)
+        held[0] = n
+
+    kv, live = KVLedger(BlockPool(64, BS, held=lambda: held[0], reserve=reserve)), []
+    first = _seq("a", list(range(8)))
+    _prefilled(kv, first, live)
+    _free(kv, first, live)
+    _prefilled(kv, _seq("b", list(range(100, 108))), live)  # peak 2 blocks: arrays of 4
+    assert asked == [4] and kv.radix.match_prefix(list(range(8)) + [9]).num_blocks == 2
+    _prefilled(kv, _seq("c", list(range(200, 208))), live)  # b and c in flight: 8
+    assert asked == [4, 8]

@@ -50,11 +50,12 @@ class BlockPool:
         capacity: int = 0,
         grow: Callable[[int, int], int] | None = None,
         held: Callable[[], int] | None = None,
+        reserve: Callable[[int], object] | None = None,
     ) -> None:
         """``capacity``: the ids the arrays hold now (paid at once); ``grow(block_id, limit)``
         makes them hold ``block_id``, within ``limit`` ids, and returns how many they hold.
         Without a budget, ``held()`` says how many ids the arrays hold (they grow as written:
-        ``KVPool.ensure``); neither: all of them."""
+        ``KVPool.ensure``) and ``reserve(n)`` makes them hold ``n`` at once; neither: all ids."""
         if num_blocks < 1 or block_size < 1 or cost < 1:
             raise ValueError("a block pool needs at least one block of at least one token")
         self.num_blocks = num_blocks
@@ -66,6 +67,7 @@ class BlockPool:
         self.capacity = num_blocks
         self._grow = grow or (lambda block_id, limit: block_id + 1)
         self._held = held or (lambda: self.capacity)
+        self._reserve = reserve
         if budget is not None:
             self.capacity = capacity
             budget.used += capacity * cost
@@ -80,12 +82,22 @@ class BlockPool:
         return self._free_below + min(beyond, self.budget.free // self.cost)
 
     @property
+    def num_held(self) -> int:
+        """Ids the arrays hold now (all of them for a pool that does not grow)."""
+        return self.capacity if self.budget is not None else min(self.num_blocks, self._held())
+
+    def reserve(self, n: int) -> None:
+        """Make the arrays hold ``n`` ids now, in one growth (where they grow by ``held``)."""
+        if self._reserve is not None and n > self.num_held:
+            self._reserve(min(n, self.num_blocks))
+
+    @property
     def num_free_held(self) -> int:
         """Free ids the arrays hold already: taking more makes them grow. (Ids handed out and
         not yet written may lie past the arrays; counted as inside, they only make this low.)"""
         if self.budget is not None:
             return self._free_below
-        return max(0, min(self.num_blocks, self._held()) - self.num_used)
+        return max(0, self.num_held - self.num_used)
 
     def growth_bytes(self, n: int) -> int:
         """What the budget must add for ``n`` more ids (those past the arrays' free ones)."""

@@ -241,6 +241,12 @@ class RadixCache:
             node.lock_ref -= 1
             node = node.parent  # type: ignore[assignment]
 
+    def num_cache_only(self) -> int:
+        """Cached blocks no sequence holds (O(nodes): for moments the pool is short)."""
+        return sum(
+            1 for n in self._nodes() if n.lock_ref == 0 and self.pool.ref_count(n.block_id) == 1
+        )
+
     def evict(self, num_blocks: int) -> int:
         """Free up to ``num_blocks`` blocks, least recently used leaves first; returns how many.
 

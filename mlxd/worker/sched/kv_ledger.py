@@ -5,9 +5,9 @@ the prefix cache over it (``RadixCache``) and, for a sliding-window model, the w
 runner's ``reclaim``. ``admit`` gives a prompt its cached prefix and new blocks, ``grow`` a decode
 step's next block, ``free`` gives a sequence's blocks back (the full blocks of its known tokens
 stay cached). Each makes room first by evicting unreferenced cached blocks, before the pool's
-arrays grow past what they hold (so memory follows the sequences in flight, not the cache's
-history); when that is not enough it says no, and the scheduler preempts the ``victim`` the
-ledger names and frees it here.
+arrays grow past twice the most the sequences in flight have held (so memory follows the load,
+not the cache's history); when that is not enough it says no, and the scheduler preempts the
+``victim`` the ledger names and frees it here.
 
 A hybrid's prefix cache also keeps recurrent-state snapshots: the ledger asks prefilling prompts
 to take them where waiting ones part from them (``prefix_in_flight``), and indexes them as they
@@ -49,6 +49,9 @@ class KVLedger:
         # Out of room: the runner's arrays shrink to the ids in use, their budget freed for the
         # other pool's (``WindowModelRunner.reclaim``); None where arrays pay for no budget.
         self.reclaim: Callable[[], bool] | None = None
+        # The most blocks sequences in flight have held at once: the prefix cache may make the
+        # pool's arrays hold as many again before it evicts rather than let them grow.
+        self.peak_in_flight = 0
 
     # Public API
 
@@ -286,12 +289,17 @@ class KVLedger:
 
     def _make_room(self, num_blocks: int, slabs: int = 0) -> bool:
         """Whether ``num_blocks`` blocks (and ``slabs`` window slabs) are free, evicting
-        unreferenced cached blocks (and the prefix cache's slabs) if needed. Cached blocks go
-        before the pool's arrays grow: memory grows for the sequences in flight, never for the
-        cache (``EVICT_BATCH`` at a time, since each eviction walks the tree)."""
+        unreferenced cached blocks (and the prefix cache's slabs) if needed. Once the cache has
+        had as much room as the load (``_cache_had_its_room``), cached blocks go before the
+        pool's arrays grow (``EVICT_BATCH`` at a time, since each eviction walks the tree);
+        before that, the arrays grow to twice the load's peak at once. Memory steps up with
+        the load's peak and stays there, instead of climbing to the budget as the cache fills."""
         short = num_blocks - self.pool.num_free_held
         if short > 0:
-            self.radix.evict(max(short, EVICT_BATCH))
+            if num_blocks > self.pool.num_free or self._cache_had_its_room(num_blocks):
+                self.radix.evict(max(short, EVICT_BATCH))
+            else:  # the room in one growth, while the load sets its peak, not as the cache fills
+                self.pool.reserve(2 * self.peak_in_flight)
         if self.windows is None:
             return self.pool.num_free >= num_blocks
         reclaimed = False
@@ -306,6 +314,15 @@ class KVLedger:
                 return False
             reclaimed = True
         return True
+
+    def _cache_had_its_room(self, num_blocks: int) -> bool:
+        """Whether the pool's arrays hold twice the most blocks the sequences in flight have
+        held at once (with ``num_blocks`` more): the cache has had as much room as the load,
+        so it makes room before the arrays grow. Short of that they grow, so a conversation's
+        cached prefix outlives another one's turn (an agent's context across a sub-agent's)."""
+        in_flight = self.pool.num_used - self.radix.num_cache_only() + num_blocks
+        self.peak_in_flight = max(self.peak_in_flight, in_flight)
+        return self.pool.num_held >= 2 * self.peak_in_flight
 
     def _slab_bytes(self, slabs: int) -> int:
         """What ``slabs`` more window slabs take of the budget: none where the slab arrays
