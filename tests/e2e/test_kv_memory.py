@@ -132,3 +132,45 @@ def wait_for(d: Daemon, ok: Any, timeout: float = 30) -> dict[str, Any]:
             assert ok(m), m
             return m
         time.sleep(0.25)
+
+
+@pytest.fixture(scope="module")
+def sessions(tiny_model: Path) -> Iterator[Daemon]:
+    d = start_daemon(
+        tiny_model,
+        "--kv-chunk-mb",
+        "0.5",
+        "--kv-idle-s",
+        "0",
+        "--kv-cache-gb",
+        str(BUDGET_GB),
+        "--kv-block-size",
+        "16",
+    )
+    yield d
+    if d.proc.poll() is None:
+        stop_daemon(d)
+
+
+def complete(d: Daemon, seed: int, length: int = 900) -> int:
+    """One completion of a prompt of its own; returns its cached prompt tokens."""
+    prompt = [3 + (seed * 37 + 11 * j) % 200 for j in range(length)]
+    body = {"model": d.model, "prompt": prompt, "max_tokens": 8, "temperature": 0}
+    r = httpx.post(f"{d.base_url}/v1/completions", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    return int(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+
+def test_a_conversation_keeps_its_prefix_through_another_and_the_pool_follows_the_load(
+    sessions: Daemon,
+) -> None:
+    """An agent's context stays cached through a sub-agent's turn (the pool grows to twice
+    the load's peak rather than evict it), and twelve prompts one at a time leave the pool at
+    about that, not at what they all took (run S1: the cache grew a soak's pool to its budget)."""
+    complete(sessions, 0)
+    complete(sessions, 1)
+    assert complete(sessions, 0) >= 880
+    for seed in range(2, 12):
+        complete(sessions, seed)
+    reserved = memory(sessions)["kv_reserved_bytes"]
+    assert reserved <= 4 * CHUNK, reserved  # a1893a7: 12 chunks; 64a37b0 kept 112 of the 880
