@@ -74,9 +74,10 @@ def device_share(size: Footprint, ranks: int) -> Footprint:
 def buffer_cache_bytes(size: Footprint, capped: bool = True) -> int:
     """The cap on a worker's MLX buffer cache: the headroom's share for activations and cached
     buffers (the headroom less the fixed runtime), at least 64 MiB under ``--max-memory``
-    (``capped``) and ``UNCAPPED_CACHE_FLOOR`` without it. MLX's own default is the device's
-    memory limit (95 % of a GPU, the recommended working set on Metal): an uncapped worker
-    kept every freed buffer until it held the whole card (docs/PERFORMANCE.md, run S1)."""
+    (``capped``) and ``UNCAPPED_CACHE_FLOOR`` without it; the worker never raises MLX's own
+    limit with it (32 MiB on the CPU backend). MLX's own is the device's memory limit on a GPU
+    (95 % of it; the recommended working set on Metal): a worker left to it kept every freed
+    buffer until it held the whole card (docs/PERFORMANCE.md, run S1)."""
     return max(64 * 2**20 if capped else UNCAPPED_CACHE_FLOOR, size.headroom_bytes - RUNTIME_BYTES)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import os
@@ -52,10 +53,7 @@ def serve(config: WorkerConfig) -> int:
     auth = None
     if config.curve_keys is not None:  # admit only clients holding our key (before any bind)
         auth = curve.Authenticator(zmq.Context.instance(), config.curve_keys)
-    if config.buffer_cache_bytes is not None:
-        import mlx.core as mx
-
-        mx.set_cache_limit(config.buffer_cache_bytes)  # before loading: loads use the cache too
+    config = _cap_buffer_cache(config)  # before loading: loads use the cache too
     try:
         loaded = _load_all(config)
     except Exception as exc:  # noqa: BLE001 - any load failure is a startup failure
@@ -164,6 +162,19 @@ def _engine(config: WorkerConfig, loaded: _Loaded) -> Engine:
         compute=loaded.compute,
     )
     return engine
+
+
+def _cap_buffer_cache(config: WorkerConfig) -> WorkerConfig:
+    """Hold MLX's cache of freed buffers to ``buffer_cache_bytes``, a cap that never raises
+    MLX's own limit (32 MiB on the CPU backend); ``config`` with the limit in force."""
+    if config.buffer_cache_bytes is None:
+        return config
+    import mlx.core as mx
+
+    default = mx.set_cache_limit(config.buffer_cache_bytes)
+    if default < config.buffer_cache_bytes:
+        mx.set_cache_limit(default)
+    return dataclasses.replace(config, buffer_cache_bytes=min(default, config.buffer_cache_bytes))
 
 
 def _prepare_to_serve(config: WorkerConfig, engine: Engine, channel: Any) -> None:

@@ -22,7 +22,14 @@ import pytest
 
 from mlxd.config import ModelSpec, ServeConfig
 from mlxd.daemon.footprint import footprint
-from tests.e2e.conftest import Daemon, free_port, stop_daemon, visible_gpus, wait_healthy
+from tests.e2e.conftest import (
+    Daemon,
+    free_port,
+    mlx_cache_default,
+    stop_daemon,
+    visible_gpus,
+    wait_healthy,
+)
 
 pytestmark = [pytest.mark.e2e]
 
@@ -151,7 +158,8 @@ def test_under_the_budget_each_worker_caps_its_buffer_cache_to_its_headroom(pool
     headroom = info["memory_bytes"] - info["weights_bytes"] - info["kv_bytes"]
     status = pool.admin_get("/admin/models/a/status", timeout=10).json()
     limit = status["memory"]["cache_limit_bytes"]
-    assert limit is not None and abs(limit - max(64 * 2**20, headroom - RUNTIME_BYTES)) <= 1
+    wanted = min(mlx_cache_default(), max(64 * 2**20, headroom - RUNTIME_BYTES))
+    assert limit is not None and abs(limit - wanted) <= 1
 
 
 def test_two_models_serve_concurrent_requests(pool: Daemon) -> None:
