@@ -6,9 +6,10 @@ cache for each block it indexes. A block whose count drops to zero is free again
 
 The lowest free id is handed out first, so the blocks in use stay packed at the low end and
 the pool's arrays (which grow in chunks up to ``num_blocks``, see ``paged_cache.KVPool``) need
-only reach the highest of them. ``num_free_held`` counts the free ids the arrays already hold:
-the ledger evicts cached blocks to stay within them before it lets the arrays grow, so the
-pool's memory follows the sequences in flight and the prefix cache lives in what they left.
+only reach the highest of them. ``num_free_held`` counts the free ids the arrays already hold
+and ``reserve`` grows them at once: the ledger lets them hold twice the most the sequences in
+flight have held, and past that evicts cached blocks before they grow, so the pool's memory
+follows the load rather than everything the prefix cache has seen.
 
 A sliding-window model keeps two kinds of blocks (its full-attention layers' and its window
 layers', ``window_slabs``) in two pools of ids that draw from one ``KVBudget`` of bytes, each

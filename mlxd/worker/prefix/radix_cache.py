@@ -397,7 +397,7 @@ class RadixCache:
             self._stated.discard(node)
 
     def _trim_states(self) -> None:
-        """Drop the least recently used states until they fit the budget."""
+        """Drop the least recently used states until they fit ``state_limit``."""
         limit = self.state_limit
         if self.state_bytes <= limit:
             return
