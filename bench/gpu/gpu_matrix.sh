@@ -78,15 +78,15 @@ item() {  # GPU ITEM: one item of a lane, on GPU (its output in $OUT/laneGPU*)
   case $kind in
     make) make_model "$arg"; rm -f "$(model_dir "$arg").making" ;;
     prime) made "$arg"; timeout -k 5 300 "$PY" -m mlxd bench engine --model "$(model_dir "$arg")" \
-      --no-compare-mlx-lm --speculate off --concurrency 1 --prompt-tokens "${LONG:-4500}" --max-tokens 8 \
-      >> "$dir-prime.txt" 2>&1 ;;
+      --no-compare-mlx-lm --speculate off --concurrency 1 --prompt-tokens "${LONG:-4500}" \
+      --max-tokens 8 >> "$dir-prime.txt" 2>&1 ;;
     engine) made "$arg"; "$PY" -m mlxd bench engine --model "$(model_dir "$arg")" --speculate off \
       --concurrency "${ENGINE_LEVELS:-1,16}" --prompt-tokens 128 --max-tokens 128 \
       --json "$dir/engine-$arg.json" >> "$dir-engine.txt" 2>&1 ;;
     soak) made "${arg#*:}"; "$PY" bench/soak_peer.py --out "$OUT/soak" --server "${arg%%:*}" \
       --model "$(model_dir "${arg#*:}")" --label "${arg/:/-}" --duration "${DURATION:-600}" \
-      --streams "${STREAMS:-32}" --port $((8490 + 100 * gpu)) $(nvidia-smi -L > /dev/null 2>&1 && echo --gpu "$gpu") ${SOAK_ARGS:-} \
-      >> "$dir-soak.txt" 2>&1 ;;
+      --streams "${STREAMS:-32}" --port $((8490 + 100 * gpu)) ${SOAK_ARGS:-} \
+      $(nvidia-smi -L > /dev/null 2>&1 && echo --gpu "$gpu") >> "$dir-soak.txt" 2>&1 ;;
     fidelity) for _ in $(seq 600); do [ -f "${GGUF:-/root/smollm2.gguf}" ] && break; sleep 1; done
       OUT="$dir/fidelity" bash bench/gpu/gpu_fidelity.sh > "$dir-fidelity.txt" 2>&1 ;;
     rows) OUT="$dir" SIZES=qwen3-0.6b LEVELS="${ROWS:-16,24,32,48,64}" LONG=0 \
