@@ -23,14 +23,14 @@ CHUNK = 2**19  # --kv-chunk-mb 0.5: 1,024 tokens of the tiny model (512 bytes a 
 BUDGET_GB = 0.05
 
 
-@pytest.fixture(scope="module")
-def elastic(tiny_model: Path) -> Iterator[Daemon]:
+def elastic_daemon(tiny_model: Path, idle_s: str) -> Iterator[Daemon]:
+    """A daemon whose pool starts with one 0.5 MiB chunk, idle release after ``idle_s``."""
     d = start_daemon(
         tiny_model,
         "--kv-chunk-mb",
         "0.5",
         "--kv-idle-s",
-        "2",
+        idle_s,
         "--kv-cache-gb",
         str(BUDGET_GB),
         "--kv-block-size",
@@ -39,6 +39,11 @@ def elastic(tiny_model: Path) -> Iterator[Daemon]:
     yield d
     if d.proc.poll() is None:
         stop_daemon(d)
+
+
+@pytest.fixture(scope="module")
+def elastic(tiny_model: Path) -> Iterator[Daemon]:
+    yield from elastic_daemon(tiny_model, "2")
 
 
 def memory(d: Daemon) -> dict[str, Any]:
@@ -136,20 +141,9 @@ def wait_for(d: Daemon, ok: Any, timeout: float = 30) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def sessions(tiny_model: Path) -> Iterator[Daemon]:
-    d = start_daemon(
-        tiny_model,
-        "--kv-chunk-mb",
-        "0.5",
-        "--kv-idle-s",
-        "0",
-        "--kv-cache-gb",
-        str(BUDGET_GB),
-        "--kv-block-size",
-        "16",
-    )
-    yield d
-    if d.proc.poll() is None:
-        stop_daemon(d)
+    yield from elastic_daemon(
+        tiny_model, "0"
+    )  # never released: the cache stays as the rule left it
 
 
 def complete(d: Daemon, seed: int, length: int = 900) -> int:
