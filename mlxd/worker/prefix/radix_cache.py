@@ -243,9 +243,7 @@ class RadixCache:
 
     def num_cache_only(self) -> int:
         """Cached blocks no sequence holds (O(nodes): for moments the pool is short)."""
-        return sum(
-            1 for n in self._nodes() if n.lock_ref == 0 and self.pool.ref_count(n.block_id) == 1
-        )
+        return sum(1 for n in self._nodes() if self._tree_only(n))
 
     def evict(self, num_blocks: int) -> int:
         """Free up to ``num_blocks`` blocks, least recently used leaves first; returns how many.
@@ -329,12 +327,11 @@ class RadixCache:
         return out
 
     def _is_evictable(self, node: TreeNode) -> bool:
-        return (
-            node is not self.root
-            and not node.children
-            and node.lock_ref == 0
-            and self.pool.ref_count(node.block_id) == 1
-        )
+        return node is not self.root and not node.children and self._tree_only(node)
+
+    def _tree_only(self, node: TreeNode) -> bool:
+        """Unlocked, its block referenced by the tree alone (no sequence holds it)."""
+        return node.lock_ref == 0 and self.pool.ref_count(node.block_id) == 1
 
     def _release(self, gone: list[TreeNode]) -> int:
         """Save evicted nodes' blocks to the tier (before anyone may reuse them), then free."""

@@ -177,8 +177,7 @@ class HybridModelRunner(PagedModelRunner):
         pool's arrays as they are (they grow with the sequences in flight), at least
         ``STATE_FLOOR``; so snapshots, as blocks, follow the load instead of filling the whole
         budget over hours (run S1)."""
-        held = sum(a.nbytes for a in self.pool.arrays)
-        return max(STATE_FLOOR, int(held * STATE_SHARE / (1 - STATE_SHARE)))
+        return max(STATE_FLOOR, int(self.pool.nbytes * STATE_SHARE / (1 - STATE_SHARE)))
 
     def _caches(self, paged: list[Any], states: list[ArraysCache]) -> list[Any]:
         """The model's cache list: the pool's layers and the recurrent ones, in its order."""

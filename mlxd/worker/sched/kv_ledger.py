@@ -28,7 +28,7 @@ from mlxd.worker.sched import image_spans
 from mlxd.worker.sched.sequence import Sequence
 from mlxd.worker.stats import KVReport
 
-EVICT_BATCH = 16  # cached blocks evicted at least, once the pool's arrays are full
+EVICT_BATCH = 16  # cached blocks evicted at least, once the cache has had its room
 
 
 class KVLedger:
