@@ -24,7 +24,10 @@
 # mlx-lm's BatchGenerator in-process, ENGINE_LEVELS=1,16); soak:SERVER:CLASS (bench/soak_peer.py,
 # DURATION=600 s at STREAMS=32, into $OUT/soak/); fidelity (gpu_fidelity.sh once $GGUF is there);
 # rows (gpu_rows.sh's step time by rows, ROWS=16,24,32,48,64, on the Qwen3-0.6B shape); prof
-# (bench/step_profile.py at PROF_ROWS="16 64" on the dense model). Then $OUT/all/matrix.md joins
+# (bench/step_profile.py at PROF_ROWS="16 64" on the dense model); trace:CLASS (bench/step_trace.py:
+# each decode step of TRACE_ROWS=1 rows timed, slow ones with what ran in them, against mlx-lm's
+# generate_step); gap (gpu_gap.sh at GAP_CONC=16: the engine in-process against the daemon over
+# HTTP, GAP_LEGS, GAP_ROUNDS=2). Then $OUT/all/matrix.md joins
 # the classes and $OUT/soak/soak.md the soaks.
 # A run longer than one command: DETACH=1 starts it in its own session writing to $RUN_DIR
 # (/root/matrix-out) and returns; a later command, COLLECT=1, waits up to WAIT_S (580) for it,
@@ -91,6 +94,10 @@ item() {  # GPU ITEM: one item of a lane, on GPU (its output in $OUT/laneGPU*)
       OUT="$dir/fidelity" bash bench/gpu/gpu_fidelity.sh > "$dir-fidelity.txt" 2>&1 ;;
     rows) OUT="$dir" SIZES=qwen3-0.6b LEVELS="${ROWS:-16,24,32,48,64}" LONG=0 \
       bash bench/gpu/gpu_rows.sh > "$dir-rows.txt" 2>&1 ;;
+    trace) made "$arg"; "$PY" bench/step_trace.py "$(model_dir "$arg")" --rows "${TRACE_ROWS:-1}" \
+      --json "$dir/trace-$arg.json" >> "$dir-trace.txt" 2>&1 ;;
+    gap) OUT="$dir/gap" CONC="${GAP_CONC:-16}" LEGS="${GAP_LEGS:-engine http}" ROUNDS="${GAP_ROUNDS:-2}" \
+      PORT=$((8300 + 100 * gpu)) bash bench/gpu/gpu_gap.sh > "$dir-gap.txt" 2>&1 ;;
     prof) for r in ${PROF_ROWS:-16 64}; do
         "$PY" bench/step_profile.py "$(model_dir dense)" --rows "$r" >> "$dir-prof.txt" 2>&1
       done ;;
