@@ -151,14 +151,14 @@ def main() -> None:
                 causes[k] += t - s["p50"]
         lm = summary(mlx_lm_steps(model, prompts[0], args.max_tokens)) if args.rows == 1 else {}
         every = Counter(k for _, c in steps for k in c)
-        print(f"round {r + 1} mlxd  " + _line(s), f"\n        mlx-lm " + _line(lm) if lm else "")
+        print(f"round {r + 1} mlxd  " + _line(s), "\n        mlx-lm " + _line(lm) if lm else "")
         print(f"  events in all steps: {dict(every)}")
         print(
             f"  slow steps ({len(slow)}): "
             + ", ".join(f"#{i} {t:.1f}ms {c or ''}" for i, t, c in slow[:40])
         )
         print(
-            f"  time above p50 by event: "
+            "  time above p50 by event: "
             + ", ".join(f"{k} {v:.1f} ms" for k, v in causes.most_common())
         )
         report["rounds"].append({"mlxd": s, "mlx_lm": lm, "slow": slow, "by_event": dict(causes)})
