@@ -219,9 +219,23 @@ def growth(samples: list[dict[str, Any]], baseline_s: float) -> dict[str, Any]:
     out: dict[str, Any] = {"measure": key, "baseline_t": after[0]["t"], "baseline_mb": base}
     out.update(last_mb=last, peak_mb=peak, growth_pct=round(100 * (last - base) / base, 2))
     out["peak_growth_pct"] = round(100 * (peak - base) / base, 2)
+    out.update(_plateau(after, key))
     out["rss_growth_pct"] = _pct([s["tree_rss_mb"] for s in after])
     out["mlx_active_growth_pct"] = _pct([s.get("mlx_mb", {}).get("active") for s in after])
     return out
+
+
+def _plateau(after: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """When the measure last rose above what it had held (``grew_until_t``), and its growth
+    over the run's second half (``late_growth_pct``): a memory that stops growing shows 0."""
+    top, grew_until = after[0][key], after[0]["t"]
+    for s in after:
+        if s[key] > top:
+            top, grew_until = s[key], s["t"]
+    half = after[-1]["t"] / 2
+    mid = next(s for s in after if s["t"] >= half or s is after[-1])
+    late = round(100 * (after[-1][key] - mid[key]) / mid[key], 2) if mid[key] else None
+    return {"grew_until_t": grew_until, "late_growth_pct": late}
 
 
 def _pct(values: list[float | None]) -> float | None:
@@ -241,8 +255,9 @@ def report(out: Path) -> int:
     records = [json.loads(p.read_text()) for p in sorted(out.glob("soak-*.json"))]
     lines = [
         "| server | measure | baseline MiB | last MiB | growth % | peak growth % | "
+        "grew until s | second-half growth % | "
         "tree RSS growth % | mlxd MLX active growth % | requests | failed | cancelled | note |",
-        "|" + " --- |" * 12,
+        "|" + " --- |" * 14,
     ]
     for r in records:
         lines.append(_report_row(r))
@@ -254,9 +269,12 @@ def report(out: Path) -> int:
 
 def _report_row(r: dict[str, Any]) -> str:
     s, c = r["summary"], _counts(r)
+    if "late_growth_pct" not in s and s.get("baseline_t") is not None:  # a run from before them
+        s = growth(r.get("samples", []), s["baseline_t"])
     cancelled = r.get("outcomes", {}).get("cancelled by client", 0)
     cells = [r["label"], s.get("measure") or "–"]
     cells += [_f(s.get(k)) for k in ("baseline_mb", "last_mb", "growth_pct", "peak_growth_pct")]
+    cells += [_f(s.get("grew_until_t")), _f(s.get("late_growth_pct"))]
     cells += [_f(s.get("rss_growth_pct")), _f(s.get("mlx_active_growth_pct"))]
     cells += [str(c["requests"]), str(c["failed"]), str(cancelled)]
     return "| " + " | ".join([*cells, c["error"] or ""]) + " |"

@@ -63,6 +63,18 @@ def test_growth_is_measured_after_the_baseline() -> None:
     g = soak_peer.growth(samples, baseline_s=60)
     assert (g["measure"], g["baseline_mb"], g["last_mb"]) == ("gpu_mb", 1000.0, 1040.0)
     assert (g["growth_pct"], g["peak_growth_pct"], g["rss_growth_pct"]) == (4.0, 10.0, 0.0)
+    # it last rose at 300 s, and from the middle of the run (300 s) it fell
+    assert (g["grew_until_t"], g["late_growth_pct"]) == (300, -5.45)
+
+
+def test_a_memory_that_stops_growing_shows_no_second_half_growth() -> None:
+    steps = [(0, 90.0), (60, 100.0), (120, 104.0), (200, 106.0), (400, 106.0), (600, 106.0)]
+    samples = [{"t": t, "gpu_mb": mb, "tree_rss_mb": 1.0} for t, mb in steps]
+    g = soak_peer.growth(samples, baseline_s=60)
+    assert (g["growth_pct"], g["grew_until_t"], g["late_growth_pct"]) == (6.0, 200, 0.0)
+    steps[-1] = (600, 116.0)  # still growing at the end
+    g = soak_peer.growth([{"t": t, "gpu_mb": mb, "tree_rss_mb": 1.0} for t, mb in steps], 60)
+    assert (g["grew_until_t"], g["late_growth_pct"]) == (600, 9.43)
 
 
 def test_growth_falls_back_to_rss_without_a_gpu() -> None:
