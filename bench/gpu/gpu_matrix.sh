@@ -20,7 +20,8 @@
 # with its own ports and $OUT/laneN/. Items: a class (matrix.py); make:CLASS (its model, which
 # items of other lanes wait for); prime:CLASS (mlxd's engine runs one LONG prompt in-process: a
 # fresh machine compiles MLX's CUDA kernels in the first process that needs them, which would
-# otherwise charge whichever server is timed first); engine:CLASS (`mlxd bench engine` against
+# otherwise charge whichever server is timed first; a class item primes itself first if no item
+# has on this machine); engine:CLASS (`mlxd bench engine` against
 # mlx-lm's BatchGenerator in-process, ENGINE_LEVELS=1,16); soak:SERVER:CLASS (bench/soak_peer.py,
 # DURATION=600 s at STREAMS=32, into $OUT/soak/); fidelity (gpu_fidelity.sh once $GGUF is there);
 # rows (gpu_rows.sh's step time by rows, ROWS=16,24,32,48,64, on the Qwen3-0.6B shape); prof
@@ -75,14 +76,21 @@ made() {  # CLASS: its model, once the lane making it (make:CLASS) is done
   while [ -f "$(model_dir "$1").making" ]; do sleep 5; done
   make_model "$1"
 }
+prime() {  # CLASS DIR: mlxd's engine runs one LONG prompt in-process (MLX's CUDA kernels built)
+  timeout -k 5 300 "$PY" -m mlxd bench engine --model "$(model_dir "$1")" --no-compare-mlx-lm \
+    --speculate off --concurrency 1 --prompt-tokens "${LONG:-4500}" --max-tokens 8 >> "$2-prime.txt" 2>&1
+  touch "$(model_dir "$1").primed"
+}
+primed() {  # CLASS DIR: primed once on this machine before its servers are timed: on a fresh one
+  # mlxd's MoE worker built kernels and warmed up past its 100 s to be ready (runs MC2-MC3)
+  [ -f "$(model_dir "$1").primed" ] || prime "$1" "$2"
+}
 item() {  # GPU ITEM: one item of a lane, on GPU (its output in $OUT/laneGPU*)
   local gpu=$1 kind=${2%%:*} arg=${2#*:} dir="$OUT/lane$1"
   export CUDA_VISIBLE_DEVICES=$gpu; mkdir -p "$dir"
   case $kind in
     make) make_model "$arg"; rm -f "$(model_dir "$arg").making" ;;
-    prime) made "$arg"; timeout -k 5 300 "$PY" -m mlxd bench engine --model "$(model_dir "$arg")" \
-      --no-compare-mlx-lm --speculate off --concurrency 1 --prompt-tokens "${LONG:-4500}" \
-      --max-tokens 8 >> "$dir-prime.txt" 2>&1 ;;
+    prime) made "$arg"; prime "$arg" "$dir" ;;
     engine) made "$arg"; "$PY" -m mlxd bench engine --model "$(model_dir "$arg")" --speculate off \
       --concurrency "${ENGINE_LEVELS:-1,16}" --prompt-tokens 128 --max-tokens 128 \
       --json "$dir/engine-$arg.json" >> "$dir-engine.txt" 2>&1 ;;
@@ -101,7 +109,7 @@ item() {  # GPU ITEM: one item of a lane, on GPU (its output in $OUT/laneGPU*)
     prof) for r in ${PROF_ROWS:-16 64}; do
         "$PY" bench/step_profile.py "$(model_dir dense)" --rows "$r" >> "$dir-prof.txt" 2>&1
       done ;;
-    *) made "$kind"  # a class
+    *) made "$kind"; primed "$kind" "$dir"  # a class
       # shellcheck disable=SC2046  # TINY adds one option
       "$PY" bench/matrix.py --out "$dir" --classes "$kind" --port $((8400 + 100 * gpu)) \
         --budget-s "${BUDGET_S:-540}" $([ "${TINY:-0}" = 1 ] && echo --tiny) >> "$dir.txt" 2>&1 ;;
