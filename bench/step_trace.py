@@ -62,6 +62,7 @@ class Sink:
 
 
 def instrument(events: Events) -> None:
+    """Count the decode tail's flushes, views built and grown, block allocations, collections."""
     from mlxd.worker.kv import decode_tail
     from mlxd.worker.kv.block_pool import BlockPool
 
@@ -72,7 +73,10 @@ def instrument(events: Events) -> None:
     gc.callbacks.append(lambda phase, info: events.counts.update({"gc": phase == "start"}))
 
 
-def mlxd_steps(engine: Any, prompts: list[list[int]], max_tokens: int, events: Events):
+def mlxd_steps(
+    engine: Any, prompts: list[list[int]], max_tokens: int, events: Events
+) -> list[tuple[float, Counter[str]]]:
+    """Every step of ``prompts`` run together to ``max_tokens``: its time and events."""
     for i, p in enumerate(prompts):
         sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         engine.dispatch(
@@ -89,6 +93,7 @@ def mlxd_steps(engine: Any, prompts: list[list[int]], max_tokens: int, events: E
 
 
 def mlx_lm_steps(model: Any, prompt: list[int], max_tokens: int) -> list[float]:
+    """Each token's time from mlx-lm's ``generate_step`` on ``prompt``."""
     import mlx.core as mx
     from mlx_lm.generate import generate_step
 
@@ -102,6 +107,7 @@ def mlx_lm_steps(model: Any, prompt: list[int], max_tokens: int) -> list[float]:
 
 
 def summary(times: list[float]) -> dict[str, float]:
+    """Percentiles and mean in ms, and what the slow steps add above the median."""
     ms = sorted(t * 1000 for t in times)
     p50 = statistics.median(ms)
     q = statistics.quantiles(ms, n=100)
@@ -116,20 +122,9 @@ def summary(times: list[float]) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model")
-    ap.add_argument("--rows", type=int, default=1)
-    ap.add_argument("--prompt-tokens", type=int, default=128)
-    ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--json")
-    args = ap.parse_args()
+    args = _parse_args()
     model, tokenizer = load_served(args.model)
-    vocab = tokenizer.vocab_size
-    prompts = [
-        [100 + (r * 7919 + j * 31) % (vocab - 200) for j in range(args.prompt_tokens)]
-        for r in range(args.rows)
-    ]
+    prompts = _prompts(args.rows, args.prompt_tokens, tokenizer.vocab_size)
     sched = SchedulerConfig(max_num_seqs=max(16, args.rows))
     engine = new_engine(model, tokenizer, sched, args.prompt_tokens + args.max_tokens + 64)
     engine.channel = Sink()
@@ -140,30 +135,47 @@ def main() -> None:
     report: dict[str, Any] = {"model": args.model, "rows": args.rows, "rounds": []}
     for r in range(args.rounds):
         steps = mlxd_steps(engine, prompts, args.max_tokens, events)
-        times = [t for t, _ in steps]
-        s = summary(times)
-        slow = [
-            (i, t * 1000, dict(c)) for i, (t, c) in enumerate(steps) if t * 1000 > SLOW * s["p50"]
-        ]
-        causes: Counter[str] = Counter()
-        for _, t, c in slow:
-            for k in c or {"(none)": 1}:
-                causes[k] += t - s["p50"]
         lm = summary(mlx_lm_steps(model, prompts[0], args.max_tokens)) if args.rows == 1 else {}
-        every = Counter(k for _, c in steps for k in c)
-        print(f"round {r + 1} mlxd  " + _line(s), "\n        mlx-lm " + _line(lm) if lm else "")
-        print(f"  events in all steps: {dict(every)}")
-        print(
-            f"  slow steps ({len(slow)}): "
-            + ", ".join(f"#{i} {t:.1f}ms {c or ''}" for i, t, c in slow[:40])
-        )
-        print(
-            "  time above p50 by event: "
-            + ", ".join(f"{k} {v:.1f} ms" for k, v in causes.most_common())
-        )
-        report["rounds"].append({"mlxd": s, "mlx_lm": lm, "slow": slow, "by_event": dict(causes)})
+        report["rounds"].append(_round(r + 1, steps, lm))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
+
+
+def _parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("--rows", type=int, default=1)
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--json")
+    return ap.parse_args()
+
+
+def _prompts(rows: int, length: int, vocab: int) -> list[list[int]]:
+    """``rows`` prompts of ordinary token ids, different for each row."""
+    return [[100 + (r * 7919 + j * 31) % (vocab - 200) for j in range(length)] for r in range(rows)]
+
+
+def _round(number: int, steps: list[tuple[float, Counter[str]]], lm: dict[str, float]) -> dict:
+    """One round's summary, slow steps and time above p50 by event, printed and returned."""
+    s = summary([t for t, _ in steps])
+    slow = [(i, t * 1000, dict(c)) for i, (t, c) in enumerate(steps) if t * 1000 > SLOW * s["p50"]]
+    causes: Counter[str] = Counter()
+    for _, t, c in slow:
+        for k in c or {"(none)": 1}:
+            causes[k] += t - s["p50"]
+    print(f"round {number} mlxd  " + _line(s), "\n        mlx-lm " + _line(lm) if lm else "")
+    print(f"  events in all steps: {dict(Counter(k for _, c in steps for k in c))}")
+    print(
+        f"  slow steps ({len(slow)}): "
+        + ", ".join(f"#{i} {t:.1f}ms {c or ''}" for i, t, c in slow[:40])
+    )
+    print(
+        "  time above p50 by event: "
+        + ", ".join(f"{k} {v:.1f} ms" for k, v in causes.most_common())
+    )
+    return {"mlxd": s, "mlx_lm": lm, "slow": slow, "by_event": dict(causes)}
 
 
 def _line(s: dict[str, float]) -> str:
