@@ -100,3 +100,23 @@ def test_stages_that_fit_the_budget_all_count(harness_factory: Any) -> None:
     assert warm_up(h.engine, 9.5, clock=lambda: now[0]) == 2
     assert now[0] == 10.0
     assert h.engine.scheduler.pool is not None and h.engine.scheduler.pool.num_used == 0
+
+
+def test_decode_stages_start_as_a_burst_of_chat_prompts(harness_factory: Any) -> None:
+    """Each decode stage's rows arrive as a burst of chat-sized prompts, prefilled together: the
+    batched shapes a burst after the start needs are built before the worker serves."""
+    from mlxd.worker.warmup import BATCH_PROMPT_TOKENS, stages
+
+    h: Harness = harness_factory(prefill_chunk=512, max_num_seqs=2)
+    plan = stages(h.engine)
+    assert [len(p) for s in plan[1:] for p in s.prompts] == [BATCH_PROMPT_TOKENS] * (1 + 2)
+    batches: list[list[int]] = []
+    prefill = h.engine.runner.prefill
+
+    def recorded(chunks: list[Any]) -> Any:
+        batches.append([c.num_tokens for c in chunks])
+        return prefill(chunks)
+
+    h.engine.runner.prefill = recorded  # type: ignore[method-assign]
+    assert _warm(h) == len(plan)
+    assert [BATCH_PROMPT_TOKENS] * 2 in batches  # the two rows' prompts in one step
