@@ -234,8 +234,7 @@ def _plateau(after: list[dict[str, Any]], key: str) -> dict[str, Any]:
             top, grew_until = s[key], s["t"]
     half = after[-1]["t"] / 2
     mid = next(s for s in after if s["t"] >= half or s is after[-1])
-    late = round(100 * (after[-1][key] - mid[key]) / mid[key], 2) if mid[key] else None
-    return {"grew_until_t": grew_until, "late_growth_pct": late}
+    return {"grew_until_t": grew_until, "late_growth_pct": _pct([mid[key], after[-1][key]])}
 
 
 def _pct(values: list[float | None]) -> float | None:
