@@ -1,4 +1,4 @@
-"""The padded attention lengths (``attention_shapes``): never shorter, little longer, few; and
+"""The padded attention lengths and rows (``attention_shapes``): never shorter, little longer, few;
 queries padded inside an attention call give the exact call's output."""
 
 from __future__ import annotations
@@ -110,3 +110,37 @@ def test_install_wraps_once_and_only_where_plans_are_built(
     assert attention_shapes.install()
     assert not attention_shapes.install()  # wrapped once
     assert mx.fast.scaled_dot_product_attention is not original
+
+
+@pytest.mark.usefixtures("bucketed")
+def test_batch_rows_pad_to_a_power_of_two() -> None:
+    assert [attention_shapes.batch(n) for n in range(1, 18)] == (
+        [1, 2, 4, 4, 8, 8, 8, 8] + [16] * 8 + [32]
+    )
+
+
+@pytest.mark.usefixtures("bucketed")
+@pytest.mark.parametrize("kind", ["per_row", "broadcast", "causal"])
+@pytest.mark.parametrize("b", [3, 12])
+def test_a_burst_split_by_arrival_reaches_attention_as_planned_rows(kind: str, b: int) -> None:
+    """A prefill forward of 3 or 12 rows (a burst split by arrival) runs attention with 4 or 16
+    rows, whose plans warm-up built; the padding rows are cut off and change no output."""
+    n, keys = 5, 9
+    q = mx.random.normal((b, 4, n, 16), key=mx.random.key(b))
+    k = mx.random.normal((b, 2, keys, 16), key=mx.random.key(b + 1))
+    v = mx.random.normal((b, 2, keys, 16), key=mx.random.key(b + 2))
+    sees = mx.arange(keys)[None, :] <= (mx.arange(n)[:, None] + keys - n)
+    mask: Any = {"per_row": mx.broadcast_to(sees, (b, 1, n, keys)), "broadcast": sees}.get(
+        kind, "causal"
+    )
+    rows: list[int] = []
+
+    def attend(q: mx.array, k: mx.array, v: mx.array, **kwargs: Any) -> mx.array:
+        rows.append(q.shape[0])
+        return mx.fast.scaled_dot_product_attention(q, k, v, **kwargs)
+
+    out = attention_shapes.padded_attention(attend)(q, k, v, scale=0.25, mask=mask)
+    exact = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25, mask=mask)
+    assert rows == [attention_shapes.batch(b)] and rows[0] > b
+    assert out.shape == exact.shape
+    assert mx.allclose(out, exact, atol=1e-5).item()

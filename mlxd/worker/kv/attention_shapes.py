@@ -14,6 +14,15 @@ a verification window's 2-9 tokens) and to 4 lengths per octave above, keys to 4
 per octave (at most 25 % more attention work). Padded queries and keys are masked, as a batch's
 shorter rows already are.
 
+The batch is part of a plan's key too (MLX's ``SDPACacheKey`` holds B with the lengths), and a
+burst of requests reaches prefill split by their arrival: 16 streams from 8 client processes
+came as forwards of 2, 2, 4 and 8 rows, then of 4 and 12 (the tiny dense model on the CPU,
+2026-11-28). So a multi-query call's rows are padded to a power of two as well (``batch``),
+the counts warm-up's decode stages prefill (``worker.warmup``), at the price of attention alone
+on the padding rows. On an H200 each of 16 served streams of 128-token prompts waited 108-284 ms
+for its first token, against 28-58 ms for the same burst in-process (docs/PERFORMANCE.md, runs
+MX1-MX3): the plans of new row counts are the candidate this removes.
+
 Other backends build no plans, so there the lengths stay exact; ``BUCKETED`` says which applies
 (tests set it to run the padded path on the CPU).
 
@@ -53,6 +62,11 @@ def rounded(n: int) -> int:
     return _round(n)
 
 
+def batch(n: int) -> int:
+    """The rows a multi-query attention call of ``n`` rows runs with: a power of two."""
+    return 1 << (n - 1).bit_length() if BUCKETED and n > 1 else n
+
+
 def key_blocks(n: int, multi_query: bool) -> int:
     """How many blocks each row reads when the longest table has ``n`` (single-query steps
     take any length without a plan)."""
@@ -75,34 +89,50 @@ def install() -> bool:
 
 
 def padded_attention(attend: Callable[..., mx.array]) -> Callable[..., mx.array]:
-    """``attend`` with a multi-query call's queries and keys padded to planned lengths
-    (``queries``) where it has an array mask, which says what each row sees: padding keys are
-    zeros no row sees, padding rows see every key (so their output is finite) and are cut off
-    the output. Other calls pass as they are."""
+    """``attend`` with a multi-query call's rows padded to a planned count (``batch``), and its
+    queries and keys to planned lengths (``queries``) where it has an array mask, which says what
+    each query sees: padding keys are zeros no query sees, padding queries and rows see every
+    key (so their output is finite) and are cut off the output. One-query calls pass as they
+    are."""
 
     def attention(q: mx.array, k: mx.array, v: mx.array, *args: Any, **kwargs: Any) -> mx.array:
         mask = kwargs.get("mask")
-        n, m = q.shape[-2], k.shape[-2]
-        rows, keys = queries(n), queries(m)
-        if (rows, keys) == (n, m) or n == 1 or not isinstance(mask, mx.array):
+        b, n, m = q.shape[0], q.shape[-2], k.shape[-2]
+        lengths = isinstance(mask, mx.array)  # a mask to pad along: lengths too, else the rows
+        rows, keys = (queries(n), queries(m)) if lengths else (n, m)
+        if n == 1 or (batch(b), rows, keys) == (b, n, m):
             return attend(q, k, v, *args, **kwargs)
-        kwargs["mask"] = _padded_mask(mask, rows, keys)
-        q, k, v = _pad(q, rows), _pad(k, keys), _pad(v, keys)
-        return attend(q, k, v, *args, **kwargs)[..., :n, :]
+        if lengths:
+            per_row = mask.ndim == q.ndim and mask.shape[0] == b  # else broadcast over the rows
+            kwargs["mask"] = _padded_mask(mask, rows, keys, batch(b) if per_row else 1)
+        q, k, v = _pad(q, rows, batch(b)), _pad(k, keys, batch(b)), _pad(v, keys, batch(b))
+        return attend(q, k, v, *args, **kwargs)[:b, ..., :n, :]
 
     attention.pads_queries = True  # type: ignore[attr-defined]
     return attention
 
 
-def _pad(x: mx.array, length: int) -> mx.array:
-    """``x`` (..., L, D) with zero rows up to ``length``."""
-    grow = length - x.shape[-2]
-    return x if not grow else mx.pad(x, [(0, 0)] * (x.ndim - 2) + [(0, grow), (0, 0)])
+def _pad(x: mx.array, length: int, rows: int) -> mx.array:
+    """``x`` (B, ..., L, D) with zeros up to ``length`` along L and ``rows`` along B."""
+    grow, more = length - x.shape[-2], rows - x.shape[0]
+    if not grow and not more:
+        return x
+    return mx.pad(x, [(0, more)] + [(0, 0)] * (x.ndim - 3) + [(0, grow), (0, 0)])
 
 
-def _padded_mask(mask: mx.array, rows: int, keys: int) -> mx.array:
+def _padded_mask(mask: mx.array, rows: int, keys: int, batch: int = 1) -> mx.array:
     """``mask`` (..., L or 1, K) with key columns up to ``keys`` that no row sees, then rows up
-    to ``rows`` that see every key (a row broadcast over the queries stays one row)."""
+    to ``rows`` that see every key (a row broadcast over the queries stays one row), then (a
+    mask of one per batch row) batch rows up to ``batch`` that see every key."""
+    mask = _padded_lengths(mask, rows, keys)
+    if batch <= mask.shape[0]:
+        return mask
+    shape = (batch - mask.shape[0], *mask.shape[1:])
+    see = mx.ones(shape, mx.bool_) if mask.dtype == mx.bool_ else mx.zeros(shape, mask.dtype)
+    return mx.concatenate([mask, see], axis=0)
+
+
+def _padded_lengths(mask: mx.array, rows: int, keys: int) -> mx.array:
     boolean = mask.dtype == mx.bool_
     if keys > mask.shape[-1]:
         shape = (*mask.shape[:-1], keys - mask.shape[-1])
