@@ -181,3 +181,24 @@ def test_image_spans_keep_one_mask_per_row_for_every_head(context: int) -> None:
     first = mask[0, 0, 1:4, context + 1 : context + 4]  # row 0's image: both ways
     assert first.all().item() and not mask[1, 0, 1, context + 3].item()  # row 1's is elsewhere
     assert mask[1, 0, 2, context + 4].item()  # row 1's image: a query sees a later image key
+
+
+@pytest.mark.parametrize("bucketed", [False, True])
+def test_a_chunk_reads_no_key_past_its_own_end(
+    bucketed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long prompt holds blocks for its whole length from its first chunk on; its second
+    chunk reads two chunks of keys, not all of them, so it runs on the attention shape
+    (plan, on CUDA) any prompt's second chunk does, and attends over no keys it cannot see."""
+    import mlx.core as mx
+
+    from mlxd.worker.kv import attention_shapes
+    from mlxd.worker.kv.paged_cache import KVPool, PagedStep
+
+    monkeypatch.setattr(attention_shapes, "BUCKETED", bucketed)
+    pool = KVPool(
+        1, num_blocks=10, block_size=16, n_kv_heads=1, k_head_dim=4, v_head_dim=4, dtype=mx.float32
+    )
+    step = PagedStep.build([list(range(9))], [32], [32], pool)  # 9 blocks: a 140-token prompt
+    assert step.read_blocks.shape == (1, 4)
+    assert step.mask is None or step.mask.shape[-1] == 64  # no mask: uniform rows, exact

@@ -255,7 +255,12 @@ class PagedStep:
         bs = pool.block_size
         skip = min(next((i for i, b in enumerate(t) if b >= 0), len(t)) for t in block_tables)
         start = skip * bs
-        block_tables = [t[skip:] for t in block_tables] if skip else block_tables
+        longest = max(c + n for c, n in zip(context_lens, new_lens, strict=True))
+        # no key past the step's last token is seen: a prompt's later blocks (allocated for
+        # its whole length) are not read, so chunk j of a long prompt reads (j + 1) chunks
+        # of keys and reuses the attention plan a shorter prompt built
+        need = -(-(longest - start) // bs)
+        block_tables = [t[skip : skip + need] for t in block_tables]
         q_len = longest_new if exact else attention_shapes.queries(longest_new)
         width = attention_shapes.key_blocks(max(len(t) for t in block_tables), q_len > 1)
         uniform = (
@@ -280,7 +285,6 @@ class PagedStep:
         write = mx.where(real, block * bs + mx.maximum(qpos, 0) % bs, pool.scratch_block * bs)
         write, table = write.reshape(-1).astype(mx.int32), table.astype(mx.int32)
         fresh = not any(context_lens)
-        longest = max(c + n for c, n in zip(context_lens, new_lens, strict=True))
         if uniform:
             return cls(
                 write,
