@@ -12,6 +12,9 @@
 #   bash bench/gpu/gpu_gap.sh            (after .gpuB/install.sh; knobs below)
 #   CONC=64 OUTPUT=256 PROMPT=128 ROUNDS=2 SMALL_KV=6 SIZE=qwen3-0.6b DTYPE=bfloat16
 #   LEGS="engine loaded http smallkv" STEP_MS=8 (the synthetic worker's step in `loaded`)
+#   SPY=1 (py-spy's stacks of the engine leg and of the served worker through its measured
+#   level, SPY_S=6 s; `bench/stack_summary.py` of them in $OUT/spy.txt; py-spy's wheel staged
+#   in .gpuB/ by `pip download --no-deps -d .gpuB py-spy`)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 [ -f /root/mlx-env.sh ] && source /root/mlx-env.sh
@@ -49,8 +52,16 @@ print(f"{leg:8} round {rnd}  tok/s {r['output_tok_s']:8.1f}  itl p50 {r['itl_p50
 EOF
 }
 export CONC
+SPYBIN=/root/spy/bin/py-spy  # SPY=1: py-spy from a wheel staged in .gpu*/ (pip download py-spy)
+if [ "${SPY:-0}" = 1 ] && [ ! -x "$SPYBIN" ]; then
+  "$PY" -m pip install -q --no-index --target /root/spy "$(ls .gpu*/py_spy-*.whl | head -1)" || SPY=0
+fi
+spy() {  # NAME: py-spy's prefix for a leg's command, when SPY=1
+  [ "${SPY:-0}" = 1 ] && echo "$SPYBIN record -r 200 -f raw -o $OUT/$1-spy.txt --"
+}
 engine() {  # engine NAME ROUND
-  "$PY" -m mlxd bench engine --model "$M" --concurrency "$CONC" --prompt-tokens "$PROMPT" \
+  # shellcheck disable=SC2046  # spy adds a command prefix
+  $(spy "$1-$2") "$PY" -m mlxd bench engine --model "$M" --concurrency "$CONC" --prompt-tokens "$PROMPT" \
     --max-tokens "$OUTPUT" --no-compare-mlx-lm --json "$OUT/$1-$2.json" > "$OUT/$1-$2.log" 2>&1 \
     && row "$1" "$2" "$OUT/$1-$2.json"
 }
@@ -71,6 +82,10 @@ served() {  # served NAME ROUND CLIENT_PROCS [MLXD START OPTIONS]
     --max-tokens 16 --concurrency "$CONC" --warmup-tokens 0 --client-procs "$procs" \
     --json /tmp/warm.json > /dev/null 2>&1  # the level's own warm-up, outside the TTFT sums
   before=$(ttft_sum "$url")
+  if [ "${SPY:-0}" = 1 ]; then  # the worker's stacks through the measured level
+    "$SPYBIN" record -p "$(pgrep -n -f 'mlxd worker serve')" -r 200 -d "${SPY_S:-6}" -f raw \
+      -o "$OUT/$name-$rnd-spy.txt" > "$OUT/$name-$rnd-spy.log" 2>&1 &
+  fi
   "$PY" -m mlxd bench run --url "$url" --model bench --prompt-tokens "$PROMPT" \
     --max-tokens "$OUTPUT" --concurrency "$CONC" --timeout 120 --json "$OUT/$name-$rnd.json" \
     --warmup-tokens 0 --client-procs "$procs" > "$OUT/$name-$rnd.log" 2>&1
@@ -97,4 +112,5 @@ for rnd in $(seq "$ROUNDS"); do
   want http1 && served http1 "$rnd" 1
   want smallkv && served smallkv "$rnd" 0 --kv-cache-gb "$SMALL_KV"
 done
+[ "${SPY:-0}" = 1 ] && wait && "$PY" bench/stack_summary.py "$OUT"/*-spy.txt > "$OUT/spy.txt" 2>&1
 cat "$OUT/cpu.txt"
