@@ -10,7 +10,7 @@
 # Served legs also give the gateway's own mean TTFT over the level (from /metrics).
 # Results: $OUT/gap.txt (one line per leg and round) and the JSON of every leg.
 #   bash bench/gpu/gpu_gap.sh            (after .gpuB/install.sh; knobs below)
-#   CONC=64 OUTPUT=256 PROMPT=128 ROUNDS=2 SMALL_KV=6 SIZE=qwen3-0.6b DTYPE=bfloat16
+#   CONC=64 OUTPUT=256 PROMPT=128 ROUNDS=2 SMALL_KV=6 SIZE=qwen3-0.6b DTYPE=bfloat16 (or MODEL=DIR)
 #   LEGS="engine loaded http smallkv" STEP_MS=8 (the synthetic worker's step in `loaded`)
 #   SPY=1 (py-spy's stacks of the engine leg and of the served worker through its measured
 #   level, SPY_S=6 s; `bench/stack_summary.py` of them in $OUT/spy.txt; py-spy's wheel staged
@@ -25,7 +25,7 @@ SMALL_KV="${SMALL_KV:-6}"; SIZE="${SIZE:-qwen3-0.6b}"; DTYPE="${DTYPE:-bfloat16}
 STEP_MS="${STEP_MS:-8}"; LEGS=" ${LEGS:-engine loaded http http1 smallkv} "
 MODELS="${MODELS:-/root/models}"; OUT="${OUT:-$PWD/out}"; PORT="${PORT:-8300}"
 mkdir -p "$OUT" "$MODELS"
-M="$MODELS/$SIZE-$DTYPE"
+M="${MODEL:-$MODELS/$SIZE-$DTYPE}"  # MODEL: a model directory of any shape instead
 ARCH="${SIZE%%-*}"; case "$SIZE" in tiny|small|deep) ARCH=qwen3 ;; esac
 [ -f "$M/config.json" ] || "$PY" -m mlxd make-model --arch "$ARCH" --size "$SIZE" \
   --dtype "$DTYPE" --out "$M" --force >&2 || exit 1

@@ -27,8 +27,9 @@
 # rows (gpu_rows.sh's step time by rows, ROWS=16,24,32,48,64, on the Qwen3-0.6B shape); prof
 # (bench/step_profile.py at PROF_ROWS="16 64" on the dense model); trace:CLASS (bench/step_trace.py:
 # each decode step of TRACE_ROWS=1 rows timed, slow ones with what ran in them, against mlx-lm's
-# generate_step); gap (gpu_gap.sh at GAP_CONC=16: the engine in-process against the daemon over
-# HTTP, GAP_LEGS, GAP_ROUNDS=2). Then $OUT/all/matrix.md joins
+# generate_step); gap or gap:CLASS (gpu_gap.sh at GAP_CONC=16 on the Qwen3-0.6B shape or the
+# class's model: the engine in-process against the daemon over HTTP, GAP_LEGS, GAP_ROUNDS=2;
+# SPY=1 adds py-spy's stacks of both). Then $OUT/all/matrix.md joins
 # the classes and $OUT/soak/soak.md the soaks.
 # A run longer than one command: DETACH=1 starts it in its own session writing to $RUN_DIR
 # (/root/matrix-out) and returns; a later command, COLLECT=1, waits up to WAIT_S (580) for it,
@@ -104,8 +105,10 @@ item() {  # GPU ITEM: one item of a lane, on GPU (its output in $OUT/laneGPU*)
       bash bench/gpu/gpu_rows.sh > "$dir-rows.txt" 2>&1 ;;
     trace) made "$arg"; "$PY" bench/step_trace.py "$(model_dir "$arg")" --rows "${TRACE_ROWS:-1}" \
       --json "$dir/trace-$arg.json" >> "$dir-trace.txt" 2>&1 ;;
-    gap) OUT="$dir/gap" CONC="${GAP_CONC:-16}" LEGS="${GAP_LEGS:-engine http}" ROUNDS="${GAP_ROUNDS:-2}" \
-      PORT=$((8300 + 100 * gpu)) bash bench/gpu/gpu_gap.sh > "$dir-gap.txt" 2>&1 ;;
+    gap) [ "$arg" = gap ] || made "$arg"  # gap:CLASS: on the class's model
+      MODEL=$([ "$arg" = gap ] || model_dir "$arg") OUT="$dir/gap${arg#gap}" CONC="${GAP_CONC:-16}" \
+        LEGS="${GAP_LEGS:-engine http}" ROUNDS="${GAP_ROUNDS:-2}" PORT=$((8300 + 100 * gpu)) \
+        bash bench/gpu/gpu_gap.sh > "$dir-gap.txt" 2>&1 ;;
     prof) for r in ${PROF_ROWS:-16 64}; do
         "$PY" bench/step_profile.py "$(model_dir dense)" --rows "$r" >> "$dir-prof.txt" 2>&1
       done ;;
