@@ -30,8 +30,8 @@ def load(path: Path) -> list[tuple[list[str], int]]:
 
 def short(frame: str) -> str:
     """``function@file`` from py-spy's ``function (path:line)``."""
-    name, _, where = frame.partition(" (")
-    return f"{name}@{where.rsplit('/', 1)[-1].split(':')[0]}"
+    name, _, where = frame.partition(" (")  # a native frame's is its library: "(libc.so.6)"
+    return f"{name}@{where.rstrip(')').rsplit('/', 1)[-1].split(':')[0]}"
 
 
 def in_step(stacks: list[tuple[list[str], int]]) -> list[tuple[list[str], int]]:

@@ -7,14 +7,16 @@
 #   http     the daemon over HTTP, then its worker's own decode step p50 (`mlxd worker stats`)
 #   http1    the same with the load from one client process (--client-procs 1)
 #   smallkv  the same with --kv-cache-gb SMALL_KV (a pool as small as the engine bench's)
+#   nowarm   the same with --warmup-s 0 (no warm-up at start, as the engine bench has none:
+#            does what the warm-up leaves behind, e.g. in MLX's caches, slow later steps?)
 # Served legs also give the gateway's own mean TTFT over the level (from /metrics).
 # Results: $OUT/gap.txt (one line per leg and round) and the JSON of every leg.
 #   bash bench/gpu/gpu_gap.sh            (after .gpuB/install.sh; knobs below)
 #   CONC=64 OUTPUT=256 PROMPT=128 ROUNDS=2 SMALL_KV=6 SIZE=qwen3-0.6b DTYPE=bfloat16 (or MODEL=DIR)
 #   LEGS="engine loaded http smallkv" STEP_MS=8 (the synthetic worker's step in `loaded`)
 #   SPY=1 (py-spy's stacks of the engine leg and of the served worker through its measured
-#   level, SPY_S=6 s; `bench/stack_summary.py` of them in $OUT/spy.txt; py-spy's wheel staged
-#   in .gpuB/ by `pip download --no-deps -d .gpuB py-spy`)
+#   level, SPY_S=6 s; SPY_NATIVE=1: C frames too; `bench/stack_summary.py` of them in
+#   $OUT/spy.txt; py-spy's wheel staged in .gpuB/ by `pip download --no-deps -d .gpuB py-spy`)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 [ -f /root/mlx-env.sh ] && source /root/mlx-env.sh
@@ -57,7 +59,8 @@ if [ "${SPY:-0}" = 1 ] && [ ! -x "$SPYBIN" ]; then
   "$PY" -m pip install -q --no-index --target /root/spy "$(ls .gpu*/py_spy-*.whl | head -1)" || SPY=0
 fi
 spy() {  # NAME: py-spy's prefix for a leg's command, when SPY=1
-  [ "${SPY:-0}" = 1 ] && echo "$SPYBIN record -r 200 -f raw -o $OUT/$1-spy.txt --"
+  [ "${SPY:-0}" = 1 ] && echo "$SPYBIN record -r 200 -f raw -o $OUT/$1-spy.txt" \
+    "$([ "${SPY_NATIVE:-0}" = 1 ] && echo --native)" --
 }
 engine() {  # engine NAME ROUND
   # shellcheck disable=SC2046  # spy adds a command prefix
@@ -83,7 +86,9 @@ served() {  # served NAME ROUND CLIENT_PROCS [MLXD START OPTIONS]
     --json /tmp/warm.json > /dev/null 2>&1  # the level's own warm-up, outside the TTFT sums
   before=$(ttft_sum "$url")
   if [ "${SPY:-0}" = 1 ]; then  # the worker's stacks through the measured level
+    # shellcheck disable=SC2046  # SPY_NATIVE=1 adds one option: C frames (CUDA's calls) too
     "$SPYBIN" record -p "$(pgrep -n -f 'mlxd worker serve')" -r 200 -d "${SPY_S:-6}" -f raw \
+      $([ "${SPY_NATIVE:-0}" = 1 ] && echo --native) \
       -o "$OUT/$name-$rnd-spy.txt" > "$OUT/$name-$rnd-spy.log" 2>&1 &
   fi
   "$PY" -m mlxd bench run --url "$url" --model bench --prompt-tokens "$PROMPT" \
@@ -111,6 +116,7 @@ for rnd in $(seq "$ROUNDS"); do
   want http && served http "$rnd" 0
   want http1 && served http1 "$rnd" 1
   want smallkv && served smallkv "$rnd" 0 --kv-cache-gb "$SMALL_KV"
+  want nowarm && served nowarm "$rnd" 0 --warmup-s 0
 done
 [ "${SPY:-0}" = 1 ] && wait && "$PY" bench/stack_summary.py "$OUT"/*-spy.txt > "$OUT/spy.txt" 2>&1
 cat "$OUT/cpu.txt"
