@@ -9,6 +9,9 @@
 #   smallkv  the same with --kv-cache-gb SMALL_KV (a pool as small as the engine bench's)
 #   nowarm   the same with --warmup-s 0 (no warm-up at start, as the engine bench has none:
 #            does what the warm-up leaves behind, e.g. in MLX's caches, slow later steps?)
+#   graphs, enginegraphs  http and engine with MLX_CUDA_GRAPH_CACHE_SIZE=GRAPH_CACHE (1000;
+#            MLX's default holds 100 CUDA graphs of at most 20 ops each, fewer than a large
+#            model's step is cut into: does re-instantiating them cost a host-bound step?)
 # Served legs also give the gateway's own mean TTFT over the level (from /metrics).
 # Results: $OUT/gap.txt (one line per leg and round) and the JSON of every leg.
 #   bash bench/gpu/gpu_gap.sh            (after .gpuB/install.sh; knobs below)
@@ -63,8 +66,8 @@ spy() {  # NAME: py-spy's prefix for a leg's command, when SPY=1
     "$([ "${SPY_NATIVE:-0}" = 1 ] && echo --native)" --
 }
 engine() {  # engine NAME ROUND
-  # shellcheck disable=SC2046  # spy adds a command prefix
-  $(spy "$1-$2") "$PY" -m mlxd bench engine --model "$M" --concurrency "$CONC" --prompt-tokens "$PROMPT" \
+  # shellcheck disable=SC2046,SC2086  # LEG_ENV and spy add words to the command
+  env ${LEG_ENV:-} $(spy "$1-$2") "$PY" -m mlxd bench engine --model "$M" --concurrency "$CONC" --prompt-tokens "$PROMPT" \
     --max-tokens "$OUTPUT" --no-compare-mlx-lm --json "$OUT/$1-$2.json" > "$OUT/$1-$2.log" 2>&1 \
     && row "$1" "$2" "$OUT/$1-$2.json"
 }
@@ -74,7 +77,8 @@ ttft_sum() {
 }
 served() {  # served NAME ROUND CLIENT_PROCS [MLXD START OPTIONS]
   local name=$1 rnd=$2 procs=$3 url before after; shift 3; PORT=$(( PORT + 1 )); url="http://127.0.0.1:$PORT"
-  "$PY" -m mlxd start --model "bench=$M" --port "$PORT" --log-level warning --max-num-seqs 128 \
+  # shellcheck disable=SC2086  # LEG_ENV: the leg's environment, words
+  env ${LEG_ENV:-} "$PY" -m mlxd start --model "bench=$M" --port "$PORT" --log-level warning --max-num-seqs 128 \
     --max-queued 1024 "$@" >> "$OUT/mlxd.log" 2>&1 &
   SERVER=$!
   for _ in $(seq 240); do curl -sf "$url/health" >/dev/null && break; sleep 0.5; done
@@ -117,6 +121,9 @@ for rnd in $(seq "$ROUNDS"); do
   want http1 && served http1 "$rnd" 1
   want smallkv && served smallkv "$rnd" 0 --kv-cache-gb "$SMALL_KV"
   want nowarm && served nowarm "$rnd" 0 --warmup-s 0
+  graphs="MLX_CUDA_GRAPH_CACHE_SIZE=${GRAPH_CACHE:-1000}"
+  want enginegraphs && LEG_ENV=$graphs engine enginegraphs "$rnd"
+  want graphs && LEG_ENV=$graphs served graphs "$rnd" 0
 done
 [ "${SPY:-0}" = 1 ] && wait && "$PY" bench/stack_summary.py "$OUT"/*-spy.txt > "$OUT/spy.txt" 2>&1
 cat "$OUT/cpu.txt"
