@@ -12,6 +12,8 @@
 #   graphs, enginegraphs  http and engine with MLX_CUDA_GRAPH_CACHE_SIZE=GRAPH_CACHE (1000;
 #            MLX's default holds 100 CUDA graphs of at most 20 ops each, fewer than a large
 #            model's step is cut into: does re-instantiating them cost a host-bound step?)
+#   ops, engineops  http and engine with MLX_MAX_OPS_PER_BUFFER=OPS (200; MLX's default 20):
+#            fewer, larger CUDA graphs a step
 # Served legs also give the gateway's own mean TTFT over the level (from /metrics).
 # Results: $OUT/gap.txt (one line per leg and round) and the JSON of every leg.
 #   bash bench/gpu/gpu_gap.sh            (after .gpuB/install.sh; knobs below)
@@ -124,6 +126,9 @@ for rnd in $(seq "$ROUNDS"); do
   graphs="MLX_CUDA_GRAPH_CACHE_SIZE=${GRAPH_CACHE:-1000}"
   want enginegraphs && LEG_ENV=$graphs engine enginegraphs "$rnd"
   want graphs && LEG_ENV=$graphs served graphs "$rnd" 0
+  ops="MLX_MAX_OPS_PER_BUFFER=${OPS:-200}"
+  want engineops && LEG_ENV=$ops engine engineops "$rnd"
+  want ops && LEG_ENV=$ops served ops "$rnd" 0
 done
 [ "${SPY:-0}" = 1 ] && wait && "$PY" bench/stack_summary.py "$OUT"/*-spy.txt > "$OUT/spy.txt" 2>&1
 cat "$OUT/cpu.txt"
