@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Where the HTTP path loses to the in-process engine at one concurrency, on the GPU machine, in
-# one run. ROUNDS alternated rounds of four legs, each on the same model and workload:
+# one run. ROUNDS alternated rounds of LEGS, each on the same model and workload:
 #   engine   `mlxd bench engine`: the engine in-process (its decode step p50 in the JSON)
 #   loaded   the same, while bench/bench_gateway.py runs the real gateway and client beside
 #            it at the same token rate (no model): does their CPU slow the engine's steps?
@@ -69,9 +69,9 @@ spy() {  # NAME: py-spy's prefix for a leg's command, when SPY=1
 }
 engine() {  # engine NAME ROUND
   # shellcheck disable=SC2046,SC2086  # LEG_ENV and spy add words to the command
-  env ${LEG_ENV:-} $(spy "$1-$2") "$PY" -m mlxd bench engine --model "$M" --concurrency "$CONC" --prompt-tokens "$PROMPT" \
-    --max-tokens "$OUTPUT" --no-compare-mlx-lm --json "$OUT/$1-$2.json" > "$OUT/$1-$2.log" 2>&1 \
-    && row "$1" "$2" "$OUT/$1-$2.json"
+  env ${LEG_ENV:-} $(spy "$1-$2") "$PY" -m mlxd bench engine --model "$M" --concurrency "$CONC" \
+    --prompt-tokens "$PROMPT" --max-tokens "$OUTPUT" --no-compare-mlx-lm --json "$OUT/$1-$2.json" \
+    > "$OUT/$1-$2.log" 2>&1 && row "$1" "$2" "$OUT/$1-$2.json"
 }
 # ttft_sum URL: "sum count" of the gateway's TTFT histogram
 ttft_sum() {
