@@ -55,17 +55,20 @@ def _margin(entry: TokenLogprob) -> float:
     return top[0] - top[1] if len(top) > 1 else float("inf")
 
 
-def load_served(path: str) -> tuple[Any, Any]:
+def load_served(path: str, dtype: str = "auto") -> tuple[Any, Any]:
     """``path``'s model and tokenizer as the worker serves them: quantized layers take a batch as
-    rows of one matrix, and only each row's last position is projected to the vocabulary."""
+    rows of one matrix, only each row's last position is projected to the vocabulary, and the
+    weights are computed in ``dtype``'s (``auto``: float32 on the CPU backend)."""
     import mlx_lm
 
+    from mlxd.worker import cpu_backend
     from mlxd.worker.runners.output_head import last_position_only
     from mlxd.worker.runners.quantized import batch_as_rows
 
     model, tokenizer = mlx_lm.load(path)[:2]
     batch_as_rows(model)
     last_position_only(model)
+    cpu_backend.cast(model, dtype)
     return model, tokenizer
 
 

@@ -16,7 +16,7 @@ from mlxd.bench.workload import SCENARIOS
 from mlxd.cli.bench_failover import failover_options, run_failover_scenario
 from mlxd.cli.knob_options import knob_option
 from mlxd.config import SchedulerConfig
-from mlxd.knobs import KV_CACHE_GB, SPECULATE
+from mlxd.knobs import DTYPE, KV_CACHE_GB, SPECULATE
 
 if TYPE_CHECKING:
     from mlxd.bench.http import Target
@@ -355,6 +355,7 @@ def _extra_body(text: str) -> tuple[tuple[str, Any], ...]:
 @click.option("--kv-block-size", default=32, show_default=True)
 @knob_option(KV_CACHE_GB)
 @knob_option(SPECULATE)
+@knob_option(DTYPE)
 @click.option(
     "--compare-mlx-lm/--no-compare-mlx-lm",
     default=True,
@@ -369,6 +370,7 @@ def engine_command(
     kv_block_size: int,
     kv_cache_gb: float | None,
     speculate: str,
+    dtype: str,
     compare_mlx_lm: bool,
     concurrency: str,
     prompt_tokens: int,
@@ -377,9 +379,9 @@ def engine_command(
     plot_path: Path | None,
     label: str | None,
 ) -> None:
-    """The same workload in-process on the engine (no HTTP, no ZMQ). Without --kv-cache-gb
-    the pool holds every row's context and decode's view may use all of it; with it, both
-    are sized as a served worker's."""
+    """The same workload in-process on the engine (no HTTP, no ZMQ), its weights computed as a
+    served worker's (--dtype). Without --kv-cache-gb the pool holds every row's context and
+    decode's view may use all of it; with it, both are sized as a served worker's."""
     from mlxd.worker import blas
 
     # Before MLX loads, as a worker does: without it the CPU's products ran on MLX's reference
@@ -391,11 +393,13 @@ def engine_command(
     from mlxd.bench.progress import Progress
     from mlxd.bench.stats import add_speedup
     from mlxd.bench.workload import make_prompts
+    from mlxd.worker import cpu_backend  # imports MLX: after the BLAS preload above
     from mlxd.worker.runners.output_head import last_position_only
     from mlxd.worker.runners.quantized import batch_as_rows, restore
 
     model, tokenizer = mlx_lm.load(model_path)[:2]
     quantized, whole_head = batch_as_rows(model), last_position_only(model)  # as the worker does
+    cpu_backend.cast(model, dtype)  # auto: float32 on the CPU, as the worker computes there
     rows: list[dict[str, Any]] = []
     yard: list[dict[str, Any]] = []
     payload = report.meta(
@@ -410,6 +414,7 @@ def engine_command(
         kv_block_size=kv_block_size,
         kv_cache_gb=kv_cache_gb,
         speculate=speculate,
+        dtype=cpu_backend.dtype_name(cpu_backend.float_dtype(model)),  # as computed, not stored
         blas=blas.loaded(),
         rows=rows,
         mlx_lm=yard,

@@ -47,7 +47,7 @@ def prepare(model: Any, dtype: str) -> ComputeInfo:
     log.info(
         "compute: %s, %s, BLAS %s: %dx%d matmul %.1f GFLOP/s",
         device,
-        _name(served),
+        dtype_name(served),
         library or "none (reference)",
         size,
         size,
@@ -56,8 +56,8 @@ def prepare(model: Any, dtype: str) -> ComputeInfo:
     return ComputeInfo(
         device=device,
         blas=library,
-        dtype=_name(served),
-        file_dtype=_name(file_dtype),
+        dtype=dtype_name(served),
+        file_dtype=dtype_name(file_dtype),
         gemm_gflops=round(gflops, 1),
         gemm_size=size,
     )
@@ -74,8 +74,8 @@ def cast(model: Any, dtype: str) -> None:
     mx.eval(model.parameters())
     log.info(
         "weights cast %s -> %s (--dtype %s%s): %.0f MB -> %.0f MB",
-        _name(file_dtype),
-        _name(target),
+        dtype_name(file_dtype),
+        dtype_name(target),
         dtype,
         ", half precision does not use BLAS on the CPU" if dtype == "auto" else "",
         before / 1e6,
@@ -128,5 +128,6 @@ def _castable(dtype: str, target: mx.Dtype) -> Any:
     return lambda d: mx.issubdtype(d, mx.floating) and d != target
 
 
-def _name(dtype: mx.Dtype) -> str:
+def dtype_name(dtype: mx.Dtype) -> str:
+    """``float32`` for ``mx.float32``: how the worker's status and logs name a dtype."""
     return str(dtype).removeprefix("mlx.core.")

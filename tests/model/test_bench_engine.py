@@ -119,3 +119,25 @@ def test_bench_engine_loads_the_optimized_blas_a_worker_loads(
     assert loaded is not None and Path(loaded).name.startswith(
         ("libopenblas", "libblis", "libmkl", "libblas")
     )
+
+
+@pytest.mark.parametrize(("option", "computed"), [("auto", "float32"), ("file", "bfloat16")])
+def test_bench_engine_computes_in_the_dtype_a_worker_computes_in(
+    tmp_path: Path, option: str, computed: str
+) -> None:
+    """A bfloat16 model on the CPU backend: a worker computes it in float32 (``--dtype auto``),
+    so the in-process engine does too, or it would be timed on the slow half-precision path
+    (on this CPU it stepped 1.4-1.8x slower than the served worker it is compared with)."""
+    import mlx.core as mx
+
+    from mlxd.models.maker import make_model
+
+    if mx.default_device() != mx.cpu:
+        pytest.skip("auto keeps half precision on a GPU")
+    model = make_model(tmp_path / "m", dtype="bfloat16", progress=lambda line: None)
+    out = tmp_path / "engine.json"
+    args = ["bench", "engine", "--model", str(model), "--dtype", option, "--concurrency", "1"]
+    args += ["--prompt-tokens", "8", "--max-tokens", "2", "--no-compare-mlx-lm"]
+    result = CliRunner().invoke(main, [*args, "--json", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["dtype"] == computed
