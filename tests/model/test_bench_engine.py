@@ -127,7 +127,7 @@ def test_bench_engine_computes_in_the_dtype_a_worker_computes_in(
 ) -> None:
     """A bfloat16 model on the CPU backend: a worker computes it in float32 (``--dtype auto``),
     so the in-process engine does too, or it would be timed on the slow half-precision path
-    (on this CPU it stepped 1.4-1.8x slower than the served worker it is compared with)."""
+    (on this CPU it stepped 1.2-1.8x slower than the served worker it is compared with)."""
     import mlx.core as mx
 
     from mlxd.models.maker import make_model
