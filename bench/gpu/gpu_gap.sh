@@ -21,7 +21,7 @@
 #   LEGS="engine loaded http smallkv" STEP_MS=8 (the synthetic worker's step in `loaded`)
 #   SPY=1 (py-spy's stacks of the engine leg and of the served worker through its measured
 #   level, SPY_S=6 s; SPY_NATIVE=1: C frames too; `bench/stack_summary.py` of them in
-#   $OUT/spy.txt; py-spy's wheel staged in .gpuB/ by `pip download --no-deps -d .gpuB py-spy`)
+#   $OUT/spy.txt; py-spy's wheel is in .gpuP/, staged by bench/gpu/stage_peers.sh)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 [ -f /root/mlx-env.sh ] && source /root/mlx-env.sh
@@ -59,9 +59,9 @@ print(f"{leg:8} round {rnd}  tok/s {r['output_tok_s']:8.1f}  itl p50 {r['itl_p50
 EOF
 }
 export CONC
-SPYBIN=/root/spy/bin/py-spy  # SPY=1: py-spy from a wheel staged in .gpu*/ (pip download py-spy)
+SPYBIN=/root/pyspy/bin/py-spy  # SPY=1: py-spy from its wheel in .gpuP/ (stage_peers.sh)
 if [ "${SPY:-0}" = 1 ] && [ ! -x "$SPYBIN" ]; then
-  "$PY" -m pip install -q --no-index --target /root/spy "$(ls .gpu*/py_spy-*.whl | head -1)" || SPY=0
+  "$PY" -m pip install -q --no-index --target /root/pyspy "$(ls .gpu*/py_spy-*.whl | head -1)" || SPY=0
 fi
 spy() {  # NAME: py-spy's prefix for a leg's command, when SPY=1
   [ "${SPY:-0}" = 1 ] && echo "$SPYBIN record -r 200 -f raw -o $OUT/$1-spy.txt" \

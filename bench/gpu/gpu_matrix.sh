@@ -29,7 +29,9 @@
 # each decode step of TRACE_ROWS=1 rows timed, slow ones with what ran in them, against mlx-lm's
 # generate_step); gap or gap:CLASS (gpu_gap.sh at GAP_CONC=16 on the Qwen3-0.6B shape or the
 # class's model: the engine in-process against the daemon over HTTP, GAP_LEGS, GAP_ROUNDS=2;
-# SPY=1 adds py-spy's stacks of both). Then $OUT/all/matrix.md joins
+# SPY=1 adds py-spy's stacks of both); firstspy:CLASS (gpu_first_spy.sh: py-spy --native on
+# the served worker through its first long prompt and a second, and what only the first ran).
+# Then $OUT/all/matrix.md joins
 # the classes and $OUT/soak/soak.md the soaks.
 # A run longer than one command: DETACH=1 starts it in its own session writing to $RUN_DIR
 # (/root/matrix-out) and returns; a later command, COLLECT=1, waits up to WAIT_S (580) for it,
@@ -109,6 +111,9 @@ item() {  # GPU ITEM: one item of a lane, on GPU (its output in $OUT/laneGPU*)
       MODEL=$([ "$arg" = gap ] || model_dir "$arg") OUT="$dir/gap${arg#gap}" CONC="${GAP_CONC:-16}" \
         LEGS="${GAP_LEGS:-engine http}" ROUNDS="${GAP_ROUNDS:-2}" PORT=$((8300 + 100 * gpu)) \
         bash bench/gpu/gpu_gap.sh > "$dir-gap.txt" 2>&1 ;;
+    firstspy) made "$arg"; primed "$arg" "$dir"  # what the first long prompt pays, in C frames
+      MODEL=$(model_dir "$arg") OUT="$dir/firstspy-$arg" PORT=$((8950 + 100 * gpu)) \
+        bash bench/gpu/gpu_first_spy.sh > "$dir-firstspy.txt" 2>&1 ;;
     prof) for r in ${PROF_ROWS:-16 64}; do
         "$PY" bench/step_profile.py "$(model_dir dense)" --rows "$r" >> "$dir-prof.txt" 2>&1
       done ;;
