@@ -27,8 +27,8 @@
 # rows (gpu_rows.sh's step time by rows, ROWS=16,24,32,48,64, on the Qwen3-0.6B shape); prof
 # (bench/step_profile.py at PROF_ROWS="16 64" on the dense model); trace:CLASS (bench/step_trace.py:
 # each decode step of TRACE_ROWS=1 rows timed, slow ones with what ran in them, against mlx-lm's
-# generate_step); gap or gap:CLASS (gpu_gap.sh at GAP_CONC=16 on the Qwen3-0.6B shape or the
-# class's model: the engine in-process against the daemon over HTTP, GAP_LEGS, GAP_ROUNDS=2;
+# generate_step); gap, gap:CLASS or gap:CLASS:CONC (gpu_gap.sh at CONC, else GAP_CONC=16, on the
+# Qwen3-0.6B shape or the class's model: the engine in-process against the daemon over HTTP, GAP_LEGS, GAP_ROUNDS=2;
 # SPY=1 adds py-spy's stacks of both); firstspy:CLASS (gpu_first_spy.sh: py-spy --native on
 # the served worker through its first long prompt and a second, and what only the first ran).
 # Then $OUT/all/matrix.md joins
@@ -107,10 +107,12 @@ item() {  # GPU ITEM: one item of a lane, on GPU (its output in $OUT/laneGPU*)
       bash bench/gpu/gpu_rows.sh > "$dir-rows.txt" 2>&1 ;;
     trace) made "$arg"; "$PY" bench/step_trace.py "$(model_dir "$arg")" --rows "${TRACE_ROWS:-1}" \
       --json "$dir/trace-$arg.json" >> "$dir-trace.txt" 2>&1 ;;
-    gap) [ "$arg" = gap ] || made "$arg"  # gap:CLASS: on the class's model
-      MODEL=$([ "$arg" = gap ] || model_dir "$arg") OUT="$dir/gap${arg#gap}" CONC="${GAP_CONC:-16}" \
+    gap) local cls=${arg%%:*} conc=${GAP_CONC:-16} out=$dir/gap  # gap[:CLASS[:CONC]]
+      [[ $arg == *:* ]] && conc=${arg#*:}
+      [ "$cls" = gap ] || { made "$cls"; out=$dir/gap-${arg//:/-}; }
+      MODEL=$([ "$cls" = gap ] || model_dir "$cls") OUT="$out" CONC="$conc" \
         LEGS="${GAP_LEGS:-engine http}" ROUNDS="${GAP_ROUNDS:-2}" PORT=$((8300 + 100 * gpu)) \
-        bash bench/gpu/gpu_gap.sh > "$dir-gap.txt" 2>&1 ;;
+        bash bench/gpu/gpu_gap.sh >> "$dir-gap.txt" 2>&1 ;;
     firstspy) made "$arg"; primed "$arg" "$dir"  # what the first long prompt pays, in C frames
       MODEL=$(model_dir "$arg") OUT="$dir/firstspy-$arg" PORT=$((8950 + 100 * gpu)) \
         bash bench/gpu/gpu_first_spy.sh > "$dir-firstspy.txt" 2>&1 ;;
