@@ -7,7 +7,7 @@ V4). This runs, on any backend with the CUDA padding forced on, the engine a wor
 and a burst of 16 chat prompts split as requests arrive, and prints each one's attention shapes
 that nothing before it had:
 
-    python bench/plan_shapes.py MODEL [--long 4500] [--burst 16] [--split 4,12 3,13]
+    python bench/plan_shapes.py MODEL [--long 4500] [--prompt 128] [--split 4,12 3,13]
 
 It measures no time: a shape listed as new is a plan a GPU would build at that request.
 """
@@ -41,14 +41,12 @@ def record_shapes(seen: set[Shape]) -> None:
 
 
 def build_engine(model_path: str, max_num_seqs: int, max_context: int) -> Any:
-    """The engine a worker builds, its output sent nowhere."""
-    from mlx_lm import load
-
-    from mlxd.bench.engine import new_engine
+    """The engine a worker builds, on the model as a worker loads it, its output sent nowhere."""
+    from mlxd.bench.engine import load_served, new_engine
     from mlxd.config import SchedulerConfig
     from mlxd.worker import warmup
 
-    model, tokenizer = load(model_path)
+    model, tokenizer = load_served(model_path)
     engine = new_engine(model, tokenizer, SchedulerConfig(max_num_seqs=max_num_seqs), max_context)
     engine.channel = warmup._Sink()
     return engine
@@ -74,12 +72,12 @@ def run(engine: Any, prompts: list[list[int]], waves: list[int]) -> None:
 
 def cases(args: argparse.Namespace, vocab: int) -> list[tuple[str, list[list[int]], list[int]]]:
     """Each case: its name, its prompts, how they arrive."""
-    from mlxd.worker.warmup import _ids
+    from mlxd.bench.workload import make_prompts
 
-    out = [(f"a first {args.long}-token prompt", [_ids(args.long, 901, vocab)], [1])]
+    out = [(f"a first {args.long}-token prompt", make_prompts(1, args.long, vocab, 901), [1])]
     for i, split in enumerate(args.split):
         waves = [int(w) for w in split.split(",")]
-        prompts = [_ids(args.prompt, 300 + 100 * i + s, vocab) for s in range(sum(waves))]
+        prompts = make_prompts(sum(waves), args.prompt, vocab, 300 + i)
         out.append((f"{sum(waves)} x {args.prompt} tokens arriving as {split}", prompts, waves))
     return out
 

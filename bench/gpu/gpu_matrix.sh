@@ -28,8 +28,8 @@
 # (bench/step_profile.py at PROF_ROWS="16 64" on the dense model); trace:CLASS (bench/step_trace.py:
 # each decode step of TRACE_ROWS=1 rows timed, slow ones with what ran in them, against mlx-lm's
 # generate_step); gap, gap:CLASS or gap:CLASS:CONC (gpu_gap.sh at CONC, else GAP_CONC=16, on the
-# Qwen3-0.6B shape or the class's model: the engine in-process against the daemon over HTTP, GAP_LEGS, GAP_ROUNDS=2;
-# SPY=1 adds py-spy's stacks of both); firstspy:CLASS (gpu_first_spy.sh: py-spy --native on
+# Qwen3-0.6B shape or the class's model: the engine in-process against the daemon over HTTP,
+# GAP_LEGS, GAP_ROUNDS=2; SPY=1 adds py-spy's stacks of both); firstspy:CLASS (gpu_first_spy.sh: py-spy --native on
 # the served worker through its first long prompt and a second, and what only the first ran).
 # Then $OUT/all/matrix.md joins
 # the classes and $OUT/soak/soak.md the soaks.

@@ -99,13 +99,13 @@ def padded_attention(attend: Callable[..., mx.array]) -> Callable[..., mx.array]
         mask = kwargs.get("mask")
         b, n, m = q.shape[0], q.shape[-2], k.shape[-2]
         lengths = isinstance(mask, mx.array)  # a mask to pad along: lengths too, else the rows
-        rows, keys = (queries(n), queries(m)) if lengths else (n, m)
-        if n == 1 or (batch(b), rows, keys) == (b, n, m):
+        count, rows, keys = batch(b), *((queries(n), queries(m)) if lengths else (n, m))
+        if n == 1 or (count, rows, keys) == (b, n, m):
             return attend(q, k, v, *args, **kwargs)
         if lengths:
             per_row = mask.ndim == q.ndim and mask.shape[0] == b  # else broadcast over the rows
-            kwargs["mask"] = _padded_mask(mask, rows, keys, batch(b) if per_row else 1)
-        q, k, v = _pad(q, rows, batch(b)), _pad(k, keys, batch(b)), _pad(v, keys, batch(b))
+            kwargs["mask"] = _padded_mask(mask, rows, keys, count if per_row else 1)
+        q, k, v = _pad(q, rows, count), _pad(k, keys, count), _pad(v, keys, count)
         return attend(q, k, v, *args, **kwargs)[:b, ..., :n, :]
 
     attention.pads_queries = True  # type: ignore[attr-defined]
