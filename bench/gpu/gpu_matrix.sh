@@ -24,7 +24,8 @@
 # has on this machine); engine:CLASS (`mlxd bench engine` against
 # mlx-lm's BatchGenerator in-process, ENGINE_LEVELS=1,16); soak:SERVER:CLASS (bench/soak_peer.py,
 # DURATION=600 s at STREAMS=32, into $OUT/soak/); fidelity (gpu_fidelity.sh once $GGUF is there);
-# rows (gpu_rows.sh's step time by rows, ROWS=16,24,32,48,64, on the Qwen3-0.6B shape); prof
+# rows (gpu_rows.sh's step time by rows, ROWS=16,24,32,48,64, on ROW_SIZES=qwen3-0.6b); scaleout
+# (gpu_scaleout2.sh on this lane's GPU and the next, which then has no lane of its own); prof
 # (bench/step_profile.py at PROF_ROWS="16 64" on the dense model); trace:CLASS (bench/step_trace.py:
 # each decode step of TRACE_ROWS=1 rows timed, slow ones with what ran in them, against mlx-lm's
 # generate_step); gap, gap:CLASS or gap:CLASS:CONC (gpu_gap.sh at CONC, else GAP_CONC=16, on the
@@ -103,8 +104,10 @@ item() {  # GPU ITEM: one item of a lane, on GPU (its output in $OUT/laneGPU*)
       $(nvidia-smi -L > /dev/null 2>&1 && echo --gpu "$gpu") >> "$dir-soak.txt" 2>&1 ;;
     fidelity) for _ in $(seq 600); do [ -f "${GGUF:-/root/smollm2.gguf}" ] && break; sleep 1; done
       OUT="$dir/fidelity" bash bench/gpu/gpu_fidelity.sh > "$dir-fidelity.txt" 2>&1 ;;
-    rows) OUT="$dir" SIZES=qwen3-0.6b LEVELS="${ROWS:-16,24,32,48,64}" LONG=0 \
+    rows) OUT="$dir" SIZES="${ROW_SIZES:-qwen3-0.6b}" LEVELS="${ROWS:-16,24,32,48,64}" LONG=0 \
       bash bench/gpu/gpu_rows.sh > "$dir-rows.txt" 2>&1 ;;
+    scaleout) CUDA_VISIBLE_DEVICES=$gpu,$((gpu + 1)) OUT="$dir/scaleout" \
+      bash bench/gpu/gpu_scaleout2.sh > "$dir-scaleout.txt" 2>&1 ;;  # GPUs gpu and gpu+1: no lane gpu+1
     trace) made "$arg"; "$PY" bench/step_trace.py "$(model_dir "$arg")" --rows "${TRACE_ROWS:-1}" \
       --json "$dir/trace-$arg.json" >> "$dir-trace.txt" 2>&1 ;;
     gap) local cls=${arg%%:*} conc=${GAP_CONC:-16} out=$dir/gap  # gap[:CLASS[:CONC]]

@@ -6,7 +6,7 @@
 # compared with one GPU's; then the multi-turn prefix hit rate of 1 vs 2 replicas (cache-aware,
 # round robin; bench/bench_replicas.sh). Prints a summary; JSON under $OUT.
 # Run after `bash .gpuB/install.sh b`. Usage:
-#   [MULTI_TURN=1] [LEGS="one two tp"; "greedy": only the greedy comparison; "kill": 2 replicas at
+#   [MULTI_TURN=1] [ONE_LEVELS=1,64,128] [TWO_LEVELS=64,128] [LEGS="one two tp"; "greedy": only the greedy comparison; "kill": 2 replicas at
 #   64 streams, replica 1's worker SIGKILLed 15 s in (failover scenario), then the time until it
 #   is ready again] [SIZES="qwen3-0.6b llama-3.2-3b"; "qwen3-32b": its shape in 4 bits, made by
 #   bench/make_shaped.py] [DTYPE=bfloat16] bash bench/gpu/gpu_scaleout2.sh
@@ -76,7 +76,7 @@ for SIZE in ${SIZES:-qwen3-0.6b llama-3.2-3b}; do
   for leg in ${LEGS:-one two tp}; do
     case $leg in
       one) up "$SIZE-one" "$MODEL"; greedy "$SIZE-one"; bench "$SIZE-one" "${ONE_LEVELS:-1,64,128}"; down ;;
-      two) up "$SIZE-two" "$MODEL" --replicas 2; bench "$SIZE-two" 64,128; down ;;
+      two) up "$SIZE-two" "$MODEL" --replicas 2; bench "$SIZE-two" "${TWO_LEVELS:-64,128}"; down ;;
       kill) up "$SIZE-kill" "$MODEL" --replicas 2; kill_leg "$SIZE-kill"; down ;;
       tp) up "$SIZE-tp" "$MODEL" --group-size 2 --distributed nccl; greedy "$SIZE-tp"
           bench "$SIZE-tp" 1,64; down ;;
