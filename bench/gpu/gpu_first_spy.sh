@@ -5,7 +5,8 @@
 # through a second of the same length (no prefix hit), each to raw stacks, then
 # bench/stack_summary.py of both (what only the first has: JIT compiles, attention plans, graph
 # instantiations, matmul heuristics). Results in $OUT: first.txt, warm.txt (stacks), spy.txt
-# (the summary), ttft.txt (each prompt's TTFT).
+# (the summary), ttft.txt (each prompt's TTFT under py-spy: not a timing, run RP1's hybrid took
+# 14.3 s against 1.9 s unspied in MX2; gpu_matrix.sh's class items time the first prompt).
 #   MODEL=/root/models/matrix-hybrid bash bench/gpu/gpu_first_spy.sh
 #   knobs: LONG=4500 PORT=8950 SPY_S=15 (each recording's bound) MLXD_ARGS (more `mlxd start`
 #   options); py-spy's wheel is in .gpuP/, staged by bench/gpu/stage_peers.sh
@@ -35,7 +36,7 @@ prompt() {  # NAME SEED: one LONG-token prompt under py-spy (native), its TTFT t
     --prompt-tokens "$LONG" --max-tokens 2 --warmup-tokens 0 --seed "$2" \
     --json "$OUT/$1.json" > "$OUT/$1.log" 2>&1
   "$PY" -c "import json, sys; r = json.load(open(sys.argv[1]))['rows'][0]; \
-print(sys.argv[2], 'TTFT', round(r['ttft_p50_ms']), 'ms')" "$OUT/$1.json" "$1" | tee -a "$OUT/ttft.txt"
+print(sys.argv[2], 'TTFT', round(r['ttft_p50_ms']), 'ms under py-spy')" "$OUT/$1.json" "$1" | tee -a "$OUT/ttft.txt"
   wait "$spy"
 }
 prompt first 101

@@ -19,9 +19,11 @@
 #   bash bench/gpu/gpu_gap.sh            (after .gpuB/install.sh; knobs below)
 #   CONC=64 OUTPUT=256 PROMPT=128 ROUNDS=2 SMALL_KV=6 SIZE=qwen3-0.6b DTYPE=bfloat16 (or MODEL=DIR)
 #   LEGS="engine loaded http smallkv" STEP_MS=8 (the synthetic worker's step in `loaded`)
-#   SPY=1 (py-spy's stacks of the engine leg and of the served worker through its measured
-#   level, SPY_S=6 s; SPY_NATIVE=1: C frames too; `bench/stack_summary.py` of them in
-#   $OUT/spy.txt; py-spy's wheel is in .gpuP/, staged by bench/gpu/stage_peers.sh)
+#   SPY=1 (after the timed rounds, one more round "spy" of the same legs under py-spy: the
+#   engine legs whole, a served worker through its measured level, SPY_S=6 s; SPY_NATIVE=1: C
+#   frames too; `bench/stack_summary.py` of them in $OUT/spy.txt; py-spy's wheel is in .gpuP/,
+#   staged by bench/gpu/stage_peers.sh). The spied round's figures are no timing: py-spy
+#   --native at 200 Hz made the engine's dense step 42 ms against 8.6 served (run RP1).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 [ -f /root/mlx-env.sh ] && source /root/mlx-env.sh
@@ -63,8 +65,9 @@ SPYBIN=/root/pyspy/bin/py-spy  # SPY=1: py-spy from its wheel in .gpuP/ (stage_p
 if [ "${SPY:-0}" = 1 ] && [ ! -x "$SPYBIN" ]; then
   "$PY" -m pip install -q --no-index --target /root/pyspy "$(ls .gpu*/py_spy-*.whl | head -1)" || SPY=0
 fi
-spy() {  # NAME: py-spy's prefix for a leg's command, when SPY=1
-  [ "${SPY:-0}" = 1 ] && echo "$SPYBIN record -r 200 -f raw -o $OUT/$1-spy.txt" \
+SPYING=0  # 1 in the spied round only: the timed rounds run without py-spy
+spy() {  # NAME: py-spy's prefix for a leg's command, in the spied round
+  [ "$SPYING" = 1 ] && echo "$SPYBIN record -r 200 -f raw -o $OUT/$1-spy.txt" \
     "$([ "${SPY_NATIVE:-0}" = 1 ] && echo --native)" --
 }
 engine() {  # engine NAME ROUND
@@ -91,7 +94,7 @@ served() {  # served NAME ROUND CLIENT_PROCS [MLXD START OPTIONS]
     --max-tokens 16 --concurrency "$CONC" --warmup-tokens 0 --client-procs "$procs" \
     --json /tmp/warm.json > /dev/null 2>&1  # the level's own warm-up, outside the TTFT sums
   before=$(ttft_sum "$url")
-  if [ "${SPY:-0}" = 1 ]; then  # the worker's stacks through the measured level
+  if [ "$SPYING" = 1 ]; then  # the worker's stacks through the measured level
     # shellcheck disable=SC2046  # SPY_NATIVE=1 adds one option: C frames (CUDA's calls) too
     "$SPYBIN" record -p "$(pgrep -n -f 'mlxd worker serve')" -r 200 -d "${SPY_S:-6}" -f raw \
       $([ "${SPY_NATIVE:-0}" = 1 ] && echo --native) \
@@ -108,7 +111,8 @@ served() {  # served NAME ROUND CLIENT_PROCS [MLXD START OPTIONS]
   row "$name" "$rnd" "$OUT/$name-$rnd.json" "${step:-?}"
   stop
 }
-for rnd in $(seq "$ROUNDS"); do
+for rnd in $(seq "$ROUNDS") $([ "${SPY:-0}" = 1 ] && echo spy); do
+  [ "$rnd" = spy ] && SPYING=1 && echo "the spied round (py-spy attached: no timing)" >> "$OUT/gap.txt"
   want engine && engine engine "$rnd"
   if want loaded; then
     "$PY" bench/bench_gateway.py "$CONC" 100000 "$STEP_MS" 1 completions > "$OUT/load-$rnd.log" 2>&1 &
