@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mlxd.protocol.messages import Generate, Message, SamplingParams, TokenPrompt
+from mlxd.worker.kv import attention_shapes
 from mlxd.worker.sched.scheduler import CacheCounters
 from mlxd.worker.spec.speculator import Speculator
 from mlxd.worker.stats import Stats
@@ -117,6 +118,7 @@ def warm_up(engine: Engine, budget_s: float, clock: Callable[[], float] = time.m
         engine.channel = channel
         _forget(engine)
         engine.warming = ""
+        attention_shapes.freeze()  # later new shapes with few scores build no plan
     log.info("warmed up %d of %d stages in %.1f s", done, len(plan), clock() - started)
     return done
 

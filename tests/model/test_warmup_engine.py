@@ -120,3 +120,36 @@ def test_decode_stages_start_as_a_burst_of_chat_prompts(harness_factory: Any) ->
     h.engine.runner.prefill = recorded  # type: ignore[method-assign]
     assert _warm(h) == len(plan)
     assert [BATCH_PROMPT_TOKENS] * 2 in batches  # the two rows' prompts in one step
+
+
+def test_a_first_long_prompt_after_warm_up_builds_no_attention_plan(
+    harness_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where attention plans are built per shape (CUDA, forced here): a first prompt of three
+    chunks after warm-up brings attention one new shape, its last chunk's (its remainder's
+    queries over the whole length), and that runs as plain ops, not as a new plan; its tokens
+    are a cold exact engine's."""
+    import mlx.core as mx
+
+    from mlxd.worker.kv import attention_shapes
+
+    prompt = [(7 * i) % 50 + 10 for i in range(64 * 2 + 40)]  # two chunks and a remainder
+    expected = harness_factory(prefill_chunk=64).run_alone("a", prompt).token_ids
+    shapes: set[tuple[int, int, int]] = set()
+    exact = mx.fast.scaled_dot_product_attention
+
+    def recording(q: mx.array, k: mx.array, *args: Any, **kwargs: Any) -> mx.array:
+        if q.shape[-2] > 1:
+            shapes.add((q.shape[0], q.shape[-2], k.shape[-2]))
+        return exact(q, k, *args, **kwargs)
+
+    monkeypatch.setattr(attention_shapes, "BUCKETED", True)
+    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", recording)
+    assert attention_shapes.install()
+    h: Harness = harness_factory(prefill_chunk=64, max_num_seqs=4)
+    _warm(h)
+    built = set(shapes)
+    got = h.run_alone("a", prompt).token_ids
+    assert (1, 64, 128) in built  # warm-up's second chunk: the first two chunks' plans exist
+    assert shapes == built  # the last chunk's shape reached no plan
+    assert got == expected

@@ -144,3 +144,67 @@ def test_a_burst_split_by_arrival_reaches_attention_as_planned_rows(kind: str, b
     assert rows == [attention_shapes.batch(b)] and rows[0] > b
     assert out.shape == exact.shape
     assert mx.allclose(out, exact, atol=1e-5).item()
+
+
+def _qkv(b: int, n: int, keys: int) -> tuple[mx.array, mx.array, mx.array]:
+    q = mx.random.normal((b, 4, n, 16), key=mx.random.key(n))
+    k = mx.random.normal((b, 2, keys, 16), key=mx.random.key(n + 1))
+    return q, k, mx.random.normal((b, 2, keys, 16), key=mx.random.key(n + 2))
+
+
+@pytest.mark.parametrize("kind", ["none", "causal", "bool", "additive", "per_head", "2d"])
+@pytest.mark.parametrize(("n", "keys"), [(5, 9), (7, 7), (3, 40)])
+def test_plain_attention_equals_the_fast_op(kind: str, n: int, keys: int) -> None:
+    """Grouped query heads, every mask form a model passes: the plain ops' output is the fast
+    op's."""
+    q, k, v = _qkv(2, n, keys)
+    sees = mx.arange(keys)[None, :] <= (mx.arange(n)[:, None] + keys - n)
+    per_row = mx.broadcast_to(sees, (2, 1, n, keys))
+    mask: Any = {
+        "none": None,
+        "causal": "causal",
+        "bool": per_row,
+        "additive": mx.where(per_row, 0.0, -mx.inf),
+        "per_head": mx.broadcast_to(sees, (2, 4, n, keys)),
+        "2d": sees,
+    }[kind]
+    out = attention_shapes.plain_attention(q, k, v, 0.25, mask)
+    exact = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25, mask=mask)
+    assert out.shape == exact.shape
+    assert mx.allclose(out, exact, atol=1e-5).item()
+
+
+@pytest.mark.parametrize("dtype", [mx.bool_, mx.float32])
+def test_plain_attention_keeps_a_query_that_sees_no_key_finite(dtype: Any) -> None:
+    """A padding query (left-padded rows) sees no key: finite output, the others unchanged."""
+    q, k, v = _qkv(1, 4, 6)
+    sees = mx.array([[False] * 6] + [[True] * 6] * 3)[None, None]
+    mask = sees if dtype == mx.bool_ else mx.where(sees, 0.0, -mx.inf)
+    out = attention_shapes.plain_attention(q, k, v, 0.25, mask)
+    exact = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25, mask=mask)
+    assert mx.all(mx.isfinite(out)).item()
+    assert mx.allclose(out[:, :, 1:], exact[:, :, 1:], atol=1e-5).item()
+
+
+@pytest.mark.usefixtures("bucketed")
+def test_after_warm_up_a_new_shape_with_few_scores_builds_no_plan(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before ``freeze`` every shape reaches attention (warm-up builds its plans); after it, a
+    shape warm-up built still does, and so does a new one with many scores, but a new one with
+    few runs as plain ops, with the same output."""
+    seen: list[int] = []
+    padded = attention_shapes.padded_attention(_attend_recording(seen))
+    built, new = _qkv(1, 16, 16), _qkv(1, 8, 24)
+    mask = "causal"
+    padded(*built, scale=0.25, mask=mask)
+    assert seen == [16]
+    attention_shapes.freeze()
+    padded(*built, scale=0.25, mask=mask)
+    out = padded(*new, scale=0.25, mask=mask)
+    assert seen == [16, 16]  # the new shape ran as plain ops
+    exact = mx.fast.scaled_dot_product_attention(*new, scale=0.25, mask=mask)
+    assert mx.allclose(out, exact, atol=1e-5).item()
+    monkeypatch.setattr(attention_shapes, "PLAIN_SCORES", 4 * 8 * 24 - 1)
+    padded(*new, scale=0.25, mask=mask)
+    assert seen == [16, 16, 8]  # too many scores: its plan is built

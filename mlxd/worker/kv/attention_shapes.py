@@ -26,6 +26,16 @@ MX1-MX3): the plans of new row counts are the candidate this removes.
 Other backends build no plans, so there the lengths stay exact; ``BUCKETED`` says which applies
 (tests set it to run the padded path on the CPU).
 
+Padding bounds the shapes, but not to the few warm-up can build: a long prompt's last chunk is
+(1, its remainder's queries, the whole length's keys), and a chat turn over a cached history
+is (1, the turn's queries, the history's keys), new for nearly every length. On an H200 a
+first 4,500-token prompt spent a quarter of its samples building such a plan (a cuDNN engine
+compiled by NVRTC, then its CUDA graph: run RP1). So once warm-up is done (``freeze``), a call
+of a shape warm-up did not build, with at most ``PLAIN_SCORES`` attention scores, runs as plain
+matmuls and a softmax (``plain_attention``): a matmul of a new shape costs cuBLAS a few ms of
+heuristics where cuDNN took 45 ms to 1 s, and scores that few cost little memory. Larger new
+shapes (a later full chunk of a longer prompt than warm-up's) still build their plan.
+
 A forward whose rows cannot be padded (a hybrid's recurrent layers would fold padding into their
 state: ``runners.hybrid`` prefills exact spans) reaches attention with exact queries, and with
 exact keys where it starts a prompt (its own); ``install`` pads both inside the attention call
@@ -45,6 +55,14 @@ import mlx.core as mx
 
 PLANNED = bool(getattr(mx, "cuda", None) and mx.cuda.is_available())  # a plan per shape
 BUCKETED = PLANNED
+# A new shape's scores (rows x query heads x queries x keys) up to this many run as plain ops
+# once warm-up is done: a 4,500-token prompt's last chunk on a 16-head model has 37M; a full
+# 2,048-token chunk over 4,096 keys has 134M (its plan warm-up builds).
+PLAIN_SCORES = 1 << 26
+
+Key = tuple[Any, ...]  # what an attention plan is built for (``_key``)
+_built: set[Key] = set()  # the shapes multi-query attention ran with before ``freeze``
+_frozen = False
 
 
 def queries(n: int) -> int:
@@ -78,6 +96,13 @@ def _round(n: int) -> int:
     return -(-n // step) * step
 
 
+def freeze() -> None:
+    """Warm-up is done: the shapes attention ran with so far have their plans; a later new shape
+    with few scores runs as plain ops (module doc)."""
+    global _frozen
+    _frozen = True
+
+
 def install() -> bool:
     """Route this process's ``mx.fast.scaled_dot_product_attention`` through
     ``padded_attention`` where attention plans are built per shape; whether it did (once)."""
@@ -100,6 +125,8 @@ def padded_attention(attend: Callable[..., mx.array]) -> Callable[..., mx.array]
         b, n, m = q.shape[0], q.shape[-2], k.shape[-2]
         lengths = isinstance(mask, mx.array)  # a mask to pad along: lengths too, else the rows
         count, rows, keys = batch(b), *((queries(n), queries(m)) if lengths else (n, m))
+        if n > 1 and _plain(_key(q, k, mask, count, rows, keys), args, kwargs):
+            return plain_attention(q, k, v, kwargs["scale"], mask)
         if n == 1 or (count, rows, keys) == (b, n, m):
             return attend(q, k, v, *args, **kwargs)
         if lengths:
@@ -110,6 +137,54 @@ def padded_attention(attend: Callable[..., mx.array]) -> Callable[..., mx.array]
 
     attention.pads_queries = True  # type: ignore[attr-defined]
     return attention
+
+
+def _key(q: mx.array, k: mx.array, mask: Any, rows: int, queries: int, keys: int) -> Key:
+    """The plan a call of these (padded) rows and lengths needs: heads, widths, dtype, mask."""
+    kind = (mask.dtype, mask.ndim) if isinstance(mask, mx.array) else mask
+    return (rows, q.shape[1], k.shape[1], q.shape[-1], queries, keys, q.dtype, kind)
+
+
+def _plain(key: Key, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a multi-query call runs as plain ops: after warm-up, a shape it did not build,
+    with few scores, asked in the plain form (a scale and a mask; no attention sinks or other options)."""
+    if not _frozen:
+        _built.add(key)
+        return False
+    rows, heads, queries, keys = key[0], key[1], key[4], key[5]
+    if key in _built or rows * heads * queries * keys > PLAIN_SCORES:
+        return False
+    plain = {"scale", "mask", "sinks"}  # mlx-lm passes sinks=None where a model has none
+    return not args and set(kwargs) <= plain and "scale" in kwargs and kwargs.get("sinks") is None
+
+
+def plain_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: Any) -> mx.array:
+    """``mx.fast.scaled_dot_product_attention`` as matmuls and a float32 softmax: q (B, Hq, L, D),
+    k and v (B, Hk, S, D) with Hq a multiple of Hk; ``mask`` None, "causal" (the last query sees
+    every key), a boolean array (True: seen) or an additive one, broadcast as the fast op's."""
+    b, heads, n, d = q.shape
+    groups = heads // k.shape[1]
+    q = (q * scale).reshape(b, k.shape[1], groups, n, d)
+    scores = (q @ mx.expand_dims(k, 2).swapaxes(-1, -2)).astype(mx.float32)  # (B, Hk, G, L, S)
+    m = k.shape[-2]
+    if mask == "causal":
+        mask = mx.arange(m)[None, :] <= mx.arange(n)[:, None] + (m - n)
+    if isinstance(mask, mx.array):
+        mask = _grouped(mask, k.shape[1], groups)
+        hidden = mx.finfo(mx.float32).min  # finite: a query that sees no key (padding) stays so
+        if mask.dtype == mx.bool_:
+            scores = mx.where(mask, scores, hidden)
+        else:
+            scores = mx.maximum(scores + mask.astype(mx.float32), hidden)
+    weights = mx.softmax(scores, axis=-1).astype(v.dtype)
+    return (weights @ mx.expand_dims(v, 2)).reshape(b, heads, n, v.shape[-1])
+
+
+def _grouped(mask: mx.array, kv_heads: int, groups: int) -> mx.array:
+    """A mask broadcast like (B, Hq, L, S) as (B, Hk, G, L, S)."""
+    if mask.ndim == 4 and mask.shape[1] == kv_heads * groups and groups > 1:
+        return mask.reshape(mask.shape[0], kv_heads, groups, *mask.shape[2:])
+    return mx.expand_dims(mask, -3) if mask.ndim >= 3 else mask
 
 
 def _pad(x: mx.array, length: int, rows: int) -> mx.array:
