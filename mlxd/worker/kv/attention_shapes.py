@@ -147,7 +147,7 @@ def _key(q: mx.array, k: mx.array, mask: Any, rows: int, queries: int, keys: int
 
 def _plain(key: Key, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether a multi-query call runs as plain ops: after warm-up, a shape it did not build,
-    with few scores, asked in the plain form (a scale and a mask; no attention sinks or other options)."""
+    with few scores, asked in the plain form (a scale and a mask; no sinks, no other option)."""
     if not _frozen:
         _built.add(key)
         return False
