@@ -34,10 +34,11 @@
 # the served worker through its first long prompt and a second, and what only the first ran).
 # Then $OUT/all/matrix.md joins
 # the classes and $OUT/soak/soak.md the soaks.
-# A run longer than one command: DETACH=1 starts it in its own session writing to $RUN_DIR
-# (/root/matrix-out) and returns; a later command, COLLECT=1, waits up to WAIT_S (580) for it,
-# joins the table from whatever has finished, and copies matrix.md and a tarball of the run to
-# $OUT (run it again if it was not done).
+# A run longer than one command: DETACH=1 starts it in its own session, from a copy of the tree
+# (TREE=/root/matrix-tree), writing to $RUN_DIR (/root/matrix-out), and returns; a later
+# command, COLLECT=1, waits up to WAIT_S (580) for it, joins the table from whatever has
+# finished, and copies matrix.md and a tarball of the run to $OUT (run it again if it was not
+# done).
 # Knobs: CLASSES SERVERS LEVELS=1,16,64 PROMPT=128 OUTPUT=128 LONG=4500 PREFIX=2000
 #   CLIENT_PROCS=8 MAX_SEQS=128 MLXD_ARGS (more `mlxd start` options) MODELS=/root/models
 #   PEERS_ROOT=/root/peers MAKE_ONLY=1 (only the models) PYTHON=python3 (mlxd's, the servers')
@@ -66,7 +67,13 @@ if [ "${COLLECT:-0}" = 1 ]; then
 fi
 if [ "${DETACH:-0}" = 1 ]; then
   rm -rf "$RUN_DIR"; mkdir -p "$RUN_DIR"
-  OUT="$RUN_DIR" DETACH=0 setsid nohup bash "$0" > "$RUN_DIR/run.log" 2>&1 < /dev/null &
+  # The lanes run from a copy of the tree: the device machine refreshes its working tree at
+  # every later command, and a server started during that refresh did not find mlxd's modules
+  # (run FP1: the dense lane's daemon, ModuleNotFoundError).
+  tree="${TREE:-/root/matrix-tree}"; rm -rf "$tree"; mkdir -p "$tree"
+  tar cf - --exclude=./.gpuA --exclude=./.gpuB --exclude=./.venv --exclude=./.git --exclude=./out . \
+    | tar xf - -C "$tree"
+  OUT="$RUN_DIR" DETACH=0 setsid nohup bash "$tree/bench/gpu/gpu_matrix.sh" > "$RUN_DIR/run.log" 2>&1 < /dev/null &
   echo "started in its own session: COLLECT=1 bash $0"
   exit 0
 fi
