@@ -14,6 +14,9 @@
 #            model's step is cut into: does re-instantiating them cost a host-bound step?)
 #   ops, engineops  http and engine with MLX_MAX_OPS_PER_BUFFER=OPS (200; MLX's default 20):
 #            fewer, larger CUDA graphs a step
+#   enginecap  the engine with MLX's buffer cache capped at CAP_GB (1), as a served worker caps
+#            its own (`footprint.buffer_cache_bytes`; MLX's default on a GPU is its memory
+#            limit): do freed buffers go back to the device and come again each step?
 # Served legs also give the gateway's own mean TTFT over the level (from /metrics).
 # Results: $OUT/gap.txt (one line per leg and round) and the JSON of every leg.
 #   bash bench/gpu/gpu_gap.sh            (after .gpuB/install.sh; knobs below)
@@ -72,7 +75,7 @@ spy() {  # NAME: py-spy's prefix for a leg's command, in the spied round
 }
 engine() {  # engine NAME ROUND
   # shellcheck disable=SC2046,SC2086  # LEG_ENV and spy add words to the command
-  env ${LEG_ENV:-} $(spy "$1-$2") "$PY" -m mlxd bench engine --model "$M" --concurrency "$CONC" \
+  env ${LEG_ENV:-} $(spy "$1-$2") "$PY" -m mlxd bench engine --model "$M" --concurrency "$CONC" ${ENGINE_ARGS:-} \
     --prompt-tokens "$PROMPT" --max-tokens "$OUTPUT" --no-compare-mlx-lm --json "$OUT/$1-$2.json" \
     > "$OUT/$1-$2.log" 2>&1 && row "$1" "$2" "$OUT/$1-$2.json"
 }
@@ -130,6 +133,7 @@ for rnd in $(seq "$ROUNDS") $([ "${SPY:-0}" = 1 ] && echo spy); do
   graphs="MLX_CUDA_GRAPH_CACHE_SIZE=${GRAPH_CACHE:-1000}"
   want enginegraphs && LEG_ENV=$graphs engine enginegraphs "$rnd"
   want graphs && LEG_ENV=$graphs served graphs "$rnd" 0
+  want enginecap && ENGINE_ARGS="--buffer-cache-gb ${CAP_GB:-1}" engine enginecap "$rnd"
   ops="MLX_MAX_OPS_PER_BUFFER=${OPS:-200}"
   want engineops && LEG_ENV=$ops engine engineops "$rnd"
   want ops && LEG_ENV=$ops served ops "$rnd" 0

@@ -357,6 +357,13 @@ def _extra_body(text: str) -> tuple[tuple[str, Any], ...]:
 @knob_option(SPECULATE)
 @knob_option(DTYPE)
 @click.option(
+    "--buffer-cache-gb",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Cap MLX's cache of freed buffers, as a served worker caps its own (at least 1 GiB "
+    "without --max-memory); default: MLX's limit.",
+)
+@click.option(
     "--compare-mlx-lm/--no-compare-mlx-lm",
     default=True,
     show_default=True,
@@ -371,6 +378,7 @@ def engine_command(
     kv_cache_gb: float | None,
     speculate: str,
     dtype: str,
+    buffer_cache_gb: float | None,
     compare_mlx_lm: bool,
     concurrency: str,
     prompt_tokens: int,
@@ -397,6 +405,7 @@ def engine_command(
     from mlxd.worker.runners.output_head import last_position_only
     from mlxd.worker.runners.quantized import batch_as_rows, restore
 
+    cache_limit = None if buffer_cache_gb is None else _cap_buffer_cache(buffer_cache_gb)
     model, tokenizer = mlx_lm.load(model_path)[:2]
     quantized, whole_head = batch_as_rows(model), last_position_only(model)  # as the worker does
     cpu_backend.cast(model, dtype)  # auto: float32 on the CPU, as the worker computes there
@@ -413,6 +422,7 @@ def engine_command(
         paged_kv=paged_kv,
         kv_block_size=kv_block_size,
         kv_cache_gb=kv_cache_gb,
+        buffer_cache_bytes=cache_limit,
         speculate=speculate,
         dtype=cpu_backend.dtype_name(cpu_backend.float_dtype(model)),  # as computed, not stored
         blas=blas.loaded(),
@@ -452,6 +462,18 @@ def engine_command(
     _finish(payload, json_path, plot_path)
     for y in yard:
         click.echo(f"mlx-lm at {y['concurrency']}: {y['output_tok_s']:.1f} tok/s")
+
+
+def _cap_buffer_cache(gb: float) -> int:
+    """MLX's buffer cache held to ``gb`` as a worker holds it (never above MLX's own limit);
+    the limit in force."""
+    import mlx.core as mx
+
+    wanted = int(gb * 2**30)
+    default = mx.set_cache_limit(wanted)
+    if default < wanted:
+        mx.set_cache_limit(default)
+    return min(default, wanted)
 
 
 @bench_group.command("plot")

@@ -141,3 +141,31 @@ def test_bench_engine_computes_in_the_dtype_a_worker_computes_in(
     result = CliRunner().invoke(main, [*args, "--json", str(out)], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert json.loads(out.read_text())["dtype"] == computed
+
+
+def test_bench_engine_caps_the_buffer_cache_as_a_worker_does(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--buffer-cache-gb``: the engine runs under the cap a served worker puts on MLX's cache
+    of freed buffers (never above MLX's own), and the JSON says which limit was in force."""
+    import mlx.core as mx
+
+    before = mx.set_cache_limit(2**40)  # the limit in force, put back at once
+    mx.set_cache_limit(before)
+    limits: list[int] = []
+    real = mx.set_cache_limit
+
+    def recording(limit: int) -> int:
+        limits.append(limit)
+        return real(limit)
+
+    monkeypatch.setattr(mx, "set_cache_limit", recording)
+    out = tiny_model.parent / "capped.json"
+    args = ["bench", "engine", "--model", str(tiny_model), "--buffer-cache-gb", "0.01"]
+    args += ["--concurrency", "1", "--prompt-tokens", "8", "--max-tokens", "2"]
+    result = CliRunner().invoke(main, [*args, "--no-compare-mlx-lm", "--json", str(out)])
+    real(before)
+    assert result.exit_code == 0, result.output
+    wanted = int(0.01 * 2**30)
+    assert limits[0] == wanted
+    assert json.loads(out.read_text())["buffer_cache_bytes"] == min(before, wanted)
