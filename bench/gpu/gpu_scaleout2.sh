@@ -6,7 +6,7 @@
 # compared with one GPU's; then the multi-turn prefix hit rate of 1 vs 2 replicas (cache-aware,
 # round robin; bench/bench_replicas.sh). Prints a summary; JSON under $OUT.
 # Run after `bash .gpuB/install.sh b`. Usage:
-#   [MULTI_TURN=1] [ONE_LEVELS=1,64,128] [TWO_LEVELS=64,128] [LEGS="one two tp"; "greedy": only the greedy comparison; "kill": 2 replicas at
+#   [MULTI_TURN=1] [ONE_LEVELS=1,64,128] [TWO_LEVELS=64,128] [RUNS=1: measured runs a level] [LEGS="one two tp"; "greedy": only the greedy comparison; "kill": 2 replicas at
 #   64 streams, replica 1's worker SIGKILLed 15 s in (failover scenario), then the time until it
 #   is ready again] [SIZES="qwen3-0.6b llama-3.2-3b"; "qwen3-32b": its shape in 4 bits, made by
 #   bench/make_shaped.py] [DTYPE=bfloat16] bash bench/gpu/gpu_scaleout2.sh
@@ -41,7 +41,8 @@ up() {  # NAME MODEL, then `mlxd start` options; leaves $daemon running
 down() { kill -TERM "$daemon"; wait "$daemon" || true; }
 bench() {  # NAME LEVELS
   python3 -m mlxd bench run --url "http://127.0.0.1:$PORT" --model bench --concurrency "$2" \
-    --prompt-tokens 128 --max-tokens 256 --label "$1" --json "$OUT/tp-$1.json" > "$OUT/tp-$1.txt" 2>&1 \
+    --prompt-tokens 128 --max-tokens 256 --runs "${RUNS:-1}" --label "$1" --json "$OUT/tp-$1.json" \
+    > "$OUT/tp-$1.txt" 2>&1 \
     || echo "$1 failed" | tee -a "$OUT/failures.txt"
 }
 greedy() {  # NAME: 8 greedy completions with top-2 log-probabilities, to $OUT/greedy-NAME.json
