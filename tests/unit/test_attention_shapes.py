@@ -152,20 +152,25 @@ def _qkv(b: int, n: int, keys: int) -> tuple[mx.array, mx.array, mx.array]:
     return q, k, mx.random.normal((b, 2, keys, 16), key=mx.random.key(n + 2))
 
 
-@pytest.mark.parametrize("kind", ["none", "causal", "bool", "additive", "per_head", "2d"])
+@pytest.mark.parametrize(
+    "kind", ["none", "causal", "bool", "additive", "per_head", "per_head_3d", "2d"]
+)
 @pytest.mark.parametrize(("n", "keys"), [(5, 9), (7, 7), (3, 40)])
 def test_plain_attention_equals_the_fast_op(kind: str, n: int, keys: int) -> None:
-    """Grouped query heads, every mask form a model passes: the plain ops' output is the fast
-    op's."""
+    """Grouped query heads, every mask form a model passes (a mask per head too, 4-D or 3-D):
+    the plain ops' output is the fast op's."""
     q, k, v = _qkv(2, n, keys)
     sees = mx.arange(keys)[None, :] <= (mx.arange(n)[:, None] + keys - n)
     per_row = mx.broadcast_to(sees, (2, 1, n, keys))
+    first = mx.arange(keys) == 0  # every query sees key 0; each head sees its own others
+    heads = sees & ((mx.random.uniform(shape=(2, 4, n, keys), key=mx.random.key(7)) > 0.4) | first)
     mask: Any = {
         "none": None,
         "causal": "causal",
         "bool": per_row,
         "additive": mx.where(per_row, 0.0, -mx.inf),
-        "per_head": mx.broadcast_to(sees, (2, 4, n, keys)),
+        "per_head": heads,
+        "per_head_3d": heads[0],
         "2d": sees,
     }[kind]
     out = attention_shapes.plain_attention(q, k, v, 0.25, mask)

@@ -167,7 +167,7 @@ def plain_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: A
     q = (q * scale).reshape(b, k.shape[1], groups, n, d)
     scores = (q @ mx.expand_dims(k, 2).swapaxes(-1, -2)).astype(mx.float32)  # (B, Hk, G, L, S)
     m = k.shape[-2]
-    if mask == "causal":
+    if isinstance(mask, str) and mask == "causal":
         mask = mx.arange(m)[None, :] <= mx.arange(n)[:, None] + (m - n)
     if isinstance(mask, mx.array):
         mask = _grouped(mask, k.shape[1], groups)
@@ -181,10 +181,12 @@ def plain_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: A
 
 
 def _grouped(mask: mx.array, kv_heads: int, groups: int) -> mx.array:
-    """A mask broadcast like (B, Hq, L, S) as (B, Hk, G, L, S)."""
-    if mask.ndim == 4 and mask.shape[1] == kv_heads * groups and groups > 1:
-        return mask.reshape(mask.shape[0], kv_heads, groups, *mask.shape[2:])
-    return mx.expand_dims(mask, -3) if mask.ndim >= 3 else mask
+    """A mask broadcast like (..., Hq or 1, L, S) as (..., Hk or 1, G or 1, L, S)."""
+    if mask.ndim < 3:
+        return mask
+    if mask.shape[-3] == kv_heads * groups and groups > 1:
+        return mask.reshape(*mask.shape[:-3], kv_heads, groups, *mask.shape[-2:])
+    return mx.expand_dims(mask, -3)
 
 
 def _pad(x: mx.array, length: int, rows: int) -> mx.array:
