@@ -402,10 +402,13 @@ def engine_command(
     from mlxd.bench.stats import add_speedup
     from mlxd.bench.workload import make_prompts
     from mlxd.worker import cpu_backend  # imports MLX: after the BLAS preload above
+    from mlxd.worker.main import cap_buffer_cache
     from mlxd.worker.runners.output_head import last_position_only
     from mlxd.worker.runners.quantized import batch_as_rows, restore
 
-    cache_limit = None if buffer_cache_gb is None else _cap_buffer_cache(buffer_cache_gb)
+    cache_limit = (
+        None if buffer_cache_gb is None else cap_buffer_cache(int(buffer_cache_gb * 2**30))
+    )
     model, tokenizer = mlx_lm.load(model_path)[:2]
     quantized, whole_head = batch_as_rows(model), last_position_only(model)  # as the worker does
     cpu_backend.cast(model, dtype)  # auto: float32 on the CPU, as the worker computes there
@@ -462,18 +465,6 @@ def engine_command(
     _finish(payload, json_path, plot_path)
     for y in yard:
         click.echo(f"mlx-lm at {y['concurrency']}: {y['output_tok_s']:.1f} tok/s")
-
-
-def _cap_buffer_cache(gb: float) -> int:
-    """MLX's buffer cache held to ``gb`` as a worker holds it (never above MLX's own limit);
-    the limit in force."""
-    import mlx.core as mx
-
-    wanted = int(gb * 2**30)
-    default = mx.set_cache_limit(wanted)
-    if default < wanted:
-        mx.set_cache_limit(default)
-    return min(default, wanted)
 
 
 @bench_group.command("plot")

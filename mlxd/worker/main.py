@@ -165,16 +165,24 @@ def _engine(config: WorkerConfig, loaded: _Loaded) -> Engine:
 
 
 def _cap_buffer_cache(config: WorkerConfig) -> WorkerConfig:
-    """Hold MLX's cache of freed buffers to ``buffer_cache_bytes``, a cap that never raises
-    MLX's own limit (32 MiB on the CPU backend); ``config`` with the limit in force."""
+    """Hold MLX's cache of freed buffers to ``buffer_cache_bytes``; ``config`` with the limit in
+    force."""
     if config.buffer_cache_bytes is None:
         return config
+    return dataclasses.replace(
+        config, buffer_cache_bytes=cap_buffer_cache(config.buffer_cache_bytes)
+    )
+
+
+def cap_buffer_cache(limit: int) -> int:
+    """Hold MLX's cache of freed buffers to ``limit`` bytes, a cap that never raises MLX's own
+    limit (32 MiB on the CPU backend); the limit in force (``mlxd bench engine`` sets it too)."""
     import mlx.core as mx
 
-    default = mx.set_cache_limit(config.buffer_cache_bytes)
-    if default < config.buffer_cache_bytes:
+    default = mx.set_cache_limit(limit)
+    if default < limit:
         mx.set_cache_limit(default)
-    return dataclasses.replace(config, buffer_cache_bytes=min(default, config.buffer_cache_bytes))
+    return min(default, limit)
 
 
 def _prepare_to_serve(config: WorkerConfig, engine: Engine, channel: Any) -> None:
