@@ -65,7 +65,13 @@ if [ "${COLLECT:-0}" = 1 ]; then
   cat "$RUN_DIR/all/matrix.md" "$RUN_DIR/soak/soak.md" 2>/dev/null; tail -3 "$RUN_DIR"/lane*.txt 2>/dev/null
   exit 0
 fi
+preflight() {  # mlxd's worker, daemon and bench import here, or the run stops now (run RP1:
+  # without llguidance every mlxd process exited at import, seen 7 minutes into the lease)
+  "$PY" -c "import mlxd.worker.main, mlxd.daemon.server, mlxd.daemon.supervisor, mlxd.cli.bench" \
+    || { echo "mlxd does not import with $PY: stage its dependencies (bench/README)" >&2; exit 1; }
+}
 if [ "${DETACH:-0}" = 1 ]; then
+  preflight
   rm -rf "$RUN_DIR"; mkdir -p "$RUN_DIR"
   # The lanes run from a copy of the tree: the device machine refreshes its working tree at
   # every later command, and a server started during that refresh did not find mlxd's modules
@@ -141,6 +147,7 @@ lane() {  # GPU ITEMS: a lane's items in turn on GPU
   echo "$(date -u +%T) done" >> "$OUT/lane$gpu-items.txt"
 }
 if [ -n "${LANES:-}" ]; then
+  preflight
   mkdir -p "$OUT"; date -u > "$OUT/started"
   nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader > "$OUT/machine.txt" 2>&1
   echo "commit ${MLXD_COMMIT:-$(git log -1 --format=%h 2>/dev/null)} LANES=$LANES" >> "$OUT/machine.txt"
