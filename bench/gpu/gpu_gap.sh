@@ -10,10 +10,10 @@
 #   nowarm   the same with --warmup-s 0 (no warm-up at start, as the engine bench has none:
 #            does what the warm-up leaves behind, e.g. in MLX's caches, slow later steps?)
 #   graphs, enginegraphs  http and engine with MLX_CUDA_GRAPH_CACHE_SIZE=GRAPH_CACHE (1000;
-#            MLX's default holds 100 CUDA graphs of at most 20 ops each, fewer than a large
-#            model's step is cut into: does re-instantiating them cost a host-bound step?)
-#   ops, engineops  http and engine with MLX_MAX_OPS_PER_BUFFER=OPS (200; MLX's default 20):
-#            fewer, larger CUDA graphs a step
+#            MLX 0.32 caches 400 CUDA graphs, cut at 100 ops on an H100/H200 and 20 on other
+#            GPUs, mlx/backend/cuda/device.cpp): does re-instantiating evicted ones cost a step?
+#   ops, engineops  http and engine with MLX_MAX_OPS_PER_BUFFER=OPS (200; MLX's default on an
+#            H100/H200 100): fewer, larger CUDA graphs a step
 #   enginecap  the engine with MLX's buffer cache capped at CAP_GB (1), as a served worker caps
 #            its own (`footprint.buffer_cache_bytes`; MLX's default on a GPU is its memory
 #            limit): do freed buffers go back to the device and come again each step?
