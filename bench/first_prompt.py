@@ -5,9 +5,12 @@ Each run starts `mlxd start` on a made model (qwen3, --size tiny unless given) i
 directory with --warmup-s given or 0, waits until it serves, then times a --tokens prompt
 (max_tokens 1; its time is the TTFT), then --warm more prompts of the same length that share no
 prefix with it or each other (no prefix-cache hit); the ratio is the first over the median of
-those. Runs alternate on and off, --runs of each; prints each run and the medians.
+those. Runs alternate on and off, --runs of each (on only with --on-only); prints each run and
+the medians. --model serves a model directory (a matrix class's) instead of a made qwen3; the
+daemon inherits the environment (MLX_CUDA_GRAPH_CACHE_SIZE=..., MLX_USE_CUDA_GRAPHS=0: run FP2).
 
-    .venv/bin/python bench/first_prompt.py [--size tiny] [--tokens 3500] [--runs 3] [--json out]
+    .venv/bin/python bench/first_prompt.py [--size tiny | --model DIR] [--tokens 3500] [--runs 3]
+        [--on-only] [--json out]
 """
 
 from __future__ import annotations
@@ -36,25 +39,40 @@ def main() -> None:
     ap.add_argument("--warm", type=int, default=3, help="prompts timed after the first")
     ap.add_argument("--runs", type=int, default=3, help="runs of each of warm-up on and off")
     ap.add_argument("--warmup-s", type=float, default=20.0, help="the on runs' --warmup-s")
+    ap.add_argument("--model", type=Path, help="serve this model directory instead")
+    ap.add_argument("--on-only", action="store_true", help="no runs with warm-up off")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     rows: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory(prefix="mlxd-first-") as tmp:
-        from mlxd.models.maker import write_model
-        from mlxd.models.presets import model_config
-
-        model = write_model(Path(tmp) / "m", model_config("qwen3", args.size), progress=print)
+        model = args.model or _made(Path(tmp), args.size)
         for run in range(args.runs):
-            for warmup_s in (args.warmup_s, 0.0) if run % 2 == 0 else (0.0, args.warmup_s):
+            for warmup_s in _order(args, run):
                 rows.append(_run(model, warmup_s, args, seed=len(rows)))
                 print(_line(rows[-1]), flush=True)
     summary = {
         label: statistics.median(float(r["ratio"]) for r in rows if r["warmup_s"] == w)  # type: ignore[arg-type]
         for label, w in (("on", args.warmup_s), ("off", 0.0))
+        if any(r["warmup_s"] == w for r in rows)
     }
-    print(f"median first / warm: warm-up on {summary['on']:.2f}x, off {summary['off']:.2f}x")
+    print("median first / warm:", ", ".join(f"warm-up {k} {v:.2f}x" for k, v in summary.items()))
     if args.json:
         Path(args.json).write_text(json.dumps({"runs": rows, "median_ratio": summary}, indent=1))
+
+
+def _made(tmp: Path, size: str) -> Path:
+    """A qwen3 model of ``size`` with random weights, written under ``tmp``."""
+    from mlxd.models.maker import write_model
+    from mlxd.models.presets import model_config
+
+    return write_model(tmp / "m", model_config("qwen3", size), progress=print)
+
+
+def _order(args: argparse.Namespace, run: int) -> tuple[float, ...]:
+    """Run ``run``'s warm-up settings: on then off, alternated from run to run; on only."""
+    if args.on_only:
+        return (args.warmup_s,)
+    return (args.warmup_s, 0.0) if run % 2 == 0 else (0.0, args.warmup_s)
 
 
 def _run(model: Path, warmup_s: float, args: argparse.Namespace, seed: int) -> dict[str, object]:

@@ -32,6 +32,9 @@
 # Qwen3-0.6B shape or the class's model: the engine in-process against the daemon over HTTP,
 # GAP_LEGS, GAP_ROUNDS=2; SPY=1 adds py-spy's stacks of both); firstspy:CLASS (gpu_first_spy.sh: py-spy --native on
 # the served worker through its first long prompt and a second, and what only the first ran).
+# first:CLASS[:VARIANT] (bench/first_prompt.py on the class's model, FIRST_RUNS=2 starts, warm-up
+# on: VARIANT default, graphs (MLX_CUDA_GRAPH_CACHE_SIZE=GRAPH_CACHE, 4000), nographs
+# (MLX_USE_CUDA_GRAPHS=0) or warm60 (a 60 s warm-up bound)).
 # Then $OUT/all/matrix.md joins
 # the classes and $OUT/soak/soak.md the soaks.
 # A run longer than one command: DETACH=1 starts it in its own session, from a copy of the tree
@@ -102,6 +105,13 @@ primed() {  # CLASS DIR: primed once on this machine before its servers are time
   # mlxd's MoE worker built kernels and warmed up past its 100 s to be ready (runs MC2-MC3)
   [ -f "$(model_dir "$1").primed" ] || prime "$1" "$2"
 }
+first_env() {  # VARIANT: the first-prompt variant's environment (run FP2)
+  case $1 in graphs) echo "MLX_CUDA_GRAPH_CACHE_SIZE=${GRAPH_CACHE:-4000}" ;;
+    nographs) echo MLX_USE_CUDA_GRAPHS=0 ;; *) echo "MLXD_FIRST_VARIANT=$1" ;; esac
+}
+first_args() {  # VARIANT: its first_prompt.py options (warm60: a 60 s warm-up bound)
+  case $1 in warm60) echo "--warmup-s 60" ;; *) echo "--warmup-s ${WARMUP_S:-20}" ;; esac
+}
 item() {  # GPU ITEM: one item of a lane, on GPU (its output in $OUT/laneGPU*)
   local gpu=$1 kind=${2%%:*} arg=${2#*:} dir="$OUT/lane$1"
   export CUDA_VISIBLE_DEVICES=$gpu; mkdir -p "$dir"
@@ -132,6 +142,12 @@ item() {  # GPU ITEM: one item of a lane, on GPU (its output in $OUT/laneGPU*)
     firstspy) made "$arg"; primed "$arg" "$dir"  # what the first long prompt pays, in C frames
       MODEL=$(model_dir "$arg") OUT="$dir/firstspy-$arg" PORT=$((8950 + 100 * gpu)) \
         bash bench/gpu/gpu_first_spy.sh > "$dir-firstspy.txt" 2>&1 ;;
+    first) local cls=${arg%%:*} var=default; [[ $arg == *:* ]] && var=${arg#*:}  # first:CLASS[:VAR]
+      made "$cls"; primed "$cls" "$dir"
+      # shellcheck disable=SC2046  # a variant's environment and options
+      env $(first_env "$var") "$PY" bench/first_prompt.py --model "$(model_dir "$cls")" --on-only \
+        --tokens "${LONG:-4500}" --runs "${FIRST_RUNS:-2}" $(first_args "$var") \
+        --json "$dir/first-$cls-$var.json" >> "$dir-first-$var.txt" 2>&1 ;;
     prof) for r in ${PROF_ROWS:-16 64}; do
         "$PY" bench/step_profile.py "$(model_dir dense)" --rows "$r" >> "$dir-prof.txt" 2>&1
       done ;;
