@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# A served model with MLX's CUDA graphs on and off, alternated (issue 41 point 4; run FP2 gave
+# the hybrid's first 4,500-token prompt 857-891 ms with graphs off against 1,363-1,504 on, and
+# its warm one 397-484 against 515-606): each leg starts `mlxd start` on MODEL with the leg's
+# environment, times a first LONG-token prompt after ready and a second of the same length (no
+# prefix hit), then `mlxd bench run` at LEVELS (PROMPT-token prompts, OUTPUT tokens), and stops.
+# One line a leg in $OUT/graphs.txt, each level's JSON beside it.
+#   MODEL=/root/models/matrix-hybrid ROUNDS=2 bash bench/gpu/gpu_graphs_off.sh
+#   knobs: LONG=4500 LEVELS=1,16 PROMPT=128 OUTPUT=128 PORT=8700 MLXD_ARGS
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+[ -f /root/mlx-env.sh ] && source /root/mlx-env.sh
+export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
+PY="${PYTHON:-python3}" OUT="${OUT:-$PWD/out}" PORT="${PORT:-8700}"; mkdir -p "$OUT"
+ttft() {  # URL SEED: one LONG-token prompt's time to its first token, ms
+  "$PY" - "$1" "$2" "${LONG:-4500}" <<'PY'
+import random, sys, time, httpx
+url, seed, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rng = random.Random(seed)
+body = {"model": "bench", "prompt": [rng.randrange(100, 8000) for _ in range(n)], "max_tokens": 1}
+t0 = time.monotonic(); r = httpx.post(f"{url}/v1/completions", json=body, timeout=600)
+print(f"{(time.monotonic() - t0) * 1e3:.0f}" if r.status_code == 200 else f"error {r.status_code}")
+PY
+}
+leg() {  # NAME ROUND ENV: one start of the daemon, its two long prompts and its levels
+  local url="http://127.0.0.1:$PORT" first warm line
+  # shellcheck disable=SC2086  # the leg's environment and MLXD_ARGS, words
+  env $3 "$PY" -m mlxd start --model "bench=$MODEL" --port "$PORT" --log-level warning \
+    --max-num-seqs 128 ${MLXD_ARGS:-} >> "$OUT/mlxd.log" 2>&1 &
+  local server=$!
+  for _ in $(seq 600); do curl -sf "$url/health" > /dev/null && break; sleep 0.5; done
+  first=$(ttft "$url" "$2"); warm=$(ttft "$url" $(( $2 + 100 )))
+  line="$1 round $2: first $first ms, warm $warm ms"
+  for c in ${LEVELS:-1 16}; do
+    "$PY" -m mlxd bench run --url "$url" --model bench --prompt-tokens "${PROMPT:-128}" \
+      --max-tokens "${OUTPUT:-128}" --concurrency "$c" --json "$OUT/$1-$2-c$c.json" > "$OUT/$1-$2-c$c.log" 2>&1
+    line="$line, c$c $("$PY" -c "import json,sys; r=json.load(open(sys.argv[1]))['rows'][0]; print(f\"{r['output_tok_s']:.1f} tok/s (itl p50 {r['itl_p50_ms']:.2f} ms, failed {r['failed']})\")" "$OUT/$1-$2-c$c.json" 2>/dev/null)"
+  done
+  echo "$line" | tee -a "$OUT/graphs.txt"
+  kill "$server"; wait "$server" 2> /dev/null; PORT=$(( PORT + 1 ))
+}
+for r in $(seq "${ROUNDS:-2}"); do
+  if [ $(( r % 2 )) = 1 ]; then leg on "$r" MLXD_LEG=on; leg off "$r" MLX_USE_CUDA_GRAPHS=0
+  else leg off "$r" MLX_USE_CUDA_GRAPHS=0; leg on "$r" MLXD_LEG=on; fi
+done
