@@ -6,12 +6,16 @@
 # prefix hit), then `mlxd bench run` at LEVELS (PROMPT-token prompts, OUTPUT tokens), and stops.
 # One line a leg in $OUT/graphs.txt, each level's JSON beside it.
 #   MODEL=/root/models/matrix-hybrid ROUNDS=2 bash bench/gpu/gpu_graphs_off.sh
-#   knobs: LONG=4500 LEVELS=1,16 PROMPT=128 OUTPUT=128 PORT=8700 MLXD_ARGS
+#   knobs: LONG=4500 LEVELS="1 16" PROMPT=128 OUTPUT=128 PORT=8700 MLXD_ARGS READY_S=300
+# MODEL must be made first: a hybrid's maker imports mlx-vlm, which only .gpuP's peers bring
+# (`gpu_matrix.sh`'s make:hybrid after `install_peers.sh`); a lease without them lost its last
+# five minutes to a daemon that never served a missing model (run FP3).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 [ -f /root/mlx-env.sh ] && source /root/mlx-env.sh
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
 PY="${PYTHON:-python3}" OUT="${OUT:-$PWD/out}" PORT="${PORT:-8700}"; mkdir -p "$OUT"
+[ -f "${MODEL:?}/config.json" ] || { echo "no model at $MODEL: make it first (above)" >&2; exit 1; }
 ttft() {  # URL SEED: one LONG-token prompt's time to its first token, ms
   "$PY" - "$1" "$2" "${LONG:-4500}" <<'PY'
 import random, sys, time, httpx
@@ -28,7 +32,9 @@ leg() {  # NAME ROUND ENV: one start of the daemon, its two long prompts and its
   env $3 "$PY" -m mlxd start --model "bench=$MODEL" --port "$PORT" --log-level warning \
     --max-num-seqs 128 ${MLXD_ARGS:-} >> "$OUT/mlxd.log" 2>&1 &
   local server=$!
-  for _ in $(seq 600); do curl -sf "$url/health" > /dev/null && break; sleep 0.5; done
+  for _ in $(seq $(( ${READY_S:-300} * 2 ))); do curl -sf "$url/health" > /dev/null && break; sleep 0.5; done
+  curl -sf "$url/health" > /dev/null || { echo "$1 round $2: not ready in ${READY_S:-300} s" | tee -a "$OUT/graphs.txt"
+    kill "$server"; exit 1; }
   first=$(ttft "$url" "$2"); warm=$(ttft "$url" $(( $2 + 100 )))
   line="$1 round $2: first $first ms, warm $warm ms"
   for c in ${LEVELS:-1 16}; do

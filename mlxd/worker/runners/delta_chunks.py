@@ -71,16 +71,15 @@ def _across_chunks(
     """The state from chunk to chunk: each chunk's starting state and update (delta = u - w S^T)
     [B, H, n, ...], and the last state. Only what the next chunk needs runs in the loop, four
     kernels a chunk (run FP2: a 4.5k-token prompt's loop was most of a Qwen3.5 shape's prefill
-    kernels), on slices laid out contiguously; the outputs are two batched products after it."""
+    kernels); the outputs are two batched products after it."""
     k_to_end = k * mx.exp(cum[..., -1:] - cum)[..., None]
     end_decay = mx.exp(cum[..., -1])[..., None, None]  # [B, H, n, 1, 1]
-    u, w, k_to_end, end_decay = (mx.moveaxis(x, 2, 0) for x in (u, w, k_to_end, end_decay))
     starts, deltas = [], []
-    for c in range(u.shape[0]):
-        delta = u[c] - w[c] @ s.swapaxes(-1, -2)
+    for c in range(u.shape[2]):  # [:, :, c] is a view; a leading integer index would gather
+        delta = u[:, :, c] - w[:, :, c] @ s.swapaxes(-1, -2)
         starts.append(s)
         deltas.append(delta)
-        s = mx.addmm(s * end_decay[c], delta.swapaxes(-1, -2), k_to_end[c])
+        s = mx.addmm(s * end_decay[:, :, c], delta.swapaxes(-1, -2), k_to_end[:, :, c])
     return mx.stack(starts, axis=2), mx.stack(deltas, axis=2), s
 
 
@@ -166,8 +165,7 @@ def _unit_lower_inverse(a: mx.array) -> mx.array:
     s = 1
     while s < size:
         n = size // (2 * s)
-        blocks = mx.diagonal(a.reshape(*lead, n, 2 * s, n, 2 * s), axis1=-4, axis2=-2)
-        low = mx.moveaxis(blocks, -1, -3)[..., s:, :s]  # (.., n, s, s): each pair's L21
+        low = _lower_quarters(a, s)  # (.., n, s, s): each pair's L21
         pair = x.reshape(*lead, n, 2, s, s)
         x11, x22 = pair[..., 0, :, :], pair[..., 1, :, :]
         top = mx.concatenate([x11, mx.zeros_like(x11)], axis=-1)
@@ -175,6 +173,19 @@ def _unit_lower_inverse(a: mx.array) -> mx.array:
         x = mx.concatenate([top, bottom], axis=-2)
         s *= 2
     return x.reshape(*lead, size, size)
+
+
+def _lower_quarters(a: mx.array, s: int) -> mx.array:
+    """The lower-left s x s quarter of each 2s x 2s block on the diagonal of ``a`` [.., C, C], as
+    a strided view of it: (.., C / 2s, s, s). (``mx.diagonal`` gathers, a kernel and two index
+    ranges a level on CUDA.)"""
+    a = mx.contiguous(a)
+    *lead, size, _ = a.shape
+    strides = [size * size]
+    for d in reversed(lead[1:]):
+        strides.insert(0, strides[0] * d)
+    shape = (*lead, size // (2 * s), s, s)
+    return mx.as_strided(a, shape, (*strides, 2 * s * (size + 1), size, 1), offset=s * size)
 
 
 def _vlm_inverse(t: mx.array, size: int) -> mx.array:
