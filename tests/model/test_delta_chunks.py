@@ -5,6 +5,7 @@ decode keeps mlx-lm's step."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import mlx.core as mx
@@ -146,3 +147,18 @@ def test_mlx_vlm_keeps_its_scan_with_the_blocked_inverse(tmp_path: Any) -> None:
     finally:
         vlm_scan._invert_unit_lower = inverse
     assert mx.allclose(got, want, atol=1e-4).item()
+
+
+@pytest.mark.parametrize("lead", [(), (3,), (2, 3)])
+def test_the_inverses_lower_quarters_are_each_diagonal_blocks(lead: tuple[int, ...]) -> None:
+    """The strided view the blocked inverse reads: each 2s-block's lower-left s x s quarter, for
+    any number of leading dimensions."""
+    from mlxd.worker.runners.delta_chunks import _lower_quarters
+
+    a = mx.arange(64 * math.prod(lead), dtype=mx.float32).reshape(*lead, 8, 8)
+    for s in (1, 2, 4):
+        blocks = [
+            a[..., i * 2 * s + s : (i + 1) * 2 * s, i * 2 * s : i * 2 * s + s]
+            for i in range(8 // (2 * s))
+        ]
+        assert mx.array_equal(_lower_quarters(a, s), mx.stack(blocks, axis=-3)).item()

@@ -69,9 +69,9 @@ def _across_chunks(
     u: mx.array, w: mx.array, k: mx.array, cum: mx.array, s: mx.array
 ) -> tuple[mx.array, mx.array, mx.array]:
     """The state from chunk to chunk: each chunk's starting state and update (delta = u - w S^T)
-    [B, H, n, ...], and the last state. Only what the next chunk needs runs in the loop, four
-    kernels a chunk (run FP2: a 4.5k-token prompt's loop was most of a Qwen3.5 shape's prefill
-    kernels); the outputs are two batched products after it."""
+    [B, H, n, ...], and the last state. Only what the next chunk needs runs in the loop: four
+    kernels and two copies into the stacks a chunk, where computing each chunk's outputs in it
+    took nine (``bench/delta_kernels.py``); the outputs are two batched products after it."""
     k_to_end = k * mx.exp(cum[..., -1:] - cum)[..., None]
     end_decay = mx.exp(cum[..., -1])[..., None, None]  # [B, H, n, 1, 1]
     starts, deltas = [], []
@@ -181,9 +181,10 @@ def _lower_quarters(a: mx.array, s: int) -> mx.array:
     ranges a level on CUDA.)"""
     a = mx.contiguous(a)
     *lead, size, _ = a.shape
-    strides = [size * size]
-    for d in reversed(lead[1:]):
-        strides.insert(0, strides[0] * d)
+    strides, step = [], size * size
+    for d in reversed(lead):
+        strides.insert(0, step)
+        step *= d
     shape = (*lead, size // (2 * s), s, s)
     return mx.as_strided(a, shape, (*strides, 2 * s * (size + 1), size, 1), offset=s * size)
 
