@@ -9,15 +9,24 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
+import zmq
+import zmq.asyncio
 from scripted_worker import DEFAULT_REPLY, MODEL, ScriptedWorker
 
-from mlxd.errors import ModelNotFound, Overloaded, WorkerUnavailable
+from mlxd.errors import ModelNotFound, Overloaded, RequestTimeout, WorkerUnavailable
+from mlxd.gateway.backends.local import workers
 from mlxd.gateway.backends.local.choices import Choices
 from mlxd.gateway.backends.local.pool import StaticPool
 from mlxd.gateway.backends.local.workers import RequestStream, WorkerClient
 from mlxd.gateway.surfaces.openai.chunks import ChatChunks
 from mlxd.gateway.surfaces.sse import DONE, KEEPALIVE, chunk_frames
-from mlxd.protocol.messages import ChatPrompt, Generate, SamplingParams, TokenDelta
+from mlxd.protocol.messages import (
+    ChatPrompt,
+    CountTokens,
+    Generate,
+    SamplingParams,
+    TokenDelta,
+)
 
 
 def generate(request_id: str, text: str = "hi", max_tokens: int | None = None) -> Generate:
@@ -55,6 +64,37 @@ def test_ping_timeout_is_worker_unavailable(tmp_path: Path) -> None:
     async def body(client: WorkerClient) -> None:
         with pytest.raises(WorkerUnavailable):
             await client.ping(timeout_s=0.05)
+
+    with_client(f"ipc://{tmp_path}/nobody.sock", body)
+
+
+def test_a_send_that_cannot_complete_ends_at_the_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DEALER with no pipe to its worker waits in send: after a refused CURVE handshake until
+    libzmq reconnects, and a ping sent then hung a CI run. Here the socket has no pipe because
+    it only queues to completed connections (``IMMEDIATE``) and nobody binds its endpoint: a
+    ping and a one-reply call end at their own timeouts, a stream's send at ``SEND_TIMEOUT_S``."""
+    real = zmq.asyncio.Context.socket
+
+    def no_pipe_until_connected(self: zmq.asyncio.Context, kind: int, **kw: object) -> object:
+        sock = real(self, kind, **kw)
+        sock.setsockopt(zmq.IMMEDIATE, 1)
+        return sock
+
+    monkeypatch.setattr(zmq.asyncio.Context, "socket", no_pipe_until_connected)
+    monkeypatch.setattr(workers, "SEND_TIMEOUT_S", 0.3)
+
+    async def body(client: WorkerClient) -> None:
+        t0 = time.monotonic()
+        with pytest.raises(WorkerUnavailable, match="did not answer a ping"):
+            await client.ping(timeout_s=0.2)
+        count = CountTokens(request_id="c1", prompt=generate("c1").prompt)
+        with pytest.raises(RequestTimeout):
+            await client.count_tokens(count, timeout_s=0.2)
+        with pytest.raises(WorkerUnavailable, match="a send waited"):
+            await client.open_stream(generate("s1"))
+        assert client.in_flight == 0 and time.monotonic() - t0 < 5
 
     with_client(f"ipc://{tmp_path}/nobody.sock", body)
 

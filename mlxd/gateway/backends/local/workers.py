@@ -52,6 +52,7 @@ StreamObserver = Callable[[TokenDelta | Finished], None]
 # Events waiting for a client that reads slower than the worker writes: past this many the
 # request is cancelled, so a stalled reader costs bounded memory and frees its sequence.
 MAX_BUFFERED_EVENTS = 1024
+SEND_TIMEOUT_S = 30.0  # the longest a send to a worker may wait (``WorkerClient._send``)
 
 
 class RequestStream:
@@ -201,8 +202,8 @@ class WorkerClient:
         future: asyncio.Future[Pong] = asyncio.get_running_loop().create_future()
         self._pings[request_id] = future
         try:
-            await self._send(Ping(request_id=request_id))
-            async with asyncio.timeout(timeout_s):
+            async with asyncio.timeout(timeout_s):  # the send too: see ``_send``
+                await self._send(Ping(request_id=request_id))
                 return await future
         except TimeoutError:
             raise WorkerUnavailable(
@@ -302,11 +303,11 @@ class WorkerClient:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._replies[msg.request_id] = future
         try:
-            await self._send(msg)
-            async with asyncio.timeout(timeout_s):
+            async with asyncio.timeout(timeout_s):  # the send too: see ``_send``
+                await self._send(msg)
                 return await future
         except TimeoutError:
-            await self._send(Cancel(request_id=msg.request_id))
+            self._cancel_soon(msg.request_id)  # a send that cannot complete must not delay this
             raise RequestTimeout("The request did not finish in time") from None
         finally:
             self._replies.pop(msg.request_id, None)
@@ -329,12 +330,22 @@ class WorkerClient:
         task.add_done_callback(self._background.discard)
 
     async def _send(self, msg: Message) -> None:
+        """Send ``msg``; ``WorkerUnavailable`` if the socket fails or the send cannot complete
+        within ``SEND_TIMEOUT_S``. The DEALER's queue is unbounded, so a send waits only while
+        the socket has no pipe to the worker: after a refused CURVE handshake libzmq drops the
+        pipe until it reconnects, and a ping sent then waited for ever (a CI run hung in
+        ``test_wrong_keys_and_plain_clients_are_refused``)."""
         if not self._channel.is_open:
             raise WorkerUnavailable(f"worker {self.name!r} is not connected")
         try:
-            await self._channel.send(msg)
+            async with asyncio.timeout(SEND_TIMEOUT_S):
+                await self._channel.send(msg)
         except zmq.ZMQError as exc:
             raise WorkerUnavailable(f"cannot send to worker {self.name!r}: {exc}") from None
+        except TimeoutError:
+            raise WorkerUnavailable(
+                f"cannot reach worker {self.name!r}: a send waited {SEND_TIMEOUT_S:g}s"
+            ) from None
 
     async def _read_loop(self) -> None:
         while True:
