@@ -35,6 +35,8 @@
 # first:CLASS[:VARIANT] (bench/first_prompt.py on the class's model, FIRST_RUNS=2 starts, warm-up
 # on: VARIANT default, graphs (MLX_CUDA_GRAPH_CACHE_SIZE=GRAPH_CACHE, 4000), nographs
 # (MLX_USE_CUDA_GRAPHS=0) or warm60 (a 60 s warm-up bound)).
+# graphsoff:CLASS (gpu_graphs_off.sh on the class's model: graphs on and off alternated,
+# ROUNDS=2, LEVELS="1 16").
 # Then $OUT/all/matrix.md joins
 # the classes and $OUT/soak/soak.md the soaks.
 # A run longer than one command: DETACH=1 starts it in its own session, from a copy of the tree
@@ -148,6 +150,9 @@ item() {  # GPU ITEM: one item of a lane, on GPU (its output in $OUT/laneGPU*)
       env $(first_env "$var") "$PY" bench/first_prompt.py --model "$(model_dir "$cls")" --on-only \
         --tokens "${LONG:-4500}" --runs "${FIRST_RUNS:-2}" $(first_args "$var") \
         --json "$dir/first-$cls-$var.json" >> "$dir-first-$var.txt" 2>&1 ;;
+    graphsoff) made "$arg"; primed "$arg" "$dir"  # graphsoff:CLASS: CUDA graphs on and off
+      MODEL=$(model_dir "$arg") OUT="$dir/graphs-$arg" PORT=$((8700 + 100 * gpu)) \
+        bash bench/gpu/gpu_graphs_off.sh > "$dir-graphs.txt" 2>&1 ;;
     prof) for r in ${PROF_ROWS:-16 64}; do
         "$PY" bench/step_profile.py "$(model_dir dense)" --rows "$r" >> "$dir-prof.txt" 2>&1
       done ;;
