@@ -16,15 +16,10 @@ cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
 PY="${PYTHON:-python3}" OUT="${OUT:-$PWD/out}" PORT="${PORT:-8700}"; mkdir -p "$OUT"
 [ -f "${MODEL:?}/config.json" ] || { echo "no model at $MODEL: make it first (above)" >&2; exit 1; }
-ttft() {  # URL SEED: one LONG-token prompt's time to its first token, ms
-  "$PY" - "$1" "$2" "${LONG:-4500}" <<'PY'
-import random, sys, time, httpx
-url, seed, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-rng = random.Random(seed)
-body = {"model": "bench", "prompt": [rng.randrange(100, 8000) for _ in range(n)], "max_tokens": 1}
-t0 = time.monotonic(); r = httpx.post(f"{url}/v1/completions", json=body, timeout=600)
-print(f"{(time.monotonic() - t0) * 1e3:.0f}" if r.status_code == 200 else f"error {r.status_code}")
-PY
+ttft() {  # URL SEED: one LONG-token prompt's time to its first token, ms (first_prompt.py's)
+  "$PY" -c "import random, sys; sys.path.insert(0, 'bench'); from first_prompt import _ttft
+try: print(round(_ttft(sys.argv[1], 'bench', int(sys.argv[3]), random.Random(int(sys.argv[2]))) * 1e3))
+except AssertionError as e: print('error', str(e)[:80])" "$1" "$2" "${LONG:-4500}"
 }
 leg() {  # NAME ROUND ENV: one start of the daemon, its two long prompts and its levels
   local url="http://127.0.0.1:$PORT" first warm line

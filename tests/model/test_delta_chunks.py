@@ -149,13 +149,18 @@ def test_mlx_vlm_keeps_its_scan_with_the_blocked_inverse(tmp_path: Any) -> None:
     assert mx.allclose(got, want, atol=1e-4).item()
 
 
+@pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("lead", [(), (3,), (2, 3)])
-def test_the_inverses_lower_quarters_are_each_diagonal_blocks(lead: tuple[int, ...]) -> None:
+def test_the_inverses_lower_quarters_are_each_diagonal_blocks(
+    lead: tuple[int, ...], transposed: bool
+) -> None:
     """The strided view the blocked inverse reads: each 2s-block's lower-left s x s quarter, for
-    any number of leading dimensions."""
+    any number of leading dimensions, of a matrix laid out in rows or not (a transposed view)."""
     from mlxd.worker.runners.delta_chunks import _lower_quarters
 
     a = mx.arange(64 * math.prod(lead), dtype=mx.float32).reshape(*lead, 8, 8)
+    if transposed:
+        a = a.swapaxes(-1, -2)
     for s in (1, 2, 4):
         blocks = [
             a[..., i * 2 * s + s : (i + 1) * 2 * s, i * 2 * s : i * 2 * s + s]

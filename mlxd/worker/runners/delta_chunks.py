@@ -178,8 +178,8 @@ def _unit_lower_inverse(a: mx.array) -> mx.array:
 def _lower_quarters(a: mx.array, s: int) -> mx.array:
     """The lower-left s x s quarter of each 2s x 2s block on the diagonal of ``a`` [.., C, C], as
     a strided view of it: (.., C / 2s, s, s). (``mx.diagonal`` gathers, a kernel and two index
-    ranges a level on CUDA.)"""
-    a = mx.contiguous(a)
+    ranges a level on CUDA.) ``mx.as_strided`` reads ``a`` in row-major order, copied there
+    first if it is not."""
     *lead, size, _ = a.shape
     strides, step = [], size * size
     for d in reversed(lead):
