@@ -36,7 +36,7 @@
 # on: VARIANT default, graphs (MLX_CUDA_GRAPH_CACHE_SIZE=GRAPH_CACHE, 4000), nographs
 # (MLX_USE_CUDA_GRAPHS=0) or warm60 (a 60 s warm-up bound)).
 # graphsoff:CLASS (gpu_graphs_off.sh on the class's model: graphs on and off alternated,
-# ROUNDS=2, LEVELS="1 16").
+# ROUNDS=2, GRAPHS_LEVELS="1 16", not the matrix's LEVELS: run MX6 ran its 1,16,64 there).
 # Then $OUT/all/matrix.md joins
 # the classes and $OUT/soak/soak.md the soaks.
 # A run longer than one command: DETACH=1 starts it in its own session, from a copy of the tree
@@ -152,7 +152,7 @@ item() {  # GPU ITEM: one item of a lane, on GPU (its output in $OUT/laneGPU*)
         --json "$dir/first-$cls-$var.json" >> "$dir-first-$var.txt" 2>&1 ;;
     graphsoff) made "$arg"; primed "$arg" "$dir"  # graphsoff:CLASS: CUDA graphs on and off
       MODEL=$(model_dir "$arg") OUT="$dir/graphs-$arg" PORT=$((8700 + 100 * gpu)) \
-        bash bench/gpu/gpu_graphs_off.sh > "$dir-graphs.txt" 2>&1 ;;
+        LEVELS="${GRAPHS_LEVELS:-1 16}" bash bench/gpu/gpu_graphs_off.sh > "$dir-graphs.txt" 2>&1 ;;
     prof) for r in ${PROF_ROWS:-16 64}; do
         "$PY" bench/step_profile.py "$(model_dir dense)" --rows "$r" >> "$dir-prof.txt" 2>&1
       done ;;

@@ -118,9 +118,7 @@ def _vision(path: str, dtype: str, model_config: dict[str, Any], growth: float) 
 
 def _weights(path: str, dtype: str) -> tuple[int, dict[str, Any], float]:
     """A model's weight bytes as computed (in ``dtype``), its config and that growth."""
-    directory = model_dir(path)
-    if sources.is_convertible(path):  # GGUF / ollama: what `mlxd start` converted it to
-        directory = sources.converted_dir(path, dtype)
+    directory = _directory(path, dtype)
     files = [] if directory is None else list(directory.glob("*.safetensors"))
     weights = sum(f.stat().st_size for f in files)
     if directory is None:
@@ -195,6 +193,19 @@ def _cpu_backend() -> bool:
     import mlx.core as mx  # only for a half-precision model under --dtype auto
 
     return bool(mx.default_device() == mx.cpu)
+
+
+def config_of(path: str, dtype: str) -> dict[str, Any]:
+    """The ``config.json`` of the model at ``path`` ({} where none is found locally)."""
+    return _read_config(_directory(path, dtype))
+
+
+def _directory(path: str, dtype: str) -> Path | None:
+    """Where the model at ``path`` is, as a worker loads it: a GGUF's or an ``ollama:``
+    model's directory is what `mlxd start` converted it to."""
+    if sources.is_convertible(path):
+        return sources.converted_dir(path, dtype)
+    return model_dir(path)
 
 
 def _read_config(directory: Path | None) -> dict[str, Any]:

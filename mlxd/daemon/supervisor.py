@@ -47,7 +47,7 @@ from mlxd.daemon.attach import ATTACH_WAIT_S, attach, check_attached
 from mlxd.daemon.footprint import Footprint, footprint
 from mlxd.daemon.heartbeat import is_due, liveness
 from mlxd.daemon.restart_policy import backoff_s, crash_reason
-from mlxd.daemon.worker_command import worker_command
+from mlxd.daemon.worker_command import CUDA_GRAPHS, worker_command, worker_env
 from mlxd.daemon.worker_process import LOADING, WorkerProcess
 from mlxd.errors import (
     ConfigError,
@@ -270,8 +270,10 @@ class Supervisor:
         task.add_done_callback(self._tasks.discard)
 
     def _spawn(self, worker: WorkerProcess) -> None:
-        place = {gpus.VISIBLE: worker.gpus} if worker.gpus else None
-        worker.spawn(worker_command(worker, self.config, self.log_level), place)
+        env = worker_env(worker, self.config)
+        if CUDA_GRAPHS in env:
+            log.info("%s: MLX's CUDA graphs off (layers with recurrent state)", worker.spec.name)
+        worker.spawn(worker_command(worker, self.config, self.log_level), env)
 
     # Internal helpers: loading and unloading under the budget
 

@@ -7,10 +7,21 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from collections.abc import Mapping
 
+from mlxd import gpus
 from mlxd.config import ServeConfig, WorkerConfig
-from mlxd.daemon.footprint import buffer_cache_bytes, device_share, kv_cache_gb
+from mlxd.daemon.footprint import buffer_cache_bytes, config_of, device_share, kv_cache_gb
 from mlxd.daemon.worker_process import WorkerProcess
+from mlxd.models.kv_layout import has_state
+
+# MLX's CUDA graphs, off in a hybrid's worker (layers with recurrent state): on one H200 the
+# Qwen3.5-0.8B shape's first 4,500-token prompt after a start took 667-725 ms without them
+# against 1,182-1,626 with, its lone stream 89-114 tok/s against 62-98, and 16 and 64 streams
+# within the noise (three starts of each, alternated: docs/PERFORMANCE.md, run GO1). MLX reads
+# the switch once per process, at its first GPU work; other backends have no CUDA graphs. A
+# user's own ``MLX_USE_CUDA_GRAPHS`` stands.
+CUDA_GRAPHS = "MLX_USE_CUDA_GRAPHS"
 
 
 def worker_command(worker: WorkerProcess, config: ServeConfig, log_level: str) -> list[str]:
@@ -27,6 +38,18 @@ def worker_command(worker: WorkerProcess, config: ServeConfig, log_level: str) -
         "--log-level",
         log_level,
     ]
+
+
+def worker_env(
+    worker: WorkerProcess, config: ServeConfig, environ: Mapping[str, str] = os.environ
+) -> dict[str, str]:
+    """What ``worker``'s process gets added to the daemon's environment: its GPUs
+    (``mlxd.gpus``), and no CUDA graphs for a hybrid (``CUDA_GRAPHS``)."""
+    env = {gpus.VISIBLE: worker.gpus} if worker.gpus else {}
+    model = config_of(worker.spec.path, worker.spec.dtype or config.dtype)
+    if CUDA_GRAPHS not in environ and has_state(model):
+        env[CUDA_GRAPHS] = "0"
+    return env
 
 
 def worker_config(worker: WorkerProcess, config: ServeConfig) -> WorkerConfig:

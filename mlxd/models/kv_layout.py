@@ -108,6 +108,12 @@ def _mla_shape(text: dict[str, Any]) -> tuple[int, int, int]:
     return 1, int(text["kv_lora_rank"]), rope_dim  # one latent row and its rotary part
 
 
+def has_state(model_config: dict[str, Any]) -> bool:
+    """Whether a ``config.json``'s model has layers that keep a fixed state (a hybrid's
+    recurrent or linear-attention layers)."""
+    return "state" in _layer_kinds(model_config.get("text_config") or model_config)
+
+
 # MLA models whose mlx-lm attention caches the decompressed K/V of every head
 _EXPANDED_MLA = ("deepseek_v2", "minicpm3", "youtu_llm")
 

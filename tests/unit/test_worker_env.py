@@ -1,0 +1,64 @@
+"""A worker's environment: its GPUs, and MLX's CUDA graphs off for a hybrid (layers with
+recurrent state), read from the model's ``config.json`` before the worker starts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mlxd.config import ModelSpec, ServeConfig
+from mlxd.daemon.supervisor import Supervisor
+from mlxd.daemon.worker_command import CUDA_GRAPHS, worker_env
+
+LINEAR, FULL, SLIDING = "linear_attention", "full_attention", "sliding_attention"
+HYBRIDS = {
+    "qwen3.5 (a VLM's text_config)": {"text_config": {"layer_types": [LINEAR] * 3 + [FULL]}},
+    "qwen3-next": {"num_hidden_layers": 8, "full_attention_interval": 4},
+    "lfm2": {"layer_types": ["conv", FULL, "conv", FULL]},
+    "nemotron-h": {"hybrid_override_pattern": "M*M*"},
+}
+OTHERS = {
+    "dense": {"num_hidden_layers": 4},
+    "sliding window": {"layer_types": [SLIDING, FULL]},
+    "no config.json": None,
+}
+
+
+def env_of(tmp_path: Path, config: dict[str, Any] | None, environ: dict[str, str]) -> dict:
+    model = tmp_path / "model"
+    model.mkdir()
+    if config is not None:
+        (model / "config.json").write_text(json.dumps(config))
+    serve = ServeConfig(models=(ModelSpec(name="m", path=str(model)),))
+    worker = Supervisor(serve, tmp_path)._worker("m")
+    return worker_env(worker, serve, environ)
+
+
+@pytest.mark.parametrize("config", HYBRIDS.values(), ids=HYBRIDS)
+def test_a_hybrids_worker_starts_without_cuda_graphs(tmp_path: Path, config: dict) -> None:
+    assert env_of(tmp_path, config, {}) == {CUDA_GRAPHS: "0"}
+
+
+@pytest.mark.parametrize("config", OTHERS.values(), ids=OTHERS)
+def test_other_workers_keep_mlxs_default(tmp_path: Path, config: dict | None) -> None:
+    assert env_of(tmp_path, config, {}) == {}
+
+
+@pytest.mark.parametrize("value", ["1", "0"])
+def test_the_users_own_setting_stands(tmp_path: Path, value: str) -> None:
+    """Set in the daemon's environment, it reaches every worker as it is (``spawn`` adds to
+    that environment), so the worker's own entry would only override it."""
+    assert env_of(tmp_path, HYBRIDS["qwen3-next"], {CUDA_GRAPHS: value}) == {}
+
+
+def test_a_placed_hybrid_gets_its_gpus_too(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(HYBRIDS["lfm2"]))
+    serve = ServeConfig(models=(ModelSpec(name="m", path=str(model)),))
+    worker = Supervisor(serve, tmp_path)._worker("m")
+    worker.gpus = "1"
+    assert worker_env(worker, serve, {}) == {"CUDA_VISIBLE_DEVICES": "1", CUDA_GRAPHS: "0"}
