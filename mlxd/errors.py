@@ -93,6 +93,13 @@ class OutOfMemory(WorkerUnavailable):
     code = "out_of_memory"
 
 
+class ShuttingDown(WorkerUnavailable):
+    """The daemon is stopping and the request ran past ``--drain-timeout``: cut, with this
+    error as its end."""
+
+    code = "shutting_down"
+
+
 class UpstreamError(MlxdError):
     """A remote backend failed us: connection refused, a 5xx, a broken stream, our credentials
     refused. The message names the backend, never its key."""
@@ -143,6 +150,7 @@ _BY_CODE: dict[str, type[MlxdError]] = {
         WorkerUnavailable,
         MemoryBudgetExceeded,
         OutOfMemory,
+        ShuttingDown,
         UpstreamError,
         UpstreamTimeout,
         ProtocolError,

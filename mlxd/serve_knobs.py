@@ -181,7 +181,8 @@ DRAIN_TIMEOUT = _seconds(
     "--drain-timeout",
     "drain_timeout_s",
     10.0,
-    "On SIGTERM/Ctrl-C, seconds in-flight requests may still run before they are cut.",
+    "On SIGTERM/Ctrl-C, seconds in-flight requests may still run before they end with a "
+    "shutting_down error.",
     above=False,
 )
 MAX_CRASHES: Knob[int] = Knob(

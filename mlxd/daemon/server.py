@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import signal
 import socket
@@ -19,9 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from mlxd.config import ServeConfig, data_dir
-from mlxd.errors import ConfigError
+from mlxd.errors import ConfigError, ShuttingDown
 
 STARTUP_FAILURE = 3  # `mlxd start`'s exit code when the app did not start
+CUT_MARGIN_S = 5.0  # after the drain timeout: for cut requests to send their error and close
+
+log = logging.getLogger("mlxd")
 
 
 def serve(config: ServeConfig, log_level: str, progress: Callable[[str], None]) -> int:
@@ -41,7 +45,9 @@ def serve(config: ServeConfig, log_level: str, progress: Callable[[str], None]) 
     runtime_dir = Path(tempfile.mkdtemp(prefix="mlxd-"))  # mode 0700: only we can connect
     supervisor = Supervisor(config, runtime_dir, log_level=log_level.upper())
     app = build_app(config, supervisor)
-    server = uvicorn.Server(_tcp_config(app, config, log_level))
+    server = draining_server(
+        _tcp_config(app, config, log_level), config.drain_timeout_s, _cut_with(supervisor, config)
+    )
     # uvicorn re-raises the signal that stopped it once it has shut down; with these in place
     # that re-raise is a no-op, so a graceful stop exits 0.
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -103,6 +109,35 @@ def run_both(server: Any, admin: Any, sock: socket.socket, more: list[Any] | Non
         os.unlink(sock.getsockname())
 
 
+def draining_server(config: Any, drain_s: float, cut: Callable[[], None]) -> Any:
+    """A uvicorn server whose shutdown calls ``cut`` once requests have run ``drain_s`` seconds
+    past the signal, so each ends with an error of its own; uvicorn's own deadline
+    (``CUT_MARGIN_S`` later) cancels only what still runs then, mid-body, a traceback each."""
+    import uvicorn
+
+    class _Draining(uvicorn.Server):
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            timer = asyncio.get_running_loop().call_later(drain_s, cut)
+            try:
+                await super().shutdown(sockets)
+            finally:
+                timer.cancel()
+
+    return _Draining(config)
+
+
+def _cut_with(supervisor: Any, config: ServeConfig) -> Callable[[], None]:
+    """``draining_server``'s cut: every request still on a worker ends with ``ShuttingDown``."""
+    drain = f"{config.drain_timeout_s:g} s"
+
+    def cut() -> None:
+        log.warning("requests still running %s after the stop signal are cut", drain)
+        why = f"the server is shutting down: the request ran past the drain timeout ({drain})"
+        supervisor.cut(ShuttingDown(why))
+
+    return cut
+
+
 def quiet_server(config: Any) -> Any:
     """A uvicorn server that leaves signals alone: the TCP server's handlers stop both."""
     import uvicorn
@@ -117,7 +152,7 @@ def quiet_server(config: Any) -> Any:
 
 def _warn_without_keys(config: ServeConfig) -> None:
     if config.host not in ("127.0.0.1", "localhost", "::1") and not config.api_keys:
-        logging.getLogger("mlxd").warning(
+        log.warning(
             "listening on %s with no API key: anyone who can reach it can use it; require one "
             "with --api-key KEY (or MLXD_API_KEY=KEY) or --api-keys-file FILE",
             config.host,
@@ -136,7 +171,7 @@ def _tcp_config(app: Any, config: ServeConfig, log_level: str) -> Any:
     import uvicorn
 
     # No uvicorn access log: mlxd.access writes one richer line per request.
-    grace = max(1, round(config.drain_timeout_s))
+    grace = math.ceil(config.drain_timeout_s + CUT_MARGIN_S)  # ``draining_server`` cuts first
     return uvicorn.Config(
         app,
         host=config.host,

@@ -195,6 +195,13 @@ class Supervisor:
         for replica_set in self.replica_sets.values():
             self._background(replica_set.poll())
 
+    def cut(self, error: MlxdError) -> None:
+        """End every request still running on a worker with ``error``: the daemon stops and
+        its drain timeout has passed (``daemon.server``), so each client gets that error as
+        its stream's end instead of a connection closed mid-body."""
+        for worker in self.slots:
+            worker.client.cut(error)
+
     async def stop(self) -> None:
         """SIGTERM every worker, wait for them, SIGKILL stragglers, remove the runtime dir."""
         self._stopping = True

@@ -192,3 +192,27 @@ def test_sigterm_drains_streams_in_flight_then_exits(tiny_model: Path) -> None:
     assert all(r["finish_reason"] == "length" and r["error"] is None for r in results), results
     assert d.proc.wait(timeout=30) == 0
     assert not [p for p in workers if Path(f"/proc/{p}").exists()]
+
+
+def test_streams_past_the_drain_timeout_end_with_an_error_of_their_own(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """Streams still running when ``--drain-timeout`` passes after SIGTERM each get a
+    ``shutting_down`` error event and a complete body, not a connection closed mid-body, and
+    the daemon's log has no traceback for them."""
+    log = tmp_path / "mlxd.log"
+    with log.open("w") as stderr:
+        d = start_daemon(
+            tiny_model, "--drain-timeout", "1", "--max-context", "100000", stderr=stderr
+        )
+        with ThreadPoolExecutor(NUM_STREAMS) as pool:
+            futures = open_streams(d, d.model, 90_000, pool)
+            d.proc.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            results = [f.result(timeout=60) for f in futures]
+        assert d.proc.wait(timeout=30) == 0
+    for r in results:
+        assert r["error"] == "shutting_down" and r["finish_reason"] is None, r
+        assert 1 <= r["ended"] - signalled < 1 + ERROR_WITHIN_S, r
+    text = log.read_text()
+    assert "Traceback" not in text and "timeout graceful shutdown exceeded" not in text, text

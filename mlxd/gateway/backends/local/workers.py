@@ -251,6 +251,16 @@ class WorkerClient:
         reply: TokenCount = await self._call(msg, timeout_s)
         return reply
 
+    def cut(self, error: MlxdError) -> None:
+        """End every in-flight stream and one-reply call with ``error``, none rescued and no ping
+        failed: the daemon stops and these ran past its drain timeout (``Supervisor.cut``)."""
+        streams, self._streams = self._streams, {}
+        for stream in streams.values():
+            stream._put(error)
+        for future in self._replies.values():
+            if not future.done():
+                future.set_exception(error)
+
     def fail_all(self, error: MlxdError) -> None:
         """End every in-flight stream with ``error`` (the worker died or is going away).
 
