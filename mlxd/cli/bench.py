@@ -390,11 +390,13 @@ def engine_command(
     """The same workload in-process on the engine (no HTTP, no ZMQ), its weights computed as a
     served worker's (--dtype). Without --kv-cache-gb the pool holds every row's context and
     decode's view may use all of it; with it, both are sized as a served worker's."""
+    from mlxd.daemon.worker_command import CUDA_GRAPHS, model_env
     from mlxd.worker import blas
 
     # Before MLX loads, as a worker does: without it the CPU's products ran on MLX's reference
     # BLAS (stop 35: a verification 2.5x a plain step instead of 1.0-1.4x).
     blas.preload(os.environ)
+    os.environ.update(model_env(model_path, dtype))  # as a worker starts (no CUDA graphs: hybrids)
     import mlx_lm
 
     from mlxd.bench.engine import engine_level, mlx_lm_batch_level, mlx_lm_single, new_engine
@@ -426,6 +428,7 @@ def engine_command(
         kv_block_size=kv_block_size,
         kv_cache_gb=kv_cache_gb,
         buffer_cache_bytes=cache_limit,
+        cuda_graphs=os.environ.get(CUDA_GRAPHS, "1") != "0",  # MLX's default: on
         speculate=speculate,
         dtype=cpu_backend.dtype_name(cpu_backend.float_dtype(model)),  # as computed, not stored
         blas=blas.loaded(),

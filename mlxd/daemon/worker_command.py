@@ -44,12 +44,18 @@ def worker_env(
     worker: WorkerProcess, config: ServeConfig, environ: Mapping[str, str] = os.environ
 ) -> dict[str, str]:
     """What ``worker``'s process gets added to the daemon's environment: its GPUs
-    (``mlxd.gpus``), and no CUDA graphs for a hybrid (``CUDA_GRAPHS``)."""
+    (``mlxd.gpus``) and its model's (``model_env``)."""
     env = {gpus.VISIBLE: worker.gpus} if worker.gpus else {}
-    model = config_of(worker.spec.path, worker.spec.dtype or config.dtype)
-    if CUDA_GRAPHS not in environ and has_state(model):
-        env[CUDA_GRAPHS] = "0"
-    return env
+    return env | model_env(worker.spec.path, worker.spec.dtype or config.dtype, environ)
+
+
+def model_env(path: str, dtype: str, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The environment a process serving the model at ``path`` runs with: no CUDA graphs for a
+    hybrid (``CUDA_GRAPHS``) unless ``environ`` says otherwise. ``mlxd bench engine`` takes it
+    too, before MLX starts, so that it measures what a worker runs."""
+    if CUDA_GRAPHS not in environ and has_state(config_of(path, dtype)):
+        return {CUDA_GRAPHS: "0"}
+    return {}
 
 
 def worker_config(worker: WorkerProcess, config: ServeConfig) -> WorkerConfig:
