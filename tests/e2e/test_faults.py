@@ -17,7 +17,10 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+import anthropic
 import httpx
+import ollama
+import openai
 import pytest
 import zmq
 
@@ -194,25 +197,85 @@ def test_sigterm_drains_streams_in_flight_then_exits(tiny_model: Path) -> None:
     assert not [p for p in workers if Path(f"/proc/{p}").exists()]
 
 
-def test_streams_past_the_drain_timeout_end_with_an_error_of_their_own(
+def test_requests_past_the_drain_timeout_end_with_an_error_of_their_own(
     tiny_model: Path, tmp_path: Path
 ) -> None:
-    """Streams still running when ``--drain-timeout`` passes after SIGTERM each get a
-    ``shutting_down`` error event and a complete body, not a connection closed mid-body, and
-    the daemon's log has no traceback for them."""
+    """Requests still running when ``--drain-timeout`` passes after SIGTERM each end with a
+    ``shutting_down`` error their client reads as its API's error (SSE streams: an error event
+    and a complete body, not a connection closed mid-body; the official OpenAI, Anthropic and
+    Ollama clients: a 503, an error event, an error line), and the daemon's log has no
+    traceback for them."""
     log = tmp_path / "mlxd.log"
     with log.open("w") as stderr:
         d = start_daemon(
             tiny_model, "--drain-timeout", "1", "--max-context", "100000", stderr=stderr
         )
-        with ThreadPoolExecutor(NUM_STREAMS) as pool:
+        with ThreadPoolExecutor(NUM_STREAMS + len(CLIENTS)) as pool:
+            clients = [pool.submit(ask, d) for ask in CLIENTS.values()]
             futures = open_streams(d, d.model, 90_000, pool)
+            wait_in_flight(d, NUM_STREAMS + len(CLIENTS))
             d.proc.send_signal(signal.SIGTERM)
             signalled = time.monotonic()
             results = [f.result(timeout=60) for f in futures]
+            errors = {name: f.result(timeout=60) for name, f in zip(CLIENTS, clients, strict=True)}
         assert d.proc.wait(timeout=30) == 0
     for r in results:
         assert r["error"] == "shutting_down" and r["finish_reason"] is None, r
         assert 1 <= r["ended"] - signalled < 1 + ERROR_WITHIN_S, r
+    assert errors["openai"][:3] == ("InternalServerError", 503, "shutting_down"), errors
+    assert errors["anthropic"][0] == "APIStatusError", errors  # the stream's error event
+    assert errors["ollama"][0] == "ResponseError", errors
+    assert all("the server is shutting down" in e[-1] for e in errors.values()), errors
     text = log.read_text()
     assert "Traceback" not in text and "timeout graceful shutdown exceeded" not in text, text
+
+
+def wait_in_flight(d: Daemon, count: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while model_info(d, d.model)["in_flight"] < count:
+        assert time.monotonic() < deadline, model_info(d, d.model)
+        time.sleep(0.1)
+
+
+def ask_openai(d: Daemon) -> tuple:
+    with openai.OpenAI(base_url=f"{d.base_url}/v1", api_key="x", max_retries=0) as client:
+        try:
+            client.completions.create(
+                model=d.model, prompt="hi", max_tokens=90_000, extra_body={"ignore_eos": True}
+            )
+        except openai.APIStatusError as exc:
+            return type(exc).__name__, exc.status_code, exc.code, str(exc)
+    return ("finished",)
+
+
+def ask_anthropic(d: Daemon) -> tuple:
+    with anthropic.Anthropic(base_url=d.base_url, api_key="x", max_retries=0) as client:
+        messages = [{"role": "user", "content": "hi"}]
+        try:
+            with client.messages.stream(model=d.model, max_tokens=90_000, messages=messages) as s:
+                for _ in s:
+                    pass
+        except anthropic.APIStatusError as exc:
+            return type(exc).__name__, str(exc)
+    return ("finished",)
+
+
+def ask_ollama(d: Daemon) -> tuple:
+    client = ollama.Client(host=d.base_url)
+    try:
+        for _ in client.generate(
+            model=d.model, prompt="hi", options={"num_predict": 90_000}, stream=True
+        ):
+            pass
+    except ollama.ResponseError as exc:
+        return type(exc).__name__, str(exc)
+    finally:
+        client._client.close()
+    return ("finished",)
+
+
+CLIENTS: dict[str, Callable[[Daemon], tuple]] = {
+    "openai": ask_openai,
+    "anthropic": ask_anthropic,
+    "ollama": ask_ollama,
+}
