@@ -403,13 +403,15 @@ def engine_command(
     from mlxd.bench.progress import Progress
     from mlxd.bench.stats import add_speedup
     from mlxd.bench.workload import make_prompts
-    from mlxd.worker import cpu_backend  # imports MLX: after the BLAS preload above
-    from mlxd.worker.main import cap_buffer_cache
+    from mlxd.worker import (
+        buffer_cache,
+        cpu_backend,  # imports MLX: after the BLAS preload above
+    )
     from mlxd.worker.runners.output_head import last_position_only
     from mlxd.worker.runners.quantized import batch_as_rows, restore
 
     cache_limit = (
-        None if buffer_cache_gb is None else cap_buffer_cache(int(buffer_cache_gb * 2**30))
+        None if buffer_cache_gb is None else buffer_cache.cap(int(buffer_cache_gb * 2**30))
     )
     model, tokenizer = mlx_lm.load(model_path)[:2]
     quantized, whole_head = batch_as_rows(model), last_position_only(model)  # as the worker does

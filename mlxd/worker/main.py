@@ -22,7 +22,7 @@ from mlxd.errors import ConfigError
 from mlxd.protocol import curve
 from mlxd.protocol.channel import WorkerChannel, control_endpoint
 from mlxd.protocol.messages import Message, Ping
-from mlxd.worker import cpu_backend
+from mlxd.worker import buffer_cache, cpu_backend
 from mlxd.worker import group as worker_group
 from mlxd.worker.build import build_engine, build_runner, save_snapshots
 from mlxd.worker.control import Control
@@ -170,19 +170,8 @@ def _cap_buffer_cache(config: WorkerConfig) -> WorkerConfig:
     if config.buffer_cache_bytes is None:
         return config
     return dataclasses.replace(
-        config, buffer_cache_bytes=cap_buffer_cache(config.buffer_cache_bytes)
+        config, buffer_cache_bytes=buffer_cache.cap(config.buffer_cache_bytes)
     )
-
-
-def cap_buffer_cache(limit: int) -> int:
-    """Hold MLX's cache of freed buffers to ``limit`` bytes, a cap that never raises MLX's own
-    limit (32 MiB on the CPU backend); the limit in force (``mlxd bench engine`` sets it too)."""
-    import mlx.core as mx
-
-    default = mx.set_cache_limit(limit)
-    if default < limit:
-        mx.set_cache_limit(default)
-    return min(default, limit)
 
 
 def _prepare_to_serve(config: WorkerConfig, engine: Engine, channel: Any) -> None:
