@@ -5,6 +5,7 @@ buffers are cached again."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -85,3 +86,20 @@ def test_an_engine_whose_cache_stale_buffers_filled_caches_its_steps_again(
     assert result.finished is not None
     assert h.engine.cache_sweep.sweeps == 1
     assert takes_a_freed_buffer()
+
+
+def test_the_workers_status_counts_the_sweeps(
+    capped: int, harness_factory: Any, tiny_model: Path
+) -> None:
+    from mlxd.protocol.messages import GetStatus, StatusReply
+    from tests.model.test_control import Admin
+
+    admin = Admin(harness_factory(prefill_chunk=64), tiny_model)
+    try:
+        fill(capped)
+        admin.h.run_alone("a", PROMPT, max_tokens=8)
+        status = admin.ask(GetStatus(request_id="s"))
+        assert isinstance(status, StatusReply)
+        assert status.memory.cache_sweeps == 1
+    finally:
+        admin.close()
