@@ -109,6 +109,8 @@ served() {  # served NAME ROUND CLIENT_PROCS [MLXD START OPTIONS]
   after=$(ttft_sum "$url")
   echo "$before $after" | awk '{n=$4-$2; if (n>0) printf "         gateway TTFT mean %.1f ms over %d requests\n", ($3-$1)/n*1000, n}' >> "$OUT/gap.txt"
   "$PY" -m mlxd worker stats bench --url "$url" --json > "$OUT/$name-$rnd-stats.json" 2>&1
+  # its memory: the buffer cache, its cap and how often the engine emptied it when full
+  "$PY" -m mlxd worker status bench --url "$url" --json > "$OUT/$name-$rnd-status.json" 2>&1
   local step
   step=$("$PY" -c "import json,sys; s=json.load(open(sys.argv[1])); print(f\"{s['decode_step']['p50_ms']:.2f} (rows {s['decode_rows_mean']:.1f})\")" "$OUT/$name-$rnd-stats.json" 2>/dev/null)
   row "$name" "$rnd" "$OUT/$name-$rnd.json" "${step:-?}"
