@@ -3,15 +3,17 @@
 A worker caps the cache (``footprint.buffer_cache_bytes``): left to MLX's own limit on a GPU (95 %
 of its memory) a worker kept every freed buffer until it held the whole card (run S1). But MLX
 keeps a freed buffer only while its cache is under the limit, reuses a cached buffer only for a
-request of more than half its size, and lets go of cached buffers only under memory pressure
-(``BufferCache`` and the CUDA and Metal allocators of MLX 0.32). So a cache filled to its cap with
-buffers of sizes a decode step never asks for (loading's temporaries, warm-up's and a long
-prompt's chunk-sized activations) stays full for good: every buffer a step frees goes back to
-the device and every one it asks for is a new allocation, on CUDA a ``cudaMallocAsync`` and a
-``cudaFreeAsync`` for each of the step's thousands of arrays. On an H200 a MoE's one-row step
-took 21.5 ms in-process with the cache capped at 1 GiB, both rounds, against 14.6-15.1 ms left
-to MLX's limit, and a served worker's was 15.5 ms after one start and 23.6 after another
-(docs/PERFORMANCE.md, run MX6).
+request of more than half its size, and lets cached buffers go only under memory pressure or by
+as much as one freed buffer took the cache over its limit (``BufferCache`` and the CUDA and Metal
+allocators of MLX 0.32; the CPU's never). So a cache filled to its cap with buffers of sizes a
+decode step never asks for (loading's temporaries, warm-up's and a long prompt's chunk-sized
+activations, decode's outgrown views) stays full: of the buffers a step frees at its end, one is
+cached and the rest go back to the device, and every one the next step asks for but that one is
+a new allocation: on CUDA a ``cudaMallocAsync`` and a ``cudaFreeAsync`` for each of the step's
+thousands of arrays. That is a hypothesis which fits what was measured, not measured itself: on
+an H200 a MoE's one-row step took 21.5 ms in-process with the cache capped at 1 GiB, both rounds,
+against 14.6-15.1 ms left to MLX's limit, and a served worker's was 15.5 ms after one start and
+23.6 after another (docs/PERFORMANCE.md, run MX6).
 
 So the engine looks at the cache once a step (``CacheSweep.tick``) and empties it when it is
 nearly full (``FULL`` of the limit), at most once every ``MIN_STEPS`` steps: the next step
