@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import zmq
@@ -53,6 +53,8 @@ StreamObserver = Callable[[TokenDelta | Finished], None]
 # request is cancelled, so a stalled reader costs bounded memory and frees its sequence.
 MAX_BUFFERED_EVENTS = 1024
 SEND_TIMEOUT_S = 30.0  # the longest a send to a worker may wait (``WorkerClient._send``)
+# Retries a failed worker's stream on another replica; whether it did (``ReplicaSet._rescue``).
+Rescue = Callable[["RequestStream", "WorkerClient"], bool]
 
 
 class RequestStream:
@@ -170,7 +172,7 @@ class WorkerClient:
         self._described: Pong | None = None
         # Set by a ReplicaSet: offered each failed stream that received nothing yet; True means
         # another replica took it over (gateway/backends/local/replicas.py).
-        self.rescue: Callable[[RequestStream, WorkerClient], bool] | None = None
+        self.rescue: Rescue | None = None
 
     @property
     def in_flight(self) -> int:
@@ -254,31 +256,30 @@ class WorkerClient:
     def cut(self, error: MlxdError) -> None:
         """End every in-flight stream and one-reply call with ``error``, none rescued and no ping
         failed: the daemon stops and these ran past its drain timeout (``Supervisor.cut``)."""
-        streams, self._streams = self._streams, {}
-        for stream in streams.values():
-            stream._put(error)
-        for future in self._replies.values():
-            if not future.done():
-                future.set_exception(error)
+        self._end_streams(error, rescue=None)
+        _fail(self._replies.values(), error)
 
     def fail_all(self, error: MlxdError) -> None:
         """End every in-flight stream with ``error`` (the worker died or is going away).
 
         Call it from the event loop thread; pending pings fail the same way.
         """
+        ended = self._end_streams(error, rescue=self.rescue)
+        _fail([*self._pings.values(), *self._replies.values()], error)
+        if ended:
+            log.warning("failed %d request(s) on %r: %s", ended, self.name, error.message)
+
+    def _end_streams(self, error: MlxdError, rescue: Rescue | None) -> int:
+        """End every in-flight stream with ``error``, but those ``rescue`` retries on another
+        replica (nothing of them was lost); how many ended."""
         streams, self._streams = self._streams, {}
-        rescue = self.rescue
-        for stream in list(streams.values()):
+        ended = 0
+        for stream in streams.values():
             if rescue is not None and stream.num_received == 0 and rescue(stream, self):
-                del streams[stream.request_id]  # retried on another replica: nothing was lost
                 continue
             stream._put(error)
-        futures: list[asyncio.Future[Any]] = [*self._pings.values(), *self._replies.values()]
-        for future in futures:
-            if not future.done():
-                future.set_exception(error)
-        if streams:
-            log.warning("failed %d request(s) on %r: %s", len(streams), self.name, error.message)
+            ended += 1
+        return ended
 
     def adopt(self, stream: RequestStream) -> None:
         """Take over ``stream`` from a failed replica: register it and send its ``Generate``
@@ -399,3 +400,10 @@ class WorkerClient:
             log.debug("dropped %s for unknown request %r", type(event).__name__, event.request_id)
             return
         stream._put(event)
+
+
+def _fail(futures: Iterable[asyncio.Future[Any]], error: MlxdError) -> None:
+    """Fail each of ``futures`` not yet done with ``error``."""
+    for future in futures:
+        if not future.done():
+            future.set_exception(error)
