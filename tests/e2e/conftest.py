@@ -96,16 +96,6 @@ def child_pids(pid: int) -> list[int]:
     return out
 
 
-def mlx_cache_default() -> int:
-    """MLX's own cap on its cache of freed buffers on this backend (a worker's never exceeds
-    it): read by setting it and putting it back."""
-    import mlx.core as mx
-
-    default = mx.set_cache_limit(0)
-    mx.set_cache_limit(default)
-    return int(default)
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from mlxd.daemon.footprint import UNCAPPED_CACHE_FLOOR
-from tests.e2e.conftest import Daemon, mlx_cache_default, start_daemon, stop_daemon
+from mlxd.worker.buffer_cache import limit_in_force
+from tests.e2e.conftest import Daemon, start_daemon, stop_daemon
 
 pytestmark = [pytest.mark.e2e]
 
@@ -75,7 +76,7 @@ def test_http_admin_round_trip(daemon: Daemon) -> None:
         assert status["pid"] == model["pid"] and status["max_context"] == 512
         assert status["memory"]["weights_bytes"] > 0
         # no --max-memory: MLX keeps freed buffers up to a floor, not the device's whole memory
-        limit = min(mlx_cache_default(), UNCAPPED_CACHE_FLOOR)
+        limit = min(limit_in_force(), UNCAPPED_CACHE_FLOOR)
         assert status["memory"]["cache_limit_bytes"] == limit
         r = admin.post("/admin/models/tiny/flush-cache")
         assert r.status_code == 200 and r.json()["state"] == "running"

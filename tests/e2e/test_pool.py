@@ -22,10 +22,10 @@ import pytest
 
 from mlxd.config import ModelSpec, ServeConfig
 from mlxd.daemon.footprint import footprint
+from mlxd.worker.buffer_cache import limit_in_force
 from tests.e2e.conftest import (
     Daemon,
     free_port,
-    mlx_cache_default,
     stop_daemon,
     visible_gpus,
     wait_healthy,
@@ -158,7 +158,7 @@ def test_under_the_budget_each_worker_caps_its_buffer_cache_to_its_headroom(pool
     headroom = info["memory_bytes"] - info["weights_bytes"] - info["kv_bytes"]
     status = pool.admin_get("/admin/models/a/status", timeout=10).json()
     limit = status["memory"]["cache_limit_bytes"]
-    wanted = min(mlx_cache_default(), max(64 * 2**20, headroom - RUNTIME_BYTES))
+    wanted = min(limit_in_force(), max(64 * 2**20, headroom - RUNTIME_BYTES))
     assert limit is not None and abs(limit - wanted) <= 1
 
 
