@@ -27,13 +27,18 @@ OTHERS = {
 }
 
 
-def env_of(tmp_path: Path, config: dict[str, Any] | None, environ: dict[str, str]) -> dict:
+def worker_for(tmp_path: Path, config: dict[str, Any] | None) -> tuple[Any, ServeConfig]:
+    """A worker slot for a model whose directory holds ``config`` (None: no config.json)."""
     model = tmp_path / "model"
     model.mkdir()
     if config is not None:
         (model / "config.json").write_text(json.dumps(config))
     serve = ServeConfig(models=(ModelSpec(name="m", path=str(model)),))
-    worker = Supervisor(serve, tmp_path)._worker("m")
+    return Supervisor(serve, tmp_path)._worker("m"), serve
+
+
+def env_of(tmp_path: Path, config: dict[str, Any] | None, environ: dict[str, str]) -> dict:
+    worker, serve = worker_for(tmp_path, config)
     return worker_env(worker, serve, environ)
 
 
@@ -55,10 +60,6 @@ def test_the_users_own_setting_stands(tmp_path: Path, value: str) -> None:
 
 
 def test_a_placed_hybrid_gets_its_gpus_too(tmp_path: Path) -> None:
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps(HYBRIDS["lfm2"]))
-    serve = ServeConfig(models=(ModelSpec(name="m", path=str(model)),))
-    worker = Supervisor(serve, tmp_path)._worker("m")
+    worker, serve = worker_for(tmp_path, HYBRIDS["lfm2"])
     worker.gpus = "1"
     assert worker_env(worker, serve, {}) == {"CUDA_VISIBLE_DEVICES": "1", CUDA_GRAPHS: "0"}
