@@ -4,7 +4,8 @@
 # its warm one 397-484 against 515-606): each leg starts `mlxd start` on MODEL with the leg's
 # environment, times a first LONG-token prompt after ready and a second of the same length (no
 # prefix hit), then `mlxd bench run` at LEVELS (PROMPT-token prompts, OUTPUT tokens), and stops.
-# One line a leg in $OUT/graphs.txt, each level's JSON beside it.
+# One line a leg in $OUT/graphs.txt, each level's JSON beside it. The "on" leg names graphs on
+# outright: a hybrid's worker starts without them otherwise (daemon.worker_command.model_env).
 #   MODEL=/root/models/matrix-hybrid ROUNDS=2 bash bench/gpu/gpu_graphs_off.sh
 #   knobs: LONG=4500 LEVELS="1 16" PROMPT=128 OUTPUT=128 PORT=8700 MLXD_ARGS READY_S=300
 # MODEL must be made first: a hybrid's maker imports mlx-vlm, which only .gpuP's peers bring
@@ -41,6 +42,6 @@ leg() {  # NAME ROUND ENV: one start of the daemon, its two long prompts and its
   kill "$server"; wait "$server" 2> /dev/null; PORT=$(( PORT + 1 ))
 }
 for r in $(seq "${ROUNDS:-2}"); do
-  if [ $(( r % 2 )) = 1 ]; then leg on "$r" MLXD_LEG=on; leg off "$r" MLX_USE_CUDA_GRAPHS=0
-  else leg off "$r" MLX_USE_CUDA_GRAPHS=0; leg on "$r" MLXD_LEG=on; fi
+  if [ $(( r % 2 )) = 1 ]; then leg on "$r" MLX_USE_CUDA_GRAPHS=1; leg off "$r" MLX_USE_CUDA_GRAPHS=0
+  else leg off "$r" MLX_USE_CUDA_GRAPHS=0; leg on "$r" MLX_USE_CUDA_GRAPHS=1; fi
 done
