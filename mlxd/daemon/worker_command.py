@@ -13,14 +13,17 @@ from mlxd import gpus
 from mlxd.config import ServeConfig, WorkerConfig
 from mlxd.daemon.footprint import buffer_cache_bytes, config_of, device_share, kv_cache_gb
 from mlxd.daemon.worker_process import WorkerProcess
-from mlxd.models.kv_layout import has_state
+from mlxd.models.kv_layout import has_state, has_window
 
-# MLX's CUDA graphs, off in a hybrid's worker (layers with recurrent state): on one H200 the
-# Qwen3.5-0.8B shape's first 4,500-token prompt after a start took 667-725 ms without them
-# against 1,182-1,626 with, its lone stream 89-114 tok/s against 62-98, and 16 and 64 streams
-# within the noise (three starts of each, alternated: docs/PERFORMANCE.md, run GO1). MLX reads
-# the switch once per process, at its first GPU work; other backends have no CUDA graphs. A
-# user's own ``MLX_USE_CUDA_GRAPHS`` stands.
+# MLX's CUDA graphs, off in the worker of a hybrid (layers with recurrent state) and of a model
+# with sliding-window layers. Three starts of each, alternated, on one H200 alone
+# (docs/PERFORMANCE.md, runs GO1 and GS1): the Qwen3.5-0.8B shape's first 4,500-token prompt
+# after a start took 684 ms without graphs against 1,507 (medians), its lone stream 102 tok/s
+# against 82; the Gemma-3-1B shape's first prompt 181 ms against 283 (1.14x warm against
+# 1.73x), its lone stream 97 against 78 tok/s and 64 streams 3,338 against 2,515. A dense
+# Qwen3-0.6B shape keeps them: its lone stream took 124 tok/s without against 159 with (16 and
+# 64 streams gained 1.2x and 1.4x without). MLX reads the switch once per process, at its first
+# GPU work; other backends have no CUDA graphs. A user's own ``MLX_USE_CUDA_GRAPHS`` stands.
 CUDA_GRAPHS = "MLX_USE_CUDA_GRAPHS"
 
 
@@ -51,11 +54,13 @@ def worker_env(
 
 def model_env(path: str, dtype: str, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The environment a process serving the model at ``path`` runs with: no CUDA graphs for a
-    hybrid (``CUDA_GRAPHS``) unless ``environ`` says otherwise. ``mlxd bench engine`` takes it
-    too, before MLX starts, so that it measures what a worker runs."""
-    if CUDA_GRAPHS not in environ and has_state(config_of(path, dtype)):
-        return {CUDA_GRAPHS: "0"}
-    return {}
+    hybrid or a model with window layers (``CUDA_GRAPHS``) unless ``environ`` says otherwise.
+    ``mlxd bench engine`` takes it too, before MLX starts, so that it measures what a worker
+    runs."""
+    if CUDA_GRAPHS in environ:
+        return {}
+    config = config_of(path, dtype)
+    return {CUDA_GRAPHS: "0"} if has_state(config) or has_window(config) else {}
 
 
 def worker_config(worker: WorkerProcess, config: ServeConfig) -> WorkerConfig:

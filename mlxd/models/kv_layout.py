@@ -114,6 +114,11 @@ def has_state(model_config: dict[str, Any]) -> bool:
     return "state" in _layer_kinds(model_config.get("text_config") or model_config)
 
 
+def has_window(model_config: dict[str, Any]) -> bool:
+    """Whether a ``config.json``'s model has sliding-window attention layers."""
+    return "sliding" in _layer_kinds(model_config.get("text_config") or model_config)
+
+
 # MLA models whose mlx-lm attention caches the decompressed K/V of every head
 _EXPANDED_MLA = ("deepseek_v2", "minicpm3", "youtu_llm")
 
@@ -156,6 +161,16 @@ def _kind_at(text: dict[str, Any], i: int, layers: int) -> str:
         return "full" if (i + 1) % group == 0 or i >= layers // group * group else "state"
     if period := int(text.get("attn_layer_period") or 0):  # Jamba
         return "full" if i % period == int(text.get("attn_layer_offset") or 0) else "state"
+    return _window_kind(text.get("sliding_window_pattern"), i)
+
+
+def _window_kind(pattern: Any, i: int) -> str:
+    """Layer ``i``'s kind by ``sliding_window_pattern``: a period whose last layer is full
+    (Gemma 3, Cohere 2, PLaMo 3), or a string of "L" (windowed) and "G" (EXAONE 4)."""
+    if isinstance(pattern, str) and pattern:
+        return "sliding" if pattern[i % len(pattern)] == "L" else "full"
+    if isinstance(pattern, int) and pattern > 1:
+        return "full" if (i + 1) % pattern == 0 else "sliding"
     return "full"
 
 

@@ -1,5 +1,6 @@
 """A worker's environment: its GPUs, and MLX's CUDA graphs off for a hybrid (layers with
-recurrent state), read from the model's ``config.json`` before the worker starts."""
+recurrent state) or a model with sliding-window layers, read from the model's ``config.json``
+before the worker starts."""
 
 from __future__ import annotations
 
@@ -20,9 +21,18 @@ HYBRIDS = {
     "lfm2": {"layer_types": ["conv", FULL, "conv", FULL]},
     "nemotron-h": {"hybrid_override_pattern": "M*M*"},
 }
+WINDOWED = {
+    "layer_types": {"layer_types": [SLIDING, FULL]},
+    "gemma 3's period": {"num_hidden_layers": 6, "sliding_window_pattern": 6},
+    "exaone 4's letters": {"num_hidden_layers": 4, "sliding_window_pattern": "LLLG"},
+}
 OTHERS = {
     "dense": {"num_hidden_layers": 4},
-    "sliding window": {"layer_types": [SLIDING, FULL]},
+    "a window on every layer's config, no window layers": {
+        "num_hidden_layers": 4,
+        "sliding_window": 4096,
+    },
+    "a period of one": {"num_hidden_layers": 4, "sliding_window_pattern": 1},
     "no config.json": None,
 }
 
@@ -44,6 +54,11 @@ def env_of(tmp_path: Path, config: dict[str, Any] | None, environ: dict[str, str
 
 @pytest.mark.parametrize("config", HYBRIDS.values(), ids=HYBRIDS)
 def test_a_hybrids_worker_starts_without_cuda_graphs(tmp_path: Path, config: dict) -> None:
+    assert env_of(tmp_path, config, {}) == {CUDA_GRAPHS: "0"}
+
+
+@pytest.mark.parametrize("config", WINDOWED.values(), ids=WINDOWED)
+def test_a_windowed_models_worker_starts_without_cuda_graphs(tmp_path: Path, config: dict) -> None:
     assert env_of(tmp_path, config, {}) == {CUDA_GRAPHS: "0"}
 
 
