@@ -35,10 +35,8 @@
 # first:CLASS[:VARIANT] (bench/first_prompt.py on the class's model, FIRST_RUNS=2 starts, warm-up
 # on: VARIANT default, graphs (MLX_CUDA_GRAPH_CACHE_SIZE=GRAPH_CACHE, 4000), nographs
 # (MLX_USE_CUDA_GRAPHS=0) or warm60 (a 60 s warm-up bound)).
-# sweep:CLASS (bench/cache_sweep.py: the engine's sweep of a full buffer cache on and off
-# after a long prompt, one stream; SWEEP_CAP_MB=1024 SWEEP_LONG=4096 SWEEP_ROUNDS=3).
 # graphsoff:CLASS (gpu_graphs_off.sh on the class's model: graphs on and off alternated,
-# ROUNDS=2, GRAPHS_LEVELS="1 16", not the matrix's LEVELS: run MX6 ran its 1,16,64 there).
+# ROUNDS=2, GRAPHS_LEVELS="1 16", not the matrix's LEVELS: runs GO1 and GS1 ran 1 16 64 there).
 # Then $OUT/all/matrix.md joins
 # the classes and $OUT/soak/soak.md the soaks.
 # A run longer than one command: DETACH=1 starts it in its own session, from a copy of the tree
@@ -135,8 +133,6 @@ item() {  # GPU ITEM: one item of a lane, on GPU (its output in $OUT/laneGPU*)
       bash bench/gpu/gpu_rows.sh > "$dir-rows.txt" 2>&1 ;;
     scaleout) CUDA_VISIBLE_DEVICES=$gpu,$((gpu + 1)) OUT="$dir/scaleout" \
       bash bench/gpu/gpu_scaleout2.sh > "$dir-scaleout.txt" 2>&1 ;;  # GPUs gpu and gpu+1: no lane gpu+1
-    sweep) made "$arg"; "$PY" bench/cache_sweep.py "$(model_dir "$arg")" --cap-mb "${SWEEP_CAP_MB:-1024}" \
-      --long "${SWEEP_LONG:-4096}" --rounds "${SWEEP_ROUNDS:-3}" >> "$dir-sweep-$arg.txt" 2>&1 ;;
     trace) made "$arg"; "$PY" bench/step_trace.py "$(model_dir "$arg")" --rows "${TRACE_ROWS:-1}" \
       --json "$dir/trace-$arg.json" >> "$dir-trace.txt" 2>&1 ;;
     gap) local cls=${arg%%:*} conc=${GAP_CONC:-16} out=$dir/gap  # gap[:CLASS[:CONC]]

@@ -196,7 +196,6 @@ def _memory(m: dict[str, Any]) -> str:
         f"weights {format_bytes(m['weights_bytes'])}, active {format_bytes(m['active_bytes'])}"
         f", peak {format_bytes(m['peak_bytes'])}, cache {format_bytes(m['cache_bytes'])}"
         + (f" (cap {format_bytes(cap)})" if cap is not None else "")
-        + (f", emptied when full {m['cache_sweeps']}x" if m.get("cache_sweeps") else "")
     )
 
 

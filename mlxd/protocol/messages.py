@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-PROTOCOL_VERSION = b"mlxd/8"  # mlxd/8: MemoryUsage.cache_sweeps (mlxd/7: Pong.warming...)
+PROTOCOL_VERSION = b"mlxd/9"  # mlxd/9: no MemoryUsage.cache_sweeps (mlxd/8 added it)
 
 
 # Prompts: a tagged union, so the worker never guesses which field is set.
@@ -429,7 +429,6 @@ class MemoryUsage:
     cache_limit_bytes: int | None = None  # the cap on ``cache_bytes`` (None: MLX's default)
     kv_reserved_bytes: int = 0  # KV memory held now, used or not (the pool grows and shrinks)
     kv_budget_bytes: int = 0  # the most KV memory the worker may hold (0: no cap of its own)
-    cache_sweeps: int = 0  # times the engine emptied a full buffer cache (worker.buffer_cache)
 
 
 @dataclass(frozen=True, kw_only=True)

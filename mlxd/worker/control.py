@@ -144,7 +144,6 @@ class Control:
             cache_limit_bytes=self.cache_limit_bytes,
             kv_reserved_bytes=engine.runner.kv_reserved_bytes,
             kv_budget_bytes=engine.runner.kv_budget_bytes,
-            cache_sweeps=engine.cache_sweep.sweeps,
         )
         return StatusReply(
             request_id=msg.request_id,

@@ -41,7 +41,6 @@ from mlxd.protocol.messages import (
     Usage,
 )
 from mlxd.protocol.validate import check_priority, check_sampling
-from mlxd.worker.buffer_cache import CacheSweep
 from mlxd.worker.embed_requests import EmbedRequests
 from mlxd.worker.embedder import Embedder
 from mlxd.worker.idle_release import IdleRelease
@@ -118,7 +117,6 @@ class Engine:
         self.should_exit = False
         self.stats = Stats(self.clock)
         self.idle_release = IdleRelease(0)  # build.py sets --kv-idle-s (0 here: never)
-        self.cache_sweep = CacheSweep()  # MLX's buffer cache, emptied when stale buffers fill it
         mode = resolve(scheduler.config.speculate) if runner.speculates else "off"
         # Drafts and whether the batch verifies them.
         self.speculator = Speculator(mode, drafter=drafter if mode == "draft" else None)
@@ -211,7 +209,6 @@ class Engine:
                 self._decode(speculate)
         self._retire()  # free what finished now, not one step later
         self._flush()
-        self.cache_sweep.tick()
         self.stats.on_step(decoded)
         if decoded:
             self.speculator.on_step(speculate, decoded, clean=not chunks)
