@@ -35,6 +35,8 @@
 # first:CLASS[:VARIANT] (bench/first_prompt.py on the class's model, FIRST_RUNS=2 starts, warm-up
 # on: VARIANT default, graphs (MLX_CUDA_GRAPH_CACHE_SIZE=GRAPH_CACHE, 4000), nographs
 # (MLX_USE_CUDA_GRAPHS=0) or warm60 (a 60 s warm-up bound)).
+# updates (bench/graph_updates.py: an MLP stack at 1, 16 and 64 rows with CUDA graphs on and off,
+# bf16 then 4-bit, three rounds: whether graphs lose where cuBLAS's clusters make them re-instantiate).
 # graphsoff:CLASS (gpu_graphs_off.sh on the class's model: graphs on and off alternated,
 # ROUNDS=2, GRAPHS_LEVELS="1 16", not the matrix's LEVELS: runs GO1 and GS1 ran 1 16 64 there).
 # Then $OUT/all/matrix.md joins
@@ -153,6 +155,9 @@ item() {  # GPU ITEM: one item of a lane, on GPU (its output in $OUT/laneGPU*)
     graphsoff) made "$arg"; primed "$arg" "$dir"  # graphsoff:CLASS: CUDA graphs on and off
       MODEL=$(model_dir "$arg") OUT="$dir/graphs-$arg" PORT=$((8700 + 100 * gpu)) \
         LEVELS="${GRAPHS_LEVELS:-1 16}" bash bench/gpu/gpu_graphs_off.sh > "$dir-graphs.txt" 2>&1 ;;
+    updates) for bits in 0 4; do
+        "$PY" bench/graph_updates.py --bits "$bits" --json "$dir/graph-updates-$bits.json" >> "$dir-updates.txt" 2>&1
+      done ;;
     prof) for r in ${PROF_ROWS:-16 64}; do
         "$PY" bench/step_profile.py "$(model_dir dense)" --rows "$r" >> "$dir-prof.txt" 2>&1
       done ;;
