@@ -37,6 +37,8 @@
 # (MLX_USE_CUDA_GRAPHS=0) or warm60 (a 60 s warm-up bound)).
 # updates (bench/graph_updates.py: an MLP stack at 1, 16 and 64 rows with CUDA graphs on and off,
 # bf16 then 4-bit, three rounds: whether graphs lose where cuBLAS's clusters make them re-instantiate).
+# compiled:CLASS (bench/compiled_step.py: mlx-lm's one-row generate_step against the same model
+# stepped by one mx.compile'd function over fixed-shape K/V, alternated; plain-K/V classes only).
 # graphsoff:CLASS (gpu_graphs_off.sh on the class's model: graphs on and off alternated,
 # ROUNDS=2, GRAPHS_LEVELS="1 16", not the matrix's LEVELS: runs GO1 and GS1 ran 1 16 64 there).
 # Then $OUT/all/matrix.md joins
@@ -155,6 +157,8 @@ item() {  # GPU ITEM: one item of a lane, on GPU (its output in $OUT/laneGPU*)
     graphsoff) made "$arg"; primed "$arg" "$dir"  # graphsoff:CLASS: CUDA graphs on and off
       MODEL=$(model_dir "$arg") OUT="$dir/graphs-$arg" PORT=$((8700 + 100 * gpu)) \
         LEVELS="${GRAPHS_LEVELS:-1 16}" bash bench/gpu/gpu_graphs_off.sh > "$dir-graphs.txt" 2>&1 ;;
+    compiled) made "$arg"; "$PY" bench/compiled_step.py "$(model_dir "$arg")" \
+        --json "$dir/compiled-$arg.json" >> "$dir-compiled.txt" 2>&1 ;;
     updates) for bits in 0 4; do
         "$PY" bench/graph_updates.py --bits "$bits" --json "$dir/graph-updates-$bits.json" >> "$dir-updates.txt" 2>&1
       done ;;
