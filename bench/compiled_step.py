@@ -10,14 +10,13 @@ in Python and launched one by one. Rapid-MLX compiles a one-row step over a shap
 slab (``rapid_mlx/compiled_decode.py``). Before mlxd builds that into its engine, this
 measures the saving on the models that matter, with no engine around it.
 
-The compiled step is a pure function: the last token, the position, and every layer's keys
-and values (``--capacity`` slots each) in; the greedy token and the updated arrays out. Each
-layer's cache writes its new K/V at the position (``mx.slice_update``) and masks the slots
-past it, so every step has the same shapes and ``mx.compile`` traces once. Models whose
-caches are all plain K/V (dense, MoE, MLA-free) only; others exit with a message.
-
-Prints per leg and round the step p50/p95 (ms) and tok/s, whether the compiled tokens match
-mlx-lm's greedy ones (and where they first part), and the compiled over mlx-lm ratio.
+The compiled step is a pure function: the last token, the position, and every layer's cache
+arrays in; the greedy token and the updated arrays out. A full-attention layer's keys and values
+take ``--capacity`` slots, written at the position (``mx.slice_update``) and masked past it; a
+sliding-window layer's take a ring of its window's slots, written at the position modulo the
+window; a recurrent layer's state (a hybrid's conv and delta states) passes through as it is.
+Every step has the same shapes, so ``mx.compile`` traces once. Caches of other kinds (quantized,
+MLA's, a window with kept tokens) exit with a message.
 """
 
 from __future__ import annotations
@@ -37,29 +36,71 @@ from mlxd.bench.engine import load_served
 
 
 class SlabCache:
-    """One layer's K/V in ``capacity`` fixed slots, written at ``offset`` (an array)."""
+    """A full-attention layer's K/V in fixed slots, written at ``offset`` (an array)."""
 
     def __init__(self, keys: mx.array, values: mx.array, offset: mx.array) -> None:
         self.keys, self.values, self.offset = keys, values, offset
 
+    def slot(self) -> mx.array:
+        return self.offset
+
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        at = self.offset[None]
+        at = self.slot()[None]
         self.keys = mx.slice_update(self.keys, keys, at, axes=(2,))
         self.values = mx.slice_update(self.values, values, at, axes=(2,))
         return self.keys, self.values
 
-    def make_mask(
-        self, n: int, return_array: bool = False, window_size: int | None = None
-    ) -> mx.array:
+    def make_mask(self, n: int, return_array: bool = False, window_size: Any = None) -> mx.array:
         """Slots up to this step's position are seen; the rest are not yet written."""
         return mx.arange(self.keys.shape[2])[None] <= self.offset
+
+    def arrays(self) -> list[mx.array]:
+        return [self.keys, self.values]
+
+
+class RingCache(SlabCache):
+    """A sliding-window layer's K/V in a ring of its window's slots: position p in slot
+    p mod window, so the ring holds the window's last tokens."""
+
+    def slot(self) -> mx.array:
+        return self.offset % self.keys.shape[2]
+
+    def make_mask(self, n: int, return_array: bool = False, window_size: Any = None) -> mx.array:
+        """A slot is seen once written: the position it holds now is not negative."""
+        slots = mx.arange(self.keys.shape[2])
+        return (self.offset - (self.offset - slots) % self.keys.shape[2] >= 0)[None]
+
+
+class StateCache:
+    """A recurrent layer's state arrays, read and replaced by the model as mlx-lm's
+    ``ArraysCache`` is."""
+
+    def __init__(self, *state: mx.array) -> None:
+        self.cache = list(state)
+        self.left_padding = self.lengths = None
+
+    def __getitem__(self, i: int) -> mx.array:
+        return self.cache[i]
+
+    def __setitem__(self, i: int, value: mx.array) -> None:
+        self.cache[i] = value
+
+    def make_mask(self, n: int) -> None:
+        return None
+
+    def advance(self, n: int) -> None:
+        pass
+
+    def arrays(self) -> list[mx.array]:
+        return self.cache
+
+
+KINDS = {"kv": SlabCache, "ring": RingCache, "state": StateCache}
 
 
 def main() -> None:
     args = _parser().parse_args()
     model, _ = load_served(args.model)
-    if not _plain_kv(model):
-        sys.exit(f"{args.model}: its caches are not all plain K/V; this probe steps those only")
     prompt = [random.Random(0).randrange(100, 8000) for _ in range(args.prompt)]
     rows = []
     for r in range(args.rounds):
@@ -85,12 +126,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _plain_kv(model: Any) -> bool:
-    from mlx_lm.models.cache import KVCache, make_prompt_cache
-
-    return all(type(c) is KVCache for c in make_prompt_cache(model))
-
-
 def mlx_lm_leg(
     model: Any, prompt: list[int], args: argparse.Namespace
 ) -> tuple[list[int], list[float]]:
@@ -110,39 +145,65 @@ def compiled_leg(
     cache = make_prompt_cache(model)
     logits = model(mx.array(prompt)[None], cache=cache)
     token = mx.argmax(logits[0, -1]).reshape(1)
-    kv = [part for c in cache for part in _slab(c, args.capacity)]
-    step = mx.compile(_step_function(model, len(cache)))
+    layout = [_slab(c, args.capacity) for c in cache]
+    kinds = [(kind, len(parts)) for kind, parts in layout]
+    state = [a for _, parts in layout for a in parts]
+    step = mx.compile(_step_function(model, kinds))
     offset = mx.array(len(prompt), dtype=mx.int32)
+    if "kv" in dict(kinds) and len(prompt) + args.tokens > args.capacity:
+        sys.exit(f"--capacity {args.capacity} is too small for the prompt and --tokens")
 
     def tokens() -> Iterator[int]:
-        nonlocal token, offset, kv
+        nonlocal token, offset, state
         for _ in range(args.tokens):
-            if int(offset) >= args.capacity:
-                raise SystemExit(
-                    f"--capacity {args.capacity} is too small for the prompt and --tokens"
-                )
-            out = step(token, offset, *kv)
-            mx.async_eval(out)
+            out = step(token, offset, *state)
+            mx.async_eval(out)  # launched before the last token is read, as generate_step does
             yield int(token.item())
-            token, offset, kv = out[0], out[1], list(out[2:])
+            token, offset, state = out[0], out[1], list(out[2:])
 
     return _timed(tokens())
 
 
-def _slab(cache: Any, capacity: int) -> tuple[mx.array, mx.array]:
-    """A prefilled cache's keys and values in ``capacity`` slots (zeros past its tokens)."""
-    n = cache.offset
-    keys, values = cache.keys[..., :n, :], cache.values[..., :n, :]
-    pad = [(0, 0), (0, 0), (0, capacity - n), (0, 0)]
-    return mx.pad(keys, pad), mx.pad(values, pad)
+def _slab(cache: Any, capacity: int) -> tuple[str, list[mx.array]]:
+    """A prefilled mlx-lm cache as its compiled step's kind and arrays: K/V in ``capacity``
+    slots, a window's last tokens in its ring, a recurrent state as it is."""
+    from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
+
+    n = cache.offset if hasattr(cache, "offset") else 0
+    if type(cache) is KVCache:
+        return "kv", [_padded(a[..., :n, :], capacity) for a in (cache.keys, cache.values)]
+    if type(cache) is RotatingKVCache and not cache.keep and cache.keys.shape[2] == n:
+        window = cache.max_size  # one prefill: every position in order (``_update_concat``)
+        slots = mx.array([p % window for p in range(max(0, n - window), n)])
+        return "ring", [
+            _ring(a[..., max(0, n - window) :, :], slots, window)
+            for a in (cache.keys, cache.values)
+        ]
+    if type(cache) is ArraysCache and all(a is not None for a in cache.cache):
+        return "state", list(cache.cache)
+    sys.exit(f"a {type(cache).__name__} layer: this probe steps plain K/V, windows and states")
 
 
-def _step_function(model: Any, layers: int) -> Callable[..., list[mx.array]]:
-    def step(token: mx.array, offset: mx.array, *kv: mx.array) -> list[mx.array]:
-        caches = [SlabCache(kv[2 * i], kv[2 * i + 1], offset) for i in range(layers)]
+def _padded(a: mx.array, capacity: int) -> mx.array:
+    return mx.pad(a, [(0, 0), (0, 0), (0, capacity - a.shape[2]), (0, 0)])
+
+
+def _ring(a: mx.array, slots: mx.array, window: int) -> mx.array:
+    ring = mx.zeros((*a.shape[:2], window, a.shape[3]), a.dtype)
+    ring[:, :, slots] = a
+    return ring
+
+
+def _step_function(model: Any, kinds: list[tuple[str, int]]) -> Callable[..., list[mx.array]]:
+    def step(token: mx.array, offset: mx.array, *arrays: mx.array) -> list[mx.array]:
+        caches, at = [], 0
+        for kind, count in kinds:
+            parts = arrays[at : at + count]
+            caches.append(StateCache(*parts) if kind == "state" else KINDS[kind](*parts, offset))
+            at += count
         logits = model(token[None], cache=caches)
         nxt = mx.argmax(logits[0, -1]).reshape(1)
-        return [nxt, offset + 1, *(a for c in caches for a in (c.keys, c.values))]
+        return [nxt, offset + 1, *(a for c in caches for a in c.arrays())]
 
     return step
 

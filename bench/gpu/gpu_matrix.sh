@@ -38,7 +38,7 @@
 # updates (bench/graph_updates.py: an MLP stack at 1, 16 and 64 rows with CUDA graphs on and off,
 # bf16 then 4-bit, three rounds: whether graphs lose where cuBLAS's clusters make them re-instantiate).
 # compiled:CLASS (bench/compiled_step.py: mlx-lm's one-row generate_step against the same model
-# stepped by one mx.compile'd function over fixed-shape K/V, alternated; plain-K/V classes only).
+# stepped by one mx.compile'd function over fixed-shape caches, alternated, greedy tokens compared).
 # graphsoff:CLASS (gpu_graphs_off.sh on the class's model: graphs on and off alternated,
 # ROUNDS=2, GRAPHS_LEVELS="1 16", not the matrix's LEVELS: runs GO1 and GS1 ran 1 16 64 there).
 # Then $OUT/all/matrix.md joins
