@@ -33,12 +33,13 @@ from typing import Any
 import mlx.core as mx
 
 from mlxd.bench.engine import load_served
+from mlxd.bench.stats import percentile
 
 
 class SlabCache:
     """A full-attention layer's K/V in fixed slots, written at ``offset`` (an array)."""
 
-    def __init__(self, keys: mx.array, values: mx.array, offset: mx.array) -> None:
+    def __init__(self, keys: mx.array, values: mx.array, *, offset: mx.array) -> None:
         self.keys, self.values, self.offset = keys, values, offset
 
     def slot(self) -> mx.array:
@@ -75,8 +76,8 @@ class StateCache:
     """A recurrent layer's state arrays, read and replaced by the model as mlx-lm's
     ``ArraysCache`` is."""
 
-    def __init__(self, *state: mx.array) -> None:
-        self.cache = list(state)
+    def __init__(self, *state: mx.array, offset: mx.array) -> None:
+        self.cache = list(state)  # a state has no position: ``offset`` is not kept
         self.left_padding = self.lengths = None
 
     def __getitem__(self, i: int) -> mx.array:
@@ -199,7 +200,7 @@ def _step_function(model: Any, kinds: list[tuple[str, int]]) -> Callable[..., li
         caches, at = [], 0
         for kind, count in kinds:
             parts = arrays[at : at + count]
-            caches.append(StateCache(*parts) if kind == "state" else KINDS[kind](*parts, offset))
+            caches.append(KINDS[kind](*parts, offset=offset))
             at += count
         logits = model(token[None], cache=caches)
         nxt = mx.argmax(logits[0, -1]).reshape(1)
@@ -221,9 +222,7 @@ def _timed(tokens: Iterator[int]) -> tuple[list[int], list[float]]:
 
 
 def _summary(times: list[float]) -> dict[str, float]:
-    ordered = sorted(times)
-    p50 = statistics.median(ordered)
-    p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+    p50, p95 = percentile(times, 50), percentile(times, 95)
     return {
         "step_p50_ms": round(p50, 3),
         "step_p95_ms": round(p95, 3),

@@ -128,7 +128,7 @@ def _step_p50(mx: Any, step: Any, steps: int) -> float:
 
 
 def _table(results: dict[str, list[dict[str, float]]]) -> list[str]:
-    """Per row count: the median step with graphs on and off over the rounds, and off / on."""
+    """Per row count: the median step with graphs on and off over the rounds, and on / off."""
     lines = ["rows  graphs on ms  graphs off ms  on / off"]
     for rows in results["on"][0]:
         on = statistics.median(r[rows] for r in results["on"])
