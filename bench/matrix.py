@@ -44,6 +44,9 @@ import peers  # noqa: E402  (bench/ is on the path of a script run)
 
 ROOT = Path(__file__).resolve().parent.parent
 CLASSES = ("dense", "hybrid", "sliding", "moe", "vision")
+# A level's requests are at least this many (more streams: one each): one stream's figure from 4
+# requests in turn spread 91-109 tok/s between starts (run SL1), and one request alone (M1) more.
+ONE_STREAM_REQUESTS = 8
 # make_shaped.py's shapes; dense comes from `mlxd make-model`.
 SHAPES = {
     "hybrid": "qwen3_5-0.8b",
@@ -161,7 +164,7 @@ def legs(args: argparse.Namespace, cls: str) -> list[Leg]:
     long += ["--warmup-tokens", "0"]
     streams = ["--concurrency", args.levels, "--prompt-tokens", str(args.prompt_tokens)]
     streams += ["--max-tokens", str(args.max_tokens), "--client-procs", str(args.client_procs)]
-    streams += ["--requests-per-level", "4"]  # one stream: 4 requests in turn, not one (run M1)
+    streams += ["--requests-per-level", str(ONE_STREAM_REQUESTS)]
     prefix = ["--scenario", "shared-prefix", "--prefix-tokens", str(args.prefix_tokens)]
     prefix += ["--concurrency", "1", "--max-tokens", "16"]
     return [
@@ -176,7 +179,7 @@ def _vision_legs(args: argparse.Namespace) -> list[Leg]:
     image = ["--image-size", str(args.image_size)]
     streams = ["--concurrency", args.levels, "--prompt-tokens", str(args.prompt_tokens), *image]
     streams += ["--max-tokens", str(args.max_tokens), "--client-procs", str(args.client_procs)]
-    streams += ["--requests-per-level", "4"]
+    streams += ["--requests-per-level", str(ONE_STREAM_REQUESTS)]
     repeat = ["--scenario", "shared-image", *image, "--concurrency", "1", "--max-tokens", "16"]
     repeat += ["--prompt-tokens", str(args.prompt_tokens), "--runs", "3"]
     return [Leg("streams", streams, 400), Leg("prefix", repeat, 90)]

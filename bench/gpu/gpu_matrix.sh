@@ -37,8 +37,6 @@
 # (MLX_USE_CUDA_GRAPHS=0) or warm60 (a 60 s warm-up bound)).
 # updates (bench/graph_updates.py: an MLP stack at 1, 16 and 64 rows with CUDA graphs on and off,
 # bf16 then 4-bit, three rounds: whether graphs lose where cuBLAS's clusters make them re-instantiate).
-# compiled:CLASS (bench/compiled_step.py: mlx-lm's one-row generate_step against the same model
-# stepped by one mx.compile'd function over fixed-shape caches, alternated, greedy tokens compared).
 # graphsoff:CLASS (gpu_graphs_off.sh on the class's model: graphs on and off alternated,
 # ROUNDS=2, GRAPHS_LEVELS="1 16", not the matrix's LEVELS: runs GO1 and GS1 ran 1 16 64 there).
 # Then $OUT/all/matrix.md joins
@@ -157,8 +155,6 @@ item() {  # GPU ITEM: one item of a lane, on GPU (its output in $OUT/laneGPU*)
     graphsoff) made "$arg"; primed "$arg" "$dir"  # graphsoff:CLASS: CUDA graphs on and off
       MODEL=$(model_dir "$arg") OUT="$dir/graphs-$arg" PORT=$((8700 + 100 * gpu)) \
         LEVELS="${GRAPHS_LEVELS:-1 16}" bash bench/gpu/gpu_graphs_off.sh > "$dir-graphs.txt" 2>&1 ;;
-    compiled) made "$arg"; "$PY" bench/compiled_step.py "$(model_dir "$arg")" \
-        --json "$dir/compiled-$arg.json" >> "$dir-compiled.txt" 2>&1 ;;
     updates) for bits in 0 4; do
         "$PY" bench/graph_updates.py --bits "$bits" --json "$dir/graph-updates-$bits.json" >> "$dir-updates.txt" 2>&1
       done ;;
@@ -180,7 +176,7 @@ if [ -n "${LANES:-}" ]; then
   preflight
   mkdir -p "$OUT"; date -u > "$OUT/started"
   nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader > "$OUT/machine.txt" 2>&1
-  echo "commit ${MLXD_COMMIT:-$(git log -1 --format=%h 2>/dev/null)} LANES=$LANES" >> "$OUT/machine.txt"
+  echo "commit ${MLXD_COMMIT:-$(git log -1 --format=%h 2>/dev/null || echo "unknown: set MLXD_COMMIT")} LANES=$LANES" >> "$OUT/machine.txt"
   for it in ${LANES//,/ }; do  # every model a lane makes, so that other lanes wait for it
     case $it in *make:*) mkdir -p "${MODELS:-/root/models}"; touch "$(model_dir "${it##*make:}").making" ;; esac
   done
@@ -191,7 +187,7 @@ if [ -n "${LANES:-}" ]; then
 fi
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no GPU"
   "$PY" -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device())"
-  echo "commit ${MLXD_COMMIT:-$(git log -1 --format=%h 2>/dev/null)}"; date -u
+  echo "commit ${MLXD_COMMIT:-$(git log -1 --format=%h 2>/dev/null || echo "unknown: set MLXD_COMMIT")}"; date -u
   echo "CLASSES=${CLASSES:-dense} SERVERS=${SERVERS:-all} LEVELS=${LEVELS:-1,16,64}"
 } | tee "$OUT/machine.txt"
 # shellcheck disable=SC2046  # MAKE_ONLY and TINY (a CPU check) add one option each

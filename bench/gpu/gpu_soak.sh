@@ -40,7 +40,7 @@ fi
 mkdir -p "$OUT"
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true)
 { nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader 2>/dev/null || echo "no GPU: RSS only"
-  echo "commit ${MLXD_COMMIT:-$(git log -1 --format=%h 2>/dev/null)}"; date -u
+  echo "commit ${MLXD_COMMIT:-$(git log -1 --format=%h 2>/dev/null || echo "unknown: set MLXD_COMMIT")}"; date -u
   echo "SET=$SET DURATION=$DURATION STREAMS=$STREAMS"
 } | tee "$OUT/machine.txt"
 classes=$(for pair in $SET; do echo "${pair#*:}"; done | sort -u | paste -sd,)

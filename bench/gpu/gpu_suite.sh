@@ -115,7 +115,7 @@ throughput_leg() {  # throughput_leg SIZE DTYPE [BITS]: mlxd over HTTP on one mo
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo 'no nvidia-smi'
   "$PY" -c "import mlx.core as mx, mlx_lm; print('mlx', mx.__version__, mx.default_device(), 'mlx-lm', mlx_lm.__version__)"
   # the device's copy of .git can be stale: the caller passes the commit it runs
-  echo "commit ${MLXD_COMMIT:-$(git log -1 --format=%h 2>/dev/null)}"; date -u
+  echo "commit ${MLXD_COMMIT:-$(git log -1 --format=%h 2>/dev/null || echo "unknown: set MLXD_COMMIT")}"; date -u
   echo "LEVELS=$LEVELS PROMPT=$PROMPT OUTPUT=$OUTPUT RUNS=$RUNS PREFIXES=$PREFIXES SIZE=$SIZE DTYPE=$DTYPE"
 } | tee "$OUT/machine.txt"
 : > "$OUT/legs.txt"
