@@ -414,6 +414,13 @@ def _is_level(key: str) -> bool:
     return key[:1] == "c" and key[1:].isdigit()
 
 
+def rotated(servers: list[str], by: int) -> list[str]:
+    """``servers`` started ``by`` places in: a class's repeated passes alternate who runs first
+    (run SL1 alternated by hand)."""
+    k = by % len(servers) if servers else 0
+    return servers[k:] + servers[:k]
+
+
 def _parse_args() -> argparse.Namespace:
     env = os.environ.get
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -439,9 +446,10 @@ def _parse_args() -> argparse.Namespace:
     p.add_argument("--max-seqs", type=int, default=int(env("MAX_SEQS", "128")))
     p.add_argument("--mlxd-args", default=env("MLXD_ARGS", ""), help="more `mlxd start` options")
     p.add_argument("--port", type=int, default=int(env("PORT", "8400")))
+    p.add_argument("--rotate", type=int, default=0, help="start the servers' order this far in")
     args = p.parse_args()
     args.classes = [c for c in args.classes.split(",") if c]
-    args.servers = [s for s in args.servers.split(",") if s]
+    args.servers = rotated([s for s in args.servers.split(",") if s], args.rotate)
     bad = [c for c in args.classes if c not in CLASSES] + [
         s for s in args.servers if s not in peers.SPECS
     ]

@@ -17,7 +17,8 @@
 #   CLASSES=dense bash bench/gpu/gpu_matrix.sh
 # Several GPUs: LANES="0:prime:dense,dense,soak:mlxd:hybrid 1:make:moe,soak:mlxd:moe,fidelity"
 # runs each lane's items in turn on its GPU (CUDA_VISIBLE_DEVICES), the lanes side by side, each
-# with its own ports and $OUT/laneN/. Items: a class (matrix.py); make:CLASS (its model, which
+# with its own ports and $OUT/laneN/. Items: a class (matrix.py; named again in a lane, its Nth
+# pass writes to laneN/passN/ and starts the servers' order N-1 places in); make:CLASS (its model, which
 # items of other lanes wait for); prime:CLASS (mlxd's engine runs one LONG prompt in-process: a
 # fresh machine compiles MLX's CUDA kernels in the first process that needs them, which would
 # otherwise charge whichever server is timed first; a class item primes itself first if no item
@@ -69,7 +70,8 @@ if [ "${COLLECT:-0}" = 1 ]; then
   [ -f "$RUN_DIR/done" ] || echo "not done yet: what has finished so far"
   [ -d "$RUN_DIR/soak" ] && "$PY" bench/soak_peer.py --out "$RUN_DIR/soak" --report > /dev/null 2>&1
   tar czf "$OUT/matrix-run.tgz" -C "$RUN_DIR" . && cp "$RUN_DIR/all/matrix.md" "$OUT/" 2>/dev/null
-  cat "$RUN_DIR/all/matrix.md" "$RUN_DIR/soak/soak.md" 2>/dev/null; tail -3 "$RUN_DIR"/lane*.txt 2>/dev/null
+  cat "$RUN_DIR/all/matrix.md" "$RUN_DIR"/lane*/pass*/matrix.md "$RUN_DIR/soak/soak.md" 2>/dev/null
+  tail -3 "$RUN_DIR"/lane*.txt 2>/dev/null
   exit 0
 fi
 preflight() {  # mlxd's worker, daemon and bench import here, or the run stops now (run RP1:
@@ -161,10 +163,13 @@ item() {  # GPU ITEM: one item of a lane, on GPU (its output in $OUT/laneGPU*)
     prof) for r in ${PROF_ROWS:-16 64}; do
         "$PY" bench/step_profile.py "$(model_dir dense)" --rows "$r" >> "$dir-prof.txt" 2>&1
       done ;;
-    *) made "$kind"; primed "$kind" "$dir"  # a class
+    *) made "$kind"; primed "$kind" "$dir"  # a class; its Nth pass in a lane: passN/, order turned
+      local n; n=$(( $(cat "$dir/.passes-$kind" 2>/dev/null || echo 0) + 1 ))
+      echo "$n" > "$dir/.passes-$kind"
       # shellcheck disable=SC2046  # TINY adds one option
-      "$PY" bench/matrix.py --out "$dir" --classes "$kind" --port $((8400 + 100 * gpu)) \
-        --budget-s "${BUDGET_S:-540}" $([ "${TINY:-0}" = 1 ] && echo --tiny) >> "$dir.txt" 2>&1 ;;
+      "$PY" bench/matrix.py --out "$dir$([ "$n" -gt 1 ] && echo "/pass$n")" --classes "$kind" \
+        --rotate $((n - 1)) --port $((8400 + 100 * gpu)) --budget-s "${BUDGET_S:-540}" \
+        $([ "${TINY:-0}" = 1 ] && echo --tiny) >> "$dir.txt" 2>&1 ;;
   esac
 }
 lane() {  # GPU ITEMS: a lane's items in turn on GPU

@@ -97,3 +97,11 @@ def test_vision_runs_its_own_legs_as_chat_and_records_what_it_does_not_start() -
     assert "--image-size" in legs["streams"] and "shared-image" in legs["prefix"]
     skipped = matrix.not_run("vision", "mlx_lm.server")
     assert "refuses images" in skipped["failed"] and skipped["summary"]["failed"]
+
+
+def test_repeated_passes_turn_the_servers_order() -> None:
+    servers = ["mlxd", "vllm-mlx", "rapid-mlx"]
+    assert matrix.rotated(servers, 0) == servers
+    assert matrix.rotated(servers, 1) == ["vllm-mlx", "rapid-mlx", "mlxd"]
+    assert matrix.rotated(servers, 4) == ["vllm-mlx", "rapid-mlx", "mlxd"]
+    assert matrix.rotated([], 2) == []
