@@ -12,7 +12,8 @@ or z makes its graph non-updatable, and MLX instantiates such a graph afresh at 
 (``CommandEncoder::commit``, ml-explore/mlx#2813). cuBLAS picks Hopper kernels with clusters
 for some matrix shapes; MLX's own quantized kernels have none. If the cost is that, a bf16
 stack loses its graphs' advantage from some row count on and a 4-bit stack (``--bits 4``) keeps
-it. Each step is timed to its result (``mx.eval``), so the host's graph work shows in full.
+it (run CM1, one H200: from 16 rows graphs cost bf16 1.47-1.55x, 4 bits 1.09-1.12x). Each
+step is timed to its result (``mx.eval``), so the host's graph work shows in full.
 On the CPU backend there are no graphs: both columns are the same work.
 """
 
