@@ -153,8 +153,12 @@ def test_claude_code_answers(long_context_daemon: Daemon, tmp_path: Path, thinki
     )
     requests = _request_log(d)
     assert run.returncode == 0, (run.stdout, run.stderr[-2000:], requests[-3:])
-    assert run.stdout.strip(), (run.stderr[-2000:], requests[-3:])
-    assert any(r["endpoint"] == "/v1/messages" and r["status"] == 200 for r in requests)
+    answers = [r for r in requests if r["endpoint"] == "/v1/messages"]
+    assert answers and answers[-1]["status"] == 200, requests[-3:]
+    # Its answer is printed; a random model's answer that is its end token alone (a tenth of
+    # the vocabulary ends it here) has no text to print (CI at fd90eb7 drew one).
+    if int(str(answers[-1]["completion_tokens"])) > 1:
+        assert run.stdout.strip(), (run.stderr[-2000:], answers[-3:])
 
 
 def _request_log(d: Daemon) -> list[dict[str, object]]:
