@@ -92,6 +92,9 @@ if [ "${DETACH:-0}" = 1 ]; then
   echo "started in its own session: COLLECT=1 bash $0"
   exit 0
 fi
+commit_id() {  # the tree under test: a copy without .git (DETACH, the device) needs MLXD_COMMIT
+  echo "${MLXD_COMMIT:-$(git log -1 --format=%h 2>/dev/null || echo "unknown: set MLXD_COMMIT")}"
+}
 model_dir() { echo "${MODELS:-/root/models}/matrix-$1$([ "${TINY:-0}" = 1 ] && echo -tiny)"; }
 make_model() {  # CLASS: its model made (matrix.py makes each once)
   # shellcheck disable=SC2046  # TINY adds one option
@@ -181,7 +184,7 @@ if [ -n "${LANES:-}" ]; then
   preflight
   mkdir -p "$OUT"; date -u > "$OUT/started"
   nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader > "$OUT/machine.txt" 2>&1
-  echo "commit ${MLXD_COMMIT:-$(git log -1 --format=%h 2>/dev/null || echo "unknown: set MLXD_COMMIT")} LANES=$LANES" >> "$OUT/machine.txt"
+  echo "commit $(commit_id) LANES=$LANES" >> "$OUT/machine.txt"
   for it in ${LANES//,/ }; do  # every model a lane makes, so that other lanes wait for it
     case $it in *make:*) mkdir -p "${MODELS:-/root/models}"; touch "$(model_dir "${it##*make:}").making" ;; esac
   done
@@ -192,7 +195,7 @@ if [ -n "${LANES:-}" ]; then
 fi
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no GPU"
   "$PY" -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device())"
-  echo "commit ${MLXD_COMMIT:-$(git log -1 --format=%h 2>/dev/null || echo "unknown: set MLXD_COMMIT")}"; date -u
+  echo "commit $(commit_id)"; date -u
   echo "CLASSES=${CLASSES:-dense} SERVERS=${SERVERS:-all} LEVELS=${LEVELS:-1,16,64}"
 } | tee "$OUT/machine.txt"
 # shellcheck disable=SC2046  # MAKE_ONLY and TINY (a CPU check) add one option each
