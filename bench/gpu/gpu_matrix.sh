@@ -36,6 +36,8 @@
 # first:CLASS[:VARIANT] (bench/first_prompt.py on the class's model, FIRST_RUNS=2 starts, warm-up
 # on: VARIANT default, graphs (MLX_CUDA_GRAPH_CACHE_SIZE=GRAPH_CACHE, 4000), nographs
 # (MLX_USE_CUDA_GRAPHS=0) or warm60 (a 60 s warm-up bound)).
+# placement:CLASS (bench/cpu_placement.py: mlx-lm's one row in fresh processes, unpinned and
+# pinned to the GPU's node's CPUs and to two of them, PLACE_ROUNDS=3, alternated).
 # updates (bench/graph_updates.py: an MLP stack at 1, 16 and 64 rows with CUDA graphs on and off,
 # bf16 then 4-bit, three rounds: whether graphs lose where cuBLAS's clusters make them re-instantiate).
 # graphsoff:CLASS (gpu_graphs_off.sh on the class's model: graphs on and off alternated,
@@ -47,7 +49,7 @@
 # command, COLLECT=1, waits up to WAIT_S (580) for it, joins the table from whatever has
 # finished, and copies matrix.md and a tarball of the run to $OUT (run it again if it was not
 # done).
-# Knobs: CLASSES SERVERS LEVELS=1,16,64 PROMPT=128 OUTPUT=128 LONG=4500 PREFIX=2000
+# Knobs: CLASSES SERVERS LEVELS=1,16,64 (LEVELS_CLASS, SERVERS_CLASS: one class's own) PROMPT=128 OUTPUT=128 LONG=4500 PREFIX=2000
 #   CLIENT_PROCS=8 MAX_SEQS=128 MLXD_ARGS (more `mlxd start` options) MODELS=/root/models
 #   PEERS_ROOT=/root/peers MAKE_ONLY=1 (only the models) PYTHON=python3 (mlxd's, the servers')
 #   TINY=1 (tiny widths: a CPU check, e.g. with LEVELS=1,4,8 PROMPT=32 OUTPUT=16 LONG=512
@@ -160,6 +162,9 @@ item() {  # GPU ITEM: one item of a lane, on GPU (its output in $OUT/laneGPU*)
     graphsoff) made "$arg"; primed "$arg" "$dir"  # graphsoff:CLASS: CUDA graphs on and off
       MODEL=$(model_dir "$arg") OUT="$dir/graphs-$arg" PORT=$((8700 + 100 * gpu)) \
         LEVELS="${GRAPHS_LEVELS:-1 16}" bash bench/gpu/gpu_graphs_off.sh > "$dir-graphs.txt" 2>&1 ;;
+    placement) made "$arg"  # placement:CLASS: mlx-lm's one row unpinned and pinned to CPUs
+      "$PY" bench/cpu_placement.py "$(model_dir "$arg")" --rounds "${PLACE_ROUNDS:-3}" \
+        --json "$dir/placement-$arg.json" >> "$dir-placement.txt" 2>&1 ;;
     updates) for bits in 0 4; do
         "$PY" bench/graph_updates.py --bits "$bits" --json "$dir/graph-updates-$bits.json" >> "$dir-updates.txt" 2>&1
       done ;;
@@ -167,11 +172,14 @@ item() {  # GPU ITEM: one item of a lane, on GPU (its output in $OUT/laneGPU*)
         "$PY" bench/step_profile.py "$(model_dir dense)" --rows "$r" >> "$dir-prof.txt" 2>&1
       done ;;
     *) made "$kind"; primed "$kind" "$dir"  # a class; its Nth pass in a lane: passN/, order turned
-      local n; n=$(( $(cat "$dir/.passes-$kind" 2>/dev/null || echo 0) + 1 ))
+      local n levels="LEVELS_$kind" servers="SERVERS_$kind"  # a class's own, if set
+      n=$(( $(cat "$dir/.passes-$kind" 2>/dev/null || echo 0) + 1 ))
       echo "$n" > "$dir/.passes-$kind"
-      # shellcheck disable=SC2046  # TINY adds one option
+      # shellcheck disable=SC2046  # TINY and the class's own levels and servers add options
       "$PY" bench/matrix.py --out "$dir$([ "$n" -gt 1 ] && echo "/pass$n")" --classes "$kind" \
         --rotate $((n - 1)) --port $((8400 + 100 * gpu)) --budget-s "${BUDGET_S:-540}" \
+        $([ -n "${!levels:-}" ] && echo --levels "${!levels}") \
+        $([ -n "${!servers:-}" ] && echo --servers "${!servers}") \
         $([ "${TINY:-0}" = 1 ] && echo --tiny) >> "$dir.txt" 2>&1 ;;
   esac
 }
