@@ -66,7 +66,7 @@ _ARGV = {
         "--max-queued",
         "1024",
         "--log-level",
-        "warning",
+        "info",  # its load and each warm-up stage timed in the server's log
     ],
     "vllm-mlx": lambda m, p, n: [
         "-c",

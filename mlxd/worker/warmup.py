@@ -109,9 +109,11 @@ def warm_up(engine: Engine, budget_s: float, clock: Callable[[], float] = time.m
             if over():
                 break
             engine.warming = f"{stage.name} ({done + 1}/{len(plan)})"
+            stage_started = clock()
             if not _run(engine, stage, over):
                 break  # cut at the budget: not counted
             done += 1
+            log.info("warm-up: %s in %.2f s", stage.name, clock() - stage_started)
     except Exception:  # noqa: BLE001 - a warm-up that fails costs its speed-up, not the worker
         log.exception("warm-up failed at stage %d; serving without the rest", done + 1)
     finally:

@@ -5,6 +5,7 @@ cached prefix, every block free, no counts; a request then runs exactly as on a 
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -85,7 +86,7 @@ def test_the_budget_stops_a_stage_between_its_steps(harness_factory: Any) -> Non
     h.engine.scheduler.check_invariants()
 
 
-def test_stages_that_fit_the_budget_all_count(harness_factory: Any) -> None:
+def test_stages_that_fit_the_budget_all_count(harness_factory: Any, caplog: Any) -> None:
     from mlxd.worker.warmup import warm_up
 
     h: Harness = harness_factory(prefill_chunk=16, max_num_seqs=8)
@@ -97,8 +98,12 @@ def test_stages_that_fit_the_budget_all_count(harness_factory: Any) -> None:
 
     h.engine.step = timed_step  # type: ignore[method-assign]
     # the prompt stage ends at t=4, "decode at 1 rows" at t=8: cut within the third stage
-    assert warm_up(h.engine, 9.5, clock=lambda: now[0]) == 2
+    with caplog.at_level(logging.INFO, logger="mlxd.worker"):
+        assert warm_up(h.engine, 9.5, clock=lambda: now[0]) == 2
     assert now[0] == 10.0
+    # each stage that ran is timed in the log (a slow start says which stage took it)
+    timed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("warm-up: ")]
+    assert timed == ["warm-up: a 32-token prompt in 4.00 s", "warm-up: decode at 1 rows in 4.00 s"]
     assert h.engine.scheduler.pool is not None and h.engine.scheduler.pool.num_used == 0
 
 
