@@ -24,7 +24,7 @@ import mlx_lm  # noqa: E402
 from mlxd.models import sources  # noqa: E402
 from mlxd.protocol.messages import SamplingParams  # noqa: E402
 from mlxd.worker import cpu_backend  # noqa: E402
-from mlxd.worker.runners.output_head import last_position_only  # noqa: E402
+from mlxd.worker.runners.served import for_serving  # noqa: E402
 from mlxd.worker.sched.sequence import Sequence  # noqa: E402
 from mlxd.worker.spec.draft_model import DraftModel  # noqa: E402
 
@@ -39,7 +39,7 @@ def main() -> None:
     args = ap.parse_args()
     model = mlx_lm.load(sources.resolve(args.model))[0]
     cpu_backend.prepare(model, "auto")
-    last_position_only(model)
+    for_serving(model)
     vocab = int(model.args.vocab_size)
     for b in map(int, args.rows.split(",")):
         drafter = DraftModel(model, vocab, vocab, args.model)

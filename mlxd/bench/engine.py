@@ -56,18 +56,15 @@ def _margin(entry: TokenLogprob) -> float:
 
 
 def load_served(path: str, dtype: str = "auto") -> tuple[Any, Any]:
-    """``path``'s model and tokenizer as the worker serves them: quantized layers take a batch as
-    rows of one matrix, only each row's last position is projected to the vocabulary, and the
-    weights are computed in ``dtype``'s (``auto``: float32 on the CPU backend)."""
+    """``path``'s model and tokenizer as the worker serves them (``runners.served``), the
+    weights computed in ``dtype``'s (``auto``: float32 on the CPU backend)."""
     import mlx_lm
 
     from mlxd.worker import cpu_backend
-    from mlxd.worker.runners.output_head import last_position_only
-    from mlxd.worker.runners.quantized import batch_as_rows
+    from mlxd.worker.runners.served import for_serving
 
     model, tokenizer = mlx_lm.load(path)[:2]
-    batch_as_rows(model)
-    last_position_only(model)
+    for_serving(model)
     cpu_backend.cast(model, dtype)
     return model, tokenizer
 

@@ -407,14 +407,13 @@ def engine_command(
         buffer_cache,
         cpu_backend,  # imports MLX: after the BLAS preload above
     )
-    from mlxd.worker.runners.output_head import last_position_only
-    from mlxd.worker.runners.quantized import batch_as_rows, restore
+    from mlxd.worker.runners.served import for_serving
 
     cache_limit = (
         None if buffer_cache_gb is None else buffer_cache.cap(int(buffer_cache_gb * 2**30))
     )
     model, tokenizer = mlx_lm.load(model_path)[:2]
-    quantized, whole_head = batch_as_rows(model), last_position_only(model)  # as the worker does
+    served = for_serving(model)  # as the worker does
     cpu_backend.cast(model, dtype)  # auto: float32 on the CPU, as the worker computes there
     rows: list[dict[str, Any]] = []
     yard: list[dict[str, Any]] = []
@@ -458,11 +457,10 @@ def engine_command(
         if compare_mlx_lm:
             ref = mlx_lm_single if level == 1 else mlx_lm_batch_level
             arg = prompts[0] if level == 1 else prompts
-            whole_head()  # mlx-lm on the model as it made it
-            restore(quantized)
+            served.undo()  # mlx-lm on the model as it made it
             ref(model, arg, 16)  # type: ignore[arg-type]
             yard.append(ref(model, arg, max_tokens))  # type: ignore[arg-type]
-            quantized, whole_head = batch_as_rows(model), last_position_only(model)
+            served = for_serving(model)
         bar.advance()
         bar.close()
         write_partial(add_speedup(rows))

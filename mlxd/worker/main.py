@@ -31,8 +31,7 @@ from mlxd.worker.engine import TEXT_ONLY, Engine
 from mlxd.worker.kv import attention_shapes
 from mlxd.worker.runners import delta_chunks
 from mlxd.worker.runners.base import ModelRunner
-from mlxd.worker.runners.output_head import last_position_only
-from mlxd.worker.runners.quantized import batch_as_rows
+from mlxd.worker.runners.served import Served, for_serving
 from mlxd.worker.sampling.tokenizer import PromptEncoder
 from mlxd.worker.warmup import warm_up, warmup_budget
 
@@ -257,9 +256,7 @@ def _load_vlm(path: str, group: Any) -> tuple[Any, Any, Any]:
 
     log.info("loading %s (vision-language, mlx-vlm) ...", path)
     model, tokenizer, (vlm, processor) = load_vlm(path)
-    if quantized := batch_as_rows(model):
-        log.info("%d quantized layers take each batch as rows of one matrix", len(quantized))
-    last_position_only(model.language_model)
+    _log_served(for_serving(model, head=model.language_model))
     return model, tokenizer, ImageEncoder(vlm, processor, model)
 
 
@@ -301,10 +298,15 @@ def _load_model(source: str, dtype: str, group: Any = None) -> tuple[Any, Any]:
     model, tokenizer = mlx_lm.load(path)[:2]
     if group is not None:
         worker_group.shard(model, group)  # before the layers are wrapped below
-    if quantized := batch_as_rows(model):
-        log.info("%d quantized layers take each batch as rows of one matrix", len(quantized))
-    last_position_only(model)  # the engine samples each row's last position, and nothing else
+    _log_served(for_serving(model))  # the engine samples each row's last position, and nothing else
     return model, tokenizer
+
+
+def _log_served(served: Served) -> None:
+    if served.quantized:
+        log.info("%d quantized layers take each batch as rows of one matrix", len(served.quantized))
+    if served.convs:
+        log.info("%d short convolutions run as multiply-adds", len(served.convs))
 
 
 def _draft_model(config: WorkerConfig, runner: ModelRunner, vocab_size: int) -> Drafter | None:

@@ -85,14 +85,14 @@ class Harness:
         from mlxd.worker.runners.contiguous import ContiguousModelRunner
         from mlxd.worker.runners.hybrid import HybridModelRunner
         from mlxd.worker.runners.native import NativeModelRunner
-        from mlxd.worker.runners.output_head import last_position_only
         from mlxd.worker.runners.paged import PagedModelRunner, check_model_supported
+        from mlxd.worker.runners.served import for_serving
         from mlxd.worker.runners.window import WindowModelRunner
         from mlxd.worker.sampling.tokenizer import PromptEncoder
         from mlxd.worker.sched.scheduler import Scheduler
 
         model, tokenizer = load_model(model_path)
-        last_position_only(model)  # as the worker serves it (mlx-lm reads the last one too)
+        for_serving(model)  # as the worker serves it (mlx-lm reads the last position too)
         encoder = PromptEncoder(tokenizer, vocab_size=model_vocab_size(model, tokenizer))
         native = check_model_supported(model)  # the pool cannot hold it: its own caches
         hybrid = bool(native) and paged and layer_caches.is_hybrid(model)  # as the worker
@@ -137,7 +137,7 @@ class Harness:
             from mlxd.worker.spec.draft_model import DraftModel
 
             draft, _ = load_model(Path(sched["draft_model"]))
-            last_position_only(draft)
+            for_serving(draft)
             drafter = DraftModel(
                 draft, draft.args.vocab_size, model.args.vocab_size, sched["draft_model"]
             )

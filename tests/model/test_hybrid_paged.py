@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import mlx.nn as nn
 import pytest
 
 from mlxd.models.maker import make_model
@@ -37,12 +38,18 @@ def model_path(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 
 def test_a_hybrid_is_served_on_the_pool(model_path: Path) -> None:
     from mlxd.worker.runners.hybrid import HybridModelRunner
+    from mlxd.worker.runners.short_conv import TapsConv1d
 
     h = Harness(model_path, block_size=BLOCK)
     try:
         assert isinstance(h.engine.runner, HybridModelRunner)
         assert h.engine.runner.kv_description.startswith("paged")
         assert not h.engine.runner.speculates  # a rejected draft would have moved the state
+        # its short convolutions as the worker runs them: this module's outputs, checked
+        # against mlx-lm's (``nn.Conv1d``), are the multiply-adds' (``runners.short_conv``)
+        modules = [m for _, m in h.engine.runner.model.named_modules()]
+        assert any(type(m) is TapsConv1d for m in modules)
+        assert not any(type(m) is nn.Conv1d for m in modules)
     finally:
         h.close()
 

@@ -1,0 +1,41 @@
+"""What a model gets to be served, in one place: its plain quantized layers take a batch as rows
+of one matrix (``quantized``), its output head projects each row's last position only
+(``output_head``), and its recurrent layers' short convolutions run as shifted multiply-adds
+(``short_conv``). Each change is in place and undoable: benchmarks run mlx-lm on the model as
+it made it, then serve it again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.nn as nn
+
+from mlxd.worker.runners import quantized, short_conv
+from mlxd.worker.runners.output_head import last_position_only
+
+
+@dataclass(slots=True)
+class Served:
+    """The layers ``for_serving`` changed, and how to undo it."""
+
+    quantized: list[nn.Module]
+    convs: list[nn.Module]
+    whole_head: Callable[[], None]
+
+    def undo(self) -> None:
+        self.whole_head()
+        quantized.restore(self.quantized)
+        short_conv.restore(self.convs)
+
+
+def for_serving(model: nn.Module, head: Any = None) -> Served:
+    """``model`` made ready to serve; ``head`` is the module whose output head is projected
+    (a VLM's language model; by default ``model``)."""
+    return Served(
+        quantized=quantized.batch_as_rows(model),
+        convs=short_conv.as_taps(model),
+        whole_head=last_position_only(model if head is None else head),
+    )
