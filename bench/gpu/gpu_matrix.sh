@@ -36,7 +36,8 @@
 # first:CLASS[:VARIANT] (bench/first_prompt.py on the class's model, FIRST_RUNS=2 starts, warm-up
 # on: VARIANT default, graphs (MLX_CUDA_GRAPH_CACHE_SIZE=GRAPH_CACHE, 4000), nographs
 # (MLX_USE_CUDA_GRAPHS=0) or warm60 (a 60 s warm-up bound)).
-# placement:CLASS (bench/cpu_placement.py: mlx-lm's one row in fresh processes, unpinned and
+# shortconv (bench/short_conv.py: a depthwise conv1d against its multiply-adds, first calls at
+# new lengths and row counts and repeats). placement:CLASS (bench/cpu_placement.py: mlx-lm's one row in fresh processes, unpinned and
 # pinned to the GPU's node's CPUs and to two of them, PLACE_ROUNDS=3, alternated).
 # updates (bench/graph_updates.py: an MLP stack at 1, 16 and 64 rows with CUDA graphs on and off,
 # bf16 then 4-bit, three rounds: whether graphs lose where cuBLAS's clusters make them re-instantiate).
@@ -162,6 +163,7 @@ item() {  # GPU ITEM: one item of a lane, on GPU (its output in $OUT/laneGPU*)
     graphsoff) made "$arg"; primed "$arg" "$dir"  # graphsoff:CLASS: CUDA graphs on and off
       MODEL=$(model_dir "$arg") OUT="$dir/graphs-$arg" PORT=$((8700 + 100 * gpu)) \
         LEVELS="${GRAPHS_LEVELS:-1 16}" bash bench/gpu/gpu_graphs_off.sh > "$dir-graphs.txt" 2>&1 ;;
+    shortconv) "$PY" bench/short_conv.py >> "$dir-shortconv.txt" 2>&1 ;;  # conv1d against taps
     placement) made "$arg"  # placement:CLASS: mlx-lm's one row unpinned and pinned to CPUs
       "$PY" bench/cpu_placement.py "$(model_dir "$arg")" --rounds "${PLACE_ROUNDS:-3}" \
         --json "$dir/placement-$arg.json" >> "$dir-placement.txt" 2>&1 ;;

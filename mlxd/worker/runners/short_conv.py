@@ -12,8 +12,9 @@ bounded (``kv.attention_shapes``). mlx-vlm's Qwen3.5 already decodes its single 
 A depthwise convolution of K taps is K products of shifted views with a row of the weight,
 summed: one fused kernel (``mx.compile(shapeless=True)``: a new length or batch traces nothing
 and builds nothing), accumulated in float32 as the convolution does. On the 2-core CPU it gave
-the same values bit for bit as ``mx.conv1d`` (float32 and bfloat16) and took 67 ms against 521
-for 2,051 tokens of Qwen3.5-0.8B's 6,144 channels (``bench/short_conv.py``).
+the same values bit for bit as ``mx.conv1d`` (float32 and bfloat16) and took 76 ms against 521
+for 2,051 bfloat16 tokens of Qwen3.5-0.8B's 6,144 channels, 2.8-9.4x less at every shape
+measured (``bench/short_conv.py``, docs/PERFORMANCE.md); on CUDA, not yet measured.
 """
 
 from __future__ import annotations
