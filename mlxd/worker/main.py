@@ -298,7 +298,7 @@ def _load_model(source: str, dtype: str, group: Any = None) -> tuple[Any, Any]:
     model, tokenizer = mlx_lm.load(path)[:2]
     if group is not None:
         worker_group.shard(model, group)  # before the layers are wrapped below
-    _log_served(for_serving(model))  # the engine samples each row's last position, and nothing else
+    _log_served(for_serving(model))
     return model, tokenizer
 
 

@@ -5,9 +5,9 @@ an ``nn.Conv1d`` with one group per channel and a kernel of a few taps (4 for Qw
 the cached tail and the new tokens. MLX's CUDA backend runs ``conv1d`` through cuDNN, which
 builds a graph for every new input shape (its cache key holds the input's shape: MLX 0.32
 ``backend/cuda/conv.cpp``), so every new prompt length, and every new number of decode rows,
-pays a build; that is the kind of cost that made a hybrid's first long prompt 1.5-2.9x a warm
-one on an H200 (docs/PERFORMANCE.md, runs GO1 and HA1), where attention's plans were already
-bounded (``kv.attention_shapes``). mlx-vlm's Qwen3.5 already decodes its single token this way.
+pays a build: a candidate for what still leaves a hybrid's first long prompt 1.5-2.9x a warm
+one on an H200 (docs/PERFORMANCE.md, runs GO1 and HA1) now that attention's plans are bounded
+(``kv.attention_shapes``). mlx-vlm's Qwen3.5 already decodes its single token this way.
 
 A depthwise convolution of K taps is K products of shifted views with a row of the weight,
 summed: one fused kernel (``mx.compile(shapeless=True)``: a new length or batch traces nothing
