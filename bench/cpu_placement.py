@@ -123,6 +123,8 @@ def _child(args: argparse.Namespace) -> dict:
     from mlx_lm import load
     from mlx_lm.generate import generate_step
 
+    from mlxd.bench.stats import percentile
+
     model, _ = load(args.model)
     prompt = mx.array([100 + (j * 31) % 1000 for j in range(128)])
     for _ in generate_step(prompt, model, max_tokens=8):
@@ -132,10 +134,10 @@ def _child(args: argparse.Namespace) -> dict:
         stamps.append(time.perf_counter())
         seen.add(_cpu())
     timed = stamps[args.skip :]
-    gaps = sorted(1e3 * (b - a) for a, b in zip(timed, timed[1:], strict=False))
+    gaps = [1e3 * (b - a) for a, b in zip(timed, timed[1:], strict=False)]
     return {
-        "p50_ms": round(statistics.median(gaps), 3),
-        "p95_ms": round(gaps[int(0.95 * (len(gaps) - 1))], 3),
+        "p50_ms": round(percentile(gaps, 50), 3),
+        "p95_ms": round(percentile(gaps, 95), 3),
         "cpus_seen": _spell(seen),
     }
 

@@ -37,8 +37,9 @@
 # on: VARIANT default, graphs (MLX_CUDA_GRAPH_CACHE_SIZE=GRAPH_CACHE, 4000), nographs
 # (MLX_USE_CUDA_GRAPHS=0) or warm60 (a 60 s warm-up bound)).
 # shortconv (bench/short_conv.py: a depthwise conv1d against its multiply-adds, first calls at
-# new lengths and row counts and repeats). placement:CLASS (bench/cpu_placement.py: mlx-lm's one row in fresh processes, unpinned and
-# pinned to the GPU's node's CPUs and to two of them, PLACE_ROUNDS=3, alternated).
+# new lengths and row counts and repeats). placement:CLASS (bench/cpu_placement.py: mlx-lm's one
+# row in fresh processes, unpinned and pinned to the GPU's node's CPUs and to two of them,
+# PLACE_ROUNDS=3, alternated).
 # updates (bench/graph_updates.py: an MLP stack at 1, 16 and 64 rows with CUDA graphs on and off,
 # bf16 then 4-bit, three rounds: whether graphs lose where cuBLAS's clusters make them re-instantiate).
 # graphsoff:CLASS (gpu_graphs_off.sh on the class's model: graphs on and off alternated,
@@ -50,7 +51,8 @@
 # command, COLLECT=1, waits up to WAIT_S (580) for it, joins the table from whatever has
 # finished, and copies matrix.md and a tarball of the run to $OUT (run it again if it was not
 # done).
-# Knobs: CLASSES SERVERS LEVELS=1,16,64 (LEVELS_CLASS, SERVERS_CLASS: one class's own) PROMPT=128 OUTPUT=128 LONG=4500 PREFIX=2000
+# Knobs: CLASSES SERVERS LEVELS=1,16,64 (LEVELS_CLASS, SERVERS_CLASS: one class's own)
+#   PROMPT=128 OUTPUT=128 LONG=4500 PREFIX=2000
 #   CLIENT_PROCS=8 MAX_SEQS=128 MLXD_ARGS (more `mlxd start` options) MODELS=/root/models
 #   PEERS_ROOT=/root/peers MAKE_ONLY=1 (only the models) PYTHON=python3 (mlxd's, the servers')
 #   TINY=1 (tiny widths: a CPU check, e.g. with LEVELS=1,4,8 PROMPT=32 OUTPUT=16 LONG=512
