@@ -78,9 +78,10 @@ def serve_command(
     **opts: Any,
 ) -> None:
     """Load MODEL and serve it on ENDPOINT until SIGTERM."""
-    from mlxd.worker import blas
+    from mlxd.worker import blas, frameworks
 
     blas.preload(os.environ)  # before anything imports mlx.core (MLXD_BLAS=off: never)
+    frameworks.hide()  # before mlx-lm imports transformers, which imports what it finds
     from mlxd.worker.main import configure_logging, serve
 
     try:

@@ -14,7 +14,10 @@ for their first token, against 22 and 143 ms for one stream (run MX1). It
 stops at the first engine step that would start after ``--warmup-s`` seconds, within a stage
 too (0: no warm-up; by default 20 s on a GPU and none on the CPU: ``warmup_budget``): on an
 H100 a hybrid's and a MoE's stages each built kernels for longer than the whole budget, and a
-check between stages only let the worker say it serves after 90 s and more. The requests go
+check between stages only let the worker say it serves after 90 s and more. A step itself is
+never cut: on an H200 the MoE shape's stage at 8 rows was cut at the budget after one of its
+steps had run past it, and warm-up took 47 s of its 20 (run MS1), so a step over
+``SLOW_STEP_S`` is logged with what it held. The requests go
 to no client; afterwards the prefix cache holds nothing of them, their blocks are free and the
 worker's counters start from zero. Meanwhile pings say ``warming`` with the stage
 (``Pong.warming``), the supervisor shows the worker as ``warming`` and the gateway holds its
@@ -48,6 +51,7 @@ DECODE_TOKENS = 3  # each decode stage's tokens per row: a step that builds, one
 # (``runners.delta_chunks.MIN_TOKENS``); at most a step's budget, at least the old 8 tokens.
 BATCH_PROMPT_TOKENS = 128
 MIN_PROMPT_TOKENS = 8
+SLOW_STEP_S = 1.0  # a warm-up step longer than this is logged with what it held
 WARMUP_CLIENT = b"\x00warmup"  # no gateway connection has this identity
 
 
@@ -110,7 +114,7 @@ def warm_up(engine: Engine, budget_s: float, clock: Callable[[], float] = time.m
                 break
             engine.warming = f"{stage.name} ({done + 1}/{len(plan)})"
             stage_started = clock()
-            if not _run(engine, stage, over):
+            if not _run(engine, stage, over, clock):
                 break  # cut at the budget: not counted
             done += 1
             log.info("warm-up: %s in %.2f s", stage.name, clock() - stage_started)
@@ -125,7 +129,9 @@ def warm_up(engine: Engine, budget_s: float, clock: Callable[[], float] = time.m
     return done
 
 
-def _run(engine: Engine, stage: Stage, over: Callable[[], bool]) -> bool:
+def _run(
+    engine: Engine, stage: Stage, over: Callable[[], bool], clock: Callable[[], float]
+) -> bool:
     """Run ``stage`` step by step; False if ``over()`` cut it (``_forget`` drops what is left)."""
     for i, prompt in enumerate(stage.prompts):
         sampling = SamplingParams(
@@ -143,8 +149,25 @@ def _run(engine: Engine, stage: Stage, over: Callable[[], bool]) -> bool:
     while engine.scheduler.has_work():
         if over():
             return False
-        engine.step()
+        _timed_step(engine, stage, clock)
     return True
+
+
+def _timed_step(engine: Engine, stage: Stage, clock: Callable[[], float]) -> None:
+    """One engine step; one over ``SLOW_STEP_S`` is logged with what it held, since a step is
+    never cut and can outlast the whole budget (run MS1: a MoE's stage at 8 rows ran 36 s)."""
+    scheduler = engine.scheduler
+    held = (len(scheduler.waiting) + len(scheduler.prefilling), len(engine.runner.rows))
+    started = clock()
+    engine.step()
+    took = clock() - started
+    if took > SLOW_STEP_S:
+        log.info(
+            "warm-up: a step of %s took %.2f s (%d prompts to prefill, %d rows decoding)",
+            stage.name,
+            took,
+            *held,
+        )
 
 
 def _forget(engine: Engine) -> None:

@@ -107,6 +107,27 @@ def test_stages_that_fit_the_budget_all_count(harness_factory: Any, caplog: Any)
     assert h.engine.scheduler.pool is not None and h.engine.scheduler.pool.num_used == 0
 
 
+def test_a_slow_step_is_logged_with_what_it_held(harness_factory: Any, caplog: Any) -> None:
+    """A step is never cut, so one that outlasts the budget says what it ran (run MS1)."""
+    from mlxd.worker.warmup import warm_up
+
+    h: Harness = harness_factory(prefill_chunk=16, max_num_seqs=2)
+    now, step = [0.0], h.engine.step
+    took = iter([2.5])  # the first step (the long prompt's first chunk) is slow, the rest not
+
+    def timed_step() -> None:
+        now[0] += next(took, 0.5)
+        step()
+
+    h.engine.step = timed_step  # type: ignore[method-assign]
+    with caplog.at_level(logging.INFO, logger="mlxd.worker"):
+        warm_up(h.engine, 60.0, clock=lambda: now[0])
+    slow = [r.getMessage() for r in caplog.records if "a step of" in r.getMessage()]
+    assert slow == [
+        "warm-up: a step of a 32-token prompt took 2.50 s (1 prompts to prefill, 0 rows decoding)"
+    ]
+
+
 def test_decode_stages_start_as_a_burst_of_chat_prompts(harness_factory: Any) -> None:
     """Each decode stage's rows arrive as a burst of chat-sized prompts, prefilled together: the
     batched shapes a burst after the start needs are built before the worker serves."""

@@ -5,16 +5,19 @@ an ``nn.Conv1d`` with one group per channel and a kernel of a few taps (4 for Qw
 the cached tail and the new tokens. MLX's CUDA backend runs ``conv1d`` through cuDNN, which
 builds a graph for every new input shape (its cache key holds the input's shape: MLX 0.32
 ``backend/cuda/conv.cpp``), so every new prompt length, and every new number of decode rows,
-pays a build: a candidate for what still leaves a hybrid's first long prompt 1.5-2.9x a warm
-one on an H200 (docs/PERFORMANCE.md, runs GO1 and HA1) now that attention's plans are bounded
-(``kv.attention_shapes``). mlx-vlm's Qwen3.5 already decodes its single token this way.
+paid a build: 215-230 ms on an H200 against 0.07-0.16 ms for the shape once built (run TA1,
+docs/PERFORMANCE.md). It was what left a hybrid's first long prompt 2x a warm one: served with
+these taps the Qwen3.5-0.8B shape's first 4,500-token prompt after a start took 0.86-1.52x a
+warm one (median 0.99x) against 1.98-2.14x with ``conv1d``, alternated, three starts each, and
+one stream and 16 in-process even within the noise. mlx-vlm's Qwen3.5 decodes its token so.
 
 A depthwise convolution of K taps is K products of shifted views with a row of the weight,
 summed: one fused kernel (``mx.compile(shapeless=True)``: a new length or batch traces nothing
 and builds nothing), accumulated in float32 as the convolution does. On the 2-core CPU it gave
 the same values bit for bit as ``mx.conv1d`` (float32 and bfloat16) and took 76 ms against 521
 for 2,051 bfloat16 tokens of Qwen3.5-0.8B's 6,144 channels, 2.8-9.4x less at every shape
-measured (``bench/short_conv.py``, docs/PERFORMANCE.md); on CUDA, not yet measured.
+measured (``bench/short_conv.py``, docs/PERFORMANCE.md); on an H200 a first call at a new shape
+took 0.2-0.6 ms and a repeat 0.1-0.5.
 """
 
 from __future__ import annotations
