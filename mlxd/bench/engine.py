@@ -57,7 +57,8 @@ def _margin(entry: TokenLogprob) -> float:
 
 def load_served(path: str, dtype: str = "auto") -> tuple[Any, Any]:
     """``path``'s model and tokenizer as the worker serves them (``runners.served``), the
-    weights computed in ``dtype``'s (``auto``: float32 on the CPU backend)."""
+    weights computed in ``dtype``'s (``auto``: float32 on the CPU backend). The model's own
+    changes only: this process's (``for_this_process``) are the caller's to make."""
     import mlx_lm
 
     from mlxd.worker import cpu_backend

@@ -407,13 +407,13 @@ def engine_command(
         buffer_cache,
         cpu_backend,  # imports MLX: after the BLAS preload above
     )
-    from mlxd.worker.runners.served import for_serving
+    from mlxd.worker.runners.served import for_serving, for_this_process
 
     cache_limit = (
         None if buffer_cache_gb is None else buffer_cache.cap(int(buffer_cache_gb * 2**30))
     )
     model, tokenizer = mlx_lm.load(model_path)[:2]
-    served = for_serving(model)  # as the worker does
+    served, patched = for_serving(model), for_this_process(model)  # as the worker does
     cpu_backend.cast(model, dtype)  # auto: float32 on the CPU, as the worker computes there
     rows: list[dict[str, Any]] = []
     yard: list[dict[str, Any]] = []
@@ -457,10 +457,11 @@ def engine_command(
         if compare_mlx_lm:
             ref = mlx_lm_single if level == 1 else mlx_lm_batch_level
             arg = prompts[0] if level == 1 else prompts
-            served.undo()  # mlx-lm on the model as it made it
+            served.undo()  # mlx-lm on the model as it made it, its functions as they ship
+            patched.undo()
             ref(model, arg, 16)  # type: ignore[arg-type]
             yard.append(ref(model, arg, max_tokens))  # type: ignore[arg-type]
-            served = for_serving(model)
+            served, patched = for_serving(model), for_this_process(model)
         bar.advance()
         bar.close()
         write_partial(add_speedup(rows))

@@ -28,10 +28,9 @@ from mlxd.worker.build import build_engine, build_runner, save_snapshots
 from mlxd.worker.control import Control
 from mlxd.worker.embedder import Embedder
 from mlxd.worker.engine import TEXT_ONLY, Engine
-from mlxd.worker.kv import attention_shapes
 from mlxd.worker.runners import delta_chunks
 from mlxd.worker.runners.base import ModelRunner
-from mlxd.worker.runners.served import Served, for_serving
+from mlxd.worker.runners.served import Served, for_serving, for_this_process
 from mlxd.worker.sampling.tokenizer import PromptEncoder
 from mlxd.worker.warmup import warm_up, warmup_budget
 
@@ -103,9 +102,10 @@ def _load_all(config: WorkerConfig) -> _Loaded:
     group = worker_group.join(config)  # None: a lone worker
     model, tokenizer, max_context, vision = _load(config, group)
     compute = cpu_backend.prepare(model, config.dtype)  # float32 on the CPU; GEMM probe
-    if delta_chunks.install(model):  # this process's gated delta prefill, where Metal is absent
+    patched = for_this_process(model)
+    if patched.delta_modules:  # this process's gated delta prefill, where Metal is absent
         log.info("gated delta prefill in %d-token chunks", delta_chunks.CHUNK)
-    if attention_shapes.install():  # exact-length prefills' queries padded inside attention
+    if patched.padded_attention:  # exact-length prefills' queries padded inside attention
         log.info("attention queries padded to planned lengths")
     channel = _channel(config, group)
     runner, pool, max_context = build_runner(

@@ -170,3 +170,43 @@ def test_bench_engine_caps_the_buffer_cache_as_a_worker_does(
     wanted = int(0.01 * 2**30)
     assert limits[0] == wanted
     assert json.loads(out.read_text())["buffer_cache_bytes"] == min(before, wanted)
+
+
+@pytest.mark.filterwarnings("ignore:`rope_scaling` is deprecated:FutureWarning")  # its tokenizer
+def test_bench_engine_serves_with_the_workers_process_patches_and_times_mlx_lm_without(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hybrid: the engine prefills its gated delta layers in chunks, as a worker does where
+    Metal is absent (``for_this_process``), and mlx-lm's yardstick runs its own loop."""
+    import mlxd.bench.engine as bench_engine
+    from mlxd.models.zoo import make_zoo_model
+    from mlxd.worker.runners import delta_chunks
+
+    model = make_zoo_model(tmp_path / "m", "qwen3_5")
+    phase, chunked = ["load"], {"engine": 0, "mlx-lm": 0, "load": 0}
+    real = delta_chunks.chunked_gated_delta
+
+    def counted(*a: object) -> object:
+        chunked[phase[0]] += 1
+        return real(*a)  # type: ignore[arg-type]
+
+    def in_phase(name: str, run: object) -> object:
+        def timed(*a: object, **k: object) -> object:
+            phase[0] = name
+            return run(*a, **k)  # type: ignore[operator]
+
+        return timed
+
+    monkeypatch.setattr(delta_chunks, "chunked_gated_delta", counted)
+    monkeypatch.setattr(bench_engine, "engine_level", in_phase("engine", bench_engine.engine_level))
+    monkeypatch.setattr(
+        bench_engine, "mlx_lm_single", in_phase("mlx-lm", bench_engine.mlx_lm_single)
+    )
+    args = ["bench", "engine", "--model", str(model), "--concurrency", "1"]
+    args += ["--prompt-tokens", "40", "--max-tokens", "2", "--speculate", "off"]
+    try:
+        result = CliRunner().invoke(main, args, catch_exceptions=False)
+    finally:
+        delta_chunks.uninstall()  # the command serves again after its yardstick
+    assert result.exit_code == 0, result.output
+    assert chunked["engine"] > 0 and chunked["mlx-lm"] == 0, chunked

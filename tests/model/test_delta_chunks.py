@@ -104,6 +104,38 @@ def test_install_routes_a_models_prefill_through_chunks_and_keeps_decode(
     assert set(lengths) == {delta_chunks.MIN_TOKENS}  # shorter spans keep the loop
     for want, have in zip(expected, got, strict=True):
         assert mx.allclose(want, have, atol=1e-4).item()
+    chunked_update = module.gated_delta_update
+    assert delta_chunks.uninstall() >= 1  # mlx-lm's loop back, as a benchmark's yardstick runs
+    assert module.gated_delta_update is not chunked_update
+    assert module.gated_delta_update.__module__ == "mlx_lm.models.gated_delta"
+    lengths.clear()
+    run()
+    assert not lengths and delta_chunks.uninstall() == 0
+
+
+@pytest.mark.filterwarnings("ignore:`rope_scaling` is deprecated:FutureWarning")  # its tokenizer
+def test_for_this_process_patches_and_undoes_a_hybrids_functions(tmp_path: Any) -> None:
+    """``for_this_process`` (the worker's and ``mlxd bench engine``'s) chunks a hybrid's gated
+    delta prefill where Metal is absent and pads attention only where plans are built (not on
+    the CPU); ``undo`` leaves mlx-lm's functions as they ship."""
+    import importlib
+
+    from mlx_lm.utils import load
+
+    from mlxd.models.zoo import make_zoo_model
+    from mlxd.worker.runners.served import for_this_process
+
+    model, _ = load(str(make_zoo_model(tmp_path / "m", "qwen3_5")))
+    module = importlib.import_module(type(model).__module__)
+    shipped, attention = module.gated_delta_update, mx.fast.scaled_dot_product_attention
+    patched = for_this_process(model)
+    try:
+        assert patched.delta_modules >= 1 and not patched.padded_attention
+        assert module.gated_delta_update is not shipped
+    finally:
+        patched.undo()
+    assert module.gated_delta_update is shipped
+    assert mx.fast.scaled_dot_product_attention is attention
 
 
 def test_the_blocked_inverse_equals_forward_substitution() -> None:

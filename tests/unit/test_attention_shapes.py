@@ -110,6 +110,9 @@ def test_install_wraps_once_and_only_where_plans_are_built(
     assert attention_shapes.install()
     assert not attention_shapes.install()  # wrapped once
     assert mx.fast.scaled_dot_product_attention is not original
+    assert attention_shapes.uninstall()  # a benchmark's yardstick: mlx-lm's attention as shipped
+    assert mx.fast.scaled_dot_product_attention is original
+    assert not attention_shapes.uninstall()
 
 
 @pytest.mark.usefixtures("bucketed")

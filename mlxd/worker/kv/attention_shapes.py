@@ -113,6 +113,16 @@ def install() -> bool:
     return True
 
 
+def uninstall() -> bool:
+    """Undo ``install`` (a benchmark runs mlx-lm as it ships, then serves again); whether it
+    was installed."""
+    original = getattr(mx.fast.scaled_dot_product_attention, "wrapped", None)
+    if original is None:
+        return False
+    mx.fast.scaled_dot_product_attention = original
+    return True
+
+
 def padded_attention(attend: Callable[..., mx.array]) -> Callable[..., mx.array]:
     """``attend`` with a multi-query call's rows padded to a planned count (``batch``), and its
     queries and keys to planned lengths (``queries``) where it has an array mask, which says what
@@ -136,6 +146,7 @@ def padded_attention(attend: Callable[..., mx.array]) -> Callable[..., mx.array]
         return attend(q, k, v, *args, **kwargs)[:b, ..., :n, :]
 
     attention.pads_queries = True  # type: ignore[attr-defined]
+    attention.wrapped = attend  # type: ignore[attr-defined]
     return attention
 
 

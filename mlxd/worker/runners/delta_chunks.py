@@ -41,6 +41,7 @@ _LOOPS = "mlx_lm.models.gated_delta"
 _VLM_FAMILY = "mlx_vlm.models.qwen3_5"
 _VLM_SCAN = "mlx_vlm.models.qwen3_5.gated_delta"
 _VLM_INVERSE = "_invert_unit_lower"
+_replaced: list[tuple[Any, str, Any]] = []  # (module, attribute, original) of every install
 
 
 def chunked_gated_delta(
@@ -98,9 +99,19 @@ def install(model: Any) -> int:
         original = getattr(module, _NAME, None)
         if getattr(original, "__module__", None) != _LOOPS:  # not mlx-lm's, or patched already
             continue
-        setattr(module, _NAME, _chunked_update(original))
+        _replace(module, _NAME, _chunked_update(original))
         patched += 1
     return patched
+
+
+def uninstall() -> int:
+    """Undo this process's ``install``s (a benchmark runs mlx-lm as it ships, then serves
+    again); returns how many functions were put back."""
+    count = len(_replaced)
+    while _replaced:
+        module, name, original = _replaced.pop()
+        setattr(module, name, original)
+    return count
 
 
 # Internal helpers
@@ -114,8 +125,13 @@ def _install_vlm_inverse(modules: set[str]) -> int:
         return 0
     if getattr(scan, _VLM_INVERSE, None) in (None, _vlm_inverse):
         return 0
-    setattr(scan, _VLM_INVERSE, _vlm_inverse)
+    _replace(scan, _VLM_INVERSE, _vlm_inverse)
     return 1
+
+
+def _replace(module: Any, name: str, value: Any) -> None:
+    _replaced.append((module, name, getattr(module, name)))
+    setattr(module, name, value)
 
 
 def _chunks(x: mx.array, pad: int) -> mx.array:

@@ -2,7 +2,9 @@
 of one matrix (``quantized``), its output head projects each row's last position only
 (``output_head``), and its recurrent layers' short convolutions run as shifted multiply-adds
 (``short_conv``). Each change is in place and undoable: benchmarks run mlx-lm on the model as
-it made it, then serve it again.
+it made it, then serve it again. ``for_this_process`` does the same for what is patched per
+process, not per model: gated delta prefill in chunks (``delta_chunks``) and attention padded
+to planned shapes (``kv.attention_shapes``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from typing import Any
 
 import mlx.nn as nn
 
-from mlxd.worker.runners import quantized, short_conv
+from mlxd.worker.kv import attention_shapes
+from mlxd.worker.runners import delta_chunks, quantized, short_conv
 from mlxd.worker.runners.output_head import last_position_only
 
 
@@ -39,3 +42,22 @@ def for_serving(model: nn.Module, head: Any = None) -> Served:
         convs=short_conv.as_taps(model),
         whole_head=last_position_only(model if head is None else head),
     )
+
+
+@dataclass(slots=True)
+class Patched:
+    """What ``for_this_process`` patched, and how to undo it."""
+
+    delta_modules: int  # gated delta layers' modules whose prefill runs in chunks
+    padded_attention: bool  # multi-query attention padded to planned shapes
+
+    def undo(self) -> None:
+        delta_chunks.uninstall()
+        if self.padded_attention:
+            attention_shapes.uninstall()
+
+
+def for_this_process(model: nn.Module) -> Patched:
+    """This process's functions patched to serve ``model`` (each where its backend needs it:
+    chunks where Metal is absent, padding where attention plans are built per shape)."""
+    return Patched(delta_chunks.install(model), attention_shapes.install())
