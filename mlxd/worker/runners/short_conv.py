@@ -5,11 +5,12 @@ an ``nn.Conv1d`` with one group per channel and a kernel of a few taps (4 for Qw
 the cached tail and the new tokens. MLX's CUDA backend runs ``conv1d`` through cuDNN, which
 builds a graph for every new input shape (its cache key holds the input's shape: MLX 0.32
 ``backend/cuda/conv.cpp``), so every new prompt length, and every new number of decode rows,
-paid a build: 215-230 ms on an H200 against 0.07-0.16 ms for the shape once built (run TA1,
-docs/PERFORMANCE.md). It was what left a hybrid's first long prompt 2x a warm one: served with
-these taps the Qwen3.5-0.8B shape's first 4,500-token prompt after a start took 0.86-1.52x a
-warm one (median 0.99x) against 1.98-2.14x with ``conv1d``, alternated, three starts each, and
-one stream and 16 in-process even within the noise. mlx-vlm's Qwen3.5 decodes its token so.
+paid a build: 215-230 ms on an H200 against 0.07-0.16 ms for the shape once built (run MS1,
+docs/PERFORMANCE.md). Those builds were most of what left a hybrid's first long prompt 2x a
+warm one: served with these taps the Qwen3.5-0.8B shape's first 4,500-token prompt after a
+start took 0.86-1.52x a warm one (median 0.99x) against 1.98-2.14x with ``conv1d``, alternated,
+three starts each, and one stream and 16 in-process even within the noise (run TA1). mlx-vlm's
+Qwen3.5 decodes its token so.
 
 A depthwise convolution of K taps is K products of shifted views with a row of the weight,
 summed: one fused kernel (``mx.compile(shapeless=True)``: a new length or batch traces nothing
