@@ -12,6 +12,7 @@ Prints one JSON line per (op, rows): first_ms, repeat_ms.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -68,8 +69,8 @@ def main() -> None:
     }
     for rows in (int(r) for r in args.rows.split(",")):
         for name, run in ops.items():
-            first = timed(lambda: run(rows, args.tokens))
-            repeat = min(timed(lambda: run(rows, args.tokens)) for _ in range(3))
+            call = functools.partial(run, rows, args.tokens)
+            first, repeat = timed(call), min(timed(call) for _ in range(3))
             line = {"op": name, "rows": rows, "tokens": args.tokens}
             print(json.dumps({**line, "first_ms": round(first, 2), "repeat_ms": round(repeat, 2)}))
 

@@ -40,7 +40,11 @@ def new_command(role: str, force: bool) -> None:
     click.echo(f"on each {other} host: mlxd keys trust {role} {keys.public.decode()}")
 
 
-@keys_command.command("trust")
+# A z85 key may start with "-" (one of its 85 characters): an argument, not an unknown option.
+_KEY_ARGS = {"ignore_unknown_options": True}
+
+
+@keys_command.command("trust", context_settings=_KEY_ARGS)
 @click.argument("role", type=_ROLE)
 @click.argument("public_key")
 @click.option(
@@ -54,7 +58,7 @@ def trust_command(role: str, public_key: str, name: str) -> None:
     click.echo(f"added to {path}; restart the daemon or worker that reads it")
 
 
-@keys_command.command("revoke")
+@keys_command.command("revoke", context_settings=_KEY_ARGS)
 @click.argument("public_key")
 def revoke_command(public_key: str) -> None:
     """Stop accepting PUBLIC_KEY (removed from both authorized lists)."""

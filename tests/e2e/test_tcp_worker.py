@@ -65,6 +65,20 @@ def test_keys_are_private_and_never_silently_replaced(tmp_path: Path) -> None:
         curve.load(secret.parent, "worker")
 
 
+def test_a_key_that_starts_with_a_dash_is_trusted_and_revoked(tmp_path: Path) -> None:
+    """z85 has "-" among its 85 characters, so one key in 85 starts with it (a CI run met one):
+    the CLI takes it as the key, not as an unknown option."""
+    curve.generate(curve.keys_dir(tmp_path), "gateway")
+    key = "-" + curve.generate(tmp_path / "elsewhere", "worker").public.decode()[1:]
+    r = mlxd(tmp_path, "keys", "trust", "worker", key, "--name", "m")
+    assert r.returncode == 0, r.stderr
+    loaded = curve.load(curve.keys_dir(tmp_path), "gateway")
+    assert loaded is not None and loaded.peers == ((key.encode(), "m"),)
+    assert mlxd(tmp_path, "keys", "revoke", key).returncode == 0
+    assert curve.load(curve.keys_dir(tmp_path), "gateway").peers == ()  # type: ignore[union-attr]
+    assert mlxd(tmp_path, "keys", "trust", "worker", "--bogus").returncode != 0  # still checked
+
+
 def test_trust_and_revoke_edit_the_authorized_lists(tmp_path: Path) -> None:
     gateway = curve.generate(curve.keys_dir(tmp_path), "gateway")
     worker = curve.generate(tmp_path / "elsewhere", "worker").public.decode()
