@@ -41,7 +41,9 @@ def new_command(role: str, force: bool) -> None:
 
 
 # A z85 key may start with "-" (one of its 85 characters): an argument, not an unknown option.
-_KEY_ARGS = {"ignore_unknown_options": True}
+# With no short option on the command (help is --help alone) click keeps such a word whole; with
+# -h it read a key holding an "h" as a call for help and trusted nothing (CI, stop 56).
+_KEY_ARGS = {"ignore_unknown_options": True, "help_option_names": ["--help"]}
 
 
 @keys_command.command("trust", context_settings=_KEY_ARGS)

@@ -67,16 +67,26 @@ def test_keys_are_private_and_never_silently_replaced(tmp_path: Path) -> None:
 
 def test_a_key_that_starts_with_a_dash_is_trusted_and_revoked(tmp_path: Path) -> None:
     """z85 has "-" among its 85 characters, so one key in 85 starts with it (a CI run met one):
-    the CLI takes it as the key, not as an unknown option."""
+    the CLI takes it whole as the key, whatever follows (an "h", which -h would read as help,
+    an "="), and a bogus option is still refused."""
+    from click.testing import CliRunner
+
+    from mlxd.cli.main import main
+
     curve.generate(curve.keys_dir(tmp_path), "gateway")
-    key = "-" + curve.generate(tmp_path / "elsewhere", "worker").public.decode()[1:]
-    r = mlxd(tmp_path, "keys", "trust", "worker", key, "--name", "m")
-    assert r.returncode == 0, r.stderr
+    public = curve.generate(tmp_path / "elsewhere", "worker").public.decode()
+    keys = ["-" + public[1:], "-h=" + public[3:], "--" + public[2:]]
+    runner = CliRunner(env={"MLXD_HOME": str(tmp_path)})
+    for key in keys:
+        r = runner.invoke(main, ["keys", "trust", "worker", key, "--name", "m"])
+        assert r.exit_code == 0 and "added to" in r.output, (key, r.output)
     loaded = curve.load(curve.keys_dir(tmp_path), "gateway")
-    assert loaded is not None and loaded.peers == ((key.encode(), "m"),)
-    assert mlxd(tmp_path, "keys", "revoke", key).returncode == 0
+    assert loaded is not None and loaded.peers == tuple((k.encode(), "m") for k in keys)
+    assert mlxd(tmp_path, "keys", "revoke", keys[1]).returncode == 0  # the real CLI too
+    for key in (keys[0], keys[2]):
+        assert runner.invoke(main, ["keys", "revoke", key]).exit_code == 0, key
     assert curve.load(curve.keys_dir(tmp_path), "gateway").peers == ()  # type: ignore[union-attr]
-    assert mlxd(tmp_path, "keys", "trust", "worker", "--bogus").returncode != 0  # still checked
+    assert mlxd(tmp_path, "keys", "trust", "worker", "--bogus").returncode != 0
 
 
 def test_trust_and_revoke_edit_the_authorized_lists(tmp_path: Path) -> None:
