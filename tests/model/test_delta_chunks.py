@@ -116,13 +116,14 @@ def test_install_routes_a_models_prefill_through_chunks_and_keeps_decode(
 @pytest.mark.filterwarnings("ignore:`rope_scaling` is deprecated:FutureWarning")  # its tokenizer
 def test_for_this_process_patches_and_undoes_a_hybrids_functions(tmp_path: Any) -> None:
     """``for_this_process`` (the worker's and ``mlxd bench engine``'s) chunks a hybrid's gated
-    delta prefill where Metal is absent and pads attention only where plans are built (not on
-    the CPU); ``undo`` leaves mlx-lm's functions as they ship."""
+    delta prefill where Metal is absent and pads attention only where plans are built (CUDA);
+    ``undo`` leaves mlx-lm's functions as they ship."""
     import importlib
 
     from mlx_lm.utils import load
 
     from mlxd.models.zoo import make_zoo_model
+    from mlxd.worker.kv import attention_shapes
     from mlxd.worker.runners.served import for_this_process
 
     model, _ = load(str(make_zoo_model(tmp_path / "m", "qwen3_5")))
@@ -130,8 +131,9 @@ def test_for_this_process_patches_and_undoes_a_hybrids_functions(tmp_path: Any) 
     shipped, attention = module.gated_delta_update, mx.fast.scaled_dot_product_attention
     patched = for_this_process(model)
     try:
-        assert patched.delta_modules >= 1 and not patched.padded_attention
-        assert module.gated_delta_update is not shipped
+        assert (patched.delta_modules >= 1) == (not mx.metal.is_available())
+        assert patched.padded_attention == attention_shapes.BUCKETED
+        assert (module.gated_delta_update is not shipped) == (patched.delta_modules >= 1)
     finally:
         patched.undo()
     assert module.gated_delta_update is shipped
