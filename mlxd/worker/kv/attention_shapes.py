@@ -107,7 +107,7 @@ def install() -> bool:
     """Route this process's ``mx.fast.scaled_dot_product_attention`` through
     ``padded_attention`` where attention plans are built per shape; whether it did (once)."""
     current = mx.fast.scaled_dot_product_attention
-    if not BUCKETED or getattr(current, "pads_queries", False):
+    if not BUCKETED or hasattr(current, "wrapped"):  # wrapped already
         return False
     mx.fast.scaled_dot_product_attention = padded_attention(current)
     return True
@@ -145,8 +145,7 @@ def padded_attention(attend: Callable[..., mx.array]) -> Callable[..., mx.array]
         q, k, v = _pad(q, rows, count), _pad(k, keys, count), _pad(v, keys, count)
         return attend(q, k, v, *args, **kwargs)[:b, ..., :n, :]
 
-    attention.pads_queries = True  # type: ignore[attr-defined]
-    attention.wrapped = attend  # type: ignore[attr-defined]
+    attention.wrapped = attend  # type: ignore[attr-defined]  # marks it, and undoes it
     return attention
 
 
