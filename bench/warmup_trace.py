@@ -46,20 +46,20 @@ def passes(engine: Any, folder: Path, count: int, slow_s: float) -> list[dict[st
         if (took := time.perf_counter() - started) > slow_s:
             steps.append((stage.name, round(took, 3)))
 
+    stamps: list[tuple[str, float]] = []
+    log_stage = warmup.log.info
+
+    def info(msg: str, *args: Any) -> None:
+        if msg.startswith("warm-up: %s in"):
+            stamps.append((args[0], round(args[1], 3)))
+        log_stage(msg, *args)
+
     warmup._timed_step = step  # type: ignore[assignment]
     for n in range(1, count + 1):
         seen: dict[str, str] = {p.name: "before" for p in folder.rglob("*") if p.is_file()}
         stop = threading.Event()
         watcher = threading.Thread(target=watch, args=(folder, engine, seen, stop), daemon=True)
         watcher.start()
-        stamps: list[tuple[str, float]] = []
-        log_stage = warmup.log.info
-
-        def info(msg: str, *args: Any) -> None:
-            if msg.startswith("warm-up: %s in"):
-                stamps.append((args[0], round(args[1], 3)))
-            log_stage(msg, *args)
-
         warmup.log.info = info  # type: ignore[method-assign]
         warmup.warm_up(engine, budget_s=3600.0)
         warmup.log.info = log_stage  # type: ignore[method-assign]
@@ -80,6 +80,7 @@ def passes(engine: Any, folder: Path, count: int, slow_s: float) -> list[dict[st
             )
             print(json.dumps(rows[-1]), flush=True)
         steps.clear()
+        stamps.clear()
     return rows
 
 
