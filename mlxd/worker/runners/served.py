@@ -1,10 +1,11 @@
 """What a model gets to be served, in one place: its plain quantized layers take a batch as rows
 of one matrix (``quantized``), its output head projects each row's last position only
-(``output_head``), and its recurrent layers' short convolutions run as shifted multiply-adds
-(``short_conv``). Each change is in place and undoable: benchmarks run mlx-lm on the model as
-it made it, then serve it again. ``for_this_process`` does the same for what is patched per
-process, not per model: gated delta prefill in chunks (``delta_chunks``) and attention padded
-to planned shapes (``kv.attention_shapes``).
+(``output_head``), its recurrent layers' short convolutions run as shifted multiply-adds
+(``short_conv``), and its experts' gate and up projections run as one (``fused_experts``). Each
+change is in place and undoable: benchmarks run mlx-lm on the model as it made it, then serve
+it again. ``for_this_process`` does the same for what is patched per process, not per model:
+gated delta prefill in chunks (``delta_chunks``) and attention padded to planned shapes
+(``kv.attention_shapes``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import mlx.nn as nn
 
 from mlxd.worker.kv import attention_shapes
-from mlxd.worker.runners import delta_chunks, quantized, short_conv
+from mlxd.worker.runners import delta_chunks, fused_experts, quantized, short_conv
 from mlxd.worker.runners.output_head import last_position_only
 
 
@@ -26,12 +27,14 @@ class Served:
 
     quantized: list[nn.Module]
     convs: list[nn.Module]
+    experts: list[fused_experts.Fused]
     whole_head: Callable[[], None]
 
     def undo(self) -> None:
         self.whole_head()
         quantized.restore(self.quantized)
         short_conv.restore(self.convs)
+        fused_experts.restore(self.experts)
 
 
 def for_serving(model: nn.Module, head: Any = None) -> Served:
@@ -40,6 +43,7 @@ def for_serving(model: nn.Module, head: Any = None) -> Served:
     return Served(
         quantized=quantized.batch_as_rows(model),
         convs=short_conv.as_taps(model),
+        experts=fused_experts.fuse(model),
         whole_head=last_position_only(model if head is None else head),
     )
 
