@@ -390,13 +390,15 @@ def engine_command(
     """The same workload in-process on the engine (no HTTP, no ZMQ), its weights computed as a
     served worker's (--dtype). Without --kv-cache-gb the pool holds every row's context and
     decode's view may use all of it; with it, both are sized as a served worker's."""
-    from mlxd.daemon.worker_command import CUDA_GRAPHS, model_env
+    from mlxd.daemon.worker_command import CUDA_GRAPHS, kernel_cache_env, model_env
     from mlxd.worker import blas
 
     # Before MLX loads, as a worker does: without it the CPU's products ran on MLX's reference
     # BLAS (stop 35: a verification 2.5x a plain step instead of 1.0-1.4x).
     blas.preload(os.environ)
-    os.environ.update(model_env(model_path, dtype))  # as a worker starts (no CUDA graphs: hybrids)
+    os.environ.update(
+        kernel_cache_env() | model_env(model_path, dtype)
+    )  # as a worker starts (no CUDA graphs: hybrids)
     import mlx_lm
 
     from mlxd.bench.engine import engine_level, mlx_lm_batch_level, mlx_lm_single, new_engine

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Mapping
 
 from mlxd import gpus
-from mlxd.config import ServeConfig, WorkerConfig
+from mlxd.config import ServeConfig, WorkerConfig, data_dir
 from mlxd.daemon.footprint import buffer_cache_bytes, config_of, device_share, kv_cache_gb
 from mlxd.daemon.worker_process import WorkerProcess
 from mlxd.models.kv_layout import has_state, has_window
@@ -25,6 +25,13 @@ from mlxd.models.kv_layout import has_state, has_window
 # 64 streams gained 1.2x and 1.4x without). MLX reads the switch once per process, at its first
 # GPU work; other backends have no CUDA graphs. A user's own ``MLX_USE_CUDA_GRAPHS`` stands.
 CUDA_GRAPHS = "MLX_USE_CUDA_GRAPHS"
+# Where MLX's CUDA backend keeps the kernels it compiles with NVRTC at their first use, by
+# default under the temporary folder, which many systems empty at boot. On an H200 a MoE's
+# 4-bit expert matmuls (``qmm_sm80``) took 30-95 s each to compile, four minutes in all at its
+# first start on a machine, and none at the next start with the folder kept (run WT1,
+# docs/PERFORMANCE.md). Workers keep them in mlxd's data folder; other backends read nothing
+# from it. A user's own ``MLX_PTX_CACHE_DIR`` stands.
+PTX_CACHE = "MLX_PTX_CACHE_DIR"
 
 
 def worker_command(worker: WorkerProcess, config: ServeConfig, log_level: str) -> list[str]:
@@ -47,9 +54,16 @@ def worker_env(
     worker: WorkerProcess, config: ServeConfig, environ: Mapping[str, str] = os.environ
 ) -> dict[str, str]:
     """What ``worker``'s process gets added to the daemon's environment: its GPUs
-    (``mlxd.gpus``) and its model's (``model_env``)."""
+    (``mlxd.gpus``), where compiled kernels are kept (``kernel_cache_env``) and its model's
+    (``model_env``)."""
     env = {gpus.VISIBLE: worker.gpus} if worker.gpus else {}
-    return env | model_env(worker.spec.path, worker.spec.dtype or config.dtype, environ)
+    model = model_env(worker.spec.path, worker.spec.dtype or config.dtype, environ)
+    return env | kernel_cache_env(environ) | model
+
+
+def kernel_cache_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """``PTX_CACHE`` in mlxd's data folder, unless ``environ`` sets it."""
+    return {} if PTX_CACHE in environ else {PTX_CACHE: str(data_dir(environ) / "kernels")}
 
 
 def model_env(path: str, dtype: str, environ: Mapping[str, str] = os.environ) -> dict[str, str]:

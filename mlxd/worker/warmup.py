@@ -17,7 +17,10 @@ H100 a hybrid's and a MoE's stages each built kernels for longer than the whole 
 check between stages only let the worker say it serves after 90 s and more. A step itself is
 never cut: on an H200 the MoE shape's stage at 8 rows was cut at the budget after one of its
 steps had run past it, and warm-up took 47 s of its 20 (run MS1), so a step over
-``SLOW_STEP_S`` is logged with what it held. The requests go
+``SLOW_STEP_S`` is logged with what it held. Those steps were MLX compiling its 4-bit expert
+matmuls with NVRTC, 30-95 s each, at the first start on a machine; with the compiled kernels
+kept (``daemon.worker_command.PTX_CACHE``) the same warm-up ran 18 s (run WT1,
+``bench/warmup_trace.py``). The requests go
 to no client; afterwards the prefix cache holds nothing of them, their blocks are free and the
 worker's counters start from zero. Meanwhile pings say ``warming`` with the stage
 (``Pong.warming``), the supervisor shows the worker as ``warming`` and the gateway holds its

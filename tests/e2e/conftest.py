@@ -76,11 +76,15 @@ class Daemon:
         raise AssertionError(f"no worker process found for {name or 'any model'}")
 
 
+def started_env(pid: int) -> dict[str, str]:
+    """The environment process ``pid`` was started with."""
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(e.decode().split("=", 1) for e in environ if b"=" in e)
+
+
 def visible_gpus(pid: int) -> str | None:
     """The ``CUDA_VISIBLE_DEVICES`` process ``pid`` was started with (its GPUs: mlxd.gpus)."""
-    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    entries = dict(e.decode().split("=", 1) for e in environ if b"=" in e)
-    return entries.get("CUDA_VISIBLE_DEVICES")
+    return started_env(pid).get("CUDA_VISIBLE_DEVICES")
 
 
 def child_pids(pid: int) -> list[int]:

@@ -123,7 +123,8 @@ def long_context_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Da
     stop_daemon(d)
 
 
-@pytest.mark.parametrize("thinking", ["on", "off"])
+# thinking off (20-26 s of Claude Code's prompts on the CPU) in the slow tier: on is what it sends
+@pytest.mark.parametrize("thinking", ["on", pytest.param("off", marks=pytest.mark.slow)])
 def test_claude_code_answers(long_context_daemon: Daemon, tmp_path: Path, thinking: str) -> None:
     """``claude -p`` answers and exits 0, thinking on (its default: ``thinking`` adaptive,
     ``context_management`` clear_thinking, ``?beta=true``, betas, a mid-conversation system

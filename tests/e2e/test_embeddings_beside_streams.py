@@ -22,7 +22,7 @@ import pytest
 
 from tests.e2e.conftest import Daemon, start_daemon, stop_daemon
 
-pytestmark = [pytest.mark.e2e, pytest.mark.model]
+pytestmark = [pytest.mark.e2e, pytest.mark.model, pytest.mark.slow]  # a latency bound over rounds
 
 ROUNDS = 3
 LONG_TOKENS = 2000  # each long input: eight steps' budgets

@@ -29,7 +29,7 @@ import pytest
 from tests.e2e.conftest import Daemon, start_daemon, stop_daemon
 
 pytest.importorskip("mlx_vlm")
-pytestmark = [pytest.mark.e2e, pytest.mark.model]
+pytestmark = [pytest.mark.e2e, pytest.mark.model, pytest.mark.slow]  # a latency bound over rounds
 
 ROUNDS = 3
 IMAGES = 8

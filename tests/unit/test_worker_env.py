@@ -1,6 +1,6 @@
-"""A worker's environment: its GPUs, and MLX's CUDA graphs off for a hybrid (layers with
-recurrent state) or a model with sliding-window layers, read from the model's ``config.json``
-before the worker starts."""
+"""A worker's environment: its GPUs, where MLX keeps the kernels it compiles (mlxd's data
+folder), and MLX's CUDA graphs off for a hybrid (layers with recurrent state) or a model with
+sliding-window layers, read from the model's ``config.json`` before the worker starts."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from mlxd.config import ModelSpec, ServeConfig
 from mlxd.daemon.supervisor import Supervisor
-from mlxd.daemon.worker_command import CUDA_GRAPHS, worker_env
+from mlxd.daemon.worker_command import CUDA_GRAPHS, PTX_CACHE, worker_env
 
 LINEAR, FULL, SLIDING = "linear_attention", "full_attention", "sliding_attention"
 HYBRIDS = {
@@ -48,8 +48,16 @@ def worker_for(tmp_path: Path, config: dict[str, Any] | None) -> tuple[Any, Serv
 
 
 def env_of(tmp_path: Path, config: dict[str, Any] | None, environ: dict[str, str]) -> dict:
+    """``worker_env`` for that model, with the kernel folder a user's own (left out)."""
     worker, serve = worker_for(tmp_path, config)
-    return worker_env(worker, serve, environ)
+    return worker_env(worker, serve, {PTX_CACHE: "/theirs"} | environ)
+
+
+def test_compiled_kernels_are_kept_in_mlxds_data_folder(tmp_path: Path) -> None:
+    worker, serve = worker_for(tmp_path, OTHERS["dense"])
+    home = tmp_path / "home"
+    assert worker_env(worker, serve, {"MLXD_HOME": str(home)}) == {PTX_CACHE: f"{home}/kernels"}
+    assert worker_env(worker, serve, {PTX_CACHE: "/theirs"}) == {}  # a user's own stands
 
 
 @pytest.mark.parametrize("config", HYBRIDS.values(), ids=HYBRIDS)
@@ -77,4 +85,5 @@ def test_the_users_own_setting_stands(tmp_path: Path, value: str) -> None:
 def test_a_placed_hybrid_gets_its_gpus_too(tmp_path: Path) -> None:
     worker, serve = worker_for(tmp_path, HYBRIDS["lfm2"])
     worker.gpus = "1"
-    assert worker_env(worker, serve, {}) == {"CUDA_VISIBLE_DEVICES": "1", CUDA_GRAPHS: "0"}
+    env = worker_env(worker, serve, {PTX_CACHE: "/theirs"})
+    assert env == {"CUDA_VISIBLE_DEVICES": "1", CUDA_GRAPHS: "0"}
