@@ -64,6 +64,9 @@ cd "$(dirname "$0")/../.."
 [ -f /root/mlx-env.sh ] && source /root/mlx-env.sh
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 export CUDA_DEVICE_ORDER=PCI_BUS_ID  # CUDA's GPU numbers are nvidia-smi's (soak's memory samples)
+# One folder of MLX's compiled kernels for every server and probe on the machine, as MLX's own
+# default under /tmp is (mlxd's workers would otherwise keep theirs apart: PTX_CACHE, run WT1)
+export MLX_PTX_CACHE_DIR=${MLX_PTX_CACHE_DIR:-/root/ptx}
 PY="${PYTHON:-python3}"
 export OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
 RUN_DIR="${RUN_DIR:-/root/matrix-out}"
