@@ -396,9 +396,8 @@ def engine_command(
     # Before MLX loads, as a worker does: without it the CPU's products ran on MLX's reference
     # BLAS (stop 35: a verification 2.5x a plain step instead of 1.0-1.4x).
     blas.preload(os.environ)
-    os.environ.update(
-        kernel_cache_env() | model_env(model_path, dtype)
-    )  # as a worker starts (no CUDA graphs: hybrids)
+    # as a worker starts: its kernel folder, and no CUDA graphs for hybrids
+    os.environ.update(kernel_cache_env() | model_env(model_path, dtype))
     import mlx_lm
 
     from mlxd.bench.engine import engine_level, mlx_lm_batch_level, mlx_lm_single, new_engine

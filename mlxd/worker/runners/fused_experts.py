@@ -17,20 +17,18 @@ global scale per projection, projections of different formats) stay as they are.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.switch_layers import (
-    QuantizedSwitchLinear,
-    SwitchGLU,
-    SwitchLinear,
-    _gather_sort,
-    _scatter_unsort,
-)
+from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchGLU, SwitchLinear
 
 SORT_FROM = 64  # gathered rows from which tokens are sorted by expert, as ``SwitchGLU`` does
 _ROWS = ("weight", "scales", "biases", "bias")  # a projection's arrays, output rows on axis 1
+# ``FusedSwitchGLU`` restates ``SwitchGLU.__call__``: a later mlx-lm that calls it otherwise
+# keeps its own layers (the zoo's greedy parity with mlx-lm checks the rest)
+_SAME_CALL = tuple(inspect.signature(SwitchGLU.__call__).parameters) == ("self", "x", "indices")
 
 
 class FusedSwitchGLU(SwitchGLU):
@@ -42,12 +40,21 @@ class FusedSwitchGLU(SwitchGLU):
         do_sort = indices.size >= SORT_FROM
         idx, inv_order = indices, None
         if do_sort:
-            x, idx, inv_order = _gather_sort(x, indices)
+            x, idx, inv_order = _by_expert(x, indices)
         x_gate, x_up = mx.split(self.gate_up_proj(x, idx, sorted_indices=do_sort), 2, axis=-1)
         x = self.down_proj(self.activation(x_up, x_gate), idx, sorted_indices=do_sort)
         if do_sort:
-            x = _scatter_unsort(x, inv_order, indices.shape)
+            x = mx.unflatten(x[inv_order], 0, indices.shape)
         return x.squeeze(-2)
+
+
+def _by_expert(x: mx.array, indices: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+    """The gathered rows in order of expert, their experts, and the order that undoes it (as
+    mlx-lm's ``SwitchGLU`` sorts them)."""
+    per_token = indices.shape[-1]
+    flat = indices.flatten()
+    order = mx.argsort(flat)
+    return x.flatten(0, -3)[order // per_token], flat[order], mx.argsort(order)
 
 
 @dataclass(slots=True)
@@ -72,7 +79,9 @@ def stackable(gate: nn.Module, up: nn.Module) -> bool:
 def fuse(model: nn.Module) -> list[Fused]:
     """Stack the gate and up projections of ``model``'s ``SwitchGLU`` layers (in place, a layer
     at a time, so the copy costs one layer's weights at most). Returns them, for ``restore``."""
-    done = []
+    done: list[Fused] = []
+    if not _SAME_CALL:
+        return done
     for _, layer in model.named_modules():
         if type(layer) is SwitchGLU and stackable(layer.gate_proj, layer.up_proj):
             done.append(_fuse_one(layer))
