@@ -42,8 +42,8 @@
 # PLACE_ROUNDS=3, alternated).
 # updates (bench/graph_updates.py: an MLP stack at 1, 16 and 64 rows with CUDA graphs on and off,
 # bf16 then 4-bit, three rounds: whether graphs lose where cuBLAS's clusters make them re-instantiate).
-# warmtrace:CLASS (bench/warmup_trace.py: warm-up's stages twice in-process, with an empty PTX cache
-# and again in a new process with it kept: which stage's steps compile kernels with NVRTC).
+# warmtrace:CLASS (bench/warmup_trace.py: warm-up's stages twice in-process, with an empty PTX
+# cache and again in a new process with it kept: which stage's steps compile kernels with NVRTC).
 # graphsoff:CLASS (gpu_graphs_off.sh on the class's model: graphs on and off alternated,
 # ROUNDS=2, GRAPHS_LEVELS="1 16", not the matrix's LEVELS: runs GO1 and GS1 ran 1 16 64 there).
 # Then $OUT/all/matrix.md joins
@@ -170,9 +170,10 @@ item() {  # GPU ITEM: one item of a lane, on GPU (its output in $OUT/laneGPU*)
     graphsoff) made "$arg"; primed "$arg" "$dir"  # graphsoff:CLASS: CUDA graphs on and off
       MODEL=$(model_dir "$arg") OUT="$dir/graphs-$arg" PORT=$((8700 + 100 * gpu)) \
         LEVELS="${GRAPHS_LEVELS:-1 16}" bash bench/gpu/gpu_graphs_off.sh > "$dir-graphs.txt" 2>&1 ;;
-    warmtrace) made "$arg"  # warmtrace:CLASS: warm-up's stages, an empty PTX cache, then kept
+    warmtrace) made "$arg"  # warmtrace:CLASS: warm-up's stages, the machine's kernel
+      # folder (MLX_PTX_CACHE_DIR, above) emptied first, then kept: first in a lane, before servers
       for fresh in --fresh ""; do  # shellcheck disable=SC2086  # --fresh or nothing
-        "$PY" bench/warmup_trace.py "$(model_dir "$arg")" --ptx-cache "${MLX_PTX_CACHE_DIR:-/root/ptx-trace}" $fresh \
+        "$PY" bench/warmup_trace.py "$(model_dir "$arg")" $fresh \
           --json "$dir/warmtrace-$arg${fresh:+-fresh}.json" >> "$dir-warmtrace.txt" 2>&1
       done ;;
     shortconv) "$PY" bench/short_conv.py >> "$dir-shortconv.txt" 2>&1 ;;  # conv1d against taps
