@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
 import os
@@ -194,6 +195,8 @@ def start_command(models: tuple[str, ...], log_level: str, **opts: Any) -> None:
         raise click.ClickException(exc.message) from None
     try:
         code = _serve(config, log_level)
+    except MlxdError as exc:  # before the app started: e.g. a pinned model that does not fit
+        raise click.ClickException(exc.message) from None
     finally:
         files.release()
     sys.exit(code)
@@ -304,4 +307,15 @@ def _serve(config: ServeConfig, log_level: str) -> int:
     """The one call into the daemon's runtime (tests patch it to see the config)."""
     from mlxd.daemon import server  # uvicorn, the gateway and the supervisor: only to serve
 
-    return server.serve(config, log_level, _progress)
+    code = server.serve(config, log_level, _progress)
+    atexit.register(_exit_at_once, code)  # the last registered: the first run at exit
+    return code
+
+
+def _exit_at_once(code: int) -> None:
+    """A stopped daemon's exit, logs flushed, without the interpreter tearing down the gateway's
+    560 modules one by one (0.2-0.3 s of every stop on a 2-core machine, for nothing)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -31,10 +31,26 @@ log = logging.getLogger("mlxd")
 def serve(config: ServeConfig, log_level: str, progress: Callable[[str], None]) -> int:
     """Run the daemon in the foreground until SIGINT/SIGTERM: 0 after a graceful stop,
     ``STARTUP_FAILURE`` if the app never started. ``progress`` gets one-line notes for the user."""
+    from mlxd.daemon.supervisor import Supervisor
+
+    runtime_dir = Path(tempfile.mkdtemp(prefix="mlxd-"))  # mode 0700: only we can connect
+    supervisor = Supervisor(config, runtime_dir, log_level=log_level.upper())
+    try:
+        # Before the gateway's imports (a second): each worker's own (seconds: MLX, mlx-lm)
+        # overlap them instead of following them.
+        supervisor.preload()
+        return _serve_app(config, supervisor, log_level, progress)
+    finally:
+        supervisor.abandon()
+
+
+def _serve_app(
+    config: ServeConfig, supervisor: Any, log_level: str, progress: Callable[[str], None]
+) -> int:
+    """The gateway's app on its listeners, ``supervisor`` started and stopped by its lifespan."""
     import uvicorn
 
     from mlxd.daemon.admin_socket import AdminSocket
-    from mlxd.daemon.supervisor import Supervisor
     from mlxd.gateway.app import build_app
     from mlxd.gateway.http.request_log import RequestLogFile
     from mlxd.gateway.ops.admin import AdminSocketApp
@@ -42,8 +58,6 @@ def serve(config: ServeConfig, log_level: str, progress: Callable[[str], None]) 
     _warn_without_keys(config)
     if config.request_log is not None:
         RequestLogFile(Path(config.request_log), config.request_log_max_bytes).attach()
-    runtime_dir = Path(tempfile.mkdtemp(prefix="mlxd-"))  # mode 0700: only we can connect
-    supervisor = Supervisor(config, runtime_dir, log_level=log_level.upper())
     app = build_app(config, supervisor)
     server = draining_server(
         _tcp_config(app, config, log_level), config.drain_timeout_s, _cut_with(supervisor, config)
@@ -52,7 +66,7 @@ def serve(config: ServeConfig, log_level: str, progress: Callable[[str], None]) 
     # that re-raise is a no-op, so a graceful stop exits 0.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
-    admin = AdminSocket(runtime_dir, data_dir(), config.port)
+    admin = AdminSocket(supervisor.runtime_dir, data_dir(), config.port)
     sock = admin.bind()
     progress(_admin_note(admin.path, config.admin_key is not None))
     admin_config = uvicorn.Config(

@@ -186,7 +186,7 @@ class Supervisor:
         attached = [w for w in self.slots if w.attached]
         for worker in attached:
             worker.state = "starting"  # until its first pong
-        self._preload()
+        self.preload()
         spawned = [w for w in self.slots if w.state == "starting" and not w.attached]
         await asyncio.gather(
             *(self._await_ready(w) for w in spawned), *(attach(w, ATTACH_WAIT_S) for w in attached)
@@ -220,6 +220,15 @@ class Supervisor:
             await worker.heartbeat.close()
         for replica_set in self.replica_sets.values():
             await replica_set.close()
+        shutil.rmtree(self.runtime_dir, ignore_errors=True)
+
+    def abandon(self) -> None:
+        """Kill every worker still running and remove the runtime dir, at once: the daemon's
+        last word, which finds nothing left after ``stop`` (its app started and stopped)."""
+        for worker in self.slots:
+            worker.kill()
+            if worker.proc is not None:
+                worker.proc.wait()
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
 
     # Internal helpers: slots and tasks
@@ -284,9 +293,11 @@ class Supervisor:
 
     # Internal helpers: loading and unloading under the budget
 
-    def _preload(self) -> None:
-        """Spawn the pinned, then the preload models that fit (a pinned one must)."""
-        preload = [w for w in self.slots if (w.spec.preload or w.spec.pinned) and not w.attached]
+    def preload(self) -> None:
+        """Spawn the pinned, then the preload models that fit (a pinned one must), those not
+        spawned yet: the daemon calls it before the gateway's imports (``daemon.server``),
+        ``start`` again for the rest."""
+        preload = [w for w in self.slots if _preloads(w) and w.proc is None]
         max_memory = self.config.max_memory_bytes
         for worker in sorted(preload, key=lambda w: not w.spec.pinned):
             if budget.fits(worker, self.slots, max_memory):
@@ -493,6 +504,11 @@ class Supervisor:
         worker.last_error = ""
         self._spawn(worker)
         await self._await_ready(worker)
+
+
+def _preloads(worker: WorkerProcess) -> bool:
+    """Spawned at start: pinned or preloaded, and not attached (``--worker``)."""
+    return (worker.spec.preload or worker.spec.pinned) and not worker.attached
 
 
 def _replica(worker: WorkerProcess) -> Replica:

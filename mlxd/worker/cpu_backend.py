@@ -24,7 +24,7 @@ from mlxd.worker import blas
 log = logging.getLogger("mlxd.worker")
 
 HALF = (mx.float16, mx.bfloat16)
-PROBE_SECONDS = 0.1  # time the products for about this long, after one warm-up
+PROBE_SECONDS = 0.025  # time the products for about this long, after one warm-up
 PROBE_SIZE = {"cpu": 256, "gpu": 1024}  # big enough to reach BLAS / kernel speed, fast at 3 GFLOP/s
 
 

@@ -172,7 +172,7 @@ def wait_healthy(daemon: Daemon, timeout: float = 120) -> Daemon:
                 return daemon
         except httpx.HTTPError:
             pass
-        time.sleep(0.2)
+        time.sleep(0.05)
     daemon.proc.kill()
     raise AssertionError("mlxd start did not become healthy")
 
