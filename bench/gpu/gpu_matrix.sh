@@ -115,9 +115,12 @@ made() {  # CLASS: its model, once the lane making it (make:CLASS) is done
   while [ -f "$(model_dir "$1").making" ]; do sleep 5; done
   make_model "$1"
 }
-prime() {  # CLASS DIR: mlxd's engine runs one LONG prompt in-process (MLX's CUDA kernels built)
+prime() {  # CLASS DIR: mlxd's engine runs one LONG prompt, then a worker's warm-up unbounded,
+  # in-process: MLX's CUDA kernels built (FX1: the one prompt alone left the warm-up's many-row
+  # kernels to the served starts, whose bound then cut their passes)
   timeout -k 5 300 "$PY" -m mlxd bench engine --model "$(model_dir "$1")" --no-compare-mlx-lm \
     --speculate off --concurrency 1 --prompt-tokens "${LONG:-4500}" --max-tokens 8 >> "$2-prime.txt" 2>&1
+  timeout -k 5 600 "$PY" bench/warmup_trace.py "$(model_dir "$1")" --passes 1 >> "$2-prime.txt" 2>&1
   touch "$(model_dir "$1").primed"
 }
 primed() {  # CLASS DIR: primed once on this machine before its servers are timed: on a fresh one
