@@ -17,10 +17,13 @@ import socket
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlxd.config import ServeConfig, data_dir
 from mlxd.errors import ConfigError, ShuttingDown
+
+if TYPE_CHECKING:
+    from mlxd.daemon.supervisor import Supervisor
 
 STARTUP_FAILURE = 3  # `mlxd start`'s exit code when the app did not start
 CUT_MARGIN_S = 5.0  # after the drain timeout: for cut requests to send their error and close
@@ -45,7 +48,7 @@ def serve(config: ServeConfig, log_level: str, progress: Callable[[str], None]) 
 
 
 def _serve_app(
-    config: ServeConfig, supervisor: Any, log_level: str, progress: Callable[[str], None]
+    config: ServeConfig, supervisor: Supervisor, log_level: str, progress: Callable[[str], None]
 ) -> int:
     """The gateway's app on its listeners, ``supervisor`` started and stopped by its lifespan."""
     import uvicorn
@@ -140,7 +143,7 @@ def draining_server(config: Any, drain_s: float, cut: Callable[[], None]) -> Any
     return _Draining(config)
 
 
-def _cut_with(supervisor: Any, config: ServeConfig) -> Callable[[], None]:
+def _cut_with(supervisor: Supervisor, config: ServeConfig) -> Callable[[], None]:
     """``draining_server``'s cut: every request still on a worker ends with ``ShuttingDown``."""
     drain = f"{config.drain_timeout_s:g} s"
 
