@@ -118,6 +118,11 @@ def weights_bytes(model: Any) -> int:
     return sum(int(v.nbytes) for _, v in tree_flatten(model.parameters()))
 
 
+def on_cuda() -> bool:
+    """Whether MLX computes on its CUDA backend here (kernels compiled at first use)."""
+    return _device() == "gpu" and bool(getattr(mx, "cuda", None) and mx.cuda.is_available())
+
+
 def _device() -> str:
     return "cpu" if mx.default_device() == mx.cpu else "gpu"
 

@@ -32,7 +32,7 @@ from mlxd.worker.runners import delta_chunks
 from mlxd.worker.runners.base import ModelRunner
 from mlxd.worker.runners.served import Served, for_serving, for_this_process
 from mlxd.worker.sampling.tokenizer import PromptEncoder
-from mlxd.worker.warmup import warm_up, warmup_budget
+from mlxd.worker.warmup import kernel_note, warm_up, warmup_budget
 
 if TYPE_CHECKING:
     from mlxd.worker.spec.speculator import Drafter
@@ -100,6 +100,8 @@ class _Loaded:
 def _load_all(config: WorkerConfig) -> _Loaded:
     """Load the model, join the group, open the channel, build the runner and the drafter."""
     group = worker_group.join(config)  # None: a lone worker
+    if note := kernel_note(os.environ, cpu_backend.on_cuda()):
+        log.warning(note)
     model, tokenizer, max_context, vision = _load(config, group)
     compute = cpu_backend.prepare(model, config.dtype)  # float32 on the CPU; GEMM probe
     patched = for_this_process(model)

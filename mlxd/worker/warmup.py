@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlxd.protocol.messages import Generate, Message, SamplingParams, TokenPrompt
@@ -65,6 +66,20 @@ class Stage:
     name: str
     prompts: list[list[int]]
     max_tokens: int
+
+
+def kernel_note(environ: Mapping[str, str], cuda: bool) -> str:
+    """What a start on CUDA says while no compiled kernel is kept yet ("" otherwise): MLX then
+    compiles each kernel with NVRTC at its first use, during load and warm-up, minutes of them
+    for a MoE on an H200 (run WT1: 216.6 s), once per machine (``MLX_PTX_CACHE_DIR``, which the
+    daemon points at its data folder: ``daemon.worker_command.PTX_CACHE``)."""
+    folder = environ.get("MLX_PTX_CACHE_DIR", "")
+    if not cuda or not folder or any(p.is_file() for p in Path(folder).rglob("*")):
+        return ""
+    return (
+        f"no compiled CUDA kernels in {folder} yet: MLX compiles each at its first use, so this "
+        "first start on the machine may take minutes (later starts reuse them)"
+    )
 
 
 def warmup_budget(setting: float | None, device: str) -> float:
