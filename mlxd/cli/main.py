@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any
 
 import click
 
@@ -38,8 +37,9 @@ class LazyGroup(click.Group):
         if cmd_name not in COMMANDS:
             return None
         module, _, attribute = COMMANDS[cmd_name].partition(":")
-        command: Any = getattr(importlib.import_module(module), attribute)
-        return command  # type: ignore[no-any-return]
+        command = getattr(importlib.import_module(module), attribute)
+        assert isinstance(command, click.Command), COMMANDS[cmd_name]
+        return command
 
 
 @click.group(

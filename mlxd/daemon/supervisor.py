@@ -98,6 +98,7 @@ class Supervisor:
         }
         self.aliases = {a: spec.name for spec in config.models for a in spec.aliases}
         self._stopping = False
+        self._preloaded = False  # ``preload`` ran
         self._watcher: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()  # one load/unload decision at a time
         self._tasks: set[asyncio.Task[None]] = set()
@@ -194,6 +195,23 @@ class Supervisor:
         self._watcher = asyncio.create_task(self._watch(), name="supervisor")
         for replica_set in self.replica_sets.values():
             self._background(replica_set.poll())
+
+    def preload(self) -> None:
+        """Spawn the pinned, then the preload models that fit (a pinned one must), once: the
+        daemon calls it before the gateway's imports (``daemon.server``), else ``start``."""
+        if self._preloaded:
+            return
+        self._preloaded = True
+        preload = [w for w in self.slots if _preloads(w)]
+        max_memory = self.config.max_memory_bytes
+        for worker in sorted(preload, key=lambda w: not w.spec.pinned):
+            if budget.fits(worker, self.slots, max_memory):
+                self._spawn(worker)
+                continue
+            text = budget.budget_text(worker, self.slots, max_memory)
+            if worker.spec.pinned:
+                raise ConfigError(f"the pinned model {worker.spec.name!r} does not fit: " + text)
+            log.warning("not preloading %s: %s", worker.spec.name, text)
 
     def cut(self, error: MlxdError) -> None:
         """End every request still running on a worker with ``error``: the daemon stops and
@@ -292,21 +310,6 @@ class Supervisor:
         worker.spawn(worker_command(worker, self.config, self.log_level), env)
 
     # Internal helpers: loading and unloading under the budget
-
-    def preload(self) -> None:
-        """Spawn the pinned, then the preload models that fit (a pinned one must), those not
-        spawned yet: the daemon calls it before the gateway's imports (``daemon.server``),
-        ``start`` again for the rest."""
-        preload = [w for w in self.slots if _preloads(w) and w.proc is None]
-        max_memory = self.config.max_memory_bytes
-        for worker in sorted(preload, key=lambda w: not w.spec.pinned):
-            if budget.fits(worker, self.slots, max_memory):
-                self._spawn(worker)
-                continue
-            text = budget.budget_text(worker, self.slots, max_memory)
-            if worker.spec.pinned:
-                raise ConfigError(f"the pinned model {worker.spec.name!r} does not fit: " + text)
-            log.warning("not preloading %s: %s", worker.spec.name, text)
 
     async def _make_room(self, worker: WorkerProcess) -> None:
         max_memory = self.config.max_memory_bytes
